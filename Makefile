@@ -1,0 +1,32 @@
+# Two commands do everything: `make demo` and `make test`. Both set up .venv first.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test bench clean
+
+setup: $(STAMP)
+
+# The CPU torch wheel first (pip finds it on local disk where the machine has one);
+# a plain `torch` requirement would otherwise pull a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "torch==2.13.0" || $(BIN)/python -m pip install -q "torch>=2.5" --index-url https://download.pytorch.org/whl/cpu || true
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/refinery run pipelines/demo.yaml --out runs/demo --workers 2
+	$(BIN)/refinery stats runs/demo
+
+test: setup
+	$(BIN)/python -m pytest -q tests
+
+bench: setup
+	$(BIN)/python -m pip install -q -e ".[bench]"
+	for b in tests/benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
+
+clean:
+	rm -rf runs .pytest_cache

@@ -1,0 +1,3 @@
+"""refinery curation: raw crawl dumps in, Parquet shards out."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,35 @@
+"""The document schema shared by readers, stages and writers (see DESIGN.md)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+#: Columns every document has once it leaves a reader. Stages add signal columns.
+DOC_FIELDS = [
+    pa.field("id", pa.string(), nullable=False),
+    pa.field("text", pa.string()),
+    pa.field("source", pa.string()),
+    pa.field("url", pa.string()),
+    pa.field("meta", pa.string()),  # JSON string
+]
+DOC_SCHEMA = pa.schema(DOC_FIELDS)
+
+#: WARC readers emit raw HTML for the extract stage instead of text.
+HTML_SCHEMA = pa.schema(DOC_FIELDS + [pa.field("html", pa.large_binary()), pa.field("charset", pa.string())])
+
+#: Read-time problems (corrupt gzip, invalid UTF-8, oversized documents...) are rows like this.
+READ_REJECT_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.string()),
+        pa.field("source", pa.string()),
+        pa.field("reason", pa.string()),
+        pa.field("file", pa.string()),
+        pa.field("offset", pa.int64()),  # byte offset of the record (or line) in the file
+        pa.field("detail", pa.string()),  # error message / what was seen
+        pa.field("text", pa.string()),  # what could be recovered (truncated preview for huge docs)
+    ]
+)
+
+#: Column added to rows sent to rejected/STAGE/.
+REASON = "reason"
+STAGE = "stage"

@@ -1,0 +1,6 @@
+"""Stages: one module per stage family. Importing this package registers them all."""
+
+from curation.stages.base import GlobalStage, MapStage, Stage, StageResult, UnionStage, registry  # noqa: F401
+
+# Import stage modules for their registration side effect.
+from curation.stages import extract, filters  # noqa: F401,E402
