@@ -1,0 +1,222 @@
+"""A pipeline DAG in YAML -> a validated graph of stages.
+
+```yaml
+name: demo
+inputs:
+  crawl: {format: warc, paths: ["tests/data/warc/*.warc.gz"], source: web}
+stages:
+  extract: {type: extract, input: crawl}
+  gopher:  {type: gopher_quality}          # input defaults to the stage above
+  merged:  {type: union, inputs: [gopher, math]}
+output: merged
+```
+
+``type`` defaults to the stage's name when that is a stage type, and ``input`` to the previous
+stage in the file (or the only input). ``stages`` may also be a list of one-key mappings.
+Every mistake is reported as one line naming the file and the field, before anything runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from curation.io.inputs import InputSpec
+from curation.stages import Stage, registry
+
+
+class DagError(ValueError):
+    """A DAG file that cannot run; the message names the file and the field."""
+
+
+class _DagFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    inputs: dict[str, dict[str, Any]] = Field(min_length=1)
+    stages: dict[str, dict[str, Any] | None] | list[dict[str, dict[str, Any] | None]] = Field(default_factory=dict)
+    output: str | None = None
+    batch_size: int = Field(default=2000, gt=0)
+
+
+@dataclass
+class Dag:
+    """A validated DAG: inputs, stages in topological order, the output node."""
+
+    name: str
+    inputs: dict[str, InputSpec]
+    stages: dict[str, Stage]  # topological order
+    output: str
+    batch_size: int
+    path: str = "<dag>"
+    base_dir: str | None = None  # relative input paths resolve from here (the CWD by default)
+
+    def upstreams(self, node: str) -> list[str]:
+        return self.stages[node].upstreams() if node in self.stages else []
+
+    def downstreams(self, node: str) -> list[str]:
+        return [n for n, s in self.stages.items() if node in s.upstreams()]
+
+    def hashes(self) -> dict[str, str]:
+        """params hash per node; a node's hash covers everything upstream of it."""
+        out: dict[str, str] = {}
+        for name, spec in self.inputs.items():
+            out[name] = hashlib.sha256(json.dumps(spec.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:16]
+        for name, st in self.stages.items():
+            out[name] = st.params_hash([out[u] for u in st.upstreams()])
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """The DAG as run, with defaults filled in (written to RUN/dag.yaml)."""
+        return {
+            "name": self.name,
+            "inputs": {k: v.model_dump(mode="json") for k, v in self.inputs.items()},
+            "stages": {k: v.model_dump(mode="json", exclude_none=True) for k, v in self.stages.items()},
+            "output": self.output,
+            "batch_size": self.batch_size,
+        }
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _fmt_loc(prefix: str, loc: tuple) -> str:
+    return ".".join([prefix] + [str(p) for p in loc if p != "__root__"])
+
+
+def _first_error(e: ValidationError, prefix: str) -> str:
+    err = e.errors()[0]
+    more = f" (+{len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
+    got = f" (got {err['input']!r})" if err["type"] != "missing" and not isinstance(err.get("input"), dict) else ""
+    return f"{_fmt_loc(prefix, err['loc'])}: {err['msg']}{got}{more}"
+
+
+def parse_dag(data: Any, path: str = "<dag>", base_dir: str | None = None) -> Dag:
+    """Validate a DAG given as parsed YAML. Raises DagError with one clear line."""
+    where = path
+    if not isinstance(data, dict):
+        raise DagError(f"{where}: a DAG is a YAML mapping with name, inputs, stages, output")
+    try:
+        f = _DagFile.model_validate(data)
+    except ValidationError as e:
+        raise DagError(f"{where}: {_first_error(e, '')}".replace(": .", ": ")) from None
+
+    inputs: dict[str, InputSpec] = {}
+    for name, spec in f.inputs.items():
+        try:
+            inputs[name] = InputSpec.model_validate(spec)
+        except ValidationError as e:
+            raise DagError(f"{where}: {_first_error(e, f'inputs.{name}')}") from None
+
+    raw_stages: list[tuple[str, dict[str, Any]]] = []
+    if isinstance(f.stages, list):
+        for i, item in enumerate(f.stages):
+            if len(item) != 1:
+                raise DagError(f"{where}: stages[{i}]: each list item is one `name: {{params}}` mapping")
+            (name, params), = item.items()
+            raw_stages.append((name, dict(params or {})))
+    else:
+        raw_stages = [(n, dict(p or {})) for n, p in f.stages.items()]
+
+    stages: dict[str, Stage] = {}
+    prev: str | None = next(iter(inputs)) if len(inputs) == 1 else None
+    seen_names = set(inputs)
+    for name, params in raw_stages:
+        if name in seen_names:
+            raise DagError(f"{where}: stages.{name}: name already used by an input or another stage")
+        seen_names.add(name)
+        stype = params.setdefault("type", name if name in registry else None)
+        if stype is None:
+            raise DagError(f"{where}: stages.{name}.type: missing (known types: {', '.join(sorted(registry))})")
+        cls = registry.get(stype)
+        if cls is None:
+            raise DagError(f"{where}: stages.{name}.type: unknown stage type {stype!r} (known: {', '.join(sorted(registry))})")
+        if stype != "union" and "input" not in params:
+            if prev is None:
+                raise DagError(f"{where}: stages.{name}.input: missing (several inputs; say which one)")
+            params["input"] = prev
+        try:
+            stages[name] = cls.model_validate(params)
+        except ValidationError as e:
+            raise DagError(f"{where}: {_first_error(e, f'stages.{name}')}") from None
+        prev = name
+
+    nodes = set(inputs) | set(stages)
+    for name, st in stages.items():
+        for u in st.upstreams():
+            if u not in nodes:
+                field = "inputs" if st.kind == "union" else "input"
+                raise DagError(f"{where}: stages.{name}.{field}: {u!r} is neither an input nor a stage")
+    order = _toposort(stages, set(inputs), where)
+    output = f.output or (list(stages)[-1] if stages else None)
+    if output is None:
+        raise DagError(f"{where}: output: a DAG needs at least one stage")
+    if output not in stages:
+        raise DagError(f"{where}: output: {output!r} is not a stage")
+    dag = Dag(f.name, inputs, {n: stages[n] for n in order}, output, f.batch_size, path, base_dir)
+    _check_unions(dag, where)
+    return dag
+
+
+def _toposort(stages: dict[str, Stage], inputs: set[str], where: str) -> list[str]:
+    done: set[str] = set(inputs)
+    order: list[str] = []
+    pending = list(stages)
+    while pending:
+        ready = [n for n in pending if all(u in done for u in stages[n].upstreams())]
+        if not ready:
+            raise DagError(f"{where}: stages: cycle among {', '.join(pending)}")
+        for n in ready:
+            order.append(n)
+            done.add(n)
+        pending = [n for n in pending if n not in done]
+    return order
+
+
+def _roots(dag: Dag, node: str) -> set[str]:
+    """The inputs and global stages whose shards flow into ``node`` unchanged in key."""
+    if node in dag.inputs:
+        return {node}
+    st = dag.stages[node]
+    if st.kind == "global":
+        return {node}
+    out: set[str] = set()
+    for u in st.upstreams():
+        out |= _roots(dag, u)
+    return out
+
+
+def _check_unions(dag: Dag, where: str) -> None:
+    # Shards are named after the input (or global stage) they came from, so the branches a union
+    # joins must come from different roots or two shards would share a name.
+    for name, st in dag.stages.items():
+        if st.kind != "union":
+            continue
+        seen: set[str] = set()
+        for u in st.upstreams():
+            r = _roots(dag, u)
+            if r & seen:
+                raise DagError(f"{where}: stages.{name}.inputs: branches share the root {sorted(r & seen)[0]!r}; "
+                               "a union joins branches of different inputs")
+            seen |= r
+
+
+def load_dag(path: str | Path) -> Dag:
+    """Read and validate a DAG YAML file."""
+    p = Path(path)
+    if not p.exists():
+        raise DagError(f"{path}: no such DAG file")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise DagError(f"{path}: invalid YAML: {e}".replace("\n", " ")) from None
+    return parse_dag(data, str(path))
+
+
+roots = _roots

@@ -1,0 +1,1 @@
+"""Readers (warc, wet, jsonl, parquet), input planning and the shard writer."""

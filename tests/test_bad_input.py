@@ -1,0 +1,134 @@
+"""Bad input never crashes a run and is never lost: each problem is a counted reject row with
+its file and offset, and every good document still comes through."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+
+import pytest
+
+from curation.io.inputs import InputSpec, plan_input
+from curation.io.read import read_shard
+from conftest import DATA
+
+
+def _read(fmt: str, path, **kw):
+    spec = InputSpec(format=fmt, paths=[str(path)], source="web", **kw)
+    docs, rejects = [], []
+    for shard in plan_input("in", spec):
+        d, r = read_shard(shard, spec).tables()
+        docs += d.to_pylist()
+        rejects += r.to_pylist()
+    return docs, rejects
+
+
+@pytest.fixture(scope="module")
+def bad_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("bad")
+    lines = gzip.open(DATA / "jsonl/gsm8k_train_head400.jsonl.gz").read().splitlines(keepends=True)
+    # corrupt gzip: flip bytes in the middle of the compressed stream
+    raw = bytearray(gzip.compress(b"".join(lines), mtime=0))
+    for i in range(len(raw) // 2, len(raw) // 2 + 64):
+        raw[i] ^= 0x5A
+    (d / "corrupt.jsonl.gz").write_bytes(bytes(raw))
+    # invalid UTF-8 on line 3 of 10
+    body = b"".join(lines[:10])
+    bad_lines = body.splitlines(keepends=True)
+    bad_lines[2] = b'{"question": "caf\xe9 \xff\xfe broken"}\n'
+    (d / "invalid_utf8.jsonl").write_bytes(b"".join(bad_lines))
+    (d / "empty.jsonl").write_bytes(b"")
+    # one 50 MB document between two good ones
+    big = json.dumps({"question": "word " * (10 * 1024 * 1024)}).encode() + b"\n"
+    (d / "huge.jsonl").write_bytes(lines[0] + big + lines[1])
+    shutil.copy(DATA / "bad/resiliparse_clipped.warc.gz", d / "clipped.warc.gz")
+    warc = bytearray((DATA / "warc/resiliparse_warcfile.warc.gz").read_bytes())
+    for i in range(60000, 60400):
+        warc[i] ^= 0x5A
+    (d / "corrupt.warc.gz").write_bytes(bytes(warc))
+    return d
+
+
+def test_corrupt_gzip_keeps_lines_before_the_damage(bad_dir):
+    docs, rejects = _read("jsonl", bad_dir / "corrupt.jsonl.gz", text_field="question")
+    assert 0 < len(docs) < 400
+    # Garbled lines decoded before the CRC check fails are rejected one by one; then the stream.
+    r = rejects[-1]
+    assert {x["reason"] for x in rejects[:-1]} <= {"read:invalid_json", "read:invalid_utf8", "read:missing_text"}
+    assert r["reason"] == "read:corrupt_stream" and r["file"].endswith("corrupt.jsonl.gz")
+    assert r["offset"] > 0 and "after line" in r["detail"]
+    good = [json.loads(x)["question"] for x in gzip.open(DATA / "jsonl/gsm8k_train_head400.jsonl.gz").read().splitlines()]
+    assert [d["text"] for d in docs] == good[: len(docs)]
+
+
+def test_invalid_utf8_line_is_rejected_alone(bad_dir):
+    docs, rejects = _read("jsonl", bad_dir / "invalid_utf8.jsonl", text_field="question")
+    assert len(docs) == 9
+    (r,) = rejects
+    assert r["reason"] == "read:invalid_utf8" and r["id"].endswith("#2")
+    offset = sum(len(x) for x in (bad_dir / "invalid_utf8.jsonl").read_bytes().splitlines(keepends=True)[:2])
+    assert r["offset"] == offset
+    assert "\ufffd" in r["text"]  # what could be decoded is kept for inspection
+
+
+def test_empty_file_is_reported(bad_dir):
+    docs, rejects = _read("jsonl", bad_dir / "empty.jsonl")
+    assert docs == [] and [r["reason"] for r in rejects] == ["read:empty_file"]
+
+
+def test_huge_document_rejected_with_preview_and_neighbours_kept(bad_dir):
+    docs, rejects = _read("jsonl", bad_dir / "huge.jsonl", text_field="question")
+    assert len(docs) == 2
+    (r,) = rejects
+    assert r["reason"] == "read:doc_too_large" and r["id"].endswith("#1")
+    assert "bytes > max_doc_bytes" in r["detail"] and len(r["text"]) <= 2000
+
+
+def test_truncated_warc_yields_partial_record_and_reports_it(bad_dir):
+    docs, rejects = _read("warc", bad_dir / "clipped.warc.gz")
+    assert len(docs) == 1 and len(docs[0]["html"]) > 50_000
+    assert json.loads(docs[0]["meta"])["truncated"] is True
+    assert [r["reason"] for r in rejects] == ["read:truncated_record"]
+
+
+def test_corrupt_warc_keeps_records_before_damage(bad_dir):
+    docs, rejects = _read("warc", bad_dir / "corrupt.warc.gz")
+    good, _ = _read("warc", DATA / "warc/resiliparse_warcfile.warc.gz")
+    assert 0 < len(docs) < len(good)
+    assert [d["url"] for d in docs] == [d["url"] for d in good[: len(docs)]]
+    assert rejects[-1]["reason"] == "read:corrupt_stream" and rejects[-1]["offset"] > 0
+
+
+def test_warc_skips_non_documents_and_ids_are_stable():
+    docs, rejects = _read("warc", DATA / "warc/dolma_sample-0000.warc.gz")
+    docs2, _ = _read("warc", DATA / "warc/dolma_sample-0000.warc.gz")
+    assert len(docs) + len(rejects) == 22  # 22 response records; request/resource/metadata skipped
+    assert [d["id"] for d in docs] == [d["id"] for d in docs2]
+    assert all(d["url"].startswith("http") for d in docs)
+
+
+def test_split_large_file_deals_every_record_to_exactly_one_shard():
+    path = DATA / "jsonl/gsm8k_train_head400.jsonl.gz"
+    whole, _ = _read("jsonl", path, text_field="question")
+    split, _ = _read("jsonl", path, text_field="question", split_bytes=20_000)
+    assert len(plan_input("in", InputSpec(format="jsonl", paths=[str(path)], source="m", split_bytes=20_000))) == 4
+    assert sorted(d["id"] for d in split) == sorted(d["id"] for d in whole)
+    assert len({d["id"] for d in split}) == 400
+
+
+def test_wet_reader_reads_conversion_records():
+    docs, rejects = _read("wet", DATA / "wet/whirlwind.warc.wet.gz")
+    assert len(docs) == 1 and not rejects
+    assert "Escopete" in docs[0]["text"] and json.loads(docs[0]["meta"])["cc_lang"] == "spa"
+
+
+def test_parquet_reader_by_row_group(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    t = pa.table({"text": [f"doc {i}" for i in range(100)], "url": [f"u{i}" for i in range(100)]})
+    pq.write_table(t, tmp_path / "a.parquet", row_group_size=10)
+    size = (tmp_path / "a.parquet").stat().st_size
+    docs, rejects = _read("parquet", tmp_path / "a.parquet", split_bytes=max(1, size // 3))
+    assert sorted(d["text"] for d in docs) == sorted(t.column("text").to_pylist()) and not rejects
