@@ -1,0 +1,348 @@
+"""Training configuration: pydantic models loaded from YAML.
+
+Every model forbids unknown keys, so a typo (``optim.lrr``) is an error that names the
+file, the dotted field path and, when there is one, the field that was probably meant.
+``--set a.b=value`` overrides are applied to the raw YAML before validation, so they get
+the same checks.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be used; the message names the file and the field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+#: Architecture presets. ``vocab_size`` always comes from the config (it belongs to the data).
+MODEL_PRESETS: dict[str, dict[str, Any]] = {
+    # ~1-5M parameters depending on vocab; trains on a laptop CPU in minutes.
+    "tiny": dict(n_layer=4, d_model=128, n_head=4, n_kv_head=2, ffn_hidden=384),
+    # GPT-2-small sized (124M with a 50k vocab).
+    "125m": dict(n_layer=12, d_model=768, n_head=12, n_kv_head=4, ffn_hidden=2048),
+    # Llama-3.2-1B shape.
+    "1b": dict(n_layer=16, d_model=2048, n_head=32, n_kv_head=8, ffn_hidden=8192),
+}
+
+
+class ModelConfig(_Strict):
+    """Transformer shape. ``preset`` fills any field left out; explicit fields win."""
+
+    preset: Literal["tiny", "125m", "1b"] | None = None
+    vocab_size: int = Field(gt=0)
+    n_layer: int = Field(gt=0)
+    d_model: int = Field(gt=0)
+    n_head: int = Field(gt=0)
+    n_kv_head: int | None = None  # None = n_head (plain multi-head attention)
+    ffn_hidden: int | None = None  # None = 8/3 * d_model rounded up to a multiple of 64
+    rope_theta: float = 10000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = True
+    init_std: float = 0.02
+    attention: Literal["auto", "sdpa", "flash"] = "auto"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("preset") in MODEL_PRESETS:
+            data = {**MODEL_PRESETS[data["preset"]], **data}
+        return data
+
+    @model_validator(mode="after")
+    def _check_heads(self) -> ModelConfig:
+        if self.n_kv_head is None:
+            self.n_kv_head = self.n_head
+        if self.ffn_hidden is None:
+            self.ffn_hidden = 64 * math.ceil(8 * self.d_model / 3 / 64)
+        if self.d_model % self.n_head:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head})")
+        if self.n_head % self.n_kv_head:
+            raise ValueError(f"n_head ({self.n_head}) must be a multiple of n_kv_head ({self.n_kv_head})")
+        if (self.d_model // self.n_head) % 2:
+            raise ValueError("head dim (d_model / n_head) must be even for RoPE")
+        return self
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+
+class CurriculumConfig(_Strict):
+    """Quality-ordered curriculum inside each source stream (uses the ``quality`` column)."""
+
+    order: Literal["none", "ascending", "bucketed"] = "none"
+    buckets: int = Field(default=4, gt=0)  # for "bucketed": quantile buckets, shuffled inside
+
+
+class SeqLenWarmupConfig(_Strict):
+    """Train on shorter chunks of each packed row early on: start, 2*start, ... up to seq_len."""
+
+    start: int = Field(gt=0)
+    steps: int = Field(gt=0)
+
+
+class DataConfig(_Strict):
+    """Where the packed shards are and how rows become batches."""
+
+    path: str
+    seq_len: int = Field(gt=0)
+    pad_id: int = 0
+    document_mask: bool = True  # False: plain causal attention across packed documents
+    tokenizer: str | None = None  # dir or card file; its content joins the data fingerprint
+    allow_data_change: bool = False  # resume even if the shard set changed
+    prefetch: int = Field(default=4, ge=1)  # steps prepared ahead on a background thread
+    row_group_cache: int = Field(default=32, ge=1)  # decoded row groups kept in memory
+    curriculum: CurriculumConfig = CurriculumConfig()
+    seq_len_warmup: SeqLenWarmupConfig | None = None
+
+    @model_validator(mode="after")
+    def _check_warmup(self) -> DataConfig:
+        w = self.seq_len_warmup
+        if w is not None:
+            ratio = self.seq_len // w.start
+            if self.seq_len % w.start or ratio & (ratio - 1):
+                raise ValueError(
+                    f"seq_len_warmup.start ({w.start}) must be seq_len ({self.seq_len}) / 2^k"
+                )
+        return self
+
+
+class OptimConfig(_Strict):
+    """AdamW; weight decay applies to matrices only."""
+
+    lr: float = Field(default=3e-4, gt=0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = 1e-8
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+
+
+Shape = Literal["constant", "linear", "cosine", "sqrt"]
+
+
+class ScheduleConfig(_Strict):
+    """Whole-run LR schedule, used when phases carry no ``lr`` segment of their own.
+
+    cosine: warm-up, then cosine from ``lr`` to ``min_lr_factor * lr`` over the rest.
+    wsd:    warm-up, stable at ``lr``, then the last ``decay_fraction`` of steps decays
+            (``decay_shape``) to ``min_lr_factor * lr``.
+    """
+
+    kind: Literal["cosine", "wsd"] = "cosine"
+    warmup_steps: int = Field(default=0, ge=0)
+    min_lr_factor: float = Field(default=0.1, ge=0)
+    decay_fraction: float = Field(default=0.2, ge=0, le=1)
+    decay_shape: Shape = "linear"
+
+
+class LRSegmentConfig(_Strict):
+    """A phase's LR segment: starts where the previous segment ended (the first at ``lr``)."""
+
+    shape: Shape = "constant"
+    end_factor: float | None = None  # end LR as a multiple of optim.lr; None = keep the start LR
+
+
+class PhaseConfig(_Strict):
+    """One mixture phase: a length (tokens or steps), per-source weights, an optional LR segment."""
+
+    name: str
+    tokens: int | None = Field(default=None, gt=0)
+    steps: int | None = Field(default=None, gt=0)
+    mix: dict[str, float] | None = None  # None = sources in proportion to their row counts
+    lr: LRSegmentConfig | None = None
+
+    @model_validator(mode="after")
+    def _one_length(self) -> PhaseConfig:
+        if (self.tokens is None) == (self.steps is None):
+            raise ValueError(f"phase {self.name!r}: give exactly one of tokens / steps")
+        if self.mix is not None:
+            if any(w < 0 for w in self.mix.values()) or sum(self.mix.values()) <= 0:
+                raise ValueError(f"phase {self.name!r}: mix weights must be >= 0 and not all 0")
+        return self
+
+
+class AnnealConfig(_Strict):
+    """Defaults for ``--anneal-from CKPT --mix ...`` branches."""
+
+    steps: int | None = Field(default=None, gt=0)
+    tokens: int | None = Field(default=None, gt=0)
+    shape: Shape = "linear"
+    end_factor: float = Field(default=0.0, ge=0)
+
+
+class TrainLoopConfig(_Strict):
+    """Batch geometry and run length. ``global_batch`` is in rows and fixed across world sizes."""
+
+    global_batch: int = Field(gt=0)
+    micro_batch: int = Field(gt=0)  # rows per rank per forward/backward
+    steps: int | None = Field(default=None, gt=0)  # used when no phases are given
+    tokens: int | None = Field(default=None, gt=0)
+    stop_at_step: int | None = Field(default=None, gt=0)  # stop early (checkpointing) e.g. for a preemption drill
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    threads: int | None = Field(default=None, gt=0)  # torch intra-op threads on CPU
+
+
+class ParallelConfig(_Strict):
+    """Data parallelism. ``auto``: none for one process, FSDP2 on CUDA, DDP on CPU."""
+
+    strategy: Literal["auto", "none", "ddp", "fsdp"] = "auto"
+    activation_checkpointing: bool = False
+
+
+class CheckpointConfig(_Strict):
+    every: int = Field(default=500, gt=0)
+    keep: int = Field(default=3, ge=1)
+    dir: str | None = None  # default: RUN_DIR/checkpoints
+
+
+class MetricsConfig(_Strict):
+    every: int = Field(default=10, gt=0)
+    tensorboard: bool = True  # only if the tensorboard package is importable
+    log_row_ids: bool = False  # every consumed row's global id, per rank (for tests / audits)
+    progress: Literal["auto", "rich", "plain", "off"] = "auto"
+
+
+class EvalConfig(_Strict):
+    """Held-out packed split; ``batches`` counts global batches of ``train.global_batch`` rows."""
+
+    path: str
+    every: int = Field(default=100, gt=0)
+    batches: int = Field(default=4, gt=0)
+
+
+class GuardConfig(_Strict):
+    """Skip steps with a non-finite loss or a grad-norm spike; stop after too many in a row."""
+
+    spike_factor: float = Field(default=10.0, gt=1)  # skip if grad_norm > factor * running median
+    window: int = Field(default=100, gt=0)
+    min_history: int = Field(default=20, ge=1)  # accepted steps before spike detection starts
+    max_consecutive_skips: int = Field(default=5, ge=1)
+    inject_nonfinite_steps: list[int] = []  # fault injection for drills/tests: NaN loss at these steps
+
+
+class TrainConfig(_Strict):
+    """The whole training config (one YAML file)."""
+
+    run_dir: str
+    seed: int = 0
+    model: ModelConfig
+    data: DataConfig
+    train: TrainLoopConfig
+    optim: OptimConfig = OptimConfig()
+    schedule: ScheduleConfig = ScheduleConfig()
+    phases: list[PhaseConfig] = []
+    anneal: AnnealConfig = AnnealConfig()
+    parallel: ParallelConfig = ParallelConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    eval: EvalConfig | None = None
+    guard: GuardConfig = GuardConfig()
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainConfig:
+        if self.train.global_batch % self.train.micro_batch:
+            raise ValueError(
+                f"train.global_batch ({self.train.global_batch}) must be a multiple of "
+                f"train.micro_batch ({self.train.micro_batch})"
+            )
+        if not self.phases and (self.train.steps is None) == (self.train.tokens is None):
+            raise ValueError("without phases, give exactly one of train.steps / train.tokens")
+        if self.phases:
+            with_lr = [p.lr is not None for p in self.phases]
+            if any(with_lr) and not all(with_lr):
+                raise ValueError("either every phase has an lr segment or none has")
+            names = [p.name for p in self.phases]
+            if len(set(names)) != len(names):
+                raise ValueError(f"phase names must be unique, got {names}")
+        return self
+
+
+def _suggest(loc: tuple, raw: dict) -> str:
+    """'did you mean' for an unknown key, looking up the model that owns it."""
+    model: type[BaseModel] | None = TrainConfig
+    for part in loc[:-1]:
+        if model is None or isinstance(part, int):
+            continue
+        field = model.model_fields.get(part)
+        if field is None:
+            return ""
+        model = _model_of(field.annotation)
+    if model is None:
+        return ""
+    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _model_of(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _model_of(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _format_error(source: str, err: ValidationError, raw: dict) -> str:
+    lines = [f"{source}: invalid training config"]
+    for e in err.errors():
+        loc = tuple(p for p in e["loc"])
+        dotted = ".".join(str(p) for p in loc) or "(top level)"
+        if e["type"] == "extra_forbidden":
+            lines.append(f"  {dotted}: unknown field{_suggest(loc, raw)}")
+        elif e["type"] == "missing":
+            lines.append(f"  {dotted}: required field is missing")
+        else:
+            msg = e["msg"].removeprefix("Value error, ")
+            lines.append(f"  {dotted}: {msg} (got {e.get('input')!r})" if loc else f"  {msg}")
+    return "\n".join(lines)
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """Apply ``a.b.c=value`` overrides (value parsed as YAML) to a raw config dict."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r}: expected KEY=VALUE, e.g. optim.lr=1e-3")
+        key, value = item.split("=", 1)
+        node = raw
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[parts[-1]] = yaml.safe_load(value)
+    return raw
+
+
+def parse_config(raw: dict, source: str = "<config>") -> TrainConfig:
+    """Validate a raw dict; errors name ``source`` and the field."""
+    try:
+        return TrainConfig.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(_format_error(source, err, raw)) from None
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> TrainConfig:
+    """Read a YAML file, apply ``--set`` overrides, validate."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    raw = apply_overrides(raw, overrides or [])
+    return parse_config(raw, str(path))

@@ -1,0 +1,163 @@
+"""Where training numbers go: a JSONL file (always), TensorBoard (if importable), the console.
+
+Rank 0 writes ``RUN_DIR/metrics.jsonl``: one record per logging interval (``kind: train``),
+per eval (``kind: eval``) and per event (``kind: event``: skipped steps, checkpoints,
+stops). With ``log_row_ids`` every rank appends ``RUN_DIR/row_ids/rank{r}.jsonl``:
+``{"step", "rank", "world", "rows": [global row ids]}`` per step.
+
+On resume, records at or after the resume step are dropped from these files first, so
+they always describe one lineage (a killed run may have logged steps it never saved).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+#: Dense bf16 peak FLOP/s per device, by a substring of its name.
+PEAK_FLOPS = {"H100": 989e12, "A100": 312e12}
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """Peak FLOP/s of the device, or None where MFU is not meaningful (CPU, unknown GPU)."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, value in PEAK_FLOPS.items():
+        if key in name:
+            return value
+    return None
+
+
+def truncate_jsonl(path: Path, before_step: int) -> None:
+    """Keep only records with ``step < before_step`` (atomic rewrite)."""
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line).get("step", -1) < before_step:
+                kept.append(line)
+        except ValueError:
+            continue  # a torn last line from a killed run
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(k + "\n" for k in kept))
+    tmp.replace(path)
+
+
+class _Console:
+    """A rich progress bar on a TTY, plain lines otherwise (CI logs, files)."""
+
+    def __init__(self, mode: str, total: int, start: int):
+        if mode == "auto":
+            mode = "rich" if sys.stdout.isatty() else "plain"
+        self.mode, self.progress = mode, None
+        if mode == "rich":
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self.progress = Progress(
+                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), TextColumn("{task.description}")
+            )
+            self.task = self.progress.add_task("", total=total, completed=start)
+            self.progress.start()
+
+    def update(self, step: int, rec: dict | None) -> None:
+        if self.mode == "off":
+            return
+        line = None
+        if rec is not None:
+            line = _summary(rec)
+        if self.progress is not None:
+            self.progress.update(self.task, completed=step, description=line or self.progress.tasks[0].description)
+        elif line is not None:
+            print(line, flush=True)
+
+    def message(self, text: str) -> None:
+        if self.progress is not None:
+            self.progress.console.print(text)
+        elif self.mode != "off":
+            print(text, flush=True)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+
+def _summary(rec: dict) -> str:
+    if rec.get("kind") == "eval":
+        return f"step {rec['step']:>6} | eval loss {rec['eval_loss']:.4f}"
+    parts = [f"step {rec['step']:>6}", f"loss {rec['loss']:.4f}", f"lr {rec['lr']:.2e}", f"gnorm {rec['grad_norm']:.2f}"]
+    parts.append(f"{rec['tokens_per_s']:,.0f} tok/s")
+    if rec.get("mfu") is not None:
+        parts.append(f"mfu {rec['mfu']:.1%}")
+    parts.append(f"wait {rec['data_wait_frac']:.1%}")
+    return " | ".join(parts)
+
+
+class MetricsLogger:
+    """Rank 0 logs records; every rank may log its row ids. ``start_step`` trims old records."""
+
+    def __init__(self, run_dir: str | Path, rank: int, world: int, total_steps: int, start_step: int, progress: str, tensorboard: bool, log_row_ids: bool):
+        self.run_dir, self.rank, self.world = Path(run_dir), rank, world
+        self.main = rank == 0
+        self.path = self.run_dir / "metrics.jsonl"
+        self.rows_path = self.run_dir / "row_ids" / f"rank{rank}.jsonl" if log_row_ids else None
+        self._file = self._rows = self._tb = None
+        if self.main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            truncate_jsonl(self.path, start_step)
+            self._file = open(self.path, "a")
+            if tensorboard:
+                try:
+                    from torch.utils.tensorboard import SummaryWriter
+
+                    self._tb = SummaryWriter(str(self.run_dir / "tb"))
+                except Exception:  # tensorboard not installed: JSONL only
+                    self._tb = None
+        if self.rows_path is not None:
+            self.rows_path.parent.mkdir(parents=True, exist_ok=True)
+            # Ranks beyond this run's world may have files from an earlier, wider run; each
+            # rank trims its own, rank 0 also trims the ones no rank of this run owns.
+            for p in self.rows_path.parent.glob("rank*.jsonl"):
+                r = int(p.stem.removeprefix("rank"))
+                if r == rank or (self.main and r >= world):
+                    truncate_jsonl(p, start_step)
+            self._rows = open(self.rows_path, "a")
+        self.console = _Console(progress if self.main else "off", total_steps, start_step)
+
+    def log(self, rec: dict) -> None:
+        """Write one record (rank 0 only) and show it."""
+        if not self.main:
+            return
+        rec = {"time": round(time.time(), 3), **rec}
+        self._file.write(json.dumps(rec) + "\n")
+        self._file.flush()
+        if self._tb is not None:
+            for k, v in rec.items():
+                if isinstance(v, (int, float)) and k not in ("step", "time"):
+                    self._tb.add_scalar(f"{rec.get('kind', 'train')}/{k}", v, rec["step"])
+        if rec.get("kind") == "event":
+            self.console.message(f"[step {rec['step']}] {rec['message']}")
+        else:
+            self.console.update(rec["step"] + 1, rec)
+
+    def progress(self, step: int) -> None:
+        if self.main:
+            self.console.update(step, None)
+
+    def rows(self, step: int, row_ids) -> None:
+        if self._rows is not None:
+            self._rows.write(json.dumps({"step": step, "rank": self.rank, "world": self.world, "rows": [int(r) for r in row_ids]}) + "\n")
+            self._rows.flush()
+
+    def close(self) -> None:
+        self.console.close()
+        for f in (self._file, self._rows):
+            if f is not None:
+                f.close()
+        if self._tb is not None:
+            self._tb.close()

@@ -1,0 +1,485 @@
+"""The training loop, and the entry points around it.
+
+``main(config_path, resume, overrides, anneal_from, mix) -> int`` is what the CLI calls;
+``run(cfg, ...)`` is the same for an already-loaded config. The loop itself is
+``Trainer.fit``: fetch the step's batch (prepared on a background thread), set the LR,
+forward/backward each micro-batch (gradient sync only on the last), clip, check the guard
+rails, step, log, evaluate, checkpoint.
+
+The loss of a step is the mean over every token that carries loss in the whole global
+batch: each micro-batch contributes ``sum(CE) * world / global_token_count`` (DDP and FSDP2
+average gradients over ranks, the ``world`` factor undoes that), so the update does not
+depend on the world size or on how rows are split into micro-batches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+import time
+from collections import deque
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from training import checkpoint as ckpt
+from training.config import ConfigError, GuardConfig, TrainConfig, load_config
+from training.data import IGNORE, DataChangedError, DataOrder, EvalData, PackedDataset, Prefetcher, build_step
+from training.metrics import MetricsLogger, peak_flops
+from training.model import Transformer, flops_per_token
+from training.parallel import (
+    DistEnv,
+    all_reduce_sum,
+    clip_grad_norm,
+    grad_sync,
+    init_distributed,
+    parallelize,
+    shutdown,
+    strategy_for,
+    unwrap,
+    uses_fsdp,
+)
+from training.schedule import LRSchedule, PhasePlan, Segment, branch_anneal, build_lr_schedule, plan_phases, seq_len_at
+
+#: Exit code when the guard rails stop a run (too many consecutive skipped steps).
+EXIT_GUARD_STOP = 3
+
+
+class Guard:
+    """Skip a step whose loss is not finite or whose grad norm spikes above
+    ``spike_factor`` x the running median of recent accepted steps."""
+
+    def __init__(self, cfg: GuardConfig, state: dict | None = None):
+        self.cfg = cfg
+        self.history: deque[float] = deque((state or {}).get("history", []), maxlen=cfg.window)
+        self.consecutive = (state or {}).get("consecutive", 0)
+
+    def verdict(self, loss: float, grad_norm: float) -> str | None:
+        """None to take the step, else the reason to skip it."""
+        if not math.isfinite(loss):
+            return f"non-finite loss ({loss})"
+        if not math.isfinite(grad_norm):
+            return f"non-finite grad norm ({grad_norm})"
+        if len(self.history) >= self.cfg.min_history:
+            median = float(np.median(self.history))
+            if grad_norm > self.cfg.spike_factor * median:
+                return f"grad-norm spike ({grad_norm:.3g} > {self.cfg.spike_factor} x median {median:.3g})"
+        return None
+
+    def accept(self, grad_norm: float) -> None:
+        self.history.append(grad_norm)
+        self.consecutive = 0
+
+    def reject(self) -> bool:
+        """Count a skip; True when the run must stop."""
+        self.consecutive += 1
+        return self.consecutive >= self.cfg.max_consecutive_skips
+
+    def state(self) -> dict:
+        return {"history": list(self.history), "consecutive": self.consecutive}
+
+
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (not norms' scales)."""
+    params = {id(p): p for p in model.parameters() if p.requires_grad}.values()
+    decay = [p for p in params if p.ndim >= 2]
+    no_decay = [p for p in params if p.ndim < 2]
+    groups = [
+        {"params": decay, "weight_decay": cfg.optim.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(
+        groups, lr=cfg.optim.lr, betas=cfg.optim.betas, eps=cfg.optim.eps, fused=device.type == "cuda"
+    )
+
+
+def _plans_to_json(plans: list[PhasePlan]) -> list[dict]:
+    return [asdict(p) for p in plans]
+
+
+def _plans_from_json(items: list[dict]) -> list[PhasePlan]:
+    return [PhasePlan(**p) for p in items]
+
+
+def _schedule_from_json(state: dict) -> LRSchedule:
+    return LRSchedule([Segment(**s) for s in state["segments"]], state["warmup_steps"])
+
+
+def parse_mix(text: str) -> dict[str, float]:
+    """``web=0.3,math=0.7`` -> {"web": 0.3, "math": 0.7}."""
+    out = {}
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        name, sep, value = part.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            out[name.strip()] = float(value)
+        except ValueError:
+            raise ConfigError(f"--mix {text!r}: expected SOURCE=WEIGHT pairs, e.g. web=0.3,math=0.7") from None
+    if not out:
+        raise ConfigError("--mix is empty")
+    return out
+
+
+class Trainer:
+    """One training run on one process of a (possibly) distributed job."""
+
+    def __init__(self, cfg: TrainConfig, env: DistEnv, resume: str | None = None, anneal_from: str | None = None, mix: dict[str, float] | None = None):
+        self.cfg, self.env = cfg, env
+        if cfg.train.threads and env.device.type == "cpu":
+            torch.set_num_threads(cfg.train.threads)
+        self.run_dir = Path(cfg.run_dir)
+        gb, micro = cfg.train.global_batch, cfg.train.micro_batch
+        if gb % (micro * env.world):
+            raise ConfigError(
+                f"train.global_batch ({gb}) must be a multiple of train.micro_batch ({micro}) x world size ({env.world})"
+            )
+        self.accum = gb // (micro * env.world)
+
+        curriculum = cfg.data.curriculum.order
+        self.dataset = PackedDataset(cfg.data.path, cfg.data.tokenizer, cfg.data.row_group_cache, need_quality=curriculum != "none")
+        self.notes: list[str] = []
+        if curriculum != "none" and not self.dataset.has_quality:
+            self.notes.append("curriculum asked for but the shards have no 'quality' column: using a plain shuffle")
+            curriculum = "none"
+        source_rows = self.dataset.source_rows()
+
+        self.checkpointer = ckpt.Checkpointer(cfg.checkpoint.dir or self.run_dir / "checkpoints", cfg.checkpoint.keep, env)
+        resume_path, self.branch = self._resume_point(resume, anneal_from)
+        meta = ckpt.read_meta(resume_path) if resume_path else None
+
+        # The phase plan and LR schedule: from the config, or from an anneal branch.
+        plans = plan_phases(cfg, source_rows)
+        schedule = build_lr_schedule(cfg, plans)
+        if meta is not None and "anneal" in meta:  # resuming an anneal branch: its plan is authoritative
+            plans, schedule = _plans_from_json(meta["plans"]), _schedule_from_json(meta["schedule"])
+        elif meta is not None and meta["plans"] != _plans_to_json(plans) and not self.branch:
+            raise ConfigError(
+                f"{cfg.run_dir}: the phases/steps in the config differ from the checkpoint's plan "
+                f"({meta['plans']} vs {_plans_to_json(plans)}); branch with --anneal-from or use a new run_dir"
+            )
+        if self.branch:
+            plans, schedule = _plans_from_json(meta["plans"]), _schedule_from_json(meta["schedule"])
+            steps = cfg.anneal.steps or (
+                math.ceil(cfg.anneal.tokens / (gb * cfg.data.seq_len)) if cfg.anneal.tokens else None
+            )
+            if steps is None:
+                raise ConfigError("an anneal branch needs a length: set anneal.steps or anneal.tokens (e.g. --set anneal.steps=200)")
+            plans, schedule = branch_anneal(cfg, plans, schedule, meta["step"], mix or {}, steps, source_rows)
+        self.plans, self.schedule = plans, schedule
+        self.order = DataOrder(self.dataset, plans, cfg.seed, gb, curriculum, cfg.data.curriculum.buckets)
+
+        # Same seed on every rank: identical initial weights before any sharding.
+        torch.manual_seed(cfg.seed)
+        model = Transformer(cfg.model, cfg.data.seq_len).to(env.device)
+        self.n_params = model.num_params()
+        self.n_matmul = model.num_params(matmul_only=True)
+        self.model = parallelize(model, cfg.parallel, env)
+        self.optimizer = build_optimizer(self.model, cfg, env.device)
+        self.autocast = (
+            torch.autocast("cuda", dtype=torch.bfloat16)
+            if env.device.type == "cuda" and not uses_fsdp(self.model)
+            else contextlib.nullcontext()
+        )
+
+        self.start_step, guard_state = 0, None
+        self.tokens_by_source = np.zeros(len(self.dataset.sources), dtype=np.float64)
+        self.content_tokens: dict[str, int] = {}
+        if meta is not None:
+            ckpt.load(resume_path, self.model, self.optimizer, env)
+            self.order.check_resume(meta["data"], cfg.data.allow_data_change)
+            self.start_step = meta["step"]
+            if not self.branch:
+                guard_state = meta.get("guard")
+            seen = meta.get("tokens_by_source", {})
+            self.tokens_by_source = np.array([seen.get(s, 0) for s in self.dataset.sources], dtype=np.float64)
+            self.content_tokens = dict(meta.get("content_tokens_by_source", {}))
+        self.lineage = {"resumed_from": str(resume_path) if resume_path else None}
+        if self.branch:
+            self.lineage = {"anneal_from": str(resume_path), "at_step": self.start_step, "mix": mix}
+        elif meta is not None and "anneal" in meta:
+            self.lineage = {**meta["anneal"], "resumed_from": str(resume_path)}
+        self.guard = Guard(cfg.guard, guard_state)
+
+        total = self.order.total_steps
+        self.end_step = min(total, cfg.train.stop_at_step) if cfg.train.stop_at_step else total
+        self.metrics = MetricsLogger(
+            self.run_dir, env.rank, env.world, total, self.start_step, cfg.metrics.progress, cfg.metrics.tensorboard, cfg.metrics.log_row_ids
+        )
+        self.eval_data = None
+        if cfg.eval is not None:
+            self.eval_data = EvalData(
+                cfg.eval.path, cfg.eval.batches, gb, micro, env.rank, env.world, cfg.data.seq_len,
+                cfg.data.document_mask, cfg.data.pad_id, cfg.model.vocab_size,
+            )
+        self.peak = peak_flops(env.device)
+
+    def _resume_point(self, resume: str | None, anneal_from: str | None) -> tuple[Path | None, bool]:
+        """(checkpoint to load, whether it starts a new anneal branch)."""
+        own = self.checkpointer.latest()
+        if resume in ("never", "none"):
+            if own is not None:
+                raise ConfigError(f"{self.checkpointer.dir} already has checkpoints; resume or pick a new run_dir")
+            resume = None
+        elif resume not in (None, "auto"):
+            return ckpt.resolve(resume), False
+        elif own is not None:  # auto: continue this run (also a preempted anneal branch)
+            return own, False
+        if anneal_from:
+            parent = ckpt.resolve(anneal_from)
+            if parent.parent.resolve() == self.checkpointer.dir.resolve():
+                raise ConfigError("an anneal branch needs its own run_dir (e.g. --set run_dir=runs/NAME-anneal)")
+            return parent, True
+        return None, False
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def _make_step(self, step: int):
+        """Runs on the prefetch thread: this rank's rows for ``step``, ready to train on."""
+        cfg, env = self.cfg, self.env
+        rows = self.order.rank_rows(step, env.rank, env.world)
+        return build_step(
+            self.dataset, rows, step, cfg.data.seq_len, seq_len_at(cfg, step), cfg.train.micro_batch,
+            cfg.data.document_mask, cfg.data.pad_id, cfg.model.vocab_size,
+        )
+
+    def _loss_sum(self, mb) -> torch.Tensor:
+        with self.autocast:
+            logits = self.model(mb.inputs, mb.doc_ids, mb.positions)
+        return F.cross_entropy(logits.float().flatten(0, 1), mb.targets.flatten(), ignore_index=IGNORE, reduction="sum")
+
+    def train_step(self, step: int, batch) -> tuple[float, float, str | None]:
+        """Forward/backward over the micro-batches, clip, guard, step. Returns (loss, grad norm, skip reason)."""
+        env, dev = self.env, self.env.device
+        lr = self.schedule(step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        n_global = float(all_reduce_sum(torch.tensor([batch.n_tokens], dtype=torch.float64, device=dev), env).item())
+        if n_global == 0:
+            return float("nan"), 0.0, "no tokens with loss in the global batch"
+        scale = env.world / n_global
+        loss_sum = torch.zeros((), dtype=torch.float32, device=dev)
+        last = len(batch.micro) - 1
+        for i, mb in enumerate(batch.micro):
+            mb = mb.to(dev)
+            with grad_sync(self.model, i == last):
+                ce = self._loss_sum(mb)
+                if step in self.cfg.guard.inject_nonfinite_steps:
+                    ce = ce * float("nan")  # fault injection: a poisoned batch
+                (ce * scale).backward()
+            loss_sum += ce.detach()
+        loss = float(all_reduce_sum(loss_sum.double(), env).item()) / n_global
+        grad_norm = clip_grad_norm(self.model, self.cfg.optim.grad_clip)
+        reason = self.guard.verdict(loss, grad_norm)
+        if reason is None:
+            self.optimizer.step()
+            self.guard.accept(grad_norm)
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss, grad_norm, reason
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Mean loss per token over the held-out split (all ranks)."""
+        self.model.eval()
+        dev = self.env.device
+        acc = torch.zeros(2, dtype=torch.float64, device=dev)
+        for mb in self.eval_data.micro:
+            mb = mb.to(dev)
+            acc[0] += self._loss_sum(mb).double()
+            acc[1] += (mb.targets != IGNORE).sum()
+        self.model.train()
+        acc = all_reduce_sum(acc, self.env)
+        return float(acc[0] / acc[1].clamp(min=1))
+
+    def save(self, step: int, reason: str) -> Path:
+        """Checkpoint after ``step`` completed steps (collective)."""
+        meta = {
+            "data": self.order.state(step),
+            "schedule": self.schedule.state_dict(),
+            "plans": _plans_to_json(self.plans),
+            "guard": self.guard.state(),
+            "tokens_by_source": {s: float(n) for s, n in zip(self.dataset.sources, self.tokens_by_source)},
+            "content_tokens_by_source": self.content_tokens,
+            "world_size": self.env.world,
+            "config": self.cfg.model_dump(mode="json"),
+            "reason": reason,
+        }
+        if "anneal_from" in self.lineage or "at_step" in self.lineage:
+            meta["anneal"] = {k: v for k, v in self.lineage.items() if k != "resumed_from"}
+        path = self.checkpointer.save(step, self.model, self.optimizer, meta)
+        self.metrics.log({"kind": "event", "step": step, "event": "checkpoint", "message": f"checkpoint {path.name} ({reason})"})
+        return path
+
+    def _gather_content(self, local: dict[str, int]) -> dict[str, int]:
+        if not self.env.distributed:
+            return local
+        import torch.distributed as dist
+
+        parts: list = [None] * self.env.world
+        dist.all_gather_object(parts, local)
+        out: dict[str, int] = {}
+        for part in parts:
+            for k, v in part.items():
+                out[k] = out.get(k, 0) + v
+        return out
+
+    def fit(self) -> int:
+        """Train from ``start_step`` to the end (or ``stop_at_step``). Returns an exit code."""
+        cfg, env, m = self.cfg, self.env, self.metrics
+        strategy = strategy_for(cfg.parallel, env)
+        m.log({
+            "kind": "event", "step": self.start_step, "event": "start",
+            "message": (
+                f"{self.n_params / 1e6:.2f}M params, world {env.world} ({strategy}), device {env.device}, "
+                f"{self.accum} micro-batch(es) of {cfg.train.micro_batch} rows per rank, "
+                f"steps {self.start_step}->{self.end_step} of {self.order.total_steps}, "
+                f"phases {[(p.name, p.start, p.end) for p in self.plans]}"
+            ),
+            "lineage": self.lineage, "fingerprint": self.dataset.fingerprint,
+        })
+        for note in self.notes:
+            m.log({"kind": "event", "step": self.start_step, "event": "note", "message": note})
+        if self.start_step >= self.end_step:
+            m.log({"kind": "event", "step": self.start_step, "event": "done", "message": "nothing to do: already at the final step"})
+            m.close()
+            return 0
+
+        prefetch = Prefetcher(self._make_step, self.start_step, self.end_step, cfg.data.prefetch)
+        window = _Window(len(self.dataset.sources))
+        code = 0
+        try:
+            for step in range(self.start_step, self.end_step):
+                t0 = time.perf_counter()
+                batch = prefetch.get()
+                t_data = time.perf_counter()
+                loss, grad_norm, reason = self.train_step(step, batch)
+                t_end = time.perf_counter()
+                m.rows(step, batch.row_ids)
+                window.add(batch, loss, grad_norm, reason, t_data - t0, t_end - t0)
+                for k, v in batch.content_tokens.items():
+                    window.content[k] = window.content.get(k, 0) + v
+
+                stop = False
+                if reason is not None:
+                    stop = self.guard.reject()
+                    m.log({"kind": "event", "step": step, "event": "skip", "loss": loss, "grad_norm": grad_norm,
+                           "message": f"skipped step {step}: {reason} ({self.guard.consecutive} in a row)"})
+                done = step + 1
+                if done % cfg.metrics.every == 0 or done == self.end_step or stop:
+                    self._log_window(step, window)
+                    window = _Window(len(self.dataset.sources))
+                else:
+                    m.progress(done)
+                if self.eval_data is not None and (done % cfg.eval.every == 0 or done == self.end_step):
+                    m.log({"kind": "eval", "step": step, "eval_loss": self.evaluate()})
+                if stop:
+                    self.save(done, "guard stop")
+                    m.log({"kind": "event", "step": step, "event": "stop", "message": (
+                        f"stopping: {self.guard.consecutive} consecutive skipped steps "
+                        f"(guard.max_consecutive_skips={cfg.guard.max_consecutive_skips}); "
+                        f"last reason: {reason}. Checkpoint saved; inspect the data around step {step} "
+                        "or lower the LR before resuming.")})
+                    code = EXIT_GUARD_STOP
+                    break
+                if done % cfg.checkpoint.every == 0 or done == self.end_step:
+                    self.save(done, "end" if done == self.end_step else "periodic")
+        finally:
+            prefetch.close()
+            m.close()
+        return code
+
+    def _log_window(self, step: int, w: _Window) -> None:
+        env = self.env
+        # One collective for every per-interval counter: tokens by source, then wall times.
+        stats = torch.tensor(list(w.by_source) + [w.data_time, w.step_time], dtype=torch.float64, device=env.device)
+        stats = all_reduce_sum(stats, env).cpu().numpy()
+        by_source = stats[:-2]
+        self.tokens_by_source += by_source
+        content = self._gather_content(w.content)
+        for k, v in content.items():
+            self.content_tokens[k] = self.content_tokens.get(k, 0) + v
+        data_time, step_time = stats[-2] / env.world, stats[-1] / env.world
+        tokens = float(by_source.sum())
+        tps = tokens / max(step_time, 1e-9)
+        flops = flops_per_token(self.cfg.model, w.seq_len, self.n_matmul) * tps
+        phase = self.plans[self.order.phase_index(step)].name
+        self.metrics.log({
+            "kind": "train", "step": step, "phase": phase,
+            "loss": (w.loss_sum / w.accepted) if w.accepted else float("nan"),
+            "loss_step": w.last_loss, "grad_norm": w.last_grad_norm, "lr": self.schedule(step),
+            "seq_len": w.seq_len, "steps": w.steps, "skipped": w.skipped,
+            "tokens": tokens, "tokens_per_s": tps,
+            "mfu": (flops / (self.peak * env.world)) if self.peak else None,
+            "data_wait_frac": data_time / max(step_time, 1e-9),
+            "tokens_by_source": {s: float(n) for s, n in zip(self.dataset.sources, by_source)},
+            "tokens_seen_by_source": {s: float(n) for s, n in zip(self.dataset.sources, self.tokens_by_source)},
+            "content_tokens_by_source": content,
+        })
+
+
+class _Window:
+    """Counters of one logging interval (this rank)."""
+
+    def __init__(self, n_sources: int):
+        self.by_source = np.zeros(n_sources, dtype=np.float64)
+        self.content: dict[str, int] = {}
+        self.loss_sum = self.data_time = self.step_time = 0.0
+        self.steps = self.accepted = self.skipped = 0
+        self.last_loss = self.last_grad_norm = float("nan")
+        self.seq_len = 0
+
+    def add(self, batch, loss: float, grad_norm: float, reason: str | None, data_time: float, step_time: float) -> None:
+        self.by_source += batch.source_tokens
+        self.steps += 1
+        self.seq_len = batch.seq_len
+        self.last_loss, self.last_grad_norm = loss, grad_norm
+        self.data_time += data_time
+        self.step_time += step_time
+        if reason is None:
+            self.accepted += 1
+            self.loss_sum += loss
+        else:
+            self.skipped += 1
+
+
+def run(cfg: TrainConfig, resume: str | None = None, anneal_from: str | None = None, mix: dict[str, float] | None = None) -> int:
+    """Train with an already-validated config (in this process / torchrun rank). Returns an exit code."""
+    env = init_distributed(cfg.train.device)
+    try:
+        return Trainer(cfg, env, resume, anneal_from, mix).fit()
+    finally:
+        shutdown(env)
+
+
+def main(
+    config_path: str,
+    resume: str | None = None,
+    overrides: list[str] | None = None,
+    anneal_from: str | None = None,
+    mix: str | None = None,
+) -> int:
+    """CLI entry: ``refinery train CONFIG`` / ``python -m training CONFIG``.
+
+    resume:      None or "auto" = continue from RUN_DIR's latest checkpoint if there is one;
+                 "never" = start fresh (refused if RUN_DIR has checkpoints); a path = that checkpoint.
+    overrides:   ``["optim.lr=1e-3", "train.stop_at_step=100"]`` (values parsed as YAML).
+    anneal_from: a stable-phase checkpoint to branch an annealing phase from (needs ``mix``,
+                 and anneal.steps/tokens; use a new run_dir).
+    mix:         ``"web=0.3,math=0.7"`` source weights of the annealing phase.
+    Returns 0 on success, 2 for a config/data error (message on stderr), 3 when the guard
+    rails stopped the run.
+    """
+    try:
+        cfg = load_config(config_path, overrides)
+        if anneal_from and not mix:
+            raise ConfigError("--anneal-from needs --mix SOURCE=WEIGHT,... for the annealing phase")
+        return run(cfg, resume, anneal_from, parse_mix(mix) if mix else None)
+    except (ConfigError, DataChangedError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
