@@ -56,8 +56,9 @@ def make_plan(dag: Dag) -> Plan:
     closures: dict[str, list[str]] = {}
     for root in list(dag.inputs) + [n for n, s in dag.stages.items() if s.kind == "global"]:
         closures[root] = [n for n, s in dag.stages.items() if s.kind != "global" and root in roots(dag, n)]
-    # An input read straight by a global stage (or being the output) must exist as shards.
-    materialize = {u for s in dag.stages.values() if s.kind == "global" for u in s.upstreams() if u in dag.inputs}
+    # An input is only streamed into the map stages its task runs; when a union or a global
+    # stage consumes it directly, its documents must exist as shards.
+    materialize = {u for s in dag.stages.values() if s.kind != "map" for u in s.upstreams() if u in dag.inputs}
     return Plan(dag, dag.hashes(), input_shards, closures, materialize)
 
 
