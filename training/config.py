@@ -212,6 +212,14 @@ class MetricsConfig(_Strict):
     log_row_ids: bool = False  # every consumed row's global id, per rank (for tests / audits)
     progress: Literal["auto", "rich", "plain", "off"] = "auto"
 
+    @model_validator(mode="before")
+    @classmethod
+    def _yaml_off(cls, data: Any) -> Any:
+        # YAML 1.1 reads a bare `off` / `on` as a boolean.
+        if isinstance(data, dict) and isinstance(data.get("progress"), bool):
+            data = {**data, "progress": "auto" if data["progress"] else "off"}
+        return data
+
 
 class EvalConfig(_Strict):
     """Held-out packed split; ``batches`` counts global batches of ``train.global_batch`` rows."""
@@ -268,7 +276,7 @@ class TrainConfig(_Strict):
         return self
 
 
-def _suggest(loc: tuple, raw: dict) -> str:
+def _suggest(loc: tuple) -> str:
     """'did you mean' for an unknown key, looking up the model that owns it."""
     model: type[BaseModel] | None = TrainConfig
     for part in loc[:-1]:
@@ -294,13 +302,13 @@ def _model_of(annotation: Any) -> type[BaseModel] | None:
     return None
 
 
-def _format_error(source: str, err: ValidationError, raw: dict) -> str:
+def _format_error(source: str, err: ValidationError) -> str:
     lines = [f"{source}: invalid training config"]
     for e in err.errors():
         loc = tuple(p for p in e["loc"])
         dotted = ".".join(str(p) for p in loc) or "(top level)"
         if e["type"] == "extra_forbidden":
-            lines.append(f"  {dotted}: unknown field{_suggest(loc, raw)}")
+            lines.append(f"  {dotted}: unknown field{_suggest(loc)}")
         elif e["type"] == "missing":
             lines.append(f"  {dotted}: required field is missing")
         else:
@@ -330,7 +338,7 @@ def parse_config(raw: dict, source: str = "<config>") -> TrainConfig:
     try:
         return TrainConfig.model_validate(raw)
     except ValidationError as err:
-        raise ConfigError(_format_error(source, err, raw)) from None
+        raise ConfigError(_format_error(source, err)) from None
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> TrainConfig:

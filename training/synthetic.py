@@ -71,6 +71,7 @@ def write_packed(
     manifest: bool = True,
     quality: bool = True,
     pad_id: int = 0,
+    pad_prob: float = 0.15,
 ) -> Path:
     """Write ``out/*.parquet`` (+ ``_manifest.jsonl``) with rows of all sources shuffled together."""
     out = Path(out)
@@ -78,7 +79,7 @@ def write_packed(
     rng = np.random.default_rng(seed)
     rows = []
     for source in sorted(rows_per_source):
-        rows += make_rows(source, rows_per_source[source], seq_len, vocab, rng, pad_id)
+        rows += make_rows(source, rows_per_source[source], seq_len, vocab, rng, pad_id, pad_prob)
     rows = [rows[i] for i in rng.permutation(len(rows))]
     fields = [
         pa.field("input_ids", pa.list_(pa.int32())),
