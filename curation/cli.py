@@ -101,6 +101,63 @@ def sql(run_dir: Path = typer.Argument(..., help="run directory"),
     console.print(t)
 
 
+tokenizer_app = typer.Typer(no_args_is_help=True, help="Train and inspect tokenizers (BPE / Unigram).")
+app.add_typer(tokenizer_app, name="tokenizer")
+
+
+@tokenizer_app.command("train")
+def tokenizer_train(
+    inputs: list[str] = typer.Argument(..., help="RUN/STAGE directories, folders or globs of Parquet shards"),
+    out: Path = typer.Option(..., "--out", "-o", help="output directory (tokenizer + card.json)"),
+    kind: str = typer.Option("bpe", "--kind", help="bpe (tokenizers, byte-level) or unigram (sentencepiece)"),
+    vocab_size: int = typer.Option(32000, "--vocab-size", min=256),
+    max_docs: Optional[int] = typer.Option(None, "--max-docs", help="train on at most this many documents"),
+) -> None:
+    """Train a tokenizer on the `text` column of shards, streaming (never the whole corpus in memory)."""
+    from curation.tokenizer import TokenizerError, train_tokenizer
+
+    if kind not in ("bpe", "unigram"):
+        _fail(f"--kind: {kind!r} is not one of bpe, unigram")
+    try:
+        tok = train_tokenizer(inputs if len(inputs) > 1 else inputs[0], out, kind=kind, vocab_size=vocab_size,
+                              max_docs=max_docs, progress=sys.stderr.isatty())
+    except (TokenizerError, FileNotFoundError) as e:
+        _fail(str(e))
+    console.print(f"[green]trained[/] {tok!r} -> {out}")
+
+
+@tokenizer_app.command("report")
+def tokenizer_report_cmd(
+    tokenizer: Path = typer.Argument(..., help="tokenizer directory"),
+    inputs: list[str] = typer.Argument(..., help="RUN/STAGE directories or Parquet files to measure on"),
+    max_docs: Optional[int] = typer.Option(None, "--max-docs"),
+) -> None:
+    """Fertility (tokens per word) and bytes per token by source and language, with a PNG chart."""
+    from curation.tokenizer import TokenizerError
+    from curation.tokenizer_report import tokenizer_report
+
+    try:
+        tokenizer_report(tokenizer, inputs if len(inputs) > 1 else inputs[0], max_docs=max_docs)
+    except (TokenizerError, FileNotFoundError) as e:
+        _fail(str(e))
+
+
+@app.command(context_settings={"allow_extra_args": False})
+def train(
+    config: Path = typer.Argument(..., help="trainer config (YAML)"),
+    resume: Optional[str] = typer.Option(None, "--resume", help="'auto' (default), 'never', or a checkpoint path"),
+    anneal_from: Optional[str] = typer.Option(None, "--anneal-from", help="branch an annealing phase from this checkpoint"),
+    mix: Optional[str] = typer.Option(None, "--mix", help="annealing mix, e.g. web=0.3,math=0.7"),
+    override: list[str] = typer.Option([], "--set", help="override a config value, e.g. --set optim.lr=1e-3"),
+) -> None:
+    """Train a model on packed shards (one process; use torchrun -m training for many)."""
+    from training.train import main as train_main
+
+    code = train_main(str(config), resume=resume, overrides=override, anneal_from=anneal_from, mix=mix)
+    if code:
+        raise typer.Exit(code)
+
+
 def main() -> None:  # pragma: no cover
     app()
 

@@ -111,7 +111,17 @@ def top_reasons(run_dir: str | Path, limit: int = 15) -> list[dict]:
 
 
 def output_summary(run_dir: str | Path) -> dict:
+    """Rows of the output, and text chars / tokens / sources when the output has those columns."""
     con = connect(run_dir)
-    n, chars = con.execute("select count(*), coalesce(sum(length(text)),0) from kept").fetchone()
-    by_source = con.execute("select source, count(*) from kept group by 1 order by 2 desc").fetchall()
-    return {"docs": int(n), "chars": int(chars), "by_source": {s: int(c) for s, c in by_source}}
+    cols = {r[0] for r in con.execute("describe kept").fetchall()}
+    out: dict = {"rows": int(con.execute("select count(*) from kept").fetchone()[0])}
+    if "text" in cols:
+        out["chars"] = int(con.execute("select coalesce(sum(length(text)), 0) from kept").fetchone()[0])
+    if "num_tokens" in cols:
+        out["tokens"] = int(con.execute("select coalesce(sum(num_tokens), 0) from kept").fetchone()[0])
+    if "input_ids" in cols and "doc_lens" in cols:  # packed rows
+        out["tokens"] = int(con.execute("select coalesce(sum(list_sum(doc_lens)), 0) from kept").fetchone()[0])
+    if "source" in cols:
+        by_source = con.execute("select source, count(*) from kept group by 1 order by 2 desc, 1").fetchall()
+        out["by_source"] = {s: int(c) for s, c in by_source}
+    return out
