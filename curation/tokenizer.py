@@ -201,14 +201,26 @@ def _train_bpe(batches: Iterator[list[str]], vocab_size: int, min_frequency: int
 
 
 def _train_unigram(batches: Iterator[list[str]], vocab_size: int, progress: bool, max_sentences: int,
-                   max_line_bytes: int) -> bytes:
+                   max_line_bytes: int, character_coverage: float) -> bytes:
     import sentencepiece as spm
 
     buf = io.BytesIO()
+    try:
+        _spm_train(spm, buf, batches, vocab_size, progress, max_sentences, max_line_bytes, character_coverage)
+    except RuntimeError as e:
+        if "required_chars" in str(e):
+            raise TokenizerError(f"vocab_size {vocab_size} is smaller than the characters sentencepiece must keep at "
+                                 f"character_coverage {character_coverage}; raise vocab_size or lower "
+                                 "character_coverage (byte fallback covers the rest)") from None
+        raise
+    return buf.getvalue()
+
+
+def _spm_train(spm, buf, batches, vocab_size, progress, max_sentences, max_line_bytes, character_coverage) -> None:
     spm.SentencePieceTrainer.train(
         sentence_iterator=_lines(batches, max_line_bytes), model_writer=buf,
         model_type="unigram", vocab_size=vocab_size, hard_vocab_limit=False,  # small corpora: fewer pieces, no crash
-        byte_fallback=True, character_coverage=0.9995,
+        byte_fallback=True, character_coverage=character_coverage,
         # lossless: no NFKC, keep whitespace runs, split digits (as LLaMA's tokenizer does)
         normalization_rule_name="identity", remove_extra_whitespaces=False, split_digits=True,
         allow_whitespace_only_pieces=True, max_sentence_length=max_line_bytes,
@@ -216,18 +228,20 @@ def _train_unigram(batches: Iterator[list[str]], vocab_size: int, progress: bool
         input_sentence_size=max_sentences, shuffle_input_sentence=True,
         num_threads=os.cpu_count() or 1, minloglevel=0 if progress else 2,
     )
-    return buf.getvalue()
 
 
 def train_tokenizer(inputs: str | Path | Sequence[str | Path], out: str | Path, kind: Literal["bpe", "unigram"] = "bpe",
                     vocab_size: int = 32000, min_frequency: int = 2, max_docs: int | None = None,
-                    max_sentences: int = 10_000_000, progress: bool = True) -> Tokenizer:
+                    max_sentences: int = 10_000_000, character_coverage: float = 0.9995,
+                    progress: bool = True) -> Tokenizer:
     """Train a tokenizer on the ``text`` column of Parquet shards and save it in ``out``.
 
     ``inputs``: ``RUN/STAGE`` directories (their committed shards), folders of ``*.parquet``,
     globs or files. ``kind``: ``bpe`` (byte-level BPE, tokenizers) or ``unigram``
     (sentencepiece, byte fallback). Special tokens ``<|endoftext|>`` and ``<|pad|>`` get ids 0
-    and 1 in both. ``max_sentences`` bounds sentencepiece's in-memory sentence sample.
+    and 1 in both. Unigram only: ``max_sentences`` bounds sentencepiece's in-memory sentence
+    sample; ``character_coverage`` is the share of characters kept as pieces (the rest are
+    byte-encoded), lower it for small vocabularies over many scripts.
     Returns the loaded ``Tokenizer``; ``out/card.json`` records how it was made.
     """
     if kind not in MODEL_FILES:
@@ -243,7 +257,7 @@ def train_tokenizer(inputs: str | Path | Sequence[str | Path], out: str | Path, 
     if kind == "bpe":
         model = _train_bpe(batches, vocab_size, min_frequency, progress, corpus.num_rows())
     else:
-        model = _train_unigram(batches, vocab_size, progress, max_sentences, max_line_bytes=1 << 14)
+        model = _train_unigram(batches, vocab_size, progress, max_sentences, 1 << 14, character_coverage)
     seconds = time.perf_counter() - t0
     if seen.docs == 0:
         raise TokenizerError(f"{inputs}: no non-empty text to train on")
@@ -263,7 +277,7 @@ def train_tokenizer(inputs: str | Path | Sequence[str | Path], out: str | Path, 
         "pad_id": tok.pad_id,
         "options": {"min_frequency": min_frequency} if kind == "bpe" else
                    {"max_sentences": max_sentences, "byte_fallback": True, "normalization": "identity",
-                    "split_digits": True, "character_coverage": 0.9995},
+                    "split_digits": True, "character_coverage": character_coverage},
         "training": {
             "files": [{"file": f, "sha256": s} for f, s in zip(corpus.files, corpus.sha256)],
             "fingerprint": corpus.fingerprint,

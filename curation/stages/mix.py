@@ -389,9 +389,10 @@ class Mix(GlobalStage):
                      for j, k in todo_out]
             map_and_commit(ctx, gather_shard, items, f"{ctx.name}:gather")
         # fragments are a full copy of the data: drop them once every output shard is committed
-        shutil.rmtree(ctx.work_dir, ignore_errors=True)
+        work = frag_dir.parent  # (ctx.work_dir would create it again)
+        shutil.rmtree(work, ignore_errors=True)
         try:
-            ctx.work_dir.parent.rmdir()  # _work/, when no other parameters left files there
+            work.parent.rmdir()  # _work/, when no other parameters left files there
         except OSError:
             pass
         report = {"stage": ctx.name, "params_hash": ctx.params_hash, **report}
