@@ -108,31 +108,52 @@ def _process(stage, name: str, table: pa.Table, batch_size: int, hash_: str) -> 
 
 
 def run_root_task(dag_dict: dict, dag_path: str, base_dir: str | None, run_dir: str, root: str, key: str,
-                  shard: InputShard | None, source_path: str | None, materialize: bool) -> list[dict]:
-    """Read one root shard and run every row-local stage it feeds. Returns manifest entries."""
+                  shard: InputShard | None, source_path: str | None, materialize: bool,
+                  done: tuple[str, ...] = ()) -> list[dict]:
+    """Read one root shard and run every row-local stage it feeds. Returns manifest entries.
+
+    ``done`` names stages whose shard for this key is already committed with the current
+    params hash: they are read back from disk when a later stage needs them, not recomputed
+    (so changing the last filter's threshold does not re-extract HTML).
+    """
     dag = _worker_dag(dag_dict, dag_path, base_dir)
     hashes = dag.hashes()
     entries: list[dict] = []
     tables: dict[str, pa.Table] = {}
-    if shard is not None:
-        res = read_shard(shard, dag.inputs[root])
-        docs, rejects = res.tables()
-        entries.append(write_stage_shard(run_dir, root, key, docs if materialize else None,
-                                         rejects.append_column("stage", pa.array([root] * rejects.num_rows, pa.string())),
-                                         docs.num_rows + rejects.num_rows, hashes[root]))
-        tables[root] = docs
-    else:
-        tables[root] = pq.read_table(source_path)
-    closure = [n for n in dag.stages if dag.stages[n].kind != "global" and root in roots(dag, n)]
-    for name in closure:
+    done_set = set(done)
+
+    def table_of(node: str) -> pa.Table:
+        if node in tables:
+            return tables[node]
+        if node == root and shard is not None and materialize and node in done_set:
+            t = pq.read_table(Path(run_dir) / node / f"{key}.parquet")
+        elif node == root and shard is not None:
+            res = read_shard(shard, dag.inputs[root])
+            docs, rejects = res.tables()
+            rejects = rejects.append_column("stage", pa.array([root] * rejects.num_rows, pa.string()))
+            entries.append(write_stage_shard(run_dir, root, key, docs if materialize else None, rejects,
+                                             docs.num_rows + rejects.num_rows, hashes[root]))
+            t = docs
+        elif node == root:
+            t = pq.read_table(source_path)
+        elif dag.stages[node].kind == "union":
+            t = table_of(next(u for u in dag.stages[node].upstreams() if root in roots(dag, u)))
+        elif node in done_set:
+            t = pq.read_table(Path(run_dir) / node / f"{key}.parquet")
+        else:
+            st = dag.stages[node]
+            table = table_of(st.input)
+            t, rej = _process(st, node, table, dag.batch_size, hashes[node])
+            entries.append(write_stage_shard(run_dir, node, key, t, rej, table.num_rows, hashes[node]))
+        tables[node] = t
+        return t
+
+    if shard is not None and root not in done_set:
+        table_of(root)
+    for name in dag.stages:
         st = dag.stages[name]
-        if st.kind == "union":
-            tables[name] = next(tables[u] for u in st.upstreams() if u in tables)
-            continue
-        table = tables[st.input]
-        kept, rej = _process(st, name, table, dag.batch_size, hashes[name])
-        entries.append(write_stage_shard(run_dir, name, key, kept, rej, table.num_rows, hashes[name]))
-        tables[name] = kept
+        if st.kind == "map" and name not in done_set and root in roots(dag, name):
+            table_of(name)
     return entries
 
 
@@ -191,11 +212,12 @@ def run_dag(dag: Dag, run_dir: str | Path, workers: int = 2, address: str | None
             stages_of = {root: ([root] if root in dag.inputs else [])
                          + [n for n in plan.closures[root] if dag.stages[n].kind != "union"]
                          for root, *_ in jobs}
+            committed = {s: Manifest(run_dir, s).done(plan.hashes[s]) for r in stages_of for s in stages_of[r]}
             todo = []
             for root, key, shard, src in jobs:
-                if all(key in Manifest(run_dir, s).done(plan.hashes[s]) for s in stages_of[root]):
-                    continue
-                todo.append((root, key, shard, src))
+                done_stages = tuple(s for s in stages_of[root] if key in committed[s])
+                if len(done_stages) < len(stages_of[root]):
+                    todo.append((root, key, shard, src, done_stages))
             total, done = len(jobs), len(jobs) - len(todo)
             progress.phase(phase, done, total)
             inflight: dict[Any, tuple[str, str]] = {}
@@ -205,9 +227,9 @@ def run_dag(dag: Dag, run_dir: str | Path, workers: int = 2, address: str | None
                     job = next(it, None)
                     if job is None:
                         break
-                    root, key, shard, src = job
+                    root, key, shard, src, done_stages = job
                     ref = remote.remote(dag_dict, dag.path, dag.base_dir, str(run_dir), root, key, shard, src,
-                                        root in plan.materialize_inputs)
+                                        root in plan.materialize_inputs, done_stages)
                     inflight[ref] = (root, key)
                 if not inflight:
                     break

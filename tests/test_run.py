@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -86,6 +87,22 @@ def test_rerun_skips_everything_and_other_dag_is_refused(demo_run, ray_session):
     other["stages"]["gopher"]["min_doc_words"] = 10
     with pytest.raises(RunDirError, match="different DAG"):
         run_dag(parse_dag(other), demo_run, workers=2, quiet=True)
+
+
+def test_overwrite_recomputes_only_what_changed(demo_run, tmp_path, ray_session):
+    run = tmp_path / "partial"
+    shutil.copytree(demo_run, run)
+    mtimes = lambda stage: {p.name: p.stat().st_mtime_ns for p in (run / stage).glob("*.parquet")}  # noqa: E731
+    extract, c4, fineweb = mtimes("extract"), mtimes("c4"), mtimes("fineweb")
+    d = yaml.safe_load((REPO / "pipelines/demo.yaml").read_text())
+    d["stages"]["fineweb"]["short_line_length"] = 20
+    run_dag(parse_dag(d), run, workers=2, quiet=True, overwrite=True)
+    assert mtimes("extract") == extract and mtimes("c4") == c4  # read back, not recomputed
+    assert all(mtimes("fineweb")[k] != v for k, v in fineweb.items())
+    con = connect(run)
+    assert con.execute("select count(*) from kept").fetchone()[0] > 0
+    rows_in = con.execute("select sum(rows_in) from manifest where stage = 'fineweb'").fetchone()[0]
+    assert rows_in == con.execute("select count(*) from c4").fetchone()[0]
 
 
 SLOW_DAG = """
