@@ -43,7 +43,7 @@ IGNORE = -100  # target id the loss ignores (padding, cross-document predictions
 
 
 class DataChangedError(RuntimeError):
-    """The shard set differs from the one the checkpoint was trained on."""
+    """The checkpoint's data order cannot be reproduced: other shards, seed or global batch."""
 
 
 @dataclass(frozen=True)
@@ -329,19 +329,29 @@ class DataOrder:
         }
 
     def check_resume(self, state: dict, allow_data_change: bool) -> None:
-        """Refuse to resume onto a different shard set (unless allowed) or a different order."""
-        if state["fingerprint"] != self.dataset.fingerprint and not allow_data_change:
+        """See ``check_resume``."""
+        check_resume(state, self.dataset, self.seed, self.global_batch, allow_data_change)
+
+
+def check_resume(state: dict, dataset: PackedDataset, seed: int, global_batch: int, allow_data_change: bool) -> bool:
+    """Refuse to resume onto a different shard set (unless allowed) or a different order.
+
+    Returns True when the shard set changed (and that was allowed).
+    """
+    changed = state["fingerprint"] != dataset.fingerprint
+    if changed and not allow_data_change:
+        raise DataChangedError(
+            f"the shards in {dataset.root} are not the ones this checkpoint was trained on "
+            f"(fingerprint {dataset.fingerprint[:12]} != {state['fingerprint'][:12]}); "
+            "set data.allow_data_change: true to continue on the new data anyway"
+        )
+    for key, value in (("global_batch", global_batch), ("seed", seed)):
+        if state[key] != value:
             raise DataChangedError(
-                f"the shards in {self.dataset.root} are not the ones this checkpoint was trained on "
-                f"(fingerprint {self.dataset.fingerprint[:12]} != {state['fingerprint'][:12]}); "
-                "set data.allow_data_change: true to continue on the new data anyway"
+                f"checkpoint was trained with {key}={state[key]} but the config says {value}; "
+                "the data order depends on it, so resuming would not be exact"
             )
-        for key in ("global_batch", "seed"):
-            if state[key] != getattr(self, key):
-                raise ValueError(
-                    f"checkpoint was trained with {key}={state[key]} but the config says {getattr(self, key)}; "
-                    "the data order depends on it, so resuming would not be exact"
-                )
+    return changed
 
 
 # ---------------------------------------------------------------------------------------

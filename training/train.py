@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from training import checkpoint as ckpt
 from training.config import ConfigError, GuardConfig, TrainConfig, load_config
-from training.data import IGNORE, DataChangedError, DataOrder, EvalData, PackedDataset, Prefetcher, build_step
+from training.data import IGNORE, DataChangedError, DataOrder, EvalData, PackedDataset, Prefetcher, build_step, check_resume
 from training.metrics import MetricsLogger, peak_flops
 from training.model import Transformer, flops_per_token
 from training.parallel import (
@@ -153,16 +153,26 @@ class Trainer:
         self.checkpointer = ckpt.Checkpointer(cfg.checkpoint.dir or self.run_dir / "checkpoints", cfg.checkpoint.keep, env)
         resume_path, self.branch = self._resume_point(resume, anneal_from)
         meta = ckpt.read_meta(resume_path) if resume_path else None
+        data_changed = False
+        if meta is not None:  # before anything else: is this still the same data order?
+            data_changed = check_resume(meta["data"], self.dataset, cfg.seed, gb, cfg.data.allow_data_change)
 
         # The phase plan and LR schedule: from the config, or from an anneal branch.
-        plans = plan_phases(cfg, source_rows)
+        try:
+            plans = plan_phases(cfg, source_rows)
+        except ValueError as err:  # e.g. a mix names a source the data does not have
+            raise ConfigError(f"phases: {err}") from None
         schedule = build_lr_schedule(cfg, plans)
         if meta is not None and "anneal" in meta:  # resuming an anneal branch: its plan is authoritative
             plans, schedule = _plans_from_json(meta["plans"]), _schedule_from_json(meta["schedule"])
-        elif meta is not None and meta["plans"] != _plans_to_json(plans) and not self.branch:
+        elif meta is not None and meta["plans"] != _plans_to_json(plans) and not (self.branch or data_changed):
+            # (with allowed new data the natural mix weights legitimately move)
+            brief = lambda ps: [(p["name"], p["start"], p["end"], p["weights"]) for p in ps]  # noqa: E731
             raise ConfigError(
                 f"{cfg.run_dir}: the phases/steps in the config differ from the checkpoint's plan "
-                f"({meta['plans']} vs {_plans_to_json(plans)}); branch with --anneal-from or use a new run_dir"
+                f"(checkpoint {brief(meta['plans'])}, config {brief(_plans_to_json(plans))}); "
+                "the LR schedule and data order would change under the run. "
+                "Branch with --anneal-from, or use a new run_dir"
             )
         if self.branch:
             plans, schedule = _plans_from_json(meta["plans"]), _schedule_from_json(meta["schedule"])
@@ -193,7 +203,6 @@ class Trainer:
         self.content_tokens: dict[str, int] = {}
         if meta is not None:
             ckpt.load(resume_path, self.model, self.optimizer, env)
-            self.order.check_resume(meta["data"], cfg.data.allow_data_change)
             self.start_step = meta["step"]
             if not self.branch:
                 guard_state = meta.get("guard")
