@@ -1,0 +1,199 @@
+"""Who may call the service, and which files a submitted DAG may read.
+
+Authentication is one shared bearer token (``Authorization: Bearer T``, or the dashboard's
+cookie, which holds a value derived from the token rather than the token itself).
+Authorisation of data access is a path policy: every file a DAG names must resolve, after
+``..`` and symlinks, under one of the configured roots.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import re
+import stat
+import sys
+from pathlib import Path
+from typing import Any, Iterable
+
+from starlette.requests import HTTPConnection
+
+COOKIE = "refinery_session"
+CSRF_HEADER = "x-refinery-csrf"
+_SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+class TokenError(RuntimeError):
+    """No usable token was configured; the service refuses to start without one."""
+
+
+def load_token(token_file: str | Path | None = None) -> str:
+    """The service token: from ``token_file`` if given, else the ``REFINERY_TOKEN`` variable."""
+    if token_file:
+        p = Path(token_file)
+        try:
+            token = p.read_text().strip()
+        except OSError as e:
+            raise TokenError(f"--token-file {p}: {e.strerror}") from None
+        if not token:
+            raise TokenError(f"--token-file {p}: the file is empty; put a long random token in it")
+        try:
+            if p.stat().st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+                print(f"[refinery serve] warning: {p} is readable by other users; chmod 600 it",
+                      file=sys.stderr)
+        except OSError:
+            pass
+        return token
+    token = os.environ.get("REFINERY_TOKEN", "").strip()
+    if not token:
+        raise TokenError("no token: pass --token-file FILE or set REFINERY_TOKEN "
+                         "(e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))' > token; chmod 600 token)")
+    if len(token) < 16:
+        print("[refinery serve] warning: the token is shorter than 16 characters", file=sys.stderr)
+    return token
+
+
+class TokenAuth:
+    """Checks a request's bearer token or dashboard cookie in constant time.
+
+    Requests authenticated by cookie must also carry the ``X-Refinery-CSRF`` header on
+    state-changing methods: a cross-site form cannot set custom headers, so a page elsewhere
+    cannot make a logged-in browser submit or cancel runs.
+    """
+
+    def __init__(self, token: str):
+        if not token:
+            raise TokenError("empty token")
+        self._token = token.encode()
+        # The cookie holds an HMAC of the token, so a leaked cookie jar does not leak the API token.
+        self.session_value = hmac.new(self._token, b"refinery-dashboard-session", hashlib.sha256).hexdigest()
+
+    def token_ok(self, candidate: str | None) -> bool:
+        return bool(candidate) and hmac.compare_digest(candidate.encode(), self._token)
+
+    def cookie_ok(self, candidate: str | None) -> bool:
+        return bool(candidate) and hmac.compare_digest(candidate.encode(), self.session_value.encode())
+
+    def check(self, conn: HTTPConnection, method: str = "GET") -> tuple[bool, str]:
+        """(allowed, reason-if-not)."""
+        header = conn.headers.get("authorization", "")
+        scheme, _, value = header.partition(" ")
+        if header:
+            if scheme.lower() == "bearer" and self.token_ok(value.strip()):
+                return True, ""
+            return False, "invalid bearer token"
+        if self.cookie_ok(conn.cookies.get(COOKIE)):
+            if method.upper() not in _SAFE_METHODS and not conn.headers.get(CSRF_HEADER):
+                return False, f"cookie-authenticated {method} requests need the {CSRF_HEADER} header"
+            return True, ""
+        return False, "missing bearer token (Authorization: Bearer <token>)"
+
+
+# ---------------------------------------------------------------------------------------------
+# which files a DAG may read
+
+
+class PathDenied(PermissionError):
+    """A DAG names a location outside the allowed roots."""
+
+
+def _has_magic(s: str) -> bool:
+    return any(c in s for c in "*?[")
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+class PathPolicy:
+    """Local paths must resolve (``..`` and symlinks followed) under a local root; URLs must
+    start with an allowed URL root (``s3://bucket/prefix/``). Relative paths are relative to
+    ``base_dir``. fsspec chained URLs (``a::b``) are refused: they can hide a second location.
+    """
+
+    def __init__(self, roots: Iterable[str | Path], base_dir: str | Path):
+        self.base_dir = os.path.realpath(base_dir)
+        self.local_roots: list[str] = []
+        self.url_roots: list[str] = []
+        for r in roots:
+            r = str(r)
+            if r.startswith("file://"):
+                r = r[len("file://"):]
+            if _SCHEME.match(r):
+                if ".." in r.split("/") or "::" in r:
+                    raise ValueError(f"allowed root {r!r}: no '..' or '::' in URL roots")
+                self.url_roots.append(r if r.endswith("/") else r + "/")
+            else:
+                self.local_roots.append(os.path.realpath(os.path.join(self.base_dir, os.path.expanduser(r))))
+        if not self.local_roots and not self.url_roots:
+            self.local_roots.append(self.base_dir)
+
+    def describe(self) -> str:
+        return ", ".join(self.local_roots + self.url_roots)
+
+    def _deny(self, where: str, value: str) -> PathDenied:
+        return PathDenied(f"{where}: {value!r} is outside the allowed roots ({self.describe()})")
+
+    def is_url(self, s: str) -> bool:
+        return bool(_SCHEME.match(s)) and not s.startswith("file://")
+
+    def absolute(self, s: str) -> str:
+        """A local path or pattern made absolute against ``base_dir`` (not yet resolved)."""
+        if s.startswith("file://"):
+            s = s[len("file://"):]
+        return os.path.normpath(os.path.join(self.base_dir, os.path.expanduser(s)))
+
+    def check_url(self, url: str, where: str) -> str:
+        if "::" in url or ".." in url.split("/") or not any(url.startswith(r) for r in self.url_roots):
+            raise self._deny(where, url)
+        return url
+
+    def check_local(self, path: str, where: str) -> str:
+        """The resolved path (symlinks followed) if it is under a local root."""
+        real = os.path.realpath(self.absolute(path))
+        if not any(_within(real, r) for r in self.local_roots):
+            raise self._deny(where, path)
+        return real
+
+    def check_pattern(self, pattern: str, where: str) -> None:
+        """Refuse a glob whose fixed part already leaves the roots, before touching the disk
+        (so the answer never tells whether a file outside the roots exists)."""
+        if "::" in pattern:
+            raise self._deny(where, pattern)
+        if self.is_url(pattern):
+            self.check_url(pattern, where)
+            return
+        parts = self.absolute(pattern).split("/")
+        fixed = []
+        for p in parts:
+            if _has_magic(p):
+                break
+            fixed.append(p)
+        prefix = "/".join(fixed) or "/"
+        real = os.path.realpath(prefix)
+        if not any(_within(real, r) for r in self.local_roots):
+            raise self._deny(where, pattern)
+
+    def check_param(self, value: str, where: str) -> None:
+        """A stage parameter that names a location: absolute, ``~``, ``file://``, a URL, or
+        anything with a ``/`` (relative to ``base_dir``)."""
+        if "::" in value and ("/" in value or _SCHEME.match(value)):
+            raise self._deny(where, value)
+        if self.is_url(value):
+            self.check_url(value, where)
+        elif value.startswith(("/", "~", "file://")) or "/" in value:
+            self.check_local(value, where)
+
+
+def walk_strings(obj: Any, where: str) -> Iterable[tuple[str, str]]:
+    """(location, string) for every string leaf of a parsed YAML value."""
+    if isinstance(obj, str):
+        yield where, obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from walk_strings(v, f"{where}.{k}")
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield from walk_strings(v, f"{where}[{i}]")

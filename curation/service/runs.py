@@ -1,0 +1,588 @@
+"""Runs submitted to the service: admission, a FIFO queue with a concurrency limit, and
+processes that outlive the service.
+
+The run directory is the record; the service keeps nothing else. Besides what ``refinery run``
+writes (``dag.yaml``, shards, manifests, ``progress.json``) the service adds:
+
+```
+RUN/submitted.yaml   the DAG text as submitted
+RUN/service.json     {state: queued|started|cancelled, pid, pid_start, submitted, started, attempt, ...}
+RUN/service.log      stdout+stderr of the run process, one header line per attempt
+```
+
+Each run is ``python -m curation.cli run RUN/dag.yaml --out RUN -q [--address A]`` in its own
+session (process group), so restarting the service never kills a run, and cancelling kills
+the whole group (the driver and, on an embedded cluster, the Ray processes it started; on a
+shared cluster Ray cleans up the tasks of a driver that died). The state a client sees is
+derived, not stored: service.json says what the service asked for, pid liveness says whether
+the process still runs, and progress.json (written by the run itself) says how it ended.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from curation.service.auth import PathDenied, PathPolicy, walk_strings
+
+SERVICE_FILE = "service.json"
+SUBMITTED_FILE = "submitted.yaml"
+LOG_FILE = "service.log"
+RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+ACTIVE_STATES = ("queued", "running")
+_STAGE_REF_KEYS = {"type", "input", "inputs"}
+
+
+class SubmitError(ValueError):
+    """A DAG the service will not run; ``status`` is the HTTP status (403 path, 422 invalid)."""
+
+    def __init__(self, message: str, status: int = 422):
+        super().__init__(message)
+        self.status = status
+
+
+class RunMissing(KeyError):
+    """No run with that id in the runs directory."""
+
+
+class RunConflict(RuntimeError):
+    """The operation does not apply to the run's current state (HTTP 409)."""
+
+
+class RunsDirBusy(RuntimeError):
+    """Another service process already manages this runs directory."""
+
+
+# ---------------------------------------------------------------------------------------------
+# admission: a submitted YAML -> a DAG whose every file is checked and pinned
+
+
+def _refuse_aliases(text: str, where: str) -> None:
+    # A few nested YAML aliases expand to gigabytes once validated ("billion laughs");
+    # DAGs do not need them.
+    try:
+        for ev in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(ev, yaml.AliasEvent):
+                raise SubmitError(f"{where}: YAML anchors/aliases (*name) are not accepted by the service; "
+                                  "write the values out")
+    except yaml.YAMLError as e:
+        raise SubmitError(f"{where}: invalid YAML: {e}".replace("\n", " ")) from None
+
+
+def _check_stage_params(stages: Any, policy: PathPolicy, where: str) -> None:
+    for loc, value in walk_strings(stages, "stages"):
+        if loc.rsplit(".", 1)[-1].split("[", 1)[0] in _STAGE_REF_KEYS:
+            continue
+        try:
+            policy.check_param(value, loc)
+        except PathDenied as e:
+            raise SubmitError(f"{where}: {e}", 403) from None
+
+
+def admit_dag(text: str, policy: PathPolicy, where: str = "submitted.yaml"):
+    """Validate a submitted DAG and pin its inputs: every glob is expanded now, every match
+    resolved (symlinks followed) and checked against the allowed roots, and the DAG to run
+    lists those resolved files. A file swapped for a symlink later is then not picked up by a
+    resume, and what was checked is exactly what runs. Returns the resolved ``Dag``."""
+    from curation.dag import DagError, parse_dag
+    from curation.io.inputs import InputError, expand_paths
+
+    _refuse_aliases(text, where)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise SubmitError(f"{where}: invalid YAML: {e}".replace("\n", " ")) from None
+    if not isinstance(data, dict):
+        raise SubmitError(f"{where}: a DAG is a YAML mapping with name, inputs, stages, output")
+    # Locations first, on the raw text, so a refused path is refused before any validator
+    # (e.g. a tokenizer check) touches the disk outside the roots.
+    inputs = data.get("inputs")
+    if isinstance(inputs, dict):
+        for name, spec in inputs.items():
+            paths = spec.get("paths") if isinstance(spec, dict) else None
+            for i, p in enumerate(paths if isinstance(paths, list) else []):
+                if isinstance(p, str):
+                    try:
+                        policy.check_pattern(p, f"inputs.{name}.paths[{i}]")
+                    except PathDenied as e:
+                        raise SubmitError(f"{where}: {e}", 403) from None
+    _check_stage_params(data.get("stages"), policy, where)
+    try:
+        dag = parse_dag(data, where, policy.base_dir)
+    except DagError as e:
+        raise SubmitError(str(e)) from None
+    # Validators may have turned relative parameters into absolute paths: check those too.
+    resolved = dag.to_dict()
+    _check_stage_params(resolved["stages"], policy, where)
+    for name, spec in dag.inputs.items():
+        pinned: list[str] = []
+        for i, pattern in enumerate(spec.paths):
+            loc = f"inputs.{name}.paths[{i}]"
+            if policy.is_url(pattern):
+                pinned.append(pattern)  # checked against the URL roots above; listed at run time
+                continue
+            try:
+                found = expand_paths(name, spec.model_copy(update={"paths": [policy.absolute(pattern)]}))
+            except InputError as e:
+                raise SubmitError(f"{where}: {e}") from None
+            for path, _size in found:
+                try:
+                    pinned.append(policy.check_local(path, loc))
+                except PathDenied as e:
+                    raise SubmitError(f"{where}: {e} (after following symlinks)", 403) from None
+        resolved["inputs"][name]["paths"] = sorted(set(pinned), key=pinned.index)
+    try:
+        pinned_dag = parse_dag(resolved, where, policy.base_dir)
+    except DagError as e:
+        raise SubmitError(str(e)) from None
+    # `refinery run` refuses a run directory whose dag.yaml differs from the DAG it loads; the
+    # file we write must read back to the same DAG.
+    if parse_dag(yaml.safe_load(yaml.safe_dump(pinned_dag.to_dict(), sort_keys=False)), where).to_dict() \
+            != pinned_dag.to_dict():
+        raise SubmitError(f"{where}: the DAG does not survive a YAML round trip; simplify its parameters")
+    return pinned_dag
+
+
+# ---------------------------------------------------------------------------------------------
+# processes
+
+
+def process_identity(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot) if it is alive and not a zombie.
+
+    Comparing it with the value recorded at launch tells our run apart from an unrelated
+    process that reused the pid after a service restart.
+    """
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return None
+    except OSError:
+        raw = ""
+    if not raw:  # no /proc (macOS): signal 0 says alive, without identity
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return "unknown"
+    fields = raw.rsplit(")", 1)[1].split()
+    if fields[0] in ("Z", "X"):  # exited; an orphan's parent may never reap it
+        return None
+    return fields[19]
+
+
+def _find_run_process(run_dir: Path) -> int | None:
+    """The pid of a ``refinery run`` writing ``run_dir``, found by its command line. Used only
+    when the service stopped between launching a run and recording its pid."""
+    want = str(run_dir)
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        args = [a.decode(errors="replace") for a in argv]
+        if "curation.cli" in args and "run" in args and "--out" in args:
+            i = args.index("--out")
+            if i + 1 < len(args) and args[i + 1] == want:
+                return int(d.name)
+    return None
+
+
+def _read_json(p: Path) -> dict | None:
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _write_json(p: Path, data: dict) -> None:
+    tmp = p.with_name(f".{p.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, p)
+
+
+def _fresh(meta: dict, progress: dict | None) -> bool:
+    """Whether progress.json belongs to the current attempt (a resumed run keeps the old file
+    until its new process gets going)."""
+    if not progress:
+        return False
+    if not meta:
+        return True
+    started = meta.get("started")
+    return started is not None and progress.get("started", 0) >= started - 1
+
+
+def _tail(p: Path, max_bytes: int = 4000, lines: int = 20) -> str:
+    try:
+        with open(p, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - max_bytes))
+            data = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(data.splitlines()[-lines:])
+
+
+class RunManager:
+    """Admits DAGs, queues them FIFO, runs at most ``max_concurrent`` at a time, and answers
+    what each run is doing. Safe to restart at any moment: all state is in the run directories.
+    """
+
+    def __init__(self, runs_dir: str | Path, policy: PathPolicy, address: str | None = None,
+                 max_concurrent: int = 2, poll_s: float = 0.5, cancel_grace_s: float = 10.0,
+                 python: str = sys.executable):
+        self.runs_dir = Path(runs_dir).resolve()
+        self.policy = policy
+        self.address = address or None
+        self.max_concurrent = max(1, int(max_concurrent))
+        self.poll_s = poll_s
+        self.cancel_grace_s = cancel_grace_s
+        self.python = python
+        self._lock = threading.RLock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._children: dict[str, subprocess.Popen] = {}
+        self._active: set[str] = set()
+        self._lock_fd: int | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Take the runs directory, rediscover unfinished runs, start the scheduler thread."""
+        self.runs_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.runs_dir / ".service.lock", os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise RunsDirBusy(f"{self.runs_dir}: another `refinery serve` manages this runs directory") from None
+        self._lock_fd = fd
+        with self._lock:
+            for rid in self._run_ids():
+                meta = self._meta(rid)
+                if meta.get("state") == "started" and not meta.get("pid") and not meta.get("launch_error"):
+                    pid = _find_run_process(self.runs_dir / rid)
+                    if pid:
+                        meta.update(pid=pid, pid_start=process_identity(pid))
+                        self._write_meta(rid, meta)
+                if meta.get("state") in ("queued", "started", "cancelled"):
+                    self._active.add(rid)
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="refinery-run-scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop scheduling. Running runs keep running: they belong to their own sessions."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception as e:  # keep scheduling; the next tick retries
+                print(f"[refinery serve] scheduler: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+            self._wake.wait(self.poll_s)
+            self._wake.clear()
+
+    # -- files -------------------------------------------------------------------------------
+
+    def run_dir(self, run_id: str) -> Path:
+        """The directory of an existing run; RunMissing for anything else (ids are one path
+        component, so no id can point outside the runs directory)."""
+        if not RUN_ID.match(run_id or ""):
+            raise RunMissing(run_id)
+        d = self.runs_dir / run_id
+        if not ((d / SERVICE_FILE).exists() or (d / "dag.yaml").exists()):
+            raise RunMissing(run_id)
+        return d
+
+    def _run_ids(self) -> list[str]:
+        out = []
+        for d in self.runs_dir.iterdir():
+            if d.is_dir() and RUN_ID.match(d.name) and ((d / SERVICE_FILE).exists() or (d / "dag.yaml").exists()):
+                out.append(d.name)
+        return out
+
+    def _meta(self, rid: str) -> dict:
+        return _read_json(self.runs_dir / rid / SERVICE_FILE) or {}
+
+    def _write_meta(self, rid: str, meta: dict) -> None:
+        _write_json(self.runs_dir / rid / SERVICE_FILE, meta)
+
+    # -- state -------------------------------------------------------------------------------
+
+    def _alive(self, rid: str, meta: dict) -> bool:
+        child = self._children.get(rid)
+        if child is not None and child.pid == meta.get("pid"):
+            code = child.poll()
+            if code is None:
+                return True
+            self._reap(rid, code, meta)
+            return False
+        pid = meta.get("pid")
+        if not pid:
+            return False
+        ident = process_identity(int(pid))
+        return ident is not None and (ident == meta.get("pid_start") or ident == "unknown"
+                                      or meta.get("pid_start") in (None, "unknown"))
+
+    def _reap(self, rid: str, code: int, meta: dict | None = None) -> None:
+        """Record a child's exit; updates ``meta`` in place so a caller holding it stays current."""
+        self._children.pop(rid, None)
+        meta = meta if meta is not None else self._meta(rid)
+        meta["exit_code"] = code
+        meta["ended"] = time.time()
+        self._write_meta(rid, meta)
+
+    def _derive(self, rid: str, meta: dict, progress: dict | None) -> tuple[str, str | None]:
+        """(state, error): queued, running, done, failed, cancelled, or unknown."""
+        want = meta.get("state")
+        if not meta:  # a run directory made by `refinery run` itself, not by the service
+            return ((progress or {}).get("state") or "unknown"), (progress or {}).get("error")
+        if want == "queued":
+            return "queued", None
+        alive = self._alive(rid, meta)
+        if want == "cancelled":
+            return "cancelled", None
+        if meta.get("launch_error"):
+            return "failed", meta["launch_error"]
+        if alive:
+            return "running", None
+        fresh = _fresh(meta, progress)
+        if fresh and progress.get("state") == "done":
+            return "done", None
+        if fresh and progress.get("state") == "failed":
+            return "failed", progress.get("error")
+        code = meta.get("exit_code")
+        how = f"exit code {code}" if code is not None else "it is no longer running"
+        tail = _tail(self.runs_dir / rid / LOG_FILE, lines=5)
+        return "failed", f"the run process stopped without finishing ({how}); resume to continue" + \
+            (f"\n{tail}" if tail else "")
+
+    def describe(self, run_id: str, detail: bool = True) -> dict[str, Any]:
+        """What a client sees of one run: state, progress, timings (and per-stage counters)."""
+        d = self.run_dir(run_id)
+        with self._lock:
+            meta = self._meta(run_id)
+            progress = _read_json(d / "progress.json")
+            state, error = self._derive(run_id, meta, progress)
+        fresh = _fresh(meta, progress)
+        progress = progress or {}
+        phases = progress.get("phases", {}) if fresh else {}
+        total = sum(p.get("total", 0) for p in phases.values())
+        done = sum(p.get("done", 0) for p in phases.values())
+        frac = 1.0 if state == "done" else (done / total if total else 0.0)
+        started = meta.get("started") or progress.get("started")
+        finished = progress.get("finished") if fresh and state in ("done", "failed") else None
+        if state == "cancelled":
+            finished = meta.get("cancelled_at")
+        elif state == "failed" and finished is None:
+            finished = meta.get("ended")
+        end = finished or (time.time() if state == "running" else None)
+        info: dict[str, Any] = {
+            "id": run_id,
+            "name": meta.get("name") or progress.get("name"),
+            "state": state,
+            "error": error,
+            "submitted": meta.get("submitted"),
+            "started": started if state != "queued" else None,
+            "finished": finished,
+            "elapsed_s": round(end - started, 3) if (end and started and state != "queued") else None,
+            "progress": round(frac, 4),
+            "attempt": meta.get("attempt"),
+            "managed": bool(meta),
+        }
+        if detail:
+            stages = progress.get("stages", {}) if fresh else {}
+            order = self._node_order(d)
+            info.update({
+                "pid": meta.get("pid") if state == "running" else None,
+                "exit_code": meta.get("exit_code"),
+                "updated": progress.get("updated") if fresh else None,
+                "phases": phases,
+                "stages": [{"stage": n, **stages[n]} for n in order if n in stages]
+                + [{"stage": n, **v} for n, v in stages.items() if n not in order],
+                "nodes": order,
+                "command": meta.get("command"),
+                "log_tail": _tail(d / LOG_FILE),
+            })
+        return info
+
+    @staticmethod
+    def _node_order(d: Path) -> list[str]:
+        data = yaml.safe_load((d / "dag.yaml").read_text()) if (d / "dag.yaml").exists() else None
+        if not isinstance(data, dict):
+            return []
+        return list(data.get("inputs") or {}) + list(data.get("stages") or {})
+
+    def list_runs(self) -> list[dict[str, Any]]:
+        """Every run in the runs directory, newest submission first."""
+        out = []
+        for rid in self._run_ids():
+            try:
+                out.append(self.describe(rid, detail=False))
+            except RunMissing:  # deleted while listing
+                continue
+        out.sort(key=lambda r: (r.get("submitted") or r.get("started") or 0, r["id"]), reverse=True)
+        return out
+
+    # -- operations --------------------------------------------------------------------------
+
+    def submit(self, text: str, where: str = "submitted.yaml") -> dict[str, Any]:
+        """Admit a DAG (SubmitError if refused) and queue it. Returns the run's description."""
+        dag = admit_dag(text, self.policy, where)
+        rid = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+        d = self.runs_dir / rid
+        d.mkdir(parents=True)
+        # dag.yaml as `refinery run` itself would write it, so the run accepts this directory
+        (d / "dag.yaml").write_text(yaml.safe_dump(dag.to_dict(), sort_keys=False))
+        (d / SUBMITTED_FILE).write_text(text)
+        now = time.time()
+        with self._lock:
+            self._write_meta(rid, {"id": rid, "name": dag.name, "state": "queued", "submitted": now,
+                                   "queued_at": now, "attempt": 1})
+            self._active.add(rid)
+        self._wake.set()
+        return self.describe(rid)
+
+    def cancel(self, run_id: str) -> dict[str, Any]:
+        """Stop a queued or running run: the whole process group gets SIGTERM, then SIGKILL
+        after ``cancel_grace_s`` if anything is left."""
+        self.run_dir(run_id)
+        with self._lock:
+            meta = self._meta(run_id)
+            if not meta:
+                raise RunConflict(f"run {run_id} was not started by the service; stop it where it runs")
+            state, _ = self._derive(run_id, meta, _read_json(self.runs_dir / run_id / "progress.json"))
+            if state not in ACTIVE_STATES:
+                raise RunConflict(f"run {run_id} is {state}; only queued or running runs can be cancelled")
+            meta.update(state="cancelled", cancelled_at=time.time())
+            self._write_meta(run_id, meta)
+            if state == "running":
+                self._signal(meta, signal.SIGTERM)
+                threading.Thread(target=self._finish_cancel, args=(run_id,), daemon=True,
+                                 name=f"refinery-cancel-{run_id}").start()
+        self._wake.set()
+        return self.describe(run_id)
+
+    def _signal(self, meta: dict, sig: int) -> None:
+        pid = meta.get("pid")
+        if not pid:
+            return
+        try:
+            # the run is the leader of its own session, so its pid is its process group id
+            os.killpg(int(pid), sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def _finish_cancel(self, run_id: str) -> None:
+        deadline = time.time() + self.cancel_grace_s
+        while time.time() < deadline:
+            with self._lock:
+                if not self._alive(run_id, self._meta(run_id)):
+                    break
+            time.sleep(0.1)
+        # SIGKILL whatever is left in the group: a hung driver, or Ray processes that outlived it
+        with self._lock:
+            self._signal(self._meta(run_id), signal.SIGKILL)
+            child = self._children.get(run_id)
+        if child is not None:
+            try:
+                code = child.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                return
+            with self._lock:
+                if run_id in self._children:
+                    self._reap(run_id, code)
+
+    def resume(self, run_id: str) -> dict[str, Any]:
+        """Queue a failed or cancelled run again; it re-launches the same command, and the run
+        skips every shard already committed."""
+        d = self.run_dir(run_id)
+        with self._lock:
+            meta = self._meta(run_id)
+            if not meta:
+                raise RunConflict(f"run {run_id} was not started by the service; resume it with `refinery run`")
+            state, _ = self._derive(run_id, meta, _read_json(d / "progress.json"))
+            if state not in ("failed", "cancelled"):
+                raise RunConflict(f"run {run_id} is {state}; only failed or cancelled runs can be resumed")
+            if self._alive(run_id, meta):
+                raise RunConflict(f"run {run_id} is still stopping; retry in a few seconds")
+            for k in ("pid", "pid_start", "exit_code", "cancelled_at", "launch_error", "ended", "started"):
+                meta.pop(k, None)
+            meta.update(state="queued", queued_at=time.time(), attempt=int(meta.get("attempt") or 1) + 1)
+            self._write_meta(run_id, meta)
+            self._active.add(run_id)
+        self._wake.set()
+        return self.describe(run_id)
+
+    # -- scheduling --------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """Reap finished processes and launch queued runs, oldest first, up to the limit."""
+        with self._lock:
+            running = 0
+            queued: list[tuple[float, str]] = []
+            for rid in sorted(self._active):
+                meta = self._meta(rid)
+                want = meta.get("state")
+                if want == "queued":
+                    queued.append((meta.get("queued_at") or meta.get("submitted") or 0, rid))
+                elif self._alive(rid, meta):  # started, or cancelled but still stopping
+                    running += 1
+                else:
+                    self._active.discard(rid)
+            for _, rid in sorted(queued)[: max(0, self.max_concurrent - running)]:
+                self._launch(rid)
+
+    def command(self, run_id: str) -> list[str]:
+        d = self.runs_dir / run_id
+        cmd = [self.python, "-m", "curation.cli", "run", str(d / "dag.yaml"), "--out", str(d), "-q"]
+        if self.address:
+            cmd += ["--address", self.address]
+        return cmd
+
+    def _launch(self, rid: str) -> None:
+        d = self.runs_dir / rid
+        meta = self._meta(rid)
+        cmd = self.command(rid)
+        # Recorded before the process exists: a service that dies right after Popen finds the
+        # run again by its command line (see start()), instead of launching it twice.
+        meta.update(state="started", started=time.time(), command=cmd)
+        self._write_meta(rid, meta)
+        env = {k: v for k, v in os.environ.items() if k != "REFINERY_TOKEN"}  # runs need no API token
+        try:
+            with open(d / LOG_FILE, "ab") as log:
+                log.write(f"--- attempt {meta.get('attempt', 1)} {time.strftime('%Y-%m-%d %H:%M:%S')}: "
+                          f"{' '.join(cmd)}\n".encode())
+                log.flush()
+                proc = subprocess.Popen(cmd, cwd=self.policy.base_dir, stdin=subprocess.DEVNULL, stdout=log,
+                                        stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        except OSError as e:
+            meta["launch_error"] = f"could not start the run process: {e}"
+            self._write_meta(rid, meta)
+            return
+        meta.update(pid=proc.pid, pid_start=process_identity(proc.pid))
+        self._write_meta(rid, meta)
+        self._children[rid] = proc
