@@ -1,0 +1,90 @@
+"""Two CPU processes (torchrun, gloo) with DDP and with FSDP2 train like one process with the
+same global batch, and never see the same row."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from training.synthetic import write_packed
+from training.train import main
+
+SEQ, VOCAB, STEPS = 32, 256, 20
+SMALL = {"n_layer": 2, "d_model": 64, "n_head": 4, "n_kv_head": 2, "ffn_hidden": 192}
+REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.slow
+
+
+def config(tmp_path: Path, data_dir: Path, name: str, **train) -> Path:
+    raw = {
+        "run_dir": str(tmp_path / name),
+        "model": {"vocab_size": VOCAB, **SMALL},
+        "data": {"path": str(data_dir), "seq_len": SEQ},
+        "train": {"global_batch": 8, "micro_batch": 2, "steps": STEPS, "threads": 1, **train},
+        "optim": {"lr": 3e-3},
+        "schedule": {"warmup_steps": 3},
+        "checkpoint": {"every": 10},
+        "metrics": {"every": 1, "progress": "plain", "log_row_ids": True},
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def torchrun(config_path: Path, *overrides: str, nproc: int = 2) -> None:
+    """Run the trainer under torchrun on CPU; fail with its output if it fails."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "training", str(config_path)]
+    for o in overrides:
+        cmd += ["--set", o]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in recs if r["kind"] == "train"}
+
+
+def rows_per_rank(run_dir: Path) -> dict[int, dict[int, list[int]]]:
+    """step -> rank -> rows."""
+    out: dict[int, dict[int, list[int]]] = {}
+    for f in (run_dir / "row_ids").glob("rank*.jsonl"):
+        for r in map(json.loads, f.read_text().splitlines()):
+            out.setdefault(r["step"], {})[r["rank"]] = r["rows"]
+    return out
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("dist")
+    data = write_packed(tmp / "pack", {"web": 200, "math": 80, "code": 80}, SEQ, vocab=VOCAB)
+    # Single process, 4 micro-batches of 2 rows: the same global batch of 8 rows.
+    assert main(str(config(tmp, data, "single"))) == 0
+    return tmp, data
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_processes_match_one(setup, strategy):
+    tmp, data = setup
+    path = config(tmp, data, strategy)
+    torchrun(path, f"parallel.strategy={strategy}")
+    start = json.loads((tmp / strategy / "metrics.jsonl").read_text().splitlines()[0])
+    assert f"world 2 ({strategy})" in start["message"]
+    one, two = losses(tmp / "single"), losses(tmp / strategy)
+    assert sorted(one) == sorted(two) == list(range(STEPS))
+    for step in range(STEPS):
+        assert two[step] == pytest.approx(one[step], rel=1e-4), f"step {step}"
+    assert one[STEPS - 1] < one[0] - 0.5  # it trained, so matching is not trivial
+    single_rows, split_rows = rows_per_rank(tmp / "single"), rows_per_rank(tmp / strategy)
+    for step in range(STEPS):
+        r0, r1 = split_rows[step][0], split_rows[step][1]
+        assert len(r0) == len(r1) == 4 and not set(r0) & set(r1)  # ranks never share a row
+        assert sorted(r0 + r1) == sorted(single_rows[step][0])  # and together are the global batch
