@@ -133,8 +133,9 @@ class PathPolicy:
     def describe(self) -> str:
         return ", ".join(self.local_roots + self.url_roots)
 
-    def _deny(self, where: str, value: str) -> PathDenied:
-        return PathDenied(f"{where}: {value!r} is outside the allowed roots ({self.describe()})")
+    def _deny(self, where: str, value: str, via_symlink: bool = False) -> PathDenied:
+        how = " after following symlinks" if via_symlink else ""
+        return PathDenied(f"{where}: {value!r} is outside the allowed roots{how} ({self.describe()})")
 
     def is_url(self, s: str) -> bool:
         return bool(_SCHEME.match(s)) and not s.startswith("file://")
@@ -152,9 +153,10 @@ class PathPolicy:
 
     def check_local(self, path: str, where: str) -> str:
         """The resolved path (symlinks followed) if it is under a local root."""
-        real = os.path.realpath(self.absolute(path))
+        plain = self.absolute(path)
+        real = os.path.realpath(plain)
         if not any(_within(real, r) for r in self.local_roots):
-            raise self._deny(where, path)
+            raise self._deny(where, path, via_symlink=real != plain)
         return real
 
     def check_pattern(self, pattern: str, where: str) -> None:
@@ -174,7 +176,7 @@ class PathPolicy:
         prefix = "/".join(fixed) or "/"
         real = os.path.realpath(prefix)
         if not any(_within(real, r) for r in self.local_roots):
-            raise self._deny(where, pattern)
+            raise self._deny(where, pattern, via_symlink=real != os.path.normpath(prefix))
 
     def check_param(self, value: str, where: str) -> None:
         """A stage parameter that names a location: absolute, ``~``, ``file://``, a URL, or

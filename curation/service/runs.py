@@ -141,7 +141,7 @@ def admit_dag(text: str, policy: PathPolicy, where: str = "submitted.yaml"):
                 try:
                     pinned.append(policy.check_local(path, loc))
                 except PathDenied as e:
-                    raise SubmitError(f"{where}: {e} (after following symlinks)", 403) from None
+                    raise SubmitError(f"{where}: {e}", 403) from None
         resolved["inputs"][name]["paths"] = sorted(set(pinned), key=pinned.index)
     try:
         pinned_dag = parse_dag(resolved, where, policy.base_dir)
