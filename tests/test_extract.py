@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import lzma
 import os
 import re
 import signal
@@ -303,9 +304,19 @@ def test_unknown_charset_label_falls_back_to_detection():
 
 @pytest.mark.xfail(strict=True, reason=(
     "decode_html trusts a wrong HTTP charset: bytes_to_str falls back to utf-8/cp1252 and drops "
-    "invalid bytes, giving mojibake. Fix: fall back to detect_encoding (see the extract report)."))
+    "invalid bytes, giving mojibake (fix in the extract report: strict decodes, then detection)"))
 def test_wrong_http_charset_falls_back_to_detection():
     assert SJIS_PHRASE in ex.decode_html(SJIS, "utf-8")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "with no HTTP charset decode_html trusts uchardet, which calls this valid UTF-8 page cp1252 "
+    "(4 of the 181 benchmark pages): 'Â\\xa0' mojibake in the text (fix in the extract report: "
+    "valid UTF-8 first)"))
+@pytest.mark.parametrize("charset", [None, "iso-8859-1"], ids=["no-charset", "wrong-latin1-header"])
+def test_valid_utf8_page_is_not_turned_into_mojibake(charset):
+    raw = lzma.decompress((EXTRACT / "aeb_utf8_detected_as_cp1252.html.xz").read_bytes())
+    assert ex.decode_html(raw, charset) == raw.decode("utf-8")
 
 
 @pytest.mark.xfail(strict=True, reason=(
@@ -356,7 +367,8 @@ def test_per_document_timeout(monkeypatch, kind):
     assert res.reasons.to_pylist() == [None, "extract:timeout", None]
     texts = res.table.column("text").to_pylist()
     assert texts[1] is None and "first page" in texts[0] and "third page" in texts[2]
-    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)  # no stray alarm left behind
+    remaining = signal.getitimer(signal.ITIMER_REAL)[0]
+    assert remaining == 0 or remaining > 1, remaining  # our 0.5 s alarm is not left armed
 
 
 @pytest.mark.xfail(strict=True, reason=(
