@@ -1,0 +1,303 @@
+"""Connected components of a graph too large for one process: alternating large-star and
+small-star rounds (Kiveris et al., "Connected Components in MapReduce and Beyond", SoCC 2014)
+over hash-partitioned edge files, one Ray task per partition per round.
+
+Nodes are int64 (document indexes). Every edge file lives under ``root``::
+
+    root/s000/to-0003/from-0007.parquet   edges sent by task 7 to partition 3 for step 0
+    root/s000/_done/from-0007.json        task 7 finished step 0 (its statistics)
+    root/labels/part-0003.parquet         (node, component) of partition 3's nodes
+
+Even steps are large-star inputs (every undirected edge present in both directions, each
+direction in the partition of its source node); odd steps are small-star inputs (each edge
+once, as (larger, smaller), in the larger node's partition). Step 0 is written by the caller
+(``write_edges``), e.g. the candidate pairs of MinHash LSH.
+
+- large-star(u): m = min(u, N(u)); link every larger neighbour v > u to m.
+- small-star(u): m = min(u, N(u)) over the smaller neighbours; link u and every smaller
+  neighbour to m.
+
+The alternation converges in O(log² n) rounds to one star per component centred on the
+component's minimum node. Convergence is detected when a large-star input equals the previous
+one (edge count and an order-independent checksum, summed over tasks); then each node's label
+is the minimum of its closed neighbourhood. No task ever holds more than its partition's
+edges; a task that died leaves no ``_done`` marker and is rerun, so a killed run resumes at
+the step it was in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pyarrow as pa
+
+from curation.minhash import mix64, read_artifact, write_artifact
+
+CC_ALGORITHM = "connected-components-large-small-star"
+CC_VERSION = 1
+
+#: ``mapper(fn, items, phase) -> results in item order``: ``GlobalContext.map`` or a plain loop.
+Mapper = Callable[[Callable[..., Any], list[tuple], str], list[Any]]
+
+_EDGE_SCHEMA = pa.schema([pa.field("src", pa.int64()), pa.field("dst", pa.int64())])
+
+
+def node_partition(nodes: np.ndarray, partitions: int) -> np.ndarray:
+    """Partition of each node: a hash of the node id, so consecutive documents (and the hub
+    of a big component) spread over all partitions."""
+    h = mix64(np.asarray(nodes, dtype=np.int64).astype(np.uint64)) >> np.uint64(32)
+    return ((h * np.uint64(partitions)) >> np.uint64(32)).astype(np.int64)
+
+
+def edge_header(params: dict[str, Any]) -> dict[str, Any]:
+    """Header of every edge and label file: the algorithm plus the caller's parameters."""
+    return {"algorithm": CC_ALGORITHM, "version": CC_VERSION, "params": params}
+
+
+def _step_dir(root: Path, step: int) -> Path:
+    return root / f"s{step:03d}"
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp.write_text(json.dumps(obj, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def _dedupe(src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Unique (src, dst) pairs sorted by src then dst."""
+    if len(src) == 0:
+        return src, dst
+    order = np.lexsort((dst, src))
+    src, dst = src[order], dst[order]
+    keep = np.r_[True, (src[1:] != src[:-1]) | (dst[1:] != dst[:-1])]
+    return src[keep], dst[keep]
+
+
+def edge_checksum(src: np.ndarray, dst: np.ndarray) -> int:
+    """Order-independent 64-bit checksum of a set of directed edges (sum of mixed pairs)."""
+    if len(src) == 0:
+        return 0
+    x = mix64(src.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) ^ dst.astype(np.uint64))
+    return int(np.sum(x, dtype=np.uint64))
+
+
+def write_edges(step_dir: str | Path, sender: int, src: np.ndarray, dst: np.ndarray, partitions: int,
+                header: dict[str, Any]) -> int:
+    """Send directed edges to the partition of their ``src``: one file per destination.
+    Returns the number of edges written."""
+    step_dir = Path(step_dir)
+    if len(src) == 0:
+        return 0
+    part = node_partition(src, partitions)
+    order = np.argsort(part, kind="stable")
+    part, src, dst = part[order], src[order], dst[order]
+    bounds = np.flatnonzero(np.r_[True, part[1:] != part[:-1], True])
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        t = pa.Table.from_arrays([pa.array(src[lo:hi]), pa.array(dst[lo:hi])], schema=_EDGE_SCHEMA)
+        write_artifact(t, step_dir / f"to-{int(part[lo]):04d}" / f"from-{sender:04d}.parquet", header)
+    return int(len(src))
+
+
+def read_edges(step_dir: str | Path, partition: int, header: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """All edges sent to ``partition`` for a step, header-checked."""
+    files = sorted((Path(step_dir) / f"to-{partition:04d}").glob("from-*.parquet"))
+    if not files:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    tables = [read_artifact(f, header) for f in files]
+    t = pa.concat_tables(tables)
+    return (t.column("src").to_numpy().astype(np.int64, copy=False),
+            t.column("dst").to_numpy().astype(np.int64, copy=False))
+
+
+def symmetric(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Both directions of undirected edges, self-loops dropped."""
+    keep = a != b
+    a, b = a[keep], b[keep]
+    return np.concatenate([a, b]), np.concatenate([b, a])
+
+
+# ---------------------------------------------------------------------------------------------
+# the two star operations on one partition's edges (pure numpy)
+
+
+def _groups(src: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    starts = np.flatnonzero(np.r_[True, src[1:] != src[:-1]])
+    sizes = np.diff(np.r_[starts, len(src)])
+    return starts, sizes
+
+
+def large_star(src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Large-star over deduped, src-sorted directed edges (both directions present).
+    Returns undirected edges as (smaller, larger)."""
+    if len(src) == 0:
+        return src, dst
+    starts, sizes = _groups(src)
+    m = np.minimum(src[starts], np.minimum.reduceat(dst, starts))
+    m_e = np.repeat(m, sizes)
+    sel = dst > src
+    return m_e[sel], dst[sel]
+
+
+def small_star(src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Small-star over deduped, src-sorted edges (src, dst) with dst < src. Returns
+    undirected edges as (smaller, larger), self-loops removed."""
+    if len(src) == 0:
+        return src, dst
+    starts, sizes = _groups(src)
+    m = np.minimum.reduceat(dst, starts)  # every dst < src: m is the closed neighbourhood's min
+    m_e = np.repeat(m, sizes)
+    leaf = dst != m_e
+    a = np.concatenate([m_e[leaf], m])
+    b = np.concatenate([dst[leaf], src[starts]])
+    return a, b
+
+
+# ---------------------------------------------------------------------------------------------
+# Ray tasks
+
+
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def star_task(root: str, step: int, partition: int, partitions: int, header: dict[str, Any]) -> dict:
+    """One partition of one step: large-star on even steps, small-star on odd ones. Writes
+    the next step's edges and a ``_done`` marker with statistics."""
+    t0 = time.perf_counter()
+    root_p = Path(root)
+    src, dst = _dedupe(*read_edges(_step_dir(root_p, step), partition, header))
+    stats = {"step": step, "partition": partition, "edges_in": int(len(src)),
+             "checksum": edge_checksum(src, dst)}
+    nxt = _step_dir(root_p, step + 1)
+    if step % 2 == 0:
+        a, b = large_star(src, dst)
+        out = write_edges(nxt, partition, b, a, partitions, header)  # keyed by the larger node
+    else:
+        a, b = small_star(src, dst)
+        s2, d2 = symmetric(a, b)
+        out = write_edges(nxt, partition, s2, d2, partitions, header)
+    stats.update(edges_out=out, seconds=time.perf_counter() - t0, rss_mb=_rss_mb())
+    _write_json(nxt / "_done" / f"from-{partition:04d}.json", stats)
+    return stats
+
+
+def label_task(root: str, step: int, partition: int, header: dict[str, Any]) -> dict:
+    """Component label (minimum node) of every node of a partition, from a converged
+    large-star input. Writes ``labels/part-NNNN.parquet`` sorted by node."""
+    t0 = time.perf_counter()
+    src, dst = _dedupe(*read_edges(_step_dir(Path(root), step), partition, header))
+    if len(src):
+        starts, sizes = _groups(src)
+        nodes = src[starts]
+        m = np.minimum(nodes, np.minimum.reduceat(dst, starts))
+        # converged means stars: a non-centre node has exactly one neighbour, its centre
+        if np.any((m < nodes) & (sizes != 1)):
+            raise RuntimeError(f"connected components: step {step} partition {partition} is not a star forest")
+    else:
+        nodes, m = src, dst
+    t = pa.Table.from_arrays([pa.array(nodes, pa.int64()), pa.array(m, pa.int64())], names=["node", "component"])
+    write_artifact(t, Path(root) / "labels" / f"part-{partition:04d}.parquet", header)
+    return {"partition": partition, "nodes": int(len(nodes)), "edges_in": int(len(src)),
+            "seconds": time.perf_counter() - t0, "rss_mb": _rss_mb()}
+
+
+# ---------------------------------------------------------------------------------------------
+# the driver
+
+
+@dataclass
+class ComponentsResult:
+    """What a run of ``connected_components`` did."""
+
+    steps: int = 0
+    label_files: list[str] = field(default_factory=list)
+    max_task_edges: int = 0  # largest edge set any one task held
+    input_edges: int = 0  # directed edges of step 0 (each undirected edge twice)
+    max_rss_mb: float = 0.0
+    seconds: float = 0.0
+    per_step: list[dict] = field(default_factory=list)
+
+
+def _done_stats(step_dir: Path, partitions: int) -> dict[int, dict]:
+    out = {}
+    for q in range(partitions):
+        f = step_dir / "_done" / f"from-{q:04d}.json"
+        if f.exists():
+            out[q] = json.loads(f.read_text())
+    return out
+
+
+def connected_components(mapper: Mapper, root: str | Path, partitions: int, header: dict[str, Any],
+                         max_steps: int = 200, phase: str = "components") -> ComponentsResult:
+    """Label every node of the graph whose step-0 edges are under ``root``.
+
+    ``mapper`` runs the per-partition tasks (``GlobalContext.map`` for Ray); steps whose
+    tasks already left markers are not redone.
+    """
+    t0 = time.perf_counter()
+    root = Path(root)
+    res = ComponentsResult()
+    prev_sig: tuple[int, int] | None = None
+    step = 0
+    while True:
+        if step >= max_steps:
+            raise RuntimeError(f"connected components did not converge in {max_steps} steps")
+        nxt = _step_dir(root, step + 1)
+        have = _done_stats(nxt, partitions)
+        todo = [(str(root), step, q, partitions, header) for q in range(partitions) if q not in have]
+        for st in mapper(star_task, todo, f"{phase}:step{step}"):
+            have[st["partition"]] = st
+        stats = [have[q] for q in range(partitions)]
+        edges_in = sum(s["edges_in"] for s in stats)
+        res.max_task_edges = max(res.max_task_edges, max(s["edges_in"] for s in stats))
+        res.max_rss_mb = max(res.max_rss_mb, max(s.get("rss_mb", 0.0) for s in stats))
+        res.per_step.append({"step": step, "kind": "large" if step % 2 == 0 else "small", "edges_in": edges_in,
+                             "max_task_edges": max(s["edges_in"] for s in stats)})
+        if step == 0:
+            res.input_edges = edges_in
+        if step % 2 == 0:
+            sig = (edges_in, sum(s["checksum"] for s in stats) % (1 << 64))
+            if sig == prev_sig or edges_in == 0:
+                break  # this large-star input equals the previous one: a fixpoint
+            prev_sig = sig
+        step += 1
+    label_dir = root / "labels"
+    todo = [(str(root), step, q, header) for q in range(partitions)
+            if not (label_dir / f"part-{q:04d}.parquet").exists()]
+    for st in mapper(label_task, todo, f"{phase}:labels"):
+        res.max_rss_mb = max(res.max_rss_mb, st["rss_mb"])
+    res.steps = step
+    res.label_files = [str(label_dir / f"part-{q:04d}.parquet") for q in range(partitions)]
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def read_labels(label_files: list[str], header: dict[str, Any], lo: int | None = None,
+                hi: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(node, component) of the nodes in ``[lo, hi)`` (all when omitted), sorted by node.
+    Nodes without any edge are absent: they are their own component."""
+    filters = None
+    if lo is not None and hi is not None:
+        filters = [("node", ">=", int(lo)), ("node", "<", int(hi))]
+    nodes, comps = [], []
+    for f in label_files:
+        if not Path(f).exists():
+            continue
+        t = read_artifact(f, header, filters=filters)
+        nodes.append(t.column("node").to_numpy())
+        comps.append(t.column("component").to_numpy())
+    if not nodes:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    n, c = np.concatenate(nodes).astype(np.int64), np.concatenate(comps).astype(np.int64)
+    order = np.argsort(n, kind="stable")
+    return n[order], c[order]

@@ -1,0 +1,485 @@
+"""MinHash signatures over whole batches with numpy, LSH band parameters and band hashes.
+
+The text path, for a batch of documents (never a Python loop per word or shingle):
+
+1. ``normalize_text``: NFKC, casefold, every whitespace character mapped to an ASCII one.
+   ASCII documents (most of a crawl) take pyarrow's ``ascii_lower``; only the others go
+   through Python's ``unicodedata`` / ``str.casefold`` (one C call per document).
+2. ``word_hashes``: words are maximal runs of non-whitespace bytes of the UTF-8 buffer. Each
+   word is cut into 8-byte little-endian chunks read straight out of the Arrow buffer;
+   chunks are mixed with their position (splitmix64) and summed per word, so every word of
+   the batch is hashed to 64 bits by a handful of array passes.
+3. ``shingle_hashes``: word n-grams as a polynomial over the word hashes (uint64
+   wraparound), n-grams that would cross a document boundary masked out; documents shorter
+   than n words are one shingle of all their words. A final splitmix64 keeps the top 32 bits.
+4. ``MinHasher.signatures``: num_perm hash functions ``h_k(x) = (a_k x + b_k) mod 2^32``
+   (``affine32``, the default) or the strongly universal multiply-add-shift
+   ``((a_k x + b_k) mod 2^64) >> 32`` on 64-bit words (``multiply_shift64``), computed in
+   blocks of a few thousand shingles laid out perm-major, and the per-document minimum
+   taken with ``np.minimum.reduceat`` over the document offsets.
+
+Why ``affine32`` by default: numpy multiplies 32-bit lanes with SIMD but 64-bit ones mostly
+scalar, so it is ~3x faster, and its Jaccard error on real document pairs equals the
+binomial ideal (``tests/test_minhash.py`` and ``tests/benchmarks/bench_minhash.py`` measure
+both families against datasketch).
+
+Signatures are ``uint32`` (num_docs, num_perm). They are consumed by ``band_hashes`` (LSH)
+and can be handed to datasketch (``LeanMinHash(seed=..., hashvalues=sig.astype(uint64))``)
+to compare candidate pairs with its ``MinHashLSH``.
+
+Persisted dedup artifacts (signatures, buckets, edges) carry a header (algorithm, version,
+seed, params) in their Parquet schema metadata; ``check_header`` refuses a file whose
+header differs from what the reader expects.
+"""
+
+from __future__ import annotations
+
+import json
+import unicodedata
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+#: Bump when signatures for the same parameters would change (hashing, tokenising...).
+MINHASH_VERSION = 1
+NORMALIZATION = "nfkc-casefold-whitespace"
+HEADER_KEY = b"refinery.artifact"
+
+_U64 = np.uint64
+_MASK64 = 0xFFFFFFFFFFFFFFFF
+# splitmix64 finaliser constants (Steele et al.); the odd multipliers give position salts.
+_M1, _M2 = _U64(0xBF58476D1CE4E5B9), _U64(0x94D049BB133111EB)
+_GOLDEN = _U64(0x9E3779B97F4A7C15)
+_NGRAM_BASE = _U64(0x9FB21C651E98DF25)  # odd multiplier of the n-gram polynomial
+_CHUNK_SALT = _U64(0xD6E8FEB86659FD93)
+_LEN_SALT = _U64(0xA0761D6478BD642F)
+_BYTE_MASKS = np.array([0] + [(1 << (8 * i)) - 1 for i in range(1, 8)] + [_MASK64], dtype=np.uint64)
+
+# Bytes that split words: ASCII whitespace as Python's str.split() sees it.
+_WS_BYTES = np.zeros(256, dtype=bool)
+_WS_BYTES[[9, 10, 11, 12, 13, 28, 29, 30, 31, 32]] = True
+# Unicode whitespace that survives NFKC (the other spaces become U+0020 under NFKC).
+_UNICODE_WS = {0x85: " ", 0x1680: " ", 0x2028: " ", 0x2029: " ", 0x180E: " "}
+_UNICODE_WS_CHARS = tuple(chr(c) for c in _UNICODE_WS)
+
+
+class ArtifactMismatch(ValueError):
+    """A persisted dedup artifact was written with other parameters (or another algorithm
+    version) than the reader expects; it is never reused silently."""
+
+
+def mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser over a uint64 array (a bijection, avalanche on every bit)."""
+    x = x ^ (x >> _U64(30))
+    x *= _M1
+    x ^= x >> _U64(27)
+    x *= _M2
+    x ^= x >> _U64(31)
+    return x
+
+
+# ---------------------------------------------------------------------------------------------
+# text normalisation (shared with exact dedup)
+
+
+def _normalize_one(s: str) -> str:
+    if not unicodedata.is_normalized("NFKC", s):
+        s = unicodedata.normalize("NFKC", s)
+    s = s.casefold()
+    if any(c in s for c in _UNICODE_WS_CHARS):
+        s = s.translate(_UNICODE_WS)
+    return s
+
+
+def normalize_text(texts: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """NFKC + casefold, nulls as empty strings, the whitespace that NFKC keeps (U+0085,
+    U+2028...) mapped to a space. Whitespace runs are kept (see ``collapse_whitespace``)."""
+    if isinstance(texts, pa.ChunkedArray):
+        texts = texts.combine_chunks() if texts.num_chunks != 1 else texts.chunk(0)
+    if pa.types.is_large_string(texts.type):
+        texts = texts.cast(pa.string())
+    texts = pc.fill_null(texts, "")
+    ascii_mask = pc.string_is_ascii(texts)
+    lowered = pc.ascii_lower(texts)
+    if pc.all(ascii_mask).as_py() in (True, None):
+        return lowered
+    # The non-ASCII documents need Unicode rules pyarrow lacks (casefold, NFKC quick check).
+    idx = np.flatnonzero(~ascii_mask.to_numpy(zero_copy_only=False))
+    fixed = pa.array([_normalize_one(s) for s in texts.take(pa.array(idx)).to_pylist()], pa.string())
+    # splice the fixed documents back by index without materialising the ASCII ones in Python
+    pos = np.full(len(texts), -1, dtype=np.int64)
+    pos[idx] = np.arange(len(idx))
+    merged = pa.chunked_array([lowered, fixed]).combine_chunks()
+    order = np.where(pos < 0, np.arange(len(texts)), len(texts) + pos)
+    return merged.take(pa.array(order))
+
+
+def _string_buffers(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(offsets int64 starting at 0, UTF-8 bytes) of a string array without copying text."""
+    if pa.types.is_large_string(arr.type):
+        off_t = np.int64
+    elif pa.types.is_string(arr.type):
+        off_t = np.int32
+    else:
+        raise TypeError(f"expected a string array, got {arr.type}")
+    bufs = arr.buffers()
+    offsets = np.frombuffer(bufs[1], dtype=off_t, count=len(arr) + 1, offset=arr.offset * np.dtype(off_t).itemsize)
+    data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
+    start = int(offsets[0])
+    return offsets.astype(np.int64) - start, data[start:int(offsets[-1])]
+
+
+def _whitespace_mask(data: np.ndarray) -> np.ndarray:
+    """Per byte: is it whitespace (str.split's ASCII set)? Bytes below 32 are rare except
+    newlines and tabs, so the lookup table is only consulted for them."""
+    ws = data <= 32
+    low = np.flatnonzero(data < 32)
+    ws[low] = _WS_BYTES[data[low]]
+    return ws
+
+
+def collapse_whitespace(texts: pa.Array) -> pa.Array:
+    """Whitespace runs -> one space, leading/trailing whitespace removed (vectorised over
+    the batch's bytes). Input is normalised text (``normalize_text``)."""
+    texts = pc.fill_null(texts, "")
+    offsets, data = _string_buffers(texts)
+    n = len(data)
+    if n == 0:
+        return texts
+    ws = _whitespace_mask(data)
+    doc_start = np.zeros(n + 1, dtype=bool)
+    doc_start[offsets[:-1]] = True  # empty documents share their start with the next one
+    prev_ws = np.empty(n, dtype=bool)
+    prev_ws[0] = True
+    prev_ws[1:] = ws[:-1]
+    prev_ws |= doc_start[:n]
+    word_start = ~ws & prev_ws
+    # a space is emitted before every word that is not the first of its document
+    starts = np.flatnonzero(word_start)
+    first_word = np.zeros(n, dtype=bool)
+    if len(starts):
+        d = np.searchsorted(offsets, starts, side="right") - 1
+        first_word[starts[np.r_[True, d[1:] != d[:-1]]]] = True
+    keep = ~ws
+    space_before = word_start & ~first_word
+    out_len = keep.astype(np.int64) + space_before
+    pos = np.cumsum(out_len) - out_len  # output position of each input byte's emission
+    total = int(out_len.sum())
+    out = np.empty(total, dtype=np.uint8)
+    sb = np.flatnonzero(space_before)
+    out[pos[sb]] = 32
+    kb = np.flatnonzero(keep)
+    out[pos[kb] + space_before[kb]] = data[kb]
+    new_off = np.r_[0, np.cumsum(out_len)][offsets]
+    return pa.Array.from_buffers(pa.string(), len(texts),
+                                 [None, pa.py_buffer(new_off.astype(np.int32)), pa.py_buffer(out)])
+
+
+# ---------------------------------------------------------------------------------------------
+# words and shingles
+
+
+def word_hashes(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """64-bit hash of every whitespace-separated word of a batch of (normalised) texts.
+
+    Returns ``(hashes uint64[num_words], doc_offsets int64[num_docs + 1])``: the words of
+    document i are ``hashes[doc_offsets[i]:doc_offsets[i + 1]]``, in text order.
+    """
+    offsets, data = _string_buffers(texts)
+    n = len(data)
+    num_docs = len(offsets) - 1
+    if n == 0:
+        return np.zeros(0, np.uint64), np.zeros(num_docs + 1, np.int64)
+    ws = _whitespace_mask(data)
+    boundary = np.zeros(n + 1, dtype=bool)
+    boundary[offsets] = True
+    prev_break = np.empty(n, dtype=bool)
+    prev_break[0] = True
+    prev_break[1:] = ws[:-1]
+    prev_break |= boundary[:n]
+    next_break = np.empty(n, dtype=bool)
+    next_break[-1] = True
+    next_break[:-1] = ws[1:]
+    next_break |= boundary[1:]
+    is_word = ~ws
+    starts = np.flatnonzero(is_word & prev_break)
+    ends = np.flatnonzero(is_word & next_break) + 1
+    lengths = ends - starts
+    # 8-byte little-endian chunks read unaligned straight from the buffer (padded so the
+    # last read stays inside); each chunk is mixed with its position and the mixes are
+    # summed per word: order-sensitive, and the length is mixed in at the end.
+    padded = np.zeros((n + 16) // 8 * 8, dtype=np.uint8)
+    padded[:n] = data
+    windows = np.lib.stride_tricks.as_strided(padded.view("<u8"), shape=(n,), strides=(1,))
+    summed = mix64((windows[starts] & _BYTE_MASKS[np.minimum(lengths, 8)]) ^ _CHUNK_SALT)
+    long_words = np.flatnonzero(lengths > 8)  # few: the per-chunk bookkeeping is only for them
+    if len(long_words):
+        extra = (lengths[long_words] - 1) >> 3
+        chunk_word = np.repeat(long_words, extra)
+        first = np.cumsum(extra) - extra
+        chunk_idx = np.arange(len(chunk_word)) - np.repeat(first, extra) + 1
+        chunk_start = starts[chunk_word] + 8 * chunk_idx
+        chunk_len = np.minimum(ends[chunk_word] - chunk_start, 8)
+        mixed = mix64((windows[chunk_start] & _BYTE_MASKS[chunk_len])
+                      ^ (chunk_idx.astype(np.uint64) + _U64(1)) * _CHUNK_SALT)
+        summed[long_words] += np.add.reduceat(mixed, first)
+    hashes = mix64(summed + lengths.astype(np.uint64) * _LEN_SALT)
+    # words never cross documents, so a document's words are those starting inside it
+    return hashes, np.searchsorted(starts, offsets, side="left").astype(np.int64)
+
+
+def shingle_hashes(words: np.ndarray, doc_offsets: np.ndarray, ngram: int) -> tuple[np.ndarray, np.ndarray]:
+    """64-bit hash of every word n-gram; n-grams never cross documents.
+
+    A document with fewer than ``ngram`` (but at least one) words is a single shingle of all
+    its words. Returns ``(hashes uint64[num_shingles], shingle_offsets int64[num_docs + 1])``.
+    """
+    num_docs = len(doc_offsets) - 1
+    counts = np.diff(doc_offsets)
+    per_doc = np.where(counts >= ngram, counts - ngram + 1, np.minimum(counts, 1))
+    sh_off = np.zeros(num_docs + 1, dtype=np.int64)
+    np.cumsum(per_doc, out=sh_off[1:])
+    out = np.empty(int(sh_off[-1]), dtype=np.uint64)
+    W = len(words)
+    if W >= ngram:
+        g = words[: W - ngram + 1].copy()
+        for j in range(1, ngram):
+            g *= _NGRAM_BASE
+            g += words[j: W - ngram + 1 + j]
+        # a start is valid when its n-gram ends inside the same document
+        word_doc = np.repeat(np.arange(num_docs), counts)
+        valid = word_doc[: W - ngram + 1] == word_doc[ngram - 1:]
+        slot_is_long = np.repeat(counts >= ngram, per_doc)
+        out[slot_is_long] = g[valid]
+    short_docs = np.flatnonzero((counts > 0) & (counts < ngram))
+    for length in np.unique(counts[short_docs]).tolist():
+        docs = short_docs[counts[short_docs] == length]
+        g = words[doc_offsets[docs]].copy()
+        for j in range(1, length):
+            g *= _NGRAM_BASE
+            g += words[doc_offsets[docs] + j]
+        out[sh_off[docs]] = g
+    # the n-gram length is part of the hash: a 3-word document is not a "3-gram" of a 5-gram corpus
+    return mix64(out ^ _U64((ngram * 0x9E3779B97F4A7C15) & _MASK64)), sh_off
+
+
+# ---------------------------------------------------------------------------------------------
+# signatures
+
+
+Family = Literal["affine32", "multiply_shift64"]
+
+
+@dataclass(frozen=True)
+class MinHasher:
+    """Computes MinHash signatures of word n-gram shingles for whole batches of texts.
+
+    ``num_perm`` hash functions drawn from ``seed``; ``family`` picks the hash family
+    (module docstring). Signatures are ``uint32[num_docs, num_perm]``; a document without
+    any word gets all ``0xFFFFFFFF`` and ``num_shingles == 0``.
+    """
+
+    num_perm: int = 128
+    ngram: int = 5
+    seed: int = 1
+    family: Family = "affine32"
+    block_shingles: int = 8192  # shingles per numpy block: ~4 MB of uint32 work per block
+
+    def __post_init__(self) -> None:
+        if self.num_perm < 1 or self.ngram < 1:
+            raise ValueError("num_perm and ngram must be >= 1")
+        if self.family not in ("affine32", "multiply_shift64"):
+            raise ValueError(f"unknown hash family {self.family!r}")
+
+    def header(self) -> dict[str, Any]:
+        """What a signature depends on: recorded with every persisted signature."""
+        return {"algorithm": "minhash-word-ngrams", "version": MINHASH_VERSION, "seed": self.seed,
+                "params": {"num_perm": self.num_perm, "ngram": self.ngram, "family": self.family,
+                           "normalization": NORMALIZATION}}
+
+    def permutations(self) -> tuple[np.ndarray, np.ndarray]:
+        """(a, b) uint64 arrays of the ``num_perm`` hash functions (a odd)."""
+        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([self.seed, 0x6D696E68])))
+        a = rng.integers(0, 1 << 63, self.num_perm, dtype=np.uint64) * _U64(2) + _U64(1)
+        b = rng.integers(0, _MASK64, self.num_perm, dtype=np.uint64, endpoint=True)
+        return a, b
+
+    def shingles(self, texts: pa.Array | list[str], normalized: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """(32-bit shingle values as uint64, shingle offsets per document) of a batch."""
+        arr = texts if isinstance(texts, (pa.Array, pa.ChunkedArray)) else pa.array(texts, pa.string())
+        norm = arr if normalized else normalize_text(arr)
+        if isinstance(norm, pa.ChunkedArray):
+            norm = norm.combine_chunks()
+        words, doc_off = word_hashes(norm)
+        sh, sh_off = shingle_hashes(words, doc_off, self.ngram)
+        return sh >> _U64(32), sh_off
+
+    def signatures(self, texts: pa.Array | list[str], normalized: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """``(signatures uint32[num_docs, num_perm], num_shingles int64[num_docs])``."""
+        x, off = self.shingles(texts, normalized)
+        return self.signatures_from_shingles(x, off), np.diff(off)
+
+    def signatures_from_shingles(self, x: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """Per-document minima of every hash function over 32-bit shingle values ``x``."""
+        a, b = self.permutations()
+        k = self.num_perm
+        num_docs = len(offsets) - 1
+        sig = np.full((k, num_docs), 0xFFFFFFFF, dtype=np.uint32)  # perm-major while filling
+        if self.family == "affine32":
+            a_, b_ = a.astype(np.uint32)[:, None], b.astype(np.uint32)[:, None]
+            xs = x.astype(np.uint32)
+        else:
+            a_, b_ = a[:, None], b[:, None]
+            xs = x
+        counts = np.diff(offsets)
+        B = self.block_shingles
+        M = len(xs)
+        lo = 0
+        while lo < M:
+            hi = min(lo + B, M)
+            # documents touching [lo, hi): segments cut at document starts inside the block
+            d0 = int(np.searchsorted(offsets, lo, side="right")) - 1
+            d1 = int(np.searchsorted(offsets, hi, side="left"))
+            starts = np.maximum(offsets[d0:d1], lo)
+            docs = np.arange(d0, d1)
+            nonempty = (starts < np.minimum(offsets[d0 + 1:d1 + 1], hi)) & (counts[d0:d1] > 0)
+            starts, docs = starts[nonempty], docs[nonempty]
+            block = np.multiply.outer(a_[:, 0], xs[lo:hi])
+            block += b_
+            mins = np.minimum.reduceat(block, starts - lo, axis=1)
+            if self.family == "multiply_shift64":
+                mins = (mins >> _U64(32)).astype(np.uint32)
+            sig[:, docs] = np.minimum(sig[:, docs], mins)
+            lo = hi
+        return np.ascontiguousarray(sig.T)
+
+
+def estimate_jaccard(sig_a: np.ndarray, sig_b: np.ndarray) -> np.ndarray:
+    """Share of equal signature positions (row-wise for 2-D arrays)."""
+    return np.mean(sig_a == sig_b, axis=-1)
+
+
+def shingle_sets(texts: pa.Array | list[str], ngram: int) -> list[np.ndarray]:
+    """Sorted unique 64-bit shingle hashes per document (for exact Jaccard checks)."""
+    arr = texts if isinstance(texts, (pa.Array, pa.ChunkedArray)) else pa.array(texts, pa.string())
+    norm = normalize_text(arr)
+    if isinstance(norm, pa.ChunkedArray):
+        norm = norm.combine_chunks()
+    words, doc_off = word_hashes(norm)
+    sh, off = shingle_hashes(words, doc_off, ngram)
+    return [np.unique(sh[off[i]:off[i + 1]]) for i in range(len(off) - 1)]
+
+
+def jaccard(a: np.ndarray, b: np.ndarray) -> float:
+    """Exact Jaccard similarity of two sorted unique uint64 arrays."""
+    if len(a) == 0 and len(b) == 0:
+        return 1.0
+    inter = len(np.intersect1d(a, b, assume_unique=True))
+    return inter / (len(a) + len(b) - inter)
+
+
+# ---------------------------------------------------------------------------------------------
+# LSH
+
+
+def _band_error_integrals(threshold: float, num_perm: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """False-positive and false-negative areas of every (b, r) with b * r <= num_perm.
+
+    The integrands are polynomials of degree b * r <= num_perm, so Gauss-Legendre with
+    num_perm / 2 + 1 nodes integrates them exactly (datasketch uses scipy's quad).
+    """
+    nodes, weights = np.polynomial.legendre.leggauss(num_perm // 2 + 2)
+    bs, rs = [], []
+    for b in range(1, num_perm + 1):
+        for r in range(1, num_perm // b + 1):
+            bs.append(b)
+            rs.append(r)
+    b_ = np.array(bs, dtype=np.float64)[:, None]
+    r_ = np.array(rs, dtype=np.float64)[:, None]
+
+    def integrate(f, lo, hi):
+        s = (hi - lo) / 2 * nodes + (hi + lo) / 2
+        return (hi - lo) / 2 * (f(s[None, :]) @ weights)
+
+    fp = integrate(lambda s: 1 - (1 - s ** r_) ** b_, 0.0, threshold)
+    fn = integrate(lambda s: (1 - s ** r_) ** b_, threshold, 1.0)
+    return np.array(bs), np.array(rs), fp, fn
+
+
+def lsh_params(threshold: float, num_perm: int, weights: tuple[float, float] = (0.5, 0.5)) -> tuple[int, int]:
+    """(bands, rows) minimising ``w_fp * FP area + w_fn * FN area`` (datasketch's
+    ``_optimal_param``: same search order, first minimum wins)."""
+    if not 0.0 < threshold < 1.0:
+        raise ValueError("threshold must be in (0, 1)")
+    bs, rs, fp, fn = _band_error_integrals(threshold, num_perm)
+    err = weights[0] * fp + weights[1] * fn
+    # datasketch keeps the first (b, r) whose error is strictly smaller; quadrature noise at
+    # 1e-12 must not reorder ties, so compare with a tolerance in the same scan order
+    best = 0
+    for i in range(1, len(err)):
+        if err[i] < err[best] - 1e-12:
+            best = i
+    return int(bs[best]), int(rs[best])
+
+
+def band_hashes(sig: np.ndarray, bands: int, rows: int, seed: int = 0) -> np.ndarray:
+    """uint64[num_docs, bands]: one hash per band of ``rows`` signature values. The band index
+    is mixed in, so equal values in different bands never share a bucket."""
+    if bands * rows > sig.shape[1]:
+        raise ValueError(f"bands * rows = {bands * rows} > num_perm = {sig.shape[1]}")
+    x = sig[:, : bands * rows].reshape(sig.shape[0], bands, rows).astype(np.uint64)
+    h = mix64((np.arange(bands, dtype=np.uint64) + _U64(1)) * _GOLDEN ^ _U64(seed & _MASK64))
+    h = np.broadcast_to(h, (sig.shape[0], bands)).copy()
+    for j in range(rows):
+        h = mix64(h * _NGRAM_BASE + x[:, :, j])
+    return h
+
+
+# ---------------------------------------------------------------------------------------------
+# persisted artifacts
+
+
+def header_metadata(header: dict[str, Any]) -> dict[bytes, bytes]:
+    """Parquet schema metadata recording an artifact's header."""
+    return {HEADER_KEY: json.dumps(header, sort_keys=True).encode()}
+
+
+def check_header(found: dict[str, Any] | None, expected: dict[str, Any], where: str | Path) -> None:
+    """Raise ``ArtifactMismatch`` naming the differing fields unless ``found == expected``."""
+    if found == expected:
+        return
+    if found is None:
+        raise ArtifactMismatch(f"{where}: has no artifact header; it was not written by this version "
+                               "of refinery. Delete it (or the stage's _work folder) to recompute.")
+    diffs = []
+    for key in sorted(set(found) | set(expected)):
+        if found.get(key) != expected.get(key):
+            diffs.append(f"{key}: file has {found.get(key)!r}, expected {expected.get(key)!r}")
+    raise ArtifactMismatch(f"{where}: written with other parameters ({'; '.join(diffs)}); refusing to reuse it. "
+                           "Delete it (or the stage's _work folder) to recompute.")
+
+
+def read_header(path: str | Path) -> dict[str, Any] | None:
+    """The header stored in a Parquet artifact's schema metadata (None if absent)."""
+    meta = pq.read_schema(path).metadata or {}
+    raw = meta.get(HEADER_KEY)
+    return json.loads(raw) if raw is not None else None
+
+
+def write_artifact(table: pa.Table, path: str | Path, header: dict[str, Any], row_group_size: int = 65536) -> None:
+    """Write a Parquet artifact atomically with ``header`` in its schema metadata."""
+    from curation.io.shards import write_parquet
+
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), **header_metadata(header)})
+    write_parquet(table, path, row_group_size=row_group_size)
+
+
+def read_artifact(path: str | Path, header: dict[str, Any], **kwargs) -> pa.Table:
+    """Read a Parquet artifact after checking its header (``ArtifactMismatch`` otherwise)."""
+    check_header(read_header(path), header, path)
+    return pq.read_table(path, **kwargs)
