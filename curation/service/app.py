@@ -251,7 +251,7 @@ class GuardMiddleware:
 
 
 _LOGIN = """<!doctype html><html lang="en"><head><meta charset="utf-8"><title>refinery — sign in</title>
-<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="viewport" content="width=device-width, initial-scale=1"><link rel="icon" href="data:,">
 <style>body{font:15px system-ui,sans-serif;margin:0;display:grid;place-items:center;height:100vh;background:#f6f7f9}
 form{background:#fff;padding:2em;border:1px solid #ddd;border-radius:8px;min-width:20em}
 input{width:100%;box-sizing:border-box;padding:.5em;margin:.5em 0 1em}button{padding:.5em 1.2em}
@@ -259,7 +259,7 @@ input{width:100%;box-sizing:border-box;padding:.5em;margin:.5em 0 1em}button{pad
 <form method="post" action="/" id="login"><h1>refinery</h1>
 <label for="token">Service token</label><input id="token" name="token" type="password" autocomplete="current-password" autofocus>
 <p class="err" id="login-error">{error}</p><button type="submit" id="login-submit">Sign in</button></form></body></html>"""
-_LOGIN_CSP = "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'"
+_LOGIN_CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; form-action 'self'; frame-ancestors 'none'"
 _FILENAME = re.compile(r"[^A-Za-z0-9._-]")
 
 

@@ -88,7 +88,8 @@ function schedule(fn, ms) {
 
 // Horizontal bars; an item may be split into parts ({value, cls, name}) for stacked bars.
 function hbarChart(id, title, items, opts = {}) {
-  const width = 680, labelW = 190, valueW = 90, row = 22, top = 4;
+  const width = 680, labelW = 240, valueW = 90, row = 22, top = 4;
+  const maxChars = 34;  // ~7 px per character at 12 px: keeps labels inside labelW
   const plotW = width - labelW - valueW;
   const total = (it) => (it.parts ? it.parts.reduce((a, p) => a + p.value, 0) : it.value);
   const max = Math.max(1, ...items.map(total));
@@ -98,7 +99,7 @@ function hbarChart(id, title, items, opts = {}) {
   items.forEach((it, i) => {
     const y = top + i * row;
     chart.append(svg("text", {x: labelW - 8, y: y + row * 0.68, class: "label", "text-anchor": "end"},
-                     it.label.length > 28 ? it.label.slice(0, 27) + "…" : it.label));
+                     it.label.length > maxChars ? it.label.slice(0, maxChars - 1) + "…" : it.label));
     let x = labelW;
     for (const p of it.parts || [{value: it.value, cls: "bar-main", name: ""}]) {
       const w = (plotW * p.value) / max;
@@ -130,7 +131,7 @@ function histogramChart(id, title, bins) {
                            width: Math.max(bw - 2, 1).toFixed(1), height: h.toFixed(1), class: "bar-main"});
     r.append(svg("title", {}, `${b.lo}–${b.hi}: ${fmt(b.docs)} docs`));
     chart.append(r);
-    if (i % Math.ceil(bins.length / 5) === 0 || i === bins.length - 1) {
+    if (i % Math.ceil(bins.length / 5) === 0) {
       chart.append(svg("text", {x: left + i * bw, y: height - bottom + 16, class: "value"}, String(b.lo)));
     }
   });
