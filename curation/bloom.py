@@ -89,8 +89,31 @@ class BloomFilter:
 
     @property
     def header(self) -> dict[str, Any]:
-        return {"algorithm": ALGORITHM, "version": VERSION, "seed": self.seed, "m": self.m, "k": self.k,
-                "params": self.params}
+        return self.make_header(self.m, self.k, self.seed, self.params)
+
+    @staticmethod
+    def make_header(m: int, k: int, seed: int, params: dict[str, Any]) -> dict[str, Any]:
+        """The header a filter of this shape has (checked before loading bits)."""
+        return {"algorithm": ALGORITHM, "version": VERSION, "seed": int(seed), "m": int(m), "k": int(k),
+                "params": dict(params)}
+
+    @classmethod
+    def capacity_header(cls, expected_items: int, false_positive_rate: float, seed: int = 0,
+                        params: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The header of ``for_capacity(...)`` without allocating its bits."""
+        m, k = bloom_size(expected_items, false_positive_rate)
+        p = {"expected_items": int(expected_items), "false_positive_rate": float(false_positive_rate)}
+        return cls.make_header(m, k, seed, {**p, **(params or {})})
+
+    @staticmethod
+    def check_header(found: dict[str, Any], expected: dict[str, Any], where: str) -> None:
+        """Raise ``BloomHeaderMismatch`` naming the differing fields unless equal."""
+        if found == expected:
+            return
+        diffs = [f"{k}: {json.dumps(found.get(k), sort_keys=True)} vs {json.dumps(expected.get(k), sort_keys=True)}"
+                 for k in sorted(set(found) | set(expected)) if found.get(k) != expected.get(k)]
+        raise BloomHeaderMismatch(f"{where}: Bloom filter parameters differ ({'; '.join(diffs)}); "
+                                  "bits of differently built filters cannot be combined")
 
     # -- probes ---------------------------------------------------------------------------
 
@@ -152,11 +175,7 @@ class BloomFilter:
     # -- merge and persistence ------------------------------------------------------------
 
     def _check_same(self, header: dict[str, Any], where: str) -> None:
-        if header != self.header:
-            diffs = [f"{k}: {header.get(k)!r} vs {self.header.get(k)!r}"
-                     for k in sorted(set(header) | set(self.header)) if header.get(k) != self.header.get(k)]
-            raise BloomHeaderMismatch(f"{where}: Bloom filter parameters differ ({'; '.join(diffs)}); "
-                                      "bits of differently built filters cannot be combined")
+        self.check_header(header, self.header, where)
 
     def merge(self, other: BloomFilter) -> BloomFilter:
         """OR ``other``'s bits into this filter (same algorithm, seed, m, k and params only)."""

@@ -283,6 +283,10 @@ class ExactDedup(GlobalStage):
             if not f.exists():
                 raise FileNotFoundError(f"exact_dedup.against: {f} does not exist (is {entry} an exact_dedup "
                                         f"stage directory, or its bloom folder, with {self.partitions} partitions?)")
+            # checked here, on the driver: one clear error before any task starts
+            expected = BloomFilter.capacity_header(self.partition_capacity(), self.bloom.false_positive_rate,
+                                                   self.seed, self.bloom_params())
+            BloomFilter.check_header(BloomFilter.read_header(f), expected, f"exact_dedup.against: {f}")
             out.append(str(f))
         return out
 
