@@ -135,6 +135,31 @@ def near_duplicate(text: str, kind: str, rng: random.Random, donor: str) -> str:
     return EDITS[kind](text, rng, donor)
 
 
+def score_removals(group_of: dict[str, str], removed: set[str]) -> dict[str, float]:
+    """Precision and recall of removed near-duplicates against planted groups.
+
+    ``group_of`` maps every document id to its group (the original's id for the original and
+    its copies). Within a group of n documents, n - 1 removals are right; a removal that
+    leaves a group with no document kept is wrong (content lost), and so is every removal of
+    a document from a group of one.
+    """
+    members: dict[str, list[str]] = {}
+    for i, g in group_of.items():
+        members.setdefault(g, []).append(i)
+    tp = fp = fn = 0
+    for ids in members.values():
+        gone = sum(i in removed for i in ids)
+        kept = len(ids) - gone
+        if kept == 0:
+            tp += len(ids) - 1
+            fp += 1
+        else:
+            tp += gone
+            fn += kept - 1
+    return {"precision": tp / (tp + fp) if tp + fp else 1.0, "recall": tp / (tp + fn) if tp + fn else 1.0,
+            "true_removals": tp, "false_removals": fp, "missed": fn}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shared", default="/work/shared/data")
