@@ -132,11 +132,10 @@ class GopherQualityFilter(_FilterStage):
         bullet = ts._mask(pc.match_substring_regex(lines.values, f"^[{ws}]*[•\\-]"))
         ell_end = ts._mask(pc.match_substring_regex(lines.values, f"(?:\\.\\.\\.|…)[{ws}]*$"))
         n_lines = lines.counts
-        stop_hashes = np.unique(np.array([ts.string_hash(w) for w in self.stop_words], dtype=np.uint64))
-        stop_idx = np.searchsorted(stop_hashes, words.hash)
-        has_stop = np.isin(words.hash, stop_hashes)
+        stop_idx = words.vocab_index_in(self.stop_words)
+        has_stop = stop_idx >= 0
         # Distinct stop words per document: unique (document, stop word) pairs.
-        k = len(stop_hashes) + 1
+        k = len(self.stop_words) + 1
         key = np.unique(doc[has_stop] * k + stop_idx[has_stop])
         n_stop = np.bincount(key // k, minlength=n)
         columns = {

@@ -215,7 +215,7 @@ def duplicate_stats(seg: Segments, lengths: np.ndarray | None = None) -> tuple[n
 
 
 # ---------------------------------------------------------------------------------------------
-# Word splitting (spaCy's English rule tokenizer, vectorised over code points)
+# Word splitting (spaCy's English rule tokenizer, vectorised)
 # ---------------------------------------------------------------------------------------------
 #
 # spaCy splits text on whitespace, then for each chunk repeatedly strips one prefix (opening
@@ -225,15 +225,17 @@ def duplicate_stats(seg: Segments, lengths: np.ndarray | None = None) -> tuple[n
 # is kept whole if it looks like a URL, else cut at infixes (hyphens and slashes between
 # letters, "..." inside a word, ...).
 #
-# Here the whole batch is decoded once into one array of code points and every rule becomes
-# an array expression: a lookup table gives each character its classes, the prefix run of a
-# chunk is the leading stretch of prefix characters (a cumulative count of non-prefix
-# characters that is still zero), the suffix run the trailing stretch of suffix characters,
+# Most chunks are plain words (letters and digits only): they are one word each, found with
+# a few byte comparisons over the UTF-8 text. Only chunks holding punctuation or symbols go
+# through the rules, decoded to code points, where every rule is an array expression: a
+# lookup table gives each character its classes, the prefix run of a chunk is the leading
+# stretch of prefix characters, the suffix run the trailing stretch of suffix characters,
 # infixes are conditions on a character and its neighbours, and special cases are found by
 # comparing polynomial hashes of candidate spans with the hashes of the special strings.
-# Stripping a whole run at once gives the same tokens as spaCy's one-at-a-time loop except
-# where a special case hides inside a run; we check the spans spaCy would reach first (the
-# chunk, then the core with up to two of its suffix tokens).
+# Stripping a whole run at once gives spaCy's tokens except where a special case hides inside
+# a run; we check the spans spaCy's loop meets first (the chunk, then the core with two, one
+# or none of its suffix tokens). Words are then Arrow slices of the text; dictionary encoding
+# gives each distinct word an id, and word properties are computed once per distinct word.
 
 _QUOTES = "'\"”“`‘´’‚,„»«「」『』（）〔〕【】《》〈〉〈〉⟦⟧"
 _PUNCT = "…,:;!?¿؟¡()[]{}<>_#*&。？！，、；：～·।،۔؛٪"
@@ -243,24 +245,25 @@ _UNITS = (
     "m/s km/h kmh mph hPa Pa mbar mb MB kb KB gb GB tb TB T G M K % км км² км³ м м² м³ дм дм² "
     "дм³ см см² см³ мм мм² мм³ нм кг г мг м/с км/ч кПа Па мбар Кб КБ кб Мб МБ мб Гб ГБ гб Тб "
     "ТБ тб"
-).split() + list(_CURRENCY) + ["+"]
+).split()
 _URL_RE = (
     r"^(?:[\w+.\-][\w+.\-]+://)?(?:[^\s@]+(?::\S*)?@)?"
+    r"(?:[0-9][0-9]?[0-9]?(?:\.[0-9][0-9]?[0-9]?){3}|"
     r"(?:(?:[A-Za-z0-9\x{a1}-\x{ffff}][A-Za-z0-9\x{a1}-\x{ffff}_\-]*)?"
-    r"[A-Za-z0-9\x{a1}-\x{ffff}]\.)+\p{Ll}\p{Ll}+(?::[0-9][0-9]+)?(?:[/?#]\S*)?$"
+    r"[A-Za-z0-9\x{a1}-\x{ffff}]\.)+\p{Ll}\p{Ll}+)(?::[0-9][0-9]+)?(?:[/?#]\S*)?$"
 )
 
 # Character classes, one bit each.
-_WSB, _PRE, _SUF, _DIG, _LOW, _UPP, _ALP, _QUO, _PCT, _DOTX, _SO, _DTP, _PCAT, _TERM, _ISYM = (
-    1 << i for i in range(15))
+(_WSB, _PRE, _SUF, _DIG, _LOW, _UPP, _ALP, _QUO, _PCT, _DOTX, _SO, _ISYM, _FCK, _HYP, _DOP,
+ _RULE, _SPC) = (1 << i for i in range(17))
 
 
 def _char_flags(c: str) -> int:
     cat = unicodedata.category(c)
     so = cat == "So"
-    return (
+    f = (
         _WSB * c.isspace()
-        | _PRE * (so or c in "§%=—–" + _PUNCT + _QUOTES + _CURRENCY)
+        | _PRE * (so or c in "§%=—–+" + _PUNCT + _QUOTES + _CURRENCY)
         | _SUF * (so or c in _PUNCT + _QUOTES + "—–")
         | _DIG * ("0" <= c <= "9")
         | _LOW * (cat in ("Ll", "Lo"))
@@ -268,13 +271,20 @@ def _char_flags(c: str) -> int:
         | _ALP * c.isalpha()
         | _QUO * (c in _QUOTES)
         | _PCT * (c in _PUNCT)
-        | _DOTX * (c in "%²-+")
+        | _DOTX * (c in "%²-+|")
         | _SO * so
-        | _DTP * (c in PUNCTUATION)
-        | _PCAT * cat.startswith("P")
-        | _TERM * (c in TERMINAL_PUNCTUATION)
         | _ISYM * (c in ":<>=/")
+        | _FCK * (c in "FfCcKk")
+        | _HYP * (c in "-–—~")
+        | _DOP * (c in "+-*^")
     )
+    # Characters any rule looks at (a chunk without them is one word, unless it is a number
+    # with a unit or a contraction, both checked per distinct word).
+    if (f & (_PRE | _SUF | _QUO | _PCT | _SO | _ISYM | _HYP | _DOP)) or c in ".'’":
+        f |= _RULE
+    if c in _SPECIAL_CHARS:
+        f |= _SPC
+    return f
 
 
 @functools.lru_cache(maxsize=1)
@@ -294,32 +304,6 @@ def _flags(cp: np.ndarray) -> np.ndarray:
     return f
 
 
-# Polynomial string hash mod 2**64: hash(s) = sum((ord(c) + 1) * P**(len(s) - 1 - i)).
-_P = 0x100000001B3
-_P_INV = pow(_P, -1, 1 << 64)
-
-
-def string_hash(s: str) -> int:
-    """The hash ``split_words`` gives a word, computed for one Python string."""
-    h = 0
-    for ch in s:
-        h = (h * _P + ord(ch) + 1) & ((1 << 64) - 1)
-    return h
-
-
-@functools.lru_cache(maxsize=8)
-def _powers(base: int, n: int) -> np.ndarray:
-    out = np.full(max(n, 1), base, dtype=np.uint64)
-    out[0] = 1
-    with np.errstate(over="ignore"):
-        return np.multiply.accumulate(out)
-
-
-def _pow_table(base: int, n: int) -> np.ndarray:
-    size = 1 << max(int(n).bit_length(), 10)  # grow in powers of two so the cache is reused
-    return _powers(base, size)
-
-
 def _special_cases() -> dict[str, tuple[int, ...]]:
     """English special cases: chunk -> positions where its later tokens start.
 
@@ -333,7 +317,6 @@ def _special_cases() -> dict[str, tuple[int, ...]]:
         for tok in tokens.split(" ")[:-1]:
             pos += len(tok)
             cuts.append(pos)
-        assert "".join(tokens.split(" ")) == word, (word, tokens)
         out[word] = tuple(cuts)
 
     def both_cases(word: str, tokens: str) -> None:
@@ -360,8 +343,10 @@ def _special_cases() -> dict[str, tuple[int, ...]]:
             add(f"{hour}{half}", f"{hour} {half}")
             add(f"{hour}{half[0]}.m.", f"{hour} {half[0]}.m.")
     for apos in ("'", "’"):
-        for clitic in ("s", "d", "ll", "re", "ve", "m", "S"):
+        for clitic in ("s", "d", "ll", "re", "S"):
             add(apos + clitic, apos + clitic)
+    for word in ("’", "’’", "‘s", "‘S"):
+        add(word, word)
     clitics = {
         "i": "m d ll ve", "you": "d ll re ve", "he": "d ll s", "she": "d ll s", "it": "d ll s",
         "we": "d ll re ve", "they": "d ll re ve", "there": "d ll re s ve", "this": "d ll s",
@@ -403,53 +388,23 @@ def _special_cases() -> dict[str, tuple[int, ...]]:
                          ("y’all", "y’ all"), ("yall", "y all"), ("ma'am", "ma'am"),
                          ("ma’am", "ma’am"), ("o'clock", "o'clock"), ("o’clock", "o’clock"),
                          ("c'mon", "c'm on"), ("c’mon", "c’m on"), ("ain't", "ai n't"),
-                         ("doin", "doin"), ("doin'", "doin'"), ("goin", "goin"), ("goin'", "goin'"),
-                         ("havin", "havin"), ("havin'", "havin'"), ("nothin", "nothin"),
-                         ("nothin'", "nothin'"), ("somethin", "somethin"),
-                         ("somethin'", "somethin'"), ("lovin", "lovin"), ("lovin'", "lovin'")):
+                         ("doin'", "doin'"), ("goin'", "goin'"), ("havin'", "havin'"),
+                         ("nothin'", "nothin'"), ("somethin'", "somethin'"), ("lovin'", "lovin'")):
         both_cases(word, tokens)
     return out
 
 
 SPECIAL_CASES: dict[str, tuple[int, ...]] = _special_cases()
-_SPECIAL_HASH = np.array([string_hash(k) for k in SPECIAL_CASES], dtype=np.uint64)
-_SPECIAL_ORDER = np.argsort(_SPECIAL_HASH)
-_SPECIAL_HASH_SORTED = _SPECIAL_HASH[_SPECIAL_ORDER]
-_SPECIAL_CUTS = np.array(  # bit k set: a token starts k characters into the special span
-    [sum(1 << c for c in cuts) for cuts in SPECIAL_CASES.values()], dtype=np.uint64
-)[_SPECIAL_ORDER]
+
+
+def _cut_mask(cuts) -> int:
+    return sum(1 << c for c in cuts)
+
+
 _SPECIAL_MAX_LEN = max(len(k) for k in SPECIAL_CASES)
-_UNIT_HASH = np.unique(np.array([string_hash(u) for u in _UNITS], dtype=np.uint64))
-
-
-def _find(sorted_keys: np.ndarray, h: np.ndarray) -> np.ndarray:
-    """Index of each hash in ``sorted_keys``, or -1."""
-    idx = np.searchsorted(sorted_keys, h)
-    idx[idx == len(sorted_keys)] = 0
-    return np.where(sorted_keys[idx] == h, idx, -1) if len(sorted_keys) else np.full(len(h), -1)
-
-
-def decode(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """Code points of all texts (one uint32 array) and each text's char offsets into it."""
-    n = len(texts)
-    counts = _np(pc.utf8_length(texts)).astype(np.int64)
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
-    if n == 0 or offsets[-1] == 0:
-        return np.zeros(0, dtype=np.uint32), offsets
-    bufs = texts.buffers()
-    off_type = np.int64 if pa.types.is_large_string(texts.type) else np.int32
-    byte_off = np.frombuffer(bufs[1], dtype=off_type)[texts.offset: texts.offset + n + 1]
-    raw = memoryview(bufs[2])[int(byte_off[0]): int(byte_off[-1])]
-    cp = np.frombuffer(
-        bytes(raw).decode("utf-8", errors="replace").encode("utf-32-le"), dtype=np.uint32)
-    if len(cp) != offsets[-1]:
-        # Invalid UTF-8 decodes to a different number of characters; count per text then.
-        counts = np.array([len(s) for s in (
-            bytes(memoryview(bufs[2])[int(a): int(b)]).decode("utf-8", errors="replace")
-            for a, b in zip(byte_off[:-1], byte_off[1:]))], dtype=np.int64)
-        np.cumsum(counts, out=offsets[1:])
-    return cp, offsets
+_SPECIAL_CHARS = frozenset("".join(SPECIAL_CASES))
+_NUMBER_UNIT_RE = "[0-9](?:" + "|".join(
+    "".join(f"\\x{{{ord(c):x}}}" for c in u) for u in sorted(_UNITS, key=len, reverse=True)) + ")$"
 
 
 def _prev(a: np.ndarray, first: np.ndarray, fill=0) -> np.ndarray:
@@ -469,85 +424,21 @@ def _next(a: np.ndarray, last: np.ndarray, fill=0) -> np.ndarray:
     return out
 
 
-@dataclass
-class Words:
-    """The words of a batch of texts: positions into the decoded code points plus the
-    per-word properties the filters need (no Python string per word is ever made).
-
-    ``offsets[d]:offsets[d + 1]`` index the words of text ``d``; ``hash`` is
-    ``string_hash`` of the word.
-    """
-
-    doc: np.ndarray
-    offsets: np.ndarray
-    start: np.ndarray
-    end: np.ndarray
-    hash: np.ndarray
-    symbol: np.ndarray  # only punctuation characters (datatrove's PUNCTUATION_SET)
-    alpha: np.ndarray  # contains a letter
-    punct: np.ndarray  # only Unicode punctuation (spaCy's is_punct)
-    ender: np.ndarray  # one sentence-ending character
-    cp: np.ndarray
-
-    @property
-    def n_docs(self) -> int:
-        return len(self.offsets) - 1
-
-    @property
-    def counts(self) -> np.ndarray:
-        return np.diff(self.offsets)
-
-    @property
-    def lengths(self) -> np.ndarray:
-        return self.end - self.start
-
-    def values(self) -> pa.Array:
-        """The words as an Arrow string array (for inspection and tests)."""
-        m = len(self.start)
-        if m == 0:
-            return pa.array([], pa.string())
-        lengths = self.lengths + 1  # one separator after each word
-        base = np.repeat(self.start - (np.cumsum(lengths) - lengths), lengths)
-        idx = base + np.arange(int(lengths.sum()))
-        chars = self.cp[np.minimum(idx, len(self.cp) - 1)].copy()
-        chars[np.cumsum(lengths) - 1] = 0x0A  # words never contain a newline
-        text = chars[:-1].tobytes().decode("utf-32-le")
-        return pc.list_flatten(pc.split_pattern(pa.array([text]), "\n"))
-
-    def to_segments(self) -> Segments:
-        return Segments(self.values(), self.doc, self.offsets)
-
-
-def split_words(texts: pa.Array) -> Words:
-    """English words of every text, split like spaCy's rule tokenizer (whitespace dropped).
-
-    This approximates ``datatrove.utils.text.split_into_words(text, "en")``.
-    """
-    cp, doc_off = decode(texts)
-    return _split_code_points(cp, doc_off)
-
-
-def _split_code_points(cp: np.ndarray, doc_off: np.ndarray) -> Words:
-    n_docs = len(doc_off) - 1
+def _rule_token_starts(cp: np.ndarray, with_specials: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Word starts (char positions) for chunks joined by single newlines, by spaCy's rules,
+    and the starts of words that are a whole core."""
     N = len(cp)
-    if N == 0:
-        z = np.zeros(0, np.int64)
-        zb = np.zeros(0, bool)
-        return Words(z, np.zeros(n_docs + 1, np.int64), z, z, z.astype(np.uint64), zb, zb, zb, zb, cp)
     f = _flags(cp)
-    ws = (f & _WSB) != 0
-    nonws = ~ws
-    doc_first = np.zeros(N, dtype=bool)
-    doc_last = np.zeros(N, dtype=bool)
-    nonempty = doc_off[1:] > doc_off[:-1]
-    doc_first[doc_off[:-1][nonempty]] = True
-    doc_last[doc_off[1:][nonempty] - 1] = True
-    first = nonws & (_prev(ws, doc_first, True) | doc_first)  # chunk starts
-    last = nonws & (_next(ws, doc_last, True) | doc_last)  # chunk ends (inclusive)
-    chunk_id = np.cumsum(first) - 1
-    c_start = np.flatnonzero(first)
-    c_end = np.flatnonzero(last) + 1
+    sep = cp == 0x0A
+    nonws = ~sep
+    c_start = np.concatenate(([0], np.flatnonzero(sep) + 1))
+    c_end = np.concatenate((np.flatnonzero(sep), [N]))
     n_chunks = len(c_start)
+    first = np.zeros(N, dtype=bool)
+    first[c_start[c_start < N]] = True
+    last = np.zeros(N, dtype=bool)
+    last[c_end - 1] = True
+    chunk_id = np.cumsum(sep, dtype=np.int32)
     pf = _prev(f, first)
     nf = _next(f, last)
     pcp = _prev(cp, first)
@@ -563,25 +454,26 @@ def _split_code_points(cp: np.ndarray, doc_off: np.ndarray) -> Words:
     single_dot = dot & ~multi
     plus = cp == 0x2B
 
-    # Prefix run: the leading stretch of prefix characters of each chunk.
-    elig_p = ((f & _PRE) != 0) | multi | (plus & ((nf & _DIG) == 0))
+    # Prefix run: the leading stretch of prefix characters ("+" only before a non-digit).
+    elig_p = (((f & _PRE) != 0) & ~(plus & ((nf & _DIG) != 0))) | multi
     bad = nonws & ~elig_p
-    cum = np.cumsum(bad)
+    cum = np.cumsum(bad, dtype=np.int32)
     in_pre = nonws & (cum == (cum - bad)[c_start][chunk_id])
 
-    # Suffix run: the trailing stretch of suffix characters (context from the characters
-    # before, which are still there when spaCy strips from the right).
+    # Suffix run: the trailing stretch of suffix characters (their context is the characters
+    # before, still there when spaCy strips from the right).
     apos = (cp == 0x27) | (cp == 0x2019)
     s_of_apos = ((cp == 0x73) | (cp == 0x53)) & _prev(apos, first, False)
     p2f = _prev(pf, first)
     ctx_dot = single_dot & (
         ((pf & (_DIG | _LOW | _DOTX | _PCT | _QUO)) != 0)
         | (((pf & _UPP) != 0) & ((p2f & _UPP) != 0))
-        | (np.isin(pcp, [ord(c) for c in "FfCcKk"]) & (_prev(pcp, first) == 0xB0))
+        | (((pf & _FCK) != 0) & (_prev(pcp, first) == 0xB0))
     )
-    elig_s = ((f & _SUF) != 0) | multi | s_of_apos | ctx_dot | (plus & ((pf & _DIG) != 0))
+    elig_s = (((f & _SUF) != 0) | multi | s_of_apos | ctx_dot
+              | (plus & ((pf & _DIG) != 0)))
     bad = nonws & ~elig_s
-    cum = np.cumsum(bad)
+    cum = np.cumsum(bad, dtype=np.int32)
     in_suf = nonws & ~in_pre & ((cum[c_end - 1][chunk_id] - cum + bad) == 0)
 
     pre_len = np.bincount(chunk_id[in_pre], minlength=n_chunks)
@@ -589,104 +481,66 @@ def _split_code_points(cp: np.ndarray, doc_off: np.ndarray) -> Words:
     core_start = c_start + pre_len
     core_end = c_end - suf_len
 
-    # Hash of any span inside a chunk: P**(b-1-c) * (S[b] - S[a]), S prefix sums of
-    # (cp + 1) * P**-(i - c) with c the chunk start.
-    max_chunk = int((c_end - c_start).max())
-    pow_p = _pow_table(_P, max_chunk + 1)
-    pow_inv = _pow_table(_P_INV, max_chunk + 1)
-    pos_in_chunk = np.arange(N) - np.where(nonws, c_start[np.maximum(chunk_id, 0)], 0)
-    pos_in_chunk[ws] = 0
-    with np.errstate(over="ignore"):
-        g = (cp.astype(np.uint64) + np.uint64(1)) * pow_inv[pos_in_chunk]
-        g[ws] = 0
-        S = np.zeros(N + 1, dtype=np.uint64)
-        np.cumsum(g, out=S[1:])
-
-    def span_hash(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
-        with np.errstate(over="ignore"):
-            return pow_p[np.maximum(b - 1 - c, 0)] * (S[b] - S[a])
-
     starts = first.copy()
     starts |= in_pre & ~cont_dot
     starts |= nonws & ~in_pre & _prev(in_pre, first, False)  # the core starts after the prefixes
     suf_start = in_suf & ~cont_dot & ~s_of_apos
+    # Suffix "……" (two ellipsis characters) is one token, paired from the right.
+    ell = np.flatnonzero(in_suf & (cp == 0x2026))
+    if len(ell) > 1:
+        run_start = np.ones(len(ell), dtype=bool)
+        run_start[1:] = ell[1:] != ell[:-1] + 1
+        run = np.cumsum(run_start) - 1
+        j = np.arange(len(ell)) - np.flatnonzero(run_start)[run]  # position in its run
+        from_right = np.bincount(run)[run] - 1 - j
+        suf_start[ell[(j > 0) & (from_right % 2 == 0)]] = False
     starts |= suf_start
-
-    # Special cases: the chunk itself, else the core with two, one or none of its suffix
-    # tokens (the spans spaCy's stripping loop meets, longest first).
-    special_at = np.full(n_chunks, -1, dtype=np.int64)
-    special_a = c_start.copy()
-    special_b = c_end.copy()
-    short = (c_end - c_start) <= _SPECIAL_MAX_LEN
-    if short.any():
-        sc = np.flatnonzero(short)
-        ss_pos = np.flatnonzero(suf_start)
-        nxt1 = ss_pos[np.minimum(np.searchsorted(ss_pos, core_end[sc], side="right"), len(ss_pos) - 1)] \
-            if len(ss_pos) else core_end[sc]
-        end1 = np.where((nxt1 > core_end[sc]) & (nxt1 < c_end[sc]), nxt1, c_end[sc])
-        nxt2 = ss_pos[np.minimum(np.searchsorted(ss_pos, end1, side="right"), len(ss_pos) - 1)] \
-            if len(ss_pos) else end1
-        end2 = np.where((nxt2 > end1) & (nxt2 < c_end[sc]), nxt2, c_end[sc])
-        found = np.full(len(sc), -1, dtype=np.int64)
-        fa = c_start[sc].copy()
-        fb = c_end[sc].copy()
-        for a, b in ((c_start[sc], c_end[sc]), (core_start[sc], end2),
-                     (core_start[sc], end1), (core_start[sc], core_end[sc])):
-            todo = (found < 0) & (b > a)
-            if not todo.any():
-                continue
-            hit = np.full(len(sc), -1, dtype=np.int64)
-            hit[todo] = _find(_SPECIAL_HASH_SORTED, span_hash(a[todo], b[todo], c_start[sc][todo]))
-            new = todo & (hit >= 0)
-            found[new], fa[new], fb[new] = hit[new], a[new], b[new]
-        special_at[sc], special_a[sc], special_b[sc] = found, fa, fb
-    is_special = special_at >= 0
 
     # A number followed by a unit or currency ("5kg", "10%", "3$") splits off the unit.
     digit = (f & _DIG) != 0
-    last_digit = np.maximum.accumulate(np.where(digit, np.arange(N), -1))
-    has_core = (core_end > core_start) & ~is_special
-    ld = np.where(has_core, last_digit[np.maximum(core_end - 1, 0)], -1)
-    unit_cand = has_core & (ld >= core_start) & (ld < core_end - 1)
-    if unit_cand.any():
-        uc = np.flatnonzero(unit_cand)
-        is_unit = _find(_UNIT_HASH, span_hash(ld[uc] + 1, core_end[uc], c_start[uc])) >= 0
-        unit_pos = ld[uc][is_unit] + 1
-        starts[unit_pos] = True
-        core_end[uc[is_unit]] = unit_pos
+    d_idx = np.flatnonzero(digit)
+    has_core = core_end > core_start
+    if len(d_idx) and has_core.any():
+        cand = np.flatnonzero(has_core)
+        j = np.searchsorted(d_idx, core_end[cand]) - 1
+        ld = np.where(j >= 0, d_idx[np.maximum(j, 0)], -1)
+        ok = (ld >= core_start[cand]) & (ld < core_end[cand] - 1) & (core_end[cand] - ld - 1 <= 4)
+        cand, ld = cand[ok], ld[ok]
+        if len(cand):
+            tails = _spans_to_strings(cp, ld + 1, core_end[cand])
+            is_unit = _mask(pc.is_in(tails, value_set=_UNIT_STRINGS))
+            unit_pos = ld[is_unit] + 1
+            starts[unit_pos] = True
+            core_end[cand[is_unit]] = unit_pos
 
     # Infixes inside the core (lookarounds see only the core, as in spaCy).
     in_core = nonws & ~in_pre & ~in_suf
-    in_core &= (np.arange(N) < core_end[np.maximum(chunk_id, 0)])
-    in_core &= ~is_special[np.maximum(chunk_id, 0)]
+    in_core &= np.arange(N) < core_end[chunk_id]
     pic = _prev(in_core, first, False)
     nic = _next(in_core, last, False)
     ncp = _next(cp, last)
     infix = in_core & (((f & _SO) != 0) | (cp == 0x2026))
     infix_run = in_core & multi
-    pa_ = pic & ((pf & (_ALP | _DIG)) != 0)
-    na_ = nic & ((nf & _ALP) != 0)
-    infix |= in_core & np.isin(cp, [0x2B, 0x2D, 0x2A, 0x5E]) & pic & ((pf & _DIG) != 0) & nic & (
+    left_an = pic & ((pf & (_ALP | _DIG)) != 0)
+    right_a = nic & ((nf & _ALP) != 0)
+    infix |= in_core & ((f & _DOP) != 0) & pic & ((pf & _DIG) != 0) & nic & (
         ((nf & _DIG) != 0) | (ncp == 0x2D))
-    infix |= in_core & single_dot & pic & ((pf & (_LOW | _QUO)) != 0) & nic & ((nf & (_UPP | _QUO)) != 0)
-    infix |= in_core & (cp == 0x2C) & pic & ((pf & _ALP) != 0) & na_
-    infix |= in_core & ((f & _ISYM) != 0) & pa_ & na_
-    # Hyphens between letters/digits and a letter: "-", "--", "---", "—", "——", "–", "~".
-    hy = in_core & np.isin(cp, [0x2D, 0x2013, 0x2014, 0x7E])
-    if hy.any():
-        h_idx = np.flatnonzero(hy)
+    infix |= single_dot & in_core & pic & ((pf & (_LOW | _QUO)) != 0) & nic & ((nf & (_UPP | _QUO)) != 0)
+    infix |= in_core & (cp == 0x2C) & pic & ((pf & _ALP) != 0) & right_a
+    infix |= in_core & ((f & _ISYM) != 0) & left_an & right_a
+    # Hyphens between a letter/digit and a letter: "-", "--", "---", "—", "——", "–", "~".
+    h_idx = np.flatnonzero(in_core & ((f & _HYP) != 0))
+    if len(h_idx):
         h_cp = cp[h_idx]
         run_start = np.ones(len(h_idx), dtype=bool)
         run_start[1:] = (h_idx[1:] != h_idx[:-1] + 1) | (h_cp[1:] != h_cp[:-1])
         rid = np.cumsum(run_start) - 1
         r_first = h_idx[run_start]
         r_len = np.bincount(rid)
-        r_last = r_first + r_len - 1
         r_cp = h_cp[run_start]
         max_len = np.where(r_cp == 0x2D, 3, np.where(r_cp == 0x2014, 2, 1))
-        ok = (r_len <= max_len) & pa_[r_first] & na_[r_last]
-        run_ok = ok[rid]
-        infix_run[h_idx[run_ok]] = True
+        ok = (r_len <= max_len) & left_an[r_first] & right_a[r_first + r_len - 1]
+        infix_run[h_idx[ok[rid]]] = True
     infix_tok = infix | infix_run
     if infix_tok.any():
         # A core that looks like a URL is not cut.
@@ -698,65 +552,120 @@ def _split_code_points(cp: np.ndarray, doc_off: np.ndarray) -> Words:
             if url.any():
                 bad_chunk = np.zeros(n_chunks, dtype=bool)
                 bad_chunk[cand[url]] = True
-                infix_tok &= ~bad_chunk[np.maximum(chunk_id, 0)]
-                infix &= infix_tok
-                infix_run &= infix_tok
+                keep = ~bad_chunk[chunk_id]
+                infix_tok &= keep
+                infix_run &= keep
         # Token starts: at each infix (a run starts once) and right after it.
         run_cont = infix_run & _prev(infix_run, first, False) & (pcp == cp)
         starts |= infix_tok & ~run_cont
-        after = np.flatnonzero(infix_tok & ~(_next(infix_run, last, False) & (ncp == cp) & infix_run))
-        after = after + 1
+        run_goes_on = infix_run & _next(infix_run, last, False) & (ncp == cp)
+        after = np.flatnonzero(infix_tok & ~run_goes_on) + 1
         after = after[after < N]
         starts[after[in_core[after]]] = True
 
-    if is_special.any():
-        sp = np.flatnonzero(is_special)
-        a, b, cuts = special_a[sp], special_b[sp], _SPECIAL_CUTS[special_at[sp]]
-        for k in range(1, _SPECIAL_MAX_LEN):
-            inside = a + k < b
+    if with_specials:
+        _apply_special_cases(cp, f, starts, nonws, chunk_id, c_end, core_start, core_end)
+    tok = np.flatnonzero(starts & nonws)
+    # Words that are a whole core (candidates for the one-word special cases).
+    nxt = np.empty_like(tok)
+    nxt[:-1] = tok[1:]
+    nxt[-1:] = N
+    c = chunk_id[tok]
+    whole_core = (tok == core_start[c]) & (np.minimum(nxt, c_end[c]) == core_end[c])
+    return tok, tok[whole_core]
+
+
+def _apply_special_cases(cp, f, starts, nonws, chunk_id, c_end, core_start, core_end) -> None:
+    """Special cases, as spaCy applies them after the rules (in place on ``starts``).
+
+    A special string whose rule split has k > 1 tokens ("Mr." -> "Mr" "."; ":)" -> ":" ")")
+    is merged wherever its k tokens follow each other in a chunk (spaCy's special-case
+    matcher; longer matches first) and then cut as the special case says. Special strings
+    the rules leave whole ("don't", "cannot") are applied per distinct word by
+    ``split_words``, to words that are a whole core (all that remains of a chunk after
+    stripping affixes).
+    """
+    N = len(cp)
+    tok_s = np.flatnonzero(starts & nonws)
+    m = len(tok_s)
+    if m == 0:
+        return
+    tok_c = chunk_id[tok_s]
+    tok_e = np.empty_like(tok_s)
+    tok_e[:-1] = tok_s[1:]
+    tok_e[-1] = N
+    np.minimum(tok_e, c_end[tok_c], out=tok_e)
+    # Spans made only of characters that occur in special cases, and short enough.
+    bad = np.zeros(N + 1, dtype=np.int32)
+    np.cumsum(nonws & ((f & _SPC) == 0), out=bad[1:])
+    taken = np.zeros(m, dtype=bool)
+    for k in (4, 3, 2):  # longest first, like spaCy's filter of overlapping matches
+        keys, cuts = _specials_by_tokens().get(k, (None, None))
+        if keys is None or m < k:
+            continue
+        t = np.arange(m - k + 1)
+        last = t + k - 1
+        a, b = tok_s[t], tok_e[last]
+        ok = (tok_c[t] == tok_c[last]) & (b - a <= _SPECIAL_MAX_LEN) & (bad[b] == bad[a])
+        ok &= ~taken[t] & ~taken[last]
+        t = t[ok]
+        if not len(t):
+            continue
+        idx = pc.index_in(_spans_to_strings(cp, tok_s[t], tok_e[t + k - 1]), value_set=keys)
+        hit = _mask(pc.is_valid(idx))
+        if not hit.any():
+            continue
+        t = t[hit]
+        sel = _np(idx.filter(pa.array(hit))).astype(np.int64)
+        if k > 1 and len(t) > 1:
+            # Overlapping matches of the same length: the later one wins (spaCy's order).
+            clash = np.zeros(len(t), dtype=bool)
+            clash[:-1] = t[1:] <= t[:-1] + k - 1
+            t, sel = t[~clash], sel[~clash]
+        for j in range(k):
+            taken[t + j] = True
+        a, b, masks = tok_s[t], tok_e[t + k - 1], cuts[sel]
+        for off in range(1, _SPECIAL_MAX_LEN):  # one step per character offset
+            inside = a + off < b
             if not inside.any():
                 break
-            starts[a[inside] + k] = ((cuts[inside] >> np.uint64(k)) & np.uint64(1)).astype(bool)
-        starts[a] = True
-        after_b = b[b < c_end[sp]]
-        starts[after_b] = True
+            starts[a[inside] + off] = ((masks[inside] >> np.uint64(off)) & np.uint64(1)).astype(bool)
 
-    starts &= nonws
-    tok_start = np.flatnonzero(starts)
-    tok_chunk = chunk_id[tok_start]
-    nxt = np.empty_like(tok_start)
-    nxt[:-1] = tok_start[1:]
-    nxt[-1:] = N
-    tok_end = np.minimum(nxt, c_end[tok_chunk])
-    tok_doc = np.searchsorted(doc_off, tok_start, side="right") - 1
-    counts = np.bincount(tok_doc, minlength=n_docs)
-    offsets = np.zeros(n_docs + 1, dtype=np.int64)
-    np.cumsum(counts, out=offsets[1:])
 
-    def all_or_any(bit: int, want_all: bool) -> np.ndarray:
-        flag = ((f & bit) == 0) if want_all else ((f & bit) != 0)
-        c = np.zeros(N + 1, dtype=np.int32)
-        np.cumsum(flag, out=c[1:])
-        n = c[tok_end] - c[tok_start]
-        return n == 0 if want_all else n > 0
+_UNIT_STRINGS = pa.array(_UNITS + list(_CURRENCY) + ["+"])
 
-    length = tok_end - tok_start
-    return Words(
-        doc=tok_doc,
-        offsets=offsets,
-        start=tok_start,
-        end=tok_end,
-        hash=span_hash(tok_start, tok_end, c_start[tok_chunk]),
-        symbol=all_or_any(_DTP, True),
-        alpha=all_or_any(_ALP, False),
-        punct=all_or_any(_PCAT, True),
-        ender=(length == 1) & ((f[tok_start] & _TERM) != 0),
-        cp=cp,
-    )
+
+@functools.lru_cache(maxsize=1)
+def _one_word_splits() -> tuple[pa.Array, np.ndarray]:
+    """Special cases the rules leave as one word but that split ("don't", "cannot", "10am"),
+    with their cut positions in bytes."""
+    keys = [k for k in _specials_by_tokens()[1][0].to_pylist() if SPECIAL_CASES[k]]
+    # Cut positions in UTF-8 bytes: the words are cut in the encoded text.
+    cuts = [_cut_mask(len(k[:c].encode()) for c in SPECIAL_CASES[k]) for k in keys]
+    return pa.array(keys, pa.string()), np.array(cuts, dtype=np.uint64)
+
+
+@functools.lru_cache(maxsize=1)
+def _specials_by_tokens() -> dict[int, tuple[pa.Array, np.ndarray]]:
+    """Special cases grouped by how many tokens the rules alone cut them into."""
+    keys = list(SPECIAL_CASES)
+    cp = np.frombuffer("\n".join(keys).encode("utf-32-le"), dtype=np.uint32)
+    starts, _ = _rule_token_starts(cp, with_specials=False)
+    line_start = np.concatenate(([0], np.flatnonzero(cp == 0x0A) + 1))
+    n_tok = np.diff(np.searchsorted(starts, np.append(line_start, len(cp))))
+    out = {}
+    for k in np.unique(n_tok):
+        sel = [i for i in np.flatnonzero(n_tok == k)]
+        out[int(k)] = (pa.array([keys[i] for i in sel]),
+                       np.array([_cut_mask(SPECIAL_CASES[keys[i]]) for i in sel], dtype=np.uint64))
+    return out
+
 
 
 def _spans_to_strings(cp: np.ndarray, a: np.ndarray, b: np.ndarray) -> pa.Array:
     """Arrow strings of the code point spans [a, b) (spans hold no newline)."""
+    if len(a) == 0:
+        return pa.array([], pa.string())
     lengths = (b - a) + 1
     base = np.repeat(a - (np.cumsum(lengths) - lengths), lengths)
     idx = base + np.arange(int(lengths.sum()))
@@ -764,6 +673,278 @@ def _spans_to_strings(cp: np.ndarray, a: np.ndarray, b: np.ndarray) -> pa.Array:
     chars[np.cumsum(lengths) - 1] = 0x0A
     text = chars[:-1].tobytes().decode("utf-32-le")
     return pc.list_flatten(pc.split_pattern(pa.array([text]), "\n"))
+
+
+# ASCII byte classes for the plain-word fast path.
+_BYTE_WS = np.zeros(256, dtype=bool)
+_BYTE_WS[[9, 10, 11, 12, 13, 28, 29, 30, 31, 32]] = True  # str.isspace() in ASCII
+_BYTE_RULE = np.array([bool(_char_flags(chr(i)) & _RULE) for i in range(128)] + [False] * 128)
+
+
+def _text_bytes(texts: pa.Array) -> tuple[np.ndarray, np.ndarray, pa.Buffer | None, int]:
+    """UTF-8 bytes of all texts (a view), each text's byte offsets into it, the data buffer
+    and where the view starts in it."""
+    n = len(texts)
+    bufs = texts.buffers()
+    off_type = np.int64 if pa.types.is_large_string(texts.type) else np.int32
+    if n == 0 or bufs[2] is None:
+        return np.zeros(0, np.uint8), np.zeros(n + 1, np.int64), None, 0
+    off = np.frombuffer(bufs[1], dtype=off_type)[texts.offset: texts.offset + n + 1].astype(np.int64)
+    b = np.frombuffer(bufs[2], dtype=np.uint8)[off[0]: off[-1]]
+    return b, off - off[0], bufs[2], int(off[0])
+
+
+@dataclass
+class Words:
+    """The words of a batch of texts: an id per word (equal ids = equal words) and, per
+    distinct word, its properties.
+
+    ``offsets[d]:offsets[d + 1]`` index the words of text ``d``.
+    """
+
+    doc: np.ndarray
+    offsets: np.ndarray
+    ids: np.ndarray
+    vocab: pa.Array
+    lengths: np.ndarray  # characters per word
+
+    @property
+    def n_docs(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def counts(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def values(self) -> pa.Array:
+        """The words themselves, as an Arrow string array."""
+        return self.vocab.take(pa.array(self.ids))
+
+    def vocab_flag(self, per_vocab: np.ndarray) -> np.ndarray:
+        return per_vocab[self.ids] if len(self.ids) else np.zeros(0, dtype=per_vocab.dtype)
+
+    def vocab_match(self, pattern: str) -> np.ndarray:
+        """Per word: whether it matches an RE2 pattern (evaluated once per distinct word)."""
+        return self.vocab_flag(_mask(pc.match_substring_regex(self.vocab, pattern)))
+
+    def vocab_index_in(self, values: list[str]) -> np.ndarray:
+        """Per word: its index in ``values``, -1 when absent."""
+        idx = pc.fill_null(pc.index_in(self.vocab, value_set=pa.array(values, pa.string())), -1)
+        return self.vocab_flag(_np(idx).astype(np.int64))
+
+    @functools.cached_property
+    def symbol(self) -> np.ndarray:
+        """Only characters from datatrove's PUNCTUATION_SET."""
+        return self.vocab_match(f"^[{re2_class(PUNCTUATION)}]+$")
+
+    @functools.cached_property
+    def alpha(self) -> np.ndarray:
+        """Has a letter (``str.isalpha`` on some character)."""
+        return self.vocab_match(r"\pL")
+
+    @functools.cached_property
+    def punct(self) -> np.ndarray:
+        """Only Unicode punctuation (spaCy's ``is_punct``)."""
+        return self.vocab_match(r"^\pP+$")
+
+    @functools.cached_property
+    def ender(self) -> np.ndarray:
+        """One sentence-ending character (spaCy's sentencizer marks)."""
+        return self.vocab_match(f"^[{_TERMINAL}]$")
+
+
+def split_words(texts: pa.Array) -> Words:
+    """English words of every text, split like spaCy's rule tokenizer (whitespace dropped).
+
+    This reproduces ``datatrove.utils.text.split_into_words(text, "en")`` (spaCy's
+    ``blank("en")`` tokenizer) up to rare special cases.
+    """
+    n_docs = len(texts)
+    b, doff, buf, base = _text_bytes(texts)
+    B = len(b)
+    if B == 0:
+        z = np.zeros(0, np.int64)
+        return Words(z, np.zeros(n_docs + 1, np.int64), z, pa.array([], pa.string()), z)
+
+    # Whitespace and chunk boundaries from bytes; non-ASCII characters are classified from
+    # their code points (few of them in English text).
+    ws = _BYTE_WS[b]
+    rule = _BYTE_RULE[b]
+    lead = np.flatnonzero(b >= 0xC0)
+    if len(lead):
+        n_bytes = 2 + (b[lead] >= 0xE0) + (b[lead] >= 0xF0)
+        pad = np.concatenate((b, np.zeros(3, np.uint8))).astype(np.uint32)
+        cp = np.where(n_bytes == 2, pad[lead] & 0x1F, np.where(n_bytes == 3, pad[lead] & 0x0F, pad[lead] & 0x07))
+        for k in range(1, 4):
+            more = n_bytes > k
+            cp = np.where(more, (cp << 6) | (pad[lead + k] & 0x3F), cp)
+        fl = _flags(cp)
+        for k in range(4):  # mark every byte of the character
+            at = lead[n_bytes > k] + k
+            sel = n_bytes > k
+            ws[at] = (fl[sel] & _WSB) != 0
+            rule[at] = (fl[sel] & _RULE) != 0
+    nonws = ~ws
+    nonempty = doff[1:] > doff[:-1]
+    brk = np.ones(B + 1, dtype=bool)  # brk[i]: a chunk cannot continue from i-1 to i
+    brk[1:B] = ws[:-1]
+    brk[doff[:-1][nonempty]] = True
+    first = nonws & brk[:-1]
+    brk_after = np.ones(B, dtype=bool)
+    brk_after[:-1] = ws[1:]
+    brk_after[doff[1:][nonempty] - 1] = True
+    last = nonws & brk_after
+    c_start = np.flatnonzero(first)
+    c_end = np.flatnonzero(last) + 1
+
+    # Chunks with a rule character go through the rules; the others are one word each.
+    rule_pos = np.flatnonzero(rule & nonws)
+    starts = first
+    rule_chunk = np.zeros(len(c_start), dtype=bool)
+    whole_core = np.zeros(B, dtype=bool)
+    if len(rule_pos):
+        rc = np.searchsorted(c_start, rule_pos, side="right") - 1
+        rc = rc[np.concatenate(([True], rc[1:] != rc[:-1]))]  # sorted: drop repeats
+        rule_chunk[rc] = True
+        lens = c_end[rc] - c_start[rc]
+        # Gather their bytes, joined by newlines, and decode to code points.
+        total = int(lens.sum()) + len(rc)
+        src = np.repeat(c_start[rc] - (np.cumsum(lens + 1) - (lens + 1)), lens + 1) + np.arange(total)
+        sub = b[np.minimum(src, B - 1)]
+        sep_at = np.cumsum(lens + 1) - 1
+        sub[sep_at] = 0x0A
+        cp_sub = np.frombuffer(sub[:-1].tobytes().decode("utf-8").encode("utf-32-le"), dtype=np.uint32)
+        tok, core_tok = _rule_token_starts(cp_sub)
+        # Char positions in the joined chunks -> byte positions in the text.
+        wide = np.flatnonzero(cp_sub >= 0x80)
+        extra = np.zeros(len(wide) + 1, dtype=np.int64)
+        np.cumsum((cp_sub[wide] >= 0x800).astype(np.int64) + (cp_sub[wide] >= 0x10000) + 1, out=extra[1:])
+        chunk_base = sep_at - lens  # byte where each joined chunk starts
+
+        def to_text_bytes(pos: np.ndarray) -> np.ndarray:
+            sub_byte = pos + extra[np.searchsorted(wide, pos)]
+            which = np.searchsorted(sep_at, sub_byte, side="right")  # index into rc
+            return c_start[rc[which]] + (sub_byte - chunk_base[which])
+
+        starts[to_text_bytes(tok)] = True
+        whole_core[to_text_bytes(core_tok)] = True
+    ends = np.zeros(B + 1, dtype=bool)
+    ends[c_end] = True
+    tok_start, tok_end = _spans_from_starts(starts, ends)
+    tokens = _byte_spans(buf, base, tok_start, tok_end)
+    enc = pc.dictionary_encode(tokens)
+    ids = _np(enc.indices).astype(np.int64)
+    vocab = enc.dictionary
+
+    # Words that still split, decided once per distinct word: one-word special cases
+    # ("don't", "cannot", "10am") when the word is a whole chunk or core, numbers with a
+    # unit ("5kg", "N500m") when the word is a whole plain chunk (rule chunks had theirs).
+    # Cut positions are in bytes.
+    keys, key_cuts = _one_word_splits()
+    cuts = np.zeros(len(vocab), dtype=np.uint64)
+    sp = pc.index_in(vocab, value_set=keys)
+    hit = _mask(pc.is_valid(sp))
+    if hit.any():
+        cuts[hit] = key_cuts[_np(sp.filter(pa.array(hit))).astype(np.int64)]
+    unit_cut = np.zeros(len(vocab), dtype=np.int64)
+    unit = _mask(pc.match_substring_regex(vocab, _NUMBER_UNIT_RE))
+    if unit.any():
+        sub = vocab.filter(pa.array(unit))
+        tail = pc.replace_substring_regex(sub, "^.*[0-9]", "")
+        unit_cut[unit] = _np(pc.binary_length(sub)).astype(np.int64) - _np(pc.binary_length(tail))
+    cand = np.flatnonzero((cuts[ids] != 0) | (unit_cut[ids] != 0))
+    if len(cand):
+        plain = np.ones(len(cand), dtype=bool)
+        if rule_chunk.any():
+            k = np.searchsorted(c_start, tok_start[cand], side="right") - 1
+            plain = ~rule_chunk[k]
+        cand_cut = cand[plain | whole_core[tok_start[cand]]]
+        cand_unit = cand[plain]
+        ids, tok_start, tok_end, vocab = _cut_words(
+            buf, base, ids, tok_start, tok_end, vocab,
+            cand_cut, cuts[ids[cand_cut]], cand_unit, unit_cut[ids[cand_unit]])
+    first_tok = np.searchsorted(tok_start, doff)
+    offsets = first_tok.astype(np.int64)
+    offsets[-1] = len(tok_start)
+    doc = np.repeat(np.arange(n_docs, dtype=np.int64), np.diff(offsets))
+    vocab_len = _np(pc.utf8_length(vocab)).astype(np.int64)
+    return Words(doc, offsets, ids, vocab, vocab_len[ids])
+
+
+def _cut_words(buf, base, ids, tok_start, tok_end, vocab, cut_at, cut_masks, unit_at, unit_cuts):
+    """Cut some words into pieces (bit k of a mask: a piece starts k bytes in; a unit cut:
+    the unit starts that many bytes in). Returns new ids, spans and the grown vocabulary."""
+    m = len(ids)
+    offs = [np.zeros(0, np.int64)]
+    owner = [np.zeros(0, np.int64)]
+    unit_ok = unit_cuts > 0
+    offs.append(unit_cuts[unit_ok])
+    owner.append(unit_at[unit_ok])
+    for off in range(1, 64):  # one step per character offset, not per word
+        on = ((cut_masks >> np.uint64(off)) & np.uint64(1)).astype(bool)
+        if on.any():
+            offs.append(np.full(int(on.sum()), off, dtype=np.int64))
+            owner.append(cut_at[on])
+    owner_all = np.concatenate(owner)
+    off_all = np.concatenate(offs)
+    if not len(owner_all):
+        return ids, tok_start, tok_end, vocab
+    # One (word, offset) pair per new boundary; sort them into word order.
+    order = np.lexsort((off_all, owner_all))
+    owner_all, off_all = owner_all[order], off_all[order]
+    keep = np.ones(len(order), dtype=bool)
+    keep[1:] = (owner_all[1:] != owner_all[:-1]) | (off_all[1:] != off_all[:-1])
+    owner_all, off_all = owner_all[keep], off_all[keep]
+    n_cuts = np.bincount(owner_all, minlength=m)
+    pieces = n_cuts + 1
+    new_m = m + len(owner_all)
+    new_start = np.repeat(tok_start, pieces)
+    new_end = np.repeat(tok_end, pieces)
+    new_ids = np.repeat(ids, pieces)
+    first_piece = np.cumsum(pieces) - pieces  # where each old word's pieces begin
+    # The j-th cut of a word ends piece j and starts piece j + 1.
+    rank = np.arange(len(owner_all)) - (np.cumsum(n_cuts) - n_cuts)[owner_all]
+    at = first_piece[owner_all] + rank + 1
+    new_start[at] = tok_start[owner_all] + off_all
+    new_end[at - 1] = new_start[at]
+    changed = np.flatnonzero(np.repeat(pieces > 1, pieces))
+    piece_str = _byte_spans(buf, base, new_start[changed], new_end[changed])
+    known = pc.index_in(piece_str, value_set=vocab)
+    is_known = _mask(pc.is_valid(known))
+    piece_ids = np.empty(len(changed), dtype=np.int64)
+    piece_ids[is_known] = _np(known.filter(pa.array(is_known)))
+    if (~is_known).any():
+        extra = pc.dictionary_encode(piece_str.filter(pa.array(~is_known)))
+        piece_ids[~is_known] = len(vocab) + _np(extra.indices).astype(np.int64)
+        vocab = pa.concat_arrays([vocab, extra.dictionary])
+    new_ids[changed] = piece_ids
+    assert len(new_ids) == new_m
+    return new_ids, new_start, new_end, vocab
+
+
+def _spans_from_starts(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Word spans from a start mask (length B) and a chunk-end mask (length B + 1)."""
+    bound = ends.copy()
+    bound[:-1] |= starts
+    pos = np.flatnonzero(bound)
+    is_start = np.zeros(len(pos), dtype=bool)
+    is_start[:-1] = starts[pos[:-1]]
+    at = np.flatnonzero(is_start)
+    return pos[at], pos[at + 1]
+
+
+def _byte_spans(buf: pa.Buffer, base: int, start: np.ndarray, end: np.ndarray) -> pa.Array:
+    """Arrow strings for the byte spans [start, end) of the text data (sorted, disjoint)."""
+    m = len(start)
+    # Interleave words and the gaps between them, then keep the words.
+    off = np.empty(2 * m, dtype=np.int64)
+    off[0::2] = start + base
+    off[1::2] = end + base
+    large = off[-1] >= 2**31 - 1
+    arr_type = pa.large_string() if large else pa.string()
+    off_arr = off.astype(np.int64 if large else np.int32)
+    both = pa.Array.from_buffers(arr_type, 2 * m - 1, [None, pa.py_buffer(off_arr), buf])
+    return both.take(pa.array(np.arange(0, 2 * m, 2)))
 
 
 def split_chunks(texts: pa.Array) -> Segments:
@@ -785,9 +966,10 @@ def sentence_counts(words: Words) -> np.ndarray:
         return counts
     # Drop punctuation that neither ends a sentence nor starts one; what remains alternates
     # between enders and ordinary words. A word right after an ender starts a sentence.
-    keep = words.ender | ~words.punct
+    ender, punct = words.ender, words.punct
+    keep = ender | ~punct
     doc = words.doc[keep]
-    ender = words.ender[keep]
+    ender = ender[keep]
     starts = np.zeros(len(doc), dtype=bool)
     starts[1:] = ender[:-1] & ~ender[1:] & (doc[1:] == doc[:-1])
     return counts + np.bincount(doc[starts], minlength=words.n_docs)
@@ -845,7 +1027,7 @@ class NGramIndex:
         self.doc_end = words.offsets[1:][words.doc] if n_words else np.zeros(0, np.int64)
         self.cum_len = np.zeros(n_words + 1, dtype=np.int64)
         np.cumsum(words.lengths, out=self.cum_len[1:])
-        self.word_hash = _mix64(words.hash)
+        self.word_hash = _mix64(words.ids)
         self.pos_bits = max(int(max(n_words, 1)).bit_length(), 1)
         self.n = 0
         self.candidates = np.arange(n_words, dtype=np.int64)
