@@ -7,6 +7,7 @@ Every route but ``/healthz`` needs the token (see ``curation.service.auth``); ``
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -105,7 +106,8 @@ def stats_payload(run_dir: str | Path) -> dict[str, Any]:
     from curation.stats import connect, output_summary, stage_table, top_reasons
 
     out: dict[str, Any] = {"stages": stage_table(run_dir), "top_reasons": top_reasons(run_dir),
-                           "output": output_summary(run_dir)}
+                           "output": output_summary(run_dir), "languages": None, "quality_histogram": None,
+                           "tokens_by_source": None}
     con = connect(run_dir)
     described = con.execute("describe kept").fetchall()
     cols = [r[0] for r in described]
@@ -149,11 +151,11 @@ class StatsCache:
     """Stats of a run, recomputed only when its progress.json changes (every committed shard
     rewrites it), and computed once when many clients ask at the same moment."""
 
-    def __init__(self, compute: Callable[[Path], dict], size: int = 64):
+    def __init__(self, compute: Callable[[Path], bytes], size: int = 64):
         self._compute = compute
         self._size = size
         self._lock = threading.Lock()
-        self._done: OrderedDict[tuple, dict] = OrderedDict()
+        self._done: OrderedDict[tuple, bytes] = OrderedDict()
         self._pending: dict[tuple, threading.Event] = {}
 
     @staticmethod
@@ -165,7 +167,7 @@ class StatsCache:
                 return None
         return (str(run_dir), mtime("progress.json"), mtime("dag.yaml"))
 
-    def get(self, run_dir: Path) -> dict:
+    def get(self, run_dir: Path) -> bytes:
         key = self._key(run_dir)
         while True:
             with self._lock:
@@ -287,7 +289,8 @@ def create_app(runs_dir: str | Path, token: str, address: str | None = None,
     auth = TokenAuth(token)
     policy = PathPolicy(list(allowed_roots), base_dir or os.getcwd())
     runs = manager or RunManager(runs_dir, policy, address=address, max_concurrent=max_concurrent)
-    stats_cache = StatsCache(stats_payload)
+    # cached as JSON bytes: a warm hit is then a file stat and a copy, no validation or encoding
+    stats_cache = StatsCache(lambda d: json.dumps(stats_payload(d)).encode())
     sql_slots = threading.BoundedSemaphore(sql_max_concurrent)
 
     @asynccontextmanager
@@ -422,12 +425,12 @@ def create_app(runs_dir: str | Path, token: str, address: str | None = None,
     @app.get("/runs", response_model=list[RunSummary], tags=["runs"])
     def list_runs():
         """Every run in the runs directory (submitted here or not), newest first."""
-        return runs.list_runs()
+        return JSONResponse(runs.list_runs())
 
     @app.get("/runs/{run_id}", response_model=RunDetail, tags=["runs"])
     def get_run(run_id: str):
         """State (queued, running, done, failed, cancelled), per-phase and per-stage progress, timings."""
-        return runs.describe(run_id)
+        return JSONResponse(runs.describe(run_id))
 
     @app.get("/runs/{run_id}/dag", tags=["runs"])
     def get_dag(run_id: str) -> dict:
@@ -453,7 +456,7 @@ def create_app(runs_dir: str | Path, token: str, address: str | None = None,
 
         d = runs.run_dir(run_id)
         try:
-            return stats_cache.get(d)
+            return Response(stats_cache.get(d), media_type="application/json")
         except RunNotFound as e:
             raise HTTPException(404, str(e)) from None
 

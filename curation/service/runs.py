@@ -43,6 +43,7 @@ LOG_FILE = "service.log"
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 ACTIVE_STATES = ("queued", "running")
 _STAGE_REF_KEYS = {"type", "input", "inputs"}
+_YamlLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class SubmitError(ValueError):
@@ -259,6 +260,7 @@ class RunManager:
         self._children: dict[str, subprocess.Popen] = {}
         self._active: set[str] = set()
         self._lock_fd: int | None = None
+        self._orders: dict[str, tuple[int, list[str]]] = {}  # dag.yaml path -> (mtime_ns, node order)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -279,7 +281,9 @@ class RunManager:
                     pid = _find_run_process(self.runs_dir / rid)
                     if pid:
                         meta.update(pid=pid, pid_start=process_identity(pid))
-                        self._write_meta(rid, meta)
+                    else:
+                        meta["launch_error"] = "the service stopped while launching this run; resume it"
+                    self._write_meta(rid, meta)
                 if meta.get("state") in ("queued", "started", "cancelled"):
                     self._active.add(rid)
         self._stop.clear()
@@ -367,7 +371,7 @@ class RunManager:
             return "cancelled", None
         if meta.get("launch_error"):
             return "failed", meta["launch_error"]
-        if alive:
+        if alive or not meta.get("pid"):  # no pid yet: being launched right now (under the lock)
             return "running", None
         fresh = _fresh(meta, progress)
         if fresh and progress.get("state") == "done":
@@ -383,9 +387,9 @@ class RunManager:
     def describe(self, run_id: str, detail: bool = True) -> dict[str, Any]:
         """What a client sees of one run: state, progress, timings (and per-stage counters)."""
         d = self.run_dir(run_id)
-        with self._lock:
+        progress = _read_json(d / "progress.json")
+        with self._lock:  # service.json is rewritten under the lock (launch, reap): read it there too
             meta = self._meta(run_id)
-            progress = _read_json(d / "progress.json")
             state, error = self._derive(run_id, meta, progress)
         fresh = _fresh(meta, progress)
         progress = progress or {}
@@ -429,12 +433,24 @@ class RunManager:
             })
         return info
 
-    @staticmethod
-    def _node_order(d: Path) -> list[str]:
-        data = yaml.safe_load((d / "dag.yaml").read_text()) if (d / "dag.yaml").exists() else None
-        if not isinstance(data, dict):
+    def _node_order(self, d: Path) -> list[str]:
+        """Inputs then stages, as in dag.yaml. Cached by mtime: parsing the YAML is most of
+        the cost of a run description."""
+        p = d / "dag.yaml"
+        try:
+            mtime = p.stat().st_mtime_ns
+        except OSError:
             return []
-        return list(data.get("inputs") or {}) + list(data.get("stages") or {})
+        hit = self._orders.get(str(p))
+        if hit and hit[0] == mtime:
+            return hit[1]
+        try:
+            data = yaml.load(p.read_text(), Loader=_YamlLoader)
+        except (OSError, yaml.YAMLError):
+            return []
+        order = (list(data.get("inputs") or {}) + list(data.get("stages") or {})) if isinstance(data, dict) else []
+        self._orders[str(p)] = (mtime, order)
+        return order
 
     def list_runs(self) -> list[dict[str, Any]]:
         """Every run in the runs directory, newest submission first."""
