@@ -82,6 +82,10 @@ def plot_fertility(rows: list[dict], title: str, out_png: str | Path) -> Path:
         vals = [r[key] for r in rows]
         bars = ax.barh(range(len(rows)), vals, color="#4c72b0" if key == "tokens_per_word" else "#55a868")
         ax.bar_label(bars, fmt="%.2f", fontsize=8, padding=2)
+        finite = [v for v in vals if v == v and v > 0]
+        if finite and max(finite) > 20 * min(finite):  # unspaced scripts (zh: a clause per "word") dwarf the rest
+            ax.set_xscale("log")
+            name += " (log scale)"
         ax.set_xlabel(name)
         ax.set_yticks(range(len(rows)), labels)
         ax.invert_yaxis()
@@ -119,9 +123,11 @@ def tokenizer_report(tokenizer_dir: str | Path, inputs: str | Path | Sequence[st
         table.add_row("all", "", f"{tot['docs']:,}", f"{tot['words']:,}", f"{tot['bytes']:,}", f"{tot['tokens']:,}",
                       f"{tot['tokens'] / max(tot['words'], 1):.3f}", f"{tot['bytes'] / max(tot['tokens'], 1):.3f}",
                       style="bold")
-    (console or Console()).print(table)
+    console = console or Console()
+    console.print(table)
     if rows:
         plot_fertility(rows, title, out_png)
+        console.print(f"chart: {out_png}  (rows: {out_png.with_suffix('.json')})", highlight=False)
         out_png.with_suffix(".json").write_text(json.dumps(
             {"tokenizer": tok.describe(), "inputs": [str(x) for x in ([inputs] if isinstance(inputs, (str, Path)) else inputs)],
              "rows": rows}, indent=2) + "\n")
