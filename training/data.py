@@ -85,8 +85,12 @@ def _list_shards(root: Path) -> list[Shard]:
                 raise ValueError(f"{manifest}:{n}: bad manifest line ({err})") from None
         shards = []
         for rec in entries.values():
-            path = root / rec["file"]
-            if not path.exists():
+            if not rec.get("file"):
+                continue  # a shard that committed no rows
+            # refinery's stage manifests give paths relative to the run dir (the pack dir's
+            # parent: "pack/xxx.parquet"); other writers relative to the pack dir itself.
+            path = next((b / rec["file"] for b in (root, root.parent) if (b / rec["file"]).is_file()), None)
+            if path is None:
                 raise FileNotFoundError(f"{manifest}: shard {rec['shard']!r} lists {rec['file']}, which is missing")
             shards.append(Shard(rec["file"], path, int(rec["rows"]), path.stat().st_size))
     else:
