@@ -178,9 +178,17 @@ class PathPolicy:
         if not any(_within(real, r) for r in self.local_roots):
             raise self._deny(where, pattern, via_symlink=real != os.path.normpath(prefix))
 
-    def check_param(self, value: str, where: str) -> None:
-        """A stage parameter that names a location: absolute, ``~``, ``file://``, a URL, or
-        anything with a ``/`` (relative to ``base_dir``)."""
+    def check_param(self, value: str, where: str, as_written: bool = True) -> None:
+        """Check a stage parameter that may name a location (a tokenizer, a model, another
+        run's directory). Stage fields do not say which strings are paths, so as written by
+        the user anything absolute, ``~``, ``file://``, a URL, or with a ``/`` (relative to
+        ``base_dir``) counts as one. After validation (``as_written=False``) only absolute
+        paths are checked: validators make user paths absolute, while defaults filled in
+        from code are not the submitter's to choose."""
+        if not as_written:
+            if value.startswith("/"):
+                self.check_local(value, where)
+            return
         if "::" in value and ("/" in value or _SCHEME.match(value)):
             raise self._deny(where, value)
         if self.is_url(value):

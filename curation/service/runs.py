@@ -82,12 +82,12 @@ def _refuse_aliases(text: str, where: str) -> None:
         raise SubmitError(f"{where}: invalid YAML: {e}".replace("\n", " ")) from None
 
 
-def _check_stage_params(stages: Any, policy: PathPolicy, where: str) -> None:
+def _check_stage_params(stages: Any, policy: PathPolicy, where: str, as_written: bool = True) -> None:
     for loc, value in walk_strings(stages, "stages"):
         if loc.rsplit(".", 1)[-1].split("[", 1)[0] in _STAGE_REF_KEYS:
             continue
         try:
-            policy.check_param(value, loc)
+            policy.check_param(value, loc, as_written)
         except PathDenied as e:
             raise SubmitError(f"{where}: {e}", 403) from None
 
@@ -126,7 +126,7 @@ def admit_dag(text: str, policy: PathPolicy, where: str = "submitted.yaml"):
         raise SubmitError(str(e)) from None
     # Validators may have turned relative parameters into absolute paths: check those too.
     resolved = dag.to_dict()
-    _check_stage_params(resolved["stages"], policy, where)
+    _check_stage_params(resolved["stages"], policy, where, as_written=False)
     for name, spec in dag.inputs.items():
         pinned: list[str] = []
         for i, pattern in enumerate(spec.paths):
