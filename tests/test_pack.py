@@ -156,6 +156,9 @@ def test_every_token_of_every_mixed_document_is_in_exactly_one_row(run2):
     assert report["non_padding_fraction"] == pytest.approx(tokens / (packed.num_rows * 513))
     assert report["docs"] == len(expect) and report["docs_split"] == report["long_docs"]
     assert report["pad_id"] == 1  # from the tokenize stage's shard metadata
+    # rows are shuffled within a window, not left in best-fit's largest-piece-first order
+    largest = [max(x) for x in pq.read_table(sorted((run2 / "pack").glob("*.parquet"))[0]).column("doc_lens").to_pylist()]
+    assert largest != sorted(largest, reverse=True)
     # what the trainer reads
     for p in sorted((run2 / "pack").glob("pack-*.parquet")):
         md = pq.read_metadata(p)

@@ -9,7 +9,8 @@ only when they are longer than a row. ``concat`` concatenates documents in order
 
 Windows are cut from the global document order (upstream shards by key, rows in order), one
 Ray task and one output shard each, so the output is the same on any number of workers and
-memory stays flat. Each row::
+memory stays flat. Rows are then shuffled within their window (seeded), as best-fit emits them
+largest piece first. Each row::
 
     input_ids     list<int32>  exactly seq_len + 1 tokens, padding (pad_id) at the end
     doc_lens      list<int32>  length of each piece in the row, in order (sum = non-padding)
@@ -236,8 +237,9 @@ def _read_rows(path: str, lo: int, hi: int, columns: list[str]) -> pa.Table:
 
 
 def pack_task(run_dir: str, stage: str, params_hash: str, key: str, segments: list[tuple[str, int, int]],
-              seq_len: int, algorithm: str, pad_id: int) -> dict:
-    """One window: read its documents, pack them, write one shard. Returns its manifest entry."""
+              seq_len: int, algorithm: str, pad_id: int, shuffle_seed: tuple[int, int] | None = None) -> dict:
+    """One window: read its documents, pack them, write one shard. Returns its manifest entry.
+    ``shuffle_seed`` (seed, window): permute the window's rows with it."""
     cols = ["id", "source", "input_ids", "quality"]
     parts = [_read_rows(p, lo, hi, cols) for p, lo, hi in segments]
     has_q = any("quality" in t.column_names for t in parts)
@@ -252,6 +254,10 @@ def pack_task(run_dir: str, stage: str, params_hash: str, key: str, segments: li
                                            t.column("input_ids").cast(pa.list_(pa.int32())))
     table = pa.concat_tables(parts).combine_chunks()
     packed, stats = pack_window(table, seq_len, algorithm, pad_id)
+    if shuffle_seed is not None and packed.num_rows:
+        # best-fit emits rows largest pieces first (long web pages, then packed short math...):
+        # a reader going through a shard in order should not see sources in blocks
+        packed = packed.take(np.random.default_rng(list(shuffle_seed)).permutation(packed.num_rows))
     entry = write_stage_shard(run_dir, stage, key, packed, None, table.num_rows, params_hash, row_group_size=ROW_GROUP_ROWS)
     entry["pack"] = stats
     return entry
@@ -268,7 +274,9 @@ class Pack(GlobalStage):
     ``algorithm``: ``best_fit`` (best-fit decreasing within windows of ``window`` documents;
     splits only documents longer than a row) or ``concat`` (concatenate and cut). The pad id is
     ``pad_id``, else the pad id of ``tokenizer`` (a tokenizer directory), else the one recorded
-    in the upstream shards' metadata by the tokenize stage.
+    in the upstream shards' metadata by the tokenize stage. ``shuffle_rows`` permutes the rows of
+    each window (seeded by ``seed`` and the window's number), since best-fit emits them sorted by
+    their largest piece.
     """
 
     type: Literal["pack"] = "pack"
@@ -277,6 +285,8 @@ class Pack(GlobalStage):
     window: int = Field(default=10_000, gt=0)
     pad_id: int | None = Field(default=None, ge=0)
     tokenizer: str | None = None
+    shuffle_rows: bool = True
+    seed: int = Field(default=0, ge=0)
 
     @field_validator("tokenizer")
     @classmethod
@@ -334,7 +344,8 @@ class Pack(GlobalStage):
         pad_id = self.resolve_pad_id(paths) if windows else (self.pad_id or 0)
         keys = [f"{ctx.name}-{w:05d}" for w in range(len(windows))]
         done = ctx.done_keys()
-        items = [(str(ctx.run_dir), ctx.name, ctx.params_hash, k, windows[w], self.seq_len, self.algorithm, pad_id)
+        items = [(str(ctx.run_dir), ctx.name, ctx.params_hash, k, windows[w], self.seq_len, self.algorithm, pad_id,
+                  (self.seed, w) if self.shuffle_rows else None)
                  for w, k in enumerate(keys) if k not in done]
         map_and_commit(ctx, pack_task, items, f"{ctx.name}:pack")
         from curation.io.shards import Manifest
