@@ -524,6 +524,7 @@ def serve(runs_dir: str | Path, address: str | None = "auto", token_file: str | 
                             timeout_keep_alive=5, server_header=False)
     server = uvicorn.Server(config)
     logging.getLogger("uvicorn.access").addFilter(_RedactToken())
+    app.state.runs.start()  # here rather than only in the lifespan: a busy runs dir fails loudly
     policy = app.state.policy
     print(f"[refinery serve] http://{host}:{port}/  runs: {runs_dir}  ray: {address or 'embedded per run'}  "
           f"inputs under: {policy.describe()}  max concurrent runs: {max_concurrent}", file=sys.stderr, flush=True)

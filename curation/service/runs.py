@@ -265,7 +265,10 @@ class RunManager:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Take the runs directory, rediscover unfinished runs, start the scheduler thread."""
+        """Take the runs directory, rediscover unfinished runs, start the scheduler thread.
+        Idempotent, so ``serve`` can fail fast on a busy directory before the server starts."""
+        if self._thread is not None and self._thread.is_alive():
+            return
         self.runs_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.runs_dir / ".service.lock", os.O_CREAT | os.O_RDWR, 0o600)
         try:
@@ -296,6 +299,7 @@ class RunManager:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+            self._thread = None
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
