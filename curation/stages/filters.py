@@ -132,7 +132,7 @@ class GopherQualityFilter(_FilterStage):
         bullet = ts._mask(pc.match_substring_regex(lines.values, f"^[{ws}]*[•\\-]"))
         ell_end = ts._mask(pc.match_substring_regex(lines.values, f"(?:\\.\\.\\.|…)[{ws}]*$"))
         n_lines = lines.counts
-        stop_idx = words.vocab_index_in(self.stop_words)
+        stop_idx = words.match(self.stop_words)
         has_stop = stop_idx >= 0
         # Distinct stop words per document: unique (document, stop word) pairs.
         k = len(self.stop_words) + 1

@@ -424,9 +424,10 @@ def _next(a: np.ndarray, last: np.ndarray, fill=0) -> np.ndarray:
     return out
 
 
-def _rule_token_starts(cp: np.ndarray, with_specials: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def _rule_token_starts(cp: np.ndarray):
     """Word starts (char positions) for chunks joined by single newlines, by spaCy's rules,
-    and the starts of words that are a whole core."""
+    and the spans of the words that are a whole core (all that is left of a chunk after
+    stripping prefixes and suffixes)."""
     N = len(cp)
     f = _flags(cp)
     sep = cp == 0x0A
@@ -563,8 +564,6 @@ def _rule_token_starts(cp: np.ndarray, with_specials: bool = True) -> tuple[np.n
         after = after[after < N]
         starts[after[in_core[after]]] = True
 
-    if with_specials:
-        _apply_special_cases(cp, f, starts, nonws, chunk_id, c_end, core_start, core_end)
     tok = np.flatnonzero(starts & nonws)
     # Words that are a whole core (candidates for the one-word special cases).
     nxt = np.empty_like(tok)
@@ -572,94 +571,10 @@ def _rule_token_starts(cp: np.ndarray, with_specials: bool = True) -> tuple[np.n
     nxt[-1:] = N
     c = chunk_id[tok]
     whole_core = (tok == core_start[c]) & (np.minimum(nxt, c_end[c]) == core_end[c])
-    return tok, tok[whole_core]
-
-
-def _apply_special_cases(cp, f, starts, nonws, chunk_id, c_end, core_start, core_end) -> None:
-    """Special cases, as spaCy applies them after the rules (in place on ``starts``).
-
-    A special string whose rule split has k > 1 tokens ("Mr." -> "Mr" "."; ":)" -> ":" ")")
-    is merged wherever its k tokens follow each other in a chunk (spaCy's special-case
-    matcher; longer matches first) and then cut as the special case says. Special strings
-    the rules leave whole ("don't", "cannot") are applied per distinct word by
-    ``split_words``, to words that are a whole core (all that remains of a chunk after
-    stripping affixes).
-    """
-    N = len(cp)
-    tok_s = np.flatnonzero(starts & nonws)
-    m = len(tok_s)
-    if m == 0:
-        return
-    tok_c = chunk_id[tok_s]
-    tok_e = np.empty_like(tok_s)
-    tok_e[:-1] = tok_s[1:]
-    tok_e[-1] = N
-    np.minimum(tok_e, c_end[tok_c], out=tok_e)
-    # Spans made only of characters that occur in special cases, and short enough.
-    bad = np.zeros(N + 1, dtype=np.int32)
-    np.cumsum(nonws & ((f & _SPC) == 0), out=bad[1:])
-    taken = np.zeros(m, dtype=bool)
-    for k in (4, 3, 2):  # longest first, like spaCy's filter of overlapping matches
-        keys, cuts = _specials_by_tokens().get(k, (None, None))
-        if keys is None or m < k:
-            continue
-        t = np.arange(m - k + 1)
-        last = t + k - 1
-        a, b = tok_s[t], tok_e[last]
-        ok = (tok_c[t] == tok_c[last]) & (b - a <= _SPECIAL_MAX_LEN) & (bad[b] == bad[a])
-        ok &= ~taken[t] & ~taken[last]
-        t = t[ok]
-        if not len(t):
-            continue
-        idx = pc.index_in(_spans_to_strings(cp, tok_s[t], tok_e[t + k - 1]), value_set=keys)
-        hit = _mask(pc.is_valid(idx))
-        if not hit.any():
-            continue
-        t = t[hit]
-        sel = _np(idx.filter(pa.array(hit))).astype(np.int64)
-        if k > 1 and len(t) > 1:
-            # Overlapping matches of the same length: the later one wins (spaCy's order).
-            clash = np.zeros(len(t), dtype=bool)
-            clash[:-1] = t[1:] <= t[:-1] + k - 1
-            t, sel = t[~clash], sel[~clash]
-        for j in range(k):
-            taken[t + j] = True
-        a, b, masks = tok_s[t], tok_e[t + k - 1], cuts[sel]
-        for off in range(1, _SPECIAL_MAX_LEN):  # one step per character offset
-            inside = a + off < b
-            if not inside.any():
-                break
-            starts[a[inside] + off] = ((masks[inside] >> np.uint64(off)) & np.uint64(1)).astype(bool)
+    return tok, tok[whole_core], core_end[c[whole_core]]
 
 
 _UNIT_STRINGS = pa.array(_UNITS + list(_CURRENCY) + ["+"])
-
-
-@functools.lru_cache(maxsize=1)
-def _one_word_splits() -> tuple[pa.Array, np.ndarray]:
-    """Special cases the rules leave as one word but that split ("don't", "cannot", "10am"),
-    with their cut positions in bytes."""
-    keys = [k for k in _specials_by_tokens()[1][0].to_pylist() if SPECIAL_CASES[k]]
-    # Cut positions in UTF-8 bytes: the words are cut in the encoded text.
-    cuts = [_cut_mask(len(k[:c].encode()) for c in SPECIAL_CASES[k]) for k in keys]
-    return pa.array(keys, pa.string()), np.array(cuts, dtype=np.uint64)
-
-
-@functools.lru_cache(maxsize=1)
-def _specials_by_tokens() -> dict[int, tuple[pa.Array, np.ndarray]]:
-    """Special cases grouped by how many tokens the rules alone cut them into."""
-    keys = list(SPECIAL_CASES)
-    cp = np.frombuffer("\n".join(keys).encode("utf-32-le"), dtype=np.uint32)
-    starts, _ = _rule_token_starts(cp, with_specials=False)
-    line_start = np.concatenate(([0], np.flatnonzero(cp == 0x0A) + 1))
-    n_tok = np.diff(np.searchsorted(starts, np.append(line_start, len(cp))))
-    out = {}
-    for k in np.unique(n_tok):
-        sel = [i for i in np.flatnonzero(n_tok == k)]
-        out[int(k)] = (pa.array([keys[i] for i in sel]),
-                       np.array([_cut_mask(SPECIAL_CASES[keys[i]]) for i in sel], dtype=np.uint64))
-    return out
-
 
 
 def _spans_to_strings(cp: np.ndarray, a: np.ndarray, b: np.ndarray) -> pa.Array:
@@ -675,10 +590,46 @@ def _spans_to_strings(cp: np.ndarray, a: np.ndarray, b: np.ndarray) -> pa.Array:
     return pc.list_flatten(pc.split_pattern(pa.array([text]), "\n"))
 
 
-# ASCII byte classes for the plain-word fast path.
-_BYTE_WS = np.zeros(256, dtype=bool)
-_BYTE_WS[[9, 10, 11, 12, 13, 28, 29, 30, 31, 32]] = True  # str.isspace() in ASCII
-_BYTE_RULE = np.array([bool(_char_flags(chr(i)) & _RULE) for i in range(128)] + [False] * 128)
+# Byte classes (one bit each) for the byte-level pass; every byte of a non-ASCII character
+# gets the classes of its code point.
+(_B_WS, _B_RULE, _B_PUN, _B_LET, _B_PC, _B_TRM, _B_DIG, _B_PRE, _B_SUF, _B_LOW, _B_UPP,
+ _B_DOTX) = (1 << i for i in range(12))
+
+
+def _byte_class_of(c: str) -> int:
+    f = _char_flags(c)
+    return (
+        _B_WS * bool(f & _WSB)
+        | _B_RULE * bool(f & _RULE)
+        | _B_PUN * (c in PUNCTUATION)
+        | _B_LET * c.isalpha()
+        | _B_PC * unicodedata.category(c).startswith("P")
+        | _B_TRM * (c in TERMINAL_PUNCTUATION)
+        | _B_DIG * ("0" <= c <= "9")
+        | _B_PRE * bool(f & _PRE)
+        | _B_SUF * bool(f & _SUF)
+        | _B_LOW * bool(f & _LOW)
+        | _B_UPP * bool(f & _UPP)
+        | _B_DOTX * bool(f & _DOTX)
+    )
+
+
+_ASCII_CLASS = np.array([_byte_class_of(chr(i)) for i in range(128)] + [0] * 128, dtype=np.uint16)
+
+
+@functools.lru_cache(maxsize=1)
+def _bmp_byte_class() -> np.ndarray:
+    return np.array([_byte_class_of(chr(c)) for c in range(0x10000)], dtype=np.uint16)
+
+
+def _byte_class(cp: np.ndarray) -> np.ndarray:
+    table = _bmp_byte_class()
+    astral = cp >= 0x10000
+    out = table[np.where(astral, 0, cp)]
+    if astral.any():
+        uniq, inv = np.unique(cp[astral], return_inverse=True)
+        out[astral] = np.array([_byte_class_of(chr(int(c))) for c in uniq], dtype=np.uint16)[inv]
+    return out
 
 
 def _text_bytes(texts: pa.Array) -> tuple[np.ndarray, np.ndarray, pa.Buffer | None, int]:
@@ -694,19 +645,82 @@ def _text_bytes(texts: pa.Array) -> tuple[np.ndarray, np.ndarray, pa.Buffer | No
     return b, off - off[0], bufs[2], int(off[0])
 
 
-@dataclass
+def _byte_classes(b: np.ndarray) -> np.ndarray:
+    """Class bits of every byte (non-ASCII characters classified from their code points)."""
+    cls = _ASCII_CLASS[b]
+    lead = np.flatnonzero(b >= 0xC0)
+    if len(lead):
+        n_bytes = 2 + (b[lead] >= 0xE0) + (b[lead] >= 0xF0)
+        pad = np.concatenate((b, np.zeros(3, np.uint8))).astype(np.uint32)
+        cp = np.where(n_bytes == 2, pad[lead] & 0x1F,
+                      np.where(n_bytes == 3, pad[lead] & 0x0F, pad[lead] & 0x07))
+        for k in range(1, 4):
+            cp = np.where(n_bytes > k, (cp << 6) | (pad[lead + k] & 0x3F), cp)
+        char_cls = _byte_class(cp)
+        for k in range(4):
+            sel = n_bytes > k
+            cls[lead[sel] + k] = char_cls[sel]
+    return cls
+
+
+_LOW_MASK = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [(1 << 64) - 1], dtype=np.uint64)
+
+
+def _windows(b: np.ndarray) -> np.ndarray:
+    """``w[i]`` = bytes i..i+7 as one little-endian uint64 (a strided view, no copy per i)."""
+    pad = np.zeros(len(b) + 16, dtype=np.uint8)
+    pad[: len(b)] = b
+    return np.ndarray((len(b) + 8,), dtype="<u8", buffer=pad, strides=(1,))
+
+
+def _short_key(win: np.ndarray, start: np.ndarray, n_bytes: np.ndarray) -> np.ndarray:
+    """64-bit key of byte strings of at most 16 bytes: their bytes, mixed with the length."""
+    lo = win[start] & _LOW_MASK[np.minimum(n_bytes, 8)]
+    hi = win[start + 8] & _LOW_MASK[np.clip(n_bytes - 8, 0, 8)]
+    return _mix64(lo ^ _mix64(hi + n_bytes.astype(np.uint64)))
+
+
+def _py_short_key(s: str) -> int:
+    """``_short_key`` of one Python string (for the keys we look for)."""
+    raw = s.encode()
+    assert len(raw) <= 16
+    lo = int.from_bytes(raw[:8], "little")
+    hi = int.from_bytes(raw[8:16], "little")
+    hi_len = np.array([(hi + len(raw)) & ((1 << 64) - 1)], np.uint64)
+    return int(_mix64(np.array([lo], np.uint64) ^ _mix64(hi_len))[0])
+
+
+def _key_table(values) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted short keys of ``values`` (each at most 16 UTF-8 bytes) and their indices."""
+    keys = np.array([_py_short_key(v) for v in values], dtype=np.uint64)
+    order = np.argsort(keys, kind="stable")
+    return keys[order], order
+
+
+def _lookup(sorted_keys: np.ndarray, order: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Index (into the original values) of each key, -1 when absent."""
+    if len(sorted_keys) == 0 or len(keys) == 0:
+        return np.full(len(keys), -1, dtype=np.int64)
+    at = np.minimum(np.searchsorted(sorted_keys, keys), len(sorted_keys) - 1)
+    return np.where(sorted_keys[at] == keys, order[at], -1)
+
+
 class Words:
-    """The words of a batch of texts: an id per word (equal ids = equal words) and, per
-    distinct word, its properties.
+    """The words of a batch of texts, as byte spans of the UTF-8 text, with the per-word
+    measurements the filters use (each computed on first use, for the whole batch).
 
     ``offsets[d]:offsets[d + 1]`` index the words of text ``d``.
     """
 
-    doc: np.ndarray
-    offsets: np.ndarray
-    ids: np.ndarray
-    vocab: pa.Array
-    lengths: np.ndarray  # characters per word
+    def __init__(self, doc, offsets, start, end, b, cls, buf, base):
+        self.doc = doc
+        self.offsets = offsets
+        self.start = start
+        self.end = end
+        self._b = b
+        self._cls = cls
+        self._buf = buf
+        self._base = base
 
     @property
     def n_docs(self) -> int:
@@ -716,44 +730,85 @@ class Words:
     def counts(self) -> np.ndarray:
         return np.diff(self.offsets)
 
-    def values(self) -> pa.Array:
-        """The words themselves, as an Arrow string array."""
-        return self.vocab.take(pa.array(self.ids))
+    @functools.cached_property
+    def byte_lengths(self) -> np.ndarray:
+        return self.end - self.start
 
-    def vocab_flag(self, per_vocab: np.ndarray) -> np.ndarray:
-        return per_vocab[self.ids] if len(self.ids) else np.zeros(0, dtype=per_vocab.dtype)
+    @functools.cached_property
+    def lengths(self) -> np.ndarray:
+        """Characters per word (what ``len`` counts)."""
+        cont = np.flatnonzero((self._b & 0xC0) == 0x80)
+        if not len(cont):
+            return self.byte_lengths
+        return self.byte_lengths - (np.searchsorted(cont, self.end) - np.searchsorted(cont, self.start))
 
-    def vocab_match(self, pattern: str) -> np.ndarray:
-        """Per word: whether it matches an RE2 pattern (evaluated once per distinct word)."""
-        return self.vocab_flag(_mask(pc.match_substring_regex(self.vocab, pattern)))
-
-    def vocab_index_in(self, values: list[str]) -> np.ndarray:
-        """Per word: its index in ``values``, -1 when absent."""
-        idx = pc.fill_null(pc.index_in(self.vocab, value_set=pa.array(values, pa.string())), -1)
-        return self.vocab_flag(_np(idx).astype(np.int64))
+    def _class_count(self, bit: int) -> np.ndarray:
+        cum = np.zeros(len(self._b) + 1, dtype=np.int32)
+        np.cumsum((self._cls & bit) != 0, out=cum[1:])
+        return cum[self.end] - cum[self.start]
 
     @functools.cached_property
     def symbol(self) -> np.ndarray:
         """Only characters from datatrove's PUNCTUATION_SET."""
-        return self.vocab_match(f"^[{re2_class(PUNCTUATION)}]+$")
+        return self._class_count(_B_PUN) == self.byte_lengths
 
     @functools.cached_property
     def alpha(self) -> np.ndarray:
         """Has a letter (``str.isalpha`` on some character)."""
-        return self.vocab_match(r"\pL")
+        return self._class_count(_B_LET) > 0
 
     @functools.cached_property
     def punct(self) -> np.ndarray:
-        """Only Unicode punctuation (spaCy's ``is_punct``)."""
-        return self.vocab_match(r"^\pP+$")
+        """Only Unicode punctuation characters (spaCy's ``is_punct``)."""
+        return self._class_count(_B_PC) == self.byte_lengths
 
     @functools.cached_property
     def ender(self) -> np.ndarray:
-        """One sentence-ending character (spaCy's sentencizer marks)."""
-        return self.vocab_match(f"^[{_TERMINAL}]$")
+        """One sentence-ending character (the marks spaCy's sentencizer splits after)."""
+        if not len(self.start):
+            return np.zeros(0, dtype=bool)
+        return (self.lengths == 1) & ((self._cls[self.start] & _B_TRM) != 0)
+
+    @functools.cached_property
+    def _win(self) -> np.ndarray:
+        return _windows(self._b)
+
+    @functools.cached_property
+    def hash(self) -> np.ndarray:
+        """64-bit id per word: equal words, equal ids (exact up to 16 bytes, then by
+        dictionary encoding of the longer words)."""
+        n_bytes = self.byte_lengths
+        out = _short_key(self._win, self.start, np.minimum(n_bytes, 16))
+        long = np.flatnonzero(n_bytes > 16)
+        if len(long):
+            enc = pc.dictionary_encode(_byte_spans(self._buf, self._base, self.start[long], self.end[long]))
+            out[long] = _mix64(_np(enc.indices).astype(np.uint64) + np.uint64(0x5851F42D4C957F2D))
+        return out
+
+    def match(self, values: list[str]) -> np.ndarray:
+        """Per word: index of the equal string in ``values``, -1 if none."""
+        out = np.full(len(self.start), -1, dtype=np.int64)
+        short = [i for i, v in enumerate(values) if len(v.encode()) <= 16]
+        if short:
+            keys, order = _key_table([values[i] for i in short])
+            cand = np.flatnonzero(self.byte_lengths <= 16)
+            hit = _lookup(keys, order, _short_key(self._win, self.start[cand], self.byte_lengths[cand]))
+            out[cand] = np.where(hit >= 0, np.array(short)[np.maximum(hit, 0)], -1)
+        long = [i for i, v in enumerate(values) if len(v.encode()) > 16]
+        if long:
+            cand = np.flatnonzero(self.byte_lengths > 16)
+            idx = pc.index_in(_byte_spans(self._buf, self._base, self.start[cand], self.end[cand]),
+                              value_set=pa.array([values[i] for i in long], pa.string()))
+            found = _np(pc.fill_null(idx, -1)).astype(np.int64)
+            out[cand] = np.where(found >= 0, np.array(long)[np.maximum(found, 0)], out[cand])
+        return out
+
+    def values(self) -> pa.Array:
+        """The words themselves, as an Arrow string array (for inspection and tests)."""
+        return _byte_spans(self._buf, self._base, self.start, self.end)
 
 
-def split_words(texts: pa.Array) -> Words:
+def split_words(texts: pa.Array, special_cases: bool = True) -> Words:
     """English words of every text, split like spaCy's rule tokenizer (whitespace dropped).
 
     This reproduces ``datatrove.utils.text.split_into_words(text, "en")`` (spaCy's
@@ -762,164 +817,250 @@ def split_words(texts: pa.Array) -> Words:
     n_docs = len(texts)
     b, doff, buf, base = _text_bytes(texts)
     B = len(b)
+    z = np.zeros(0, np.int64)
     if B == 0:
-        z = np.zeros(0, np.int64)
-        return Words(z, np.zeros(n_docs + 1, np.int64), z, pa.array([], pa.string()), z)
-
-    # Whitespace and chunk boundaries from bytes; non-ASCII characters are classified from
-    # their code points (few of them in English text).
-    ws = _BYTE_WS[b]
-    rule = _BYTE_RULE[b]
-    lead = np.flatnonzero(b >= 0xC0)
-    if len(lead):
-        n_bytes = 2 + (b[lead] >= 0xE0) + (b[lead] >= 0xF0)
-        pad = np.concatenate((b, np.zeros(3, np.uint8))).astype(np.uint32)
-        cp = np.where(n_bytes == 2, pad[lead] & 0x1F, np.where(n_bytes == 3, pad[lead] & 0x0F, pad[lead] & 0x07))
-        for k in range(1, 4):
-            more = n_bytes > k
-            cp = np.where(more, (cp << 6) | (pad[lead + k] & 0x3F), cp)
-        fl = _flags(cp)
-        for k in range(4):  # mark every byte of the character
-            at = lead[n_bytes > k] + k
-            sel = n_bytes > k
-            ws[at] = (fl[sel] & _WSB) != 0
-            rule[at] = (fl[sel] & _RULE) != 0
+        return Words(z, np.zeros(n_docs + 1, np.int64), z, z, b, b, buf, base)
+    cls = _byte_classes(b)
+    ws = (cls & _B_WS) != 0
     nonws = ~ws
     nonempty = doff[1:] > doff[:-1]
-    brk = np.ones(B + 1, dtype=bool)  # brk[i]: a chunk cannot continue from i-1 to i
-    brk[1:B] = ws[:-1]
+    brk = np.ones(B, dtype=bool)  # no chunk continues from byte i-1 to byte i
+    brk[1:] = ws[:-1]
     brk[doff[:-1][nonempty]] = True
-    first = nonws & brk[:-1]
+    first = nonws & brk
     brk_after = np.ones(B, dtype=bool)
     brk_after[:-1] = ws[1:]
     brk_after[doff[1:][nonempty] - 1] = True
-    last = nonws & brk_after
     c_start = np.flatnonzero(first)
-    c_end = np.flatnonzero(last) + 1
+    c_end = np.flatnonzero(nonws & brk_after) + 1
 
-    # Chunks with a rule character go through the rules; the others are one word each.
-    rule_pos = np.flatnonzero(rule & nonws)
     starts = first
-    rule_chunk = np.zeros(len(c_start), dtype=bool)
-    whole_core = np.zeros(B, dtype=bool)
-    if len(rule_pos):
-        rc = np.searchsorted(c_start, rule_pos, side="right") - 1
-        rc = rc[np.concatenate(([True], rc[1:] != rc[:-1]))]  # sorted: drop repeats
-        rule_chunk[rc] = True
-        lens = c_end[rc] - c_start[rc]
-        # Gather their bytes, joined by newlines, and decode to code points.
-        total = int(lens.sum()) + len(rc)
-        src = np.repeat(c_start[rc] - (np.cumsum(lens + 1) - (lens + 1)), lens + 1) + np.arange(total)
-        sub = b[np.minimum(src, B - 1)]
-        sep_at = np.cumsum(lens + 1) - 1
-        sub[sep_at] = 0x0A
-        cp_sub = np.frombuffer(sub[:-1].tobytes().decode("utf-8").encode("utf-32-le"), dtype=np.uint32)
-        tok, core_tok = _rule_token_starts(cp_sub)
-        # Char positions in the joined chunks -> byte positions in the text.
-        wide = np.flatnonzero(cp_sub >= 0x80)
-        extra = np.zeros(len(wide) + 1, dtype=np.int64)
-        np.cumsum((cp_sub[wide] >= 0x800).astype(np.int64) + (cp_sub[wide] >= 0x10000) + 1, out=extra[1:])
-        chunk_base = sep_at - lens  # byte where each joined chunk starts
-
-        def to_text_bytes(pos: np.ndarray) -> np.ndarray:
-            sub_byte = pos + extra[np.searchsorted(wide, pos)]
-            which = np.searchsorted(sep_at, sub_byte, side="right")  # index into rc
-            return c_start[rc[which]] + (sub_byte - chunk_base[which])
-
-        starts[to_text_bytes(tok)] = True
-        whole_core[to_text_bytes(core_tok)] = True
+    # Spans that are a whole core (a plain chunk, or what is left of a chunk after its
+    # affixes): one-word special cases apply to them, and units to the ones not cut by the
+    # full rules (those cut units themselves).
+    cores_s, cores_e, unit_ok = [c_start], [c_end], [np.ones(len(c_start), dtype=bool)]
+    rule_bytes = np.flatnonzero((cls & _B_RULE) != 0)
+    if len(rule_bytes):
+        rb_chunk = np.searchsorted(c_start, rule_bytes, side="right") - 1
+        new = np.ones(len(rule_bytes), dtype=bool)
+        new[1:] = rb_chunk[1:] != rb_chunk[:-1]
+        at = np.flatnonzero(new)
+        rc = rb_chunk[at]  # chunks holding a rule character
+        n_rb = np.diff(np.append(at, len(rule_bytes)))
+        first_rb = rule_bytes[at]
+        last_rb = rule_bytes[np.append(at[1:], len(rule_bytes)) - 1]
+        cs, ce = c_start[rc], c_end[rc]
+        length = ce - cs
+        high = np.flatnonzero(b >= 0x80)
+        ascii_ = np.ones(len(rc), dtype=bool) if not len(high) else (
+            np.searchsorted(high, ce) == np.searchsorted(high, cs))
+        # Fast path: ASCII chunks that are a plain core with one affix character at either
+        # end ("word," "(word" "(word)"): decide the split from the neighbouring bytes.
+        fast_end = ascii_ & (n_rb == 1) & (last_rb == ce - 1) & (length >= 2)
+        fast_start = ascii_ & (n_rb == 1) & (first_rb == cs) & (length >= 2)
+        fast_both = ascii_ & (n_rb == 2) & (first_rb == cs) & (last_rb == ce - 1) & (length >= 3)
+        fast = fast_end | fast_start | fast_both
+        pre = (fast_start | fast_both) & _ascii_prefix(b, cls, cs)
+        suf = (fast_end | fast_both) & _ascii_suffix(b, cls, ce - 1, cs + pre)
+        starts[cs[pre] + 1] = True
+        starts[ce[suf] - 1] = True
+        f_idx = np.flatnonzero(fast)
+        cores_s.append(cs[f_idx] + pre[f_idx])
+        cores_e.append(ce[f_idx] - suf[f_idx])
+        unit_ok.append(np.ones(len(f_idx), dtype=bool))
+        unit_ok[0][rc] = False  # a rule chunk is not a whole core as it stands
+        # Full rules for the rest, on code points.
+        slow = np.flatnonzero(~fast)
+        if len(slow):
+            tok, core_a, core_b = _rule_chunks(b, c_start[rc[slow]], c_end[rc[slow]])
+            starts[tok] = True
+            cores_s.append(core_a)
+            cores_e.append(core_b)
+            unit_ok.append(np.zeros(len(core_a), dtype=bool))
     ends = np.zeros(B + 1, dtype=bool)
     ends[c_end] = True
     tok_start, tok_end = _spans_from_starts(starts, ends)
-    tokens = _byte_spans(buf, base, tok_start, tok_end)
-    enc = pc.dictionary_encode(tokens)
-    ids = _np(enc.indices).astype(np.int64)
-    vocab = enc.dictionary
-
-    # Words that still split, decided once per distinct word: one-word special cases
-    # ("don't", "cannot", "10am") when the word is a whole chunk or core, numbers with a
-    # unit ("5kg", "N500m") when the word is a whole plain chunk (rule chunks had theirs).
-    # Cut positions are in bytes.
-    keys, key_cuts = _one_word_splits()
-    cuts = np.zeros(len(vocab), dtype=np.uint64)
-    sp = pc.index_in(vocab, value_set=keys)
-    hit = _mask(pc.is_valid(sp))
-    if hit.any():
-        cuts[hit] = key_cuts[_np(sp.filter(pa.array(hit))).astype(np.int64)]
-    unit_cut = np.zeros(len(vocab), dtype=np.int64)
-    unit = _mask(pc.match_substring_regex(vocab, _NUMBER_UNIT_RE))
-    if unit.any():
-        sub = vocab.filter(pa.array(unit))
-        tail = pc.replace_substring_regex(sub, "^.*[0-9]", "")
-        unit_cut[unit] = _np(pc.binary_length(sub)).astype(np.int64) - _np(pc.binary_length(tail))
-    cand = np.flatnonzero((cuts[ids] != 0) | (unit_cut[ids] != 0))
-    if len(cand):
-        plain = np.ones(len(cand), dtype=bool)
-        if rule_chunk.any():
-            k = np.searchsorted(c_start, tok_start[cand], side="right") - 1
-            plain = ~rule_chunk[k]
-        cand_cut = cand[plain | whole_core[tok_start[cand]]]
-        cand_unit = cand[plain]
-        ids, tok_start, tok_end, vocab = _cut_words(
-            buf, base, ids, tok_start, tok_end, vocab,
-            cand_cut, cuts[ids[cand_cut]], cand_unit, unit_cut[ids[cand_unit]])
-    first_tok = np.searchsorted(tok_start, doff)
-    offsets = first_tok.astype(np.int64)
+    if special_cases and _apply_special_cases(
+            b, cls, starts, tok_start, tok_end, np.concatenate(cores_s), np.concatenate(cores_e),
+            np.concatenate(unit_ok)):
+        tok_start, tok_end = _spans_from_starts(starts, ends)
+    offsets = np.searchsorted(tok_start, doff).astype(np.int64)
     offsets[-1] = len(tok_start)
     doc = np.repeat(np.arange(n_docs, dtype=np.int64), np.diff(offsets))
-    vocab_len = _np(pc.utf8_length(vocab)).astype(np.int64)
-    return Words(doc, offsets, ids, vocab, vocab_len[ids])
+    return Words(doc, offsets, tok_start, tok_end, b, cls, buf, base)
 
 
-def _cut_words(buf, base, ids, tok_start, tok_end, vocab, cut_at, cut_masks, unit_at, unit_cuts):
-    """Cut some words into pieces (bit k of a mask: a piece starts k bytes in; a unit cut:
-    the unit starts that many bytes in). Returns new ids, spans and the grown vocabulary."""
-    m = len(ids)
-    offs = [np.zeros(0, np.int64)]
-    owner = [np.zeros(0, np.int64)]
-    unit_ok = unit_cuts > 0
-    offs.append(unit_cuts[unit_ok])
-    owner.append(unit_at[unit_ok])
-    for off in range(1, 64):  # one step per character offset, not per word
-        on = ((cut_masks >> np.uint64(off)) & np.uint64(1)).astype(bool)
-        if on.any():
-            offs.append(np.full(int(on.sum()), off, dtype=np.int64))
-            owner.append(cut_at[on])
-    owner_all = np.concatenate(owner)
-    off_all = np.concatenate(offs)
-    if not len(owner_all):
-        return ids, tok_start, tok_end, vocab
-    # One (word, offset) pair per new boundary; sort them into word order.
-    order = np.lexsort((off_all, owner_all))
-    owner_all, off_all = owner_all[order], off_all[order]
-    keep = np.ones(len(order), dtype=bool)
-    keep[1:] = (owner_all[1:] != owner_all[:-1]) | (off_all[1:] != off_all[:-1])
-    owner_all, off_all = owner_all[keep], off_all[keep]
-    n_cuts = np.bincount(owner_all, minlength=m)
-    pieces = n_cuts + 1
-    new_m = m + len(owner_all)
-    new_start = np.repeat(tok_start, pieces)
-    new_end = np.repeat(tok_end, pieces)
-    new_ids = np.repeat(ids, pieces)
-    first_piece = np.cumsum(pieces) - pieces  # where each old word's pieces begin
-    # The j-th cut of a word ends piece j and starts piece j + 1.
-    rank = np.arange(len(owner_all)) - (np.cumsum(n_cuts) - n_cuts)[owner_all]
-    at = first_piece[owner_all] + rank + 1
-    new_start[at] = tok_start[owner_all] + off_all
-    new_end[at - 1] = new_start[at]
-    changed = np.flatnonzero(np.repeat(pieces > 1, pieces))
-    piece_str = _byte_spans(buf, base, new_start[changed], new_end[changed])
-    known = pc.index_in(piece_str, value_set=vocab)
-    is_known = _mask(pc.is_valid(known))
-    piece_ids = np.empty(len(changed), dtype=np.int64)
-    piece_ids[is_known] = _np(known.filter(pa.array(is_known)))
-    if (~is_known).any():
-        extra = pc.dictionary_encode(piece_str.filter(pa.array(~is_known)))
-        piece_ids[~is_known] = len(vocab) + _np(extra.indices).astype(np.int64)
-        vocab = pa.concat_arrays([vocab, extra.dictionary])
-    new_ids[changed] = piece_ids
-    assert len(new_ids) == new_m
-    return new_ids, new_start, new_end, vocab
+def _ascii_prefix(b: np.ndarray, cls: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """Whether the ASCII character at ``pos`` (a chunk's first) is split off as a prefix."""
+    nxt = b[np.minimum(pos + 1, len(b) - 1)]
+    is_plus_digit = (b[pos] == 0x2B) & (nxt >= 0x30) & (nxt <= 0x39)
+    return ((cls[pos] & _B_PRE) != 0) & ~is_plus_digit
+
+
+def _ascii_suffix(b: np.ndarray, cls: np.ndarray, pos: np.ndarray, core_start: np.ndarray) -> np.ndarray:
+    """Whether the ASCII character at ``pos`` (a chunk's last, after a plain ASCII core
+    starting at ``core_start``) is split off as a suffix."""
+    prev = np.maximum(pos - 1, 0)
+    prev2 = np.maximum(pos - 2, 0)
+    pc_ = cls[prev]
+    low_or_digit = (pc_ & (_B_LOW | _B_DIG | _B_DOTX)) != 0
+    two_upper = ((pc_ & _B_UPP) != 0) & ((cls[prev2] & _B_UPP) != 0) & (pos - 2 >= core_start)
+    dot = (b[pos] == 0x2E) & (low_or_digit | two_upper)
+    plus = (b[pos] == 0x2B) & ((pc_ & _B_DIG) != 0)
+    return ((cls[pos] & _B_SUF) != 0) | dot | plus
+
+
+def _rule_chunks(b: np.ndarray, cs: np.ndarray, ce: np.ndarray):
+    """Run the full rules on some chunks (byte spans): word starts and whole-core spans, in
+    bytes of ``b``."""
+    lens = ce - cs
+    # Gather their bytes, joined by newlines, and decode to code points.
+    total = int(lens.sum()) + len(cs)
+    src = np.repeat(cs - (np.cumsum(lens + 1) - (lens + 1)), lens + 1) + np.arange(total)
+    sub = b[np.minimum(src, len(b) - 1)]
+    sep_at = np.cumsum(lens + 1) - 1
+    sub[sep_at] = 0x0A
+    cp = np.frombuffer(sub[:-1].tobytes().decode("utf-8").encode("utf-32-le"), dtype=np.uint32)
+    tok, core_a, core_b = _rule_token_starts(cp)
+    # Char positions in the joined chunks -> byte positions in the text.
+    wide = np.flatnonzero(cp >= 0x80)
+    extra = np.zeros(len(wide) + 1, dtype=np.int64)
+    np.cumsum((cp[wide] >= 0x800).astype(np.int64) + (cp[wide] >= 0x10000) + 1, out=extra[1:])
+    chunk_base = sep_at - lens  # byte where each joined chunk starts
+
+    def sub_bytes(pos: np.ndarray) -> np.ndarray:
+        return pos + extra[np.searchsorted(wide, pos)]
+
+    def text_bytes(pos: np.ndarray) -> np.ndarray:
+        sb = sub_bytes(pos)
+        which = np.searchsorted(sep_at, sb, side="right")  # index of the chunk
+        return cs[which] + (sb - chunk_base[which])
+
+    a = text_bytes(core_a)
+    return text_bytes(tok), a, a + (sub_bytes(core_b) - sub_bytes(core_a))
+
+
+def _apply_special_cases(b, cls, starts, tok_start, tok_end, core_s, core_e, unit_ok) -> bool:
+    """Special cases and units, at byte level, in place on ``starts``; True if any applied.
+
+    - A special string the rules cut into k > 1 words ("Mr." -> "Mr" "."; ":)" -> ":" ")")
+      is merged wherever those words follow each other without space (spaCy's special-case
+      matcher; longer matches first, of equal ones the later), then cut as it says.
+    - A special string the rules leave whole ("don't", "cannot", "10am") is cut as it says
+      when it is a whole core.
+    - A number followed by a unit ("5kg", "N500m") splits off the unit in whole cores the
+      full rules did not already handle.
+    """
+    m = len(tok_start)
+    win = _windows(b)
+    changed = False
+    taken = np.zeros(len(b) + 1, dtype=bool)  # bytes inside a merged special span
+    if m > 1:
+        adj = tok_end[:-1] == tok_start[1:]
+        chain = adj.copy()  # chain[t]: words t..t+k-1 are adjacent
+        tables = _special_tables()
+        span_taken = np.zeros(m, dtype=bool)
+        groups = []
+        for k in range(2, max(tables) + 1):
+            if k > 2:
+                chain = chain[:-1] & adj[k - 2:]
+            t = np.flatnonzero(chain)
+            if len(t):
+                groups.append((k, t))
+        for k, t in reversed(groups):  # longest first
+            if k not in tables:
+                continue
+            a, e = tok_start[t], tok_end[t + k - 1]
+            ok = (e - a <= 16) & ~span_taken[t] & ~span_taken[t + k - 1]
+            t, a, e = t[ok], a[ok], e[ok]
+            keys, order, cuts = tables[k]
+            hit = _lookup(keys, order, _short_key(win, a, e - a))
+            sel = hit >= 0
+            if not sel.any():
+                continue
+            t, a, e, hit = t[sel], a[sel], e[sel], hit[sel]
+            if len(t) > 1:
+                # Overlapping matches of the same length: the later one wins.
+                clash = np.zeros(len(t), dtype=bool)
+                clash[:-1] = t[1:] <= t[:-1] + k - 1
+                t, a, e, hit = t[~clash], a[~clash], e[~clash], hit[~clash]
+            for j in range(k):
+                span_taken[t + j] = True
+            _cut(starts, a, e, cuts[hit])
+            for off in range(1, 16):
+                inside = a + off < e
+                taken[a[inside] + off] = True
+            taken[a] = True
+            changed = True
+    # One-word special cases on whole cores.
+    n_b = core_e - core_s
+    cand = np.flatnonzero((n_b <= 16) & (n_b > 0) & ~taken[core_s])
+    keys, order, cuts = _one_word_split_keys()
+    hit = _lookup(keys, order, _short_key(win, core_s[cand], n_b[cand]))
+    found = hit >= 0
+    if found.any():
+        _cut(starts, core_s[cand[found]], core_e[cand[found]], cuts[hit[found]])
+        changed = True
+    # Units after a number: the bytes after a core's last digit, if they are a unit.
+    digits = np.flatnonzero((cls & _B_DIG) != 0)
+    u = np.flatnonzero(unit_ok & ~taken[core_s])
+    if len(digits) and len(u):
+        us, ue = core_s[u], core_e[u]
+        j = np.searchsorted(digits, ue) - 1
+        ld = digits[np.maximum(j, 0)]
+        tail = ue - ld - 1
+        ok = (j >= 0) & (ld >= us) & (tail >= 1) & (tail <= 6)
+        if ok.any():
+            ukeys, uorder = _unit_keys()
+            is_unit = _lookup(ukeys, uorder, _short_key(win, ld[ok] + 1, tail[ok])) >= 0
+            if is_unit.any():
+                starts[ld[ok][is_unit] + 1] = True
+                changed = True
+    return changed
+
+
+def _cut(starts: np.ndarray, a: np.ndarray, e: np.ndarray, masks: np.ndarray) -> None:
+    """Make spans [a, e) one word each, then cut them where ``masks`` (bit k: byte k) say."""
+    starts[a] = True
+    for off in range(1, 16):  # one step per byte offset, not per word
+        inside = a + off < e
+        if not inside.any():
+            break
+        starts[a[inside] + off] = ((masks[inside] >> np.uint64(off)) & np.uint64(1)).astype(bool)
+
+
+@functools.lru_cache(maxsize=1)
+def _special_tables() -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Special cases of at most 16 bytes grouped by how many words the rules alone cut them
+    into: packed keys, their order and byte cut masks."""
+    keys = [k for k in SPECIAL_CASES if len(k.encode()) <= 16]
+    words = split_words(pa.array(keys, pa.string()), special_cases=False)
+    out = {}
+    for k in np.unique(words.counts):
+        sel = [keys[i] for i in np.flatnonzero(words.counts == k)]
+        table, order = _key_table(sel)
+        cuts = np.array([_cut_mask(len(w[:c].encode()) for c in SPECIAL_CASES[w]) for w in sel],
+                        dtype=np.uint64)
+        out[int(k)] = (table, order, cuts)
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def _one_word_split_keys() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Packed keys of the special cases the rules leave as one word but that split
+    ("don't", "cannot", "10am"), with their cut positions in bytes."""
+    words = [k for k in SPECIAL_CASES if len(k.encode()) <= 16]
+    one = split_words(pa.array(words, pa.string()), special_cases=False).counts == 1
+    sel = [w for w, o in zip(words, one) if o and SPECIAL_CASES[w]]
+    table, order = _key_table(sel)
+    cuts = np.array([_cut_mask(len(w[:c].encode()) for c in SPECIAL_CASES[w]) for w in sel],
+                    dtype=np.uint64)
+    return table, order, cuts
+
+
+@functools.lru_cache(maxsize=1)
+def _unit_keys() -> tuple[np.ndarray, np.ndarray]:
+    return _key_table(_UNITS)
 
 
 def _spans_from_starts(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -936,6 +1077,8 @@ def _spans_from_starts(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray
 def _byte_spans(buf: pa.Buffer, base: int, start: np.ndarray, end: np.ndarray) -> pa.Array:
     """Arrow strings for the byte spans [start, end) of the text data (sorted, disjoint)."""
     m = len(start)
+    if m == 0:
+        return pa.array([], pa.string())
     # Interleave words and the gaps between them, then keep the words.
     off = np.empty(2 * m, dtype=np.int64)
     off[0::2] = start + base
@@ -1027,7 +1170,7 @@ class NGramIndex:
         self.doc_end = words.offsets[1:][words.doc] if n_words else np.zeros(0, np.int64)
         self.cum_len = np.zeros(n_words + 1, dtype=np.int64)
         np.cumsum(words.lengths, out=self.cum_len[1:])
-        self.word_hash = _mix64(words.ids)
+        self.word_hash = words.hash
         self.pos_bits = max(int(max(n_words, 1)).bit_length(), 1)
         self.n = 0
         self.candidates = np.arange(n_words, dtype=np.int64)
