@@ -880,10 +880,10 @@ def split_words(texts: pa.Array, special_cases: bool = True) -> Words:
     ends = np.zeros(B + 1, dtype=bool)
     ends[c_end] = True
     tok_start, tok_end = _spans_from_starts(starts, ends)
-    if special_cases and _apply_special_cases(
-            b, cls, starts, tok_start, tok_end, np.concatenate(cores_s), np.concatenate(cores_e),
-            np.concatenate(unit_ok)):
-        tok_start, tok_end = _spans_from_starts(starts, ends)
+    if special_cases:
+        tok_start, tok_end = _apply_special_cases(
+            b, cls, tok_start, tok_end, np.concatenate(cores_s), np.concatenate(cores_e),
+            np.concatenate(unit_ok))
     offsets = np.searchsorted(tok_start, doff).astype(np.int64)
     offsets[-1] = len(tok_start)
     doc = np.repeat(np.arange(n_docs, dtype=np.int64), np.diff(offsets))
@@ -940,8 +940,8 @@ def _rule_chunks(b: np.ndarray, cs: np.ndarray, ce: np.ndarray):
     return text_bytes(tok), a, a + (sub_bytes(core_b) - sub_bytes(core_a))
 
 
-def _apply_special_cases(b, cls, starts, tok_start, tok_end, core_s, core_e, unit_ok) -> bool:
-    """Special cases and units, at byte level, in place on ``starts``; True if any applied.
+def _apply_special_cases(b, cls, tok_start, tok_end, core_s, core_e, unit_ok):
+    """Special cases and units, at byte level; returns the new word spans.
 
     - A special string the rules cut into k > 1 words ("Mr." -> "Mr" "."; ":)" -> ":" ")")
       is merged wherever those words follow each other without space (spaCy's special-case
@@ -950,83 +950,131 @@ def _apply_special_cases(b, cls, starts, tok_start, tok_end, core_s, core_e, uni
       when it is a whole core.
     - A number followed by a unit ("5kg", "N500m") splits off the unit in whole cores the
       full rules did not already handle.
+
+    Each change replaces k consecutive words by the pieces of their span; the result is
+    assembled with one ``np.repeat`` (no per-word work).
     """
     m = len(tok_start)
     win = _windows(b)
-    changed = False
-    taken = np.zeros(len(b) + 1, dtype=bool)  # bytes inside a merged special span
+    taken = np.zeros(m, dtype=bool)
+    rep_t, rep_k, rep_off, rep_owner = [], [], [], []  # replaced words and new piece starts
+
+    def replace(t: np.ndarray, k: int, a: np.ndarray, cuts: np.ndarray) -> None:
+        base = sum(len(x) for x in rep_t)
+        rep_t.append(t)
+        rep_k.append(np.full(len(t), k, dtype=np.int64))
+        taken[np.repeat(t, k) + np.tile(np.arange(k), len(t))] = True
+        for off in range(1, 64):  # one step per byte offset, not per word
+            on = ((cuts >> np.uint64(off)) & np.uint64(1)).astype(bool)
+            if on.any():
+                rep_off.append(a[on] + off)
+                rep_owner.append(base + np.flatnonzero(on))
+
     if m > 1:
-        adj = tok_end[:-1] == tok_start[1:]
-        chain = adj.copy()  # chain[t]: words t..t+k-1 are adjacent
         tables = _special_tables()
-        span_taken = np.zeros(m, dtype=bool)
-        groups = []
-        for k in range(2, max(tables) + 1):
-            if k > 2:
-                chain = chain[:-1] & adj[k - 2:]
-            t = np.flatnonzero(chain)
-            if len(t):
-                groups.append((k, t))
-        for k, t in reversed(groups):  # longest first
-            if k not in tables:
-                continue
+        adj = tok_end[:-1] == tok_start[1:]
+        chains = {1: np.ones(m, dtype=bool)}
+        for k in range(2, max(tables) + 1):  # chains[k][t]: words t..t+k-1 touch
+            chains[k] = chains[k - 1][:-1] & adj[k - 2:]
+        for k in sorted((k for k in tables if k > 1), reverse=True):  # longest first
+            t = np.flatnonzero(chains[k])
             a, e = tok_start[t], tok_end[t + k - 1]
-            ok = (e - a <= 16) & ~span_taken[t] & ~span_taken[t + k - 1]
+            ok = (e - a <= 16) & ~taken[t] & ~taken[t + k - 1]
             t, a, e = t[ok], a[ok], e[ok]
-            keys, order, cuts = tables[k]
-            hit = _lookup(keys, order, _short_key(win, a, e - a))
-            sel = hit >= 0
-            if not sel.any():
+            keys, order, cuts, bloom = tables[k]
+            t, hit = _find_keys(win, a, e - a, keys, order, bloom, t)
+            if not len(t):
                 continue
-            t, a, e, hit = t[sel], a[sel], e[sel], hit[sel]
             if len(t) > 1:
                 # Overlapping matches of the same length: the later one wins.
                 clash = np.zeros(len(t), dtype=bool)
                 clash[:-1] = t[1:] <= t[:-1] + k - 1
-                t, a, e, hit = t[~clash], a[~clash], e[~clash], hit[~clash]
-            for j in range(k):
-                span_taken[t + j] = True
-            _cut(starts, a, e, cuts[hit])
-            for off in range(1, 16):
-                inside = a + off < e
-                taken[a[inside] + off] = True
-            taken[a] = True
-            changed = True
+                t, hit = t[~clash], hit[~clash]
+            replace(t, k, tok_start[t], cuts[hit])
     # One-word special cases on whole cores.
+    keys, order, cuts, bloom = _one_word_split_keys()
     n_b = core_e - core_s
-    cand = np.flatnonzero((n_b <= 16) & (n_b > 0) & ~taken[core_s])
-    keys, order, cuts = _one_word_split_keys()
-    hit = _lookup(keys, order, _short_key(win, core_s[cand], n_b[cand]))
-    found = hit >= 0
-    if found.any():
-        _cut(starts, core_s[cand[found]], core_e[cand[found]], cuts[hit[found]])
-        changed = True
-    # Units after a number: the bytes after a core's last digit, if they are a unit.
+    c = np.flatnonzero((n_b <= 16) & (n_b > 0))
+    c, hit = _find_keys(win, core_s[c], n_b[c], keys, order, bloom, c)
+    if len(c):
+        t = np.searchsorted(tok_start, core_s[c])
+        ok = (tok_end[t] == core_e[c]) & ~taken[t]
+        replace(t[ok], 1, core_s[c[ok]], cuts[hit[ok]])
+    # Units after a number: a digit followed by the rest of its word, if that is a unit.
     digits = np.flatnonzero((cls & _B_DIG) != 0)
-    u = np.flatnonzero(unit_ok & ~taken[core_s])
-    if len(digits) and len(u):
-        us, ue = core_s[u], core_e[u]
-        j = np.searchsorted(digits, ue) - 1
-        ld = digits[np.maximum(j, 0)]
-        tail = ue - ld - 1
-        ok = (j >= 0) & (ld >= us) & (tail >= 1) & (tail <= 6)
-        if ok.any():
-            ukeys, uorder = _unit_keys()
-            is_unit = _lookup(ukeys, uorder, _short_key(win, ld[ok] + 1, tail[ok])) >= 0
-            if is_unit.any():
-                starts[ld[ok][is_unit] + 1] = True
-                changed = True
-    return changed
+    if len(digits):
+        d = digits[(cls[np.minimum(digits + 1, len(b) - 1)] & _B_DIG) == 0]
+        t = np.searchsorted(tok_start, d + 1, side="right") - 1
+        tail = tok_end[np.maximum(t, 0)] - d - 1
+        ok = (t >= 0) & (tail >= 1) & (tail <= 6)
+        d, t, tail = d[ok], t[ok], tail[ok]
+        whole = np.zeros(len(b) + 1, dtype=bool)
+        whole[core_s[unit_ok]] = True
+        ok = whole[tok_start[t]] & ~taken[t] & (tok_start[t] <= d)
+        d, t, tail = d[ok], t[ok], tail[ok]
+        if len(d):
+            ukeys, uorder, ubloom = _unit_keys()
+            d, _ = _find_keys(win, d + 1, tail, ukeys, uorder, ubloom, d)
+            t = np.searchsorted(tok_start, d + 1, side="right") - 1
+            t, first = np.unique(t, return_index=True)  # one unit per word
+            d = d[first]
+            base = sum(len(x) for x in rep_t)
+            rep_t.append(t)
+            rep_k.append(np.ones(len(t), dtype=np.int64))
+            rep_off.append(d + 1)
+            rep_owner.append(base + np.arange(len(t)))
+    if not rep_t:
+        return tok_start, tok_end
+    t = np.concatenate(rep_t)
+    k = np.concatenate(rep_k)
+    off = np.concatenate(rep_off) if rep_off else np.zeros(0, np.int64)
+    owner = np.concatenate(rep_owner) if rep_owner else np.zeros(0, np.int64)
+    order = np.lexsort((off, owner))
+    off, owner = off[order], owner[order]
+    n_new = 1 + np.bincount(owner, minlength=len(t))
+    count = np.ones(m, dtype=np.int64)
+    for j in range(1, int(k.max())):  # words absorbed into a merge vanish
+        count[t[k > j] + j] = 0
+    count[t] = n_new
+    new_start = np.repeat(tok_start, count)
+    new_end = np.repeat(tok_end, count)
+    first_new = np.cumsum(count) - count
+    span_end = tok_end[t + k - 1]
+    new_end[first_new[t] + n_new - 1] = span_end  # the last piece ends where the span did
+    rank = np.arange(len(owner)) - (np.cumsum(n_new - 1) - (n_new - 1))[owner]
+    at = first_new[t[owner]] + rank + 1
+    new_start[at] = off
+    new_end[at - 1] = off
+    return new_start, new_end
 
 
-def _cut(starts: np.ndarray, a: np.ndarray, e: np.ndarray, masks: np.ndarray) -> None:
-    """Make spans [a, e) one word each, then cut them where ``masks`` (bit k: byte k) say."""
-    starts[a] = True
-    for off in range(1, 16):  # one step per byte offset, not per word
-        inside = a + off < e
-        if not inside.any():
-            break
-        starts[a[inside] + off] = ((masks[inside] >> np.uint64(off)) & np.uint64(1)).astype(bool)
+def _find_keys(win, start, n_bytes, keys, order, bloom, carry):
+    """The spans whose bytes equal one of the keys: (their ``carry`` values, key indices).
+
+    A 2**20-bit filter on the raw bytes rules out almost every span before the exact
+    64-bit key is computed."""
+    if not len(start):
+        return carry, np.zeros(0, np.int64)
+    lo = win[start] & _LOW_MASK[np.minimum(n_bytes, 8)]
+    maybe = bloom[_bloom_slot(lo, n_bytes)]
+    start, n_bytes, carry = start[maybe], n_bytes[maybe], carry[maybe]
+    hit = _lookup(keys, order, _short_key(win, start, n_bytes))
+    ok = hit >= 0
+    return carry[ok], hit[ok]
+
+
+def _bloom_slot(lo: np.ndarray, n_bytes: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        h = (lo + n_bytes.astype(np.uint64)) * np.uint64(0x9E3779B97F4A7C15)
+    return (h >> np.uint64(44)).astype(np.int64)
+
+
+def _key_filter(values) -> np.ndarray:
+    bloom = np.zeros(1 << 20, dtype=bool)
+    raw = [v.encode() for v in values]
+    lo = np.array([int.from_bytes(r[:8], "little") for r in raw], dtype=np.uint64)
+    bloom[_bloom_slot(lo, np.array([len(r) for r in raw], dtype=np.int64))] = True
+    return bloom
 
 
 @functools.lru_cache(maxsize=1)
@@ -1041,7 +1089,7 @@ def _special_tables() -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
         table, order = _key_table(sel)
         cuts = np.array([_cut_mask(len(w[:c].encode()) for c in SPECIAL_CASES[w]) for w in sel],
                         dtype=np.uint64)
-        out[int(k)] = (table, order, cuts)
+        out[int(k)] = (table, order, cuts, _key_filter(sel))
     return out
 
 
@@ -1055,12 +1103,12 @@ def _one_word_split_keys() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     table, order = _key_table(sel)
     cuts = np.array([_cut_mask(len(w[:c].encode()) for c in SPECIAL_CASES[w]) for w in sel],
                     dtype=np.uint64)
-    return table, order, cuts
+    return table, order, cuts, _key_filter(sel)
 
 
 @functools.lru_cache(maxsize=1)
-def _unit_keys() -> tuple[np.ndarray, np.ndarray]:
-    return _key_table(_UNITS)
+def _unit_keys() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return (*_key_table(_UNITS), _key_filter(_UNITS))
 
 
 def _spans_from_starts(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
