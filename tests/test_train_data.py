@@ -58,6 +58,22 @@ def test_manifest_is_the_commit_record(pack, tmp_path):
     assert PackedDataset(d).num_rows == 330
 
 
+def test_refinery_manifest_layout(pack, tmp_path):
+    """refinery's stage manifests: paths relative to the run dir, stale params hashes ignored."""
+    stage = tmp_path / "run" / "pack"
+    stage.mkdir(parents=True)
+    lines = []
+    for i, f in enumerate(sorted(pack.glob("*.parquet"))):
+        shutil.copy(f, stage / f.name)
+        rows = pq.ParquetFile(f).metadata.num_rows
+        lines.append({"shard": f.stem, "file": f"pack/{f.name}", "rows": rows, "params_hash": "new"})
+    lines.insert(0, {"shard": "old-0", "file": "pack/gone.parquet", "rows": 5, "params_hash": "old"})
+    (stage / "_manifest.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    (stage / "_pack_report.json").write_text(json.dumps({"params_hash": "new", "seq_len": SEQ}))
+    ds = PackedDataset(stage)
+    assert ds.num_rows == 500 and [s.file for s in ds.shards][0] == "pack/part-00000.parquet"
+
+
 def test_read_rows_returns_the_right_rows(pack):
     ds = PackedDataset(pack, row_group_cache=2)
     table = pq.read_table(sorted(pack.glob("*.parquet")), columns=["input_ids", "doc_lens"]).to_pylist()

@@ -156,3 +156,16 @@ def test_config_typo_names_the_file_and_field(tmp_path, packs, capsys):
         load_config(config(tmp_path, train, train={"global_batch": 6}))
     with pytest.raises(ConfigError, match="expected KEY=VALUE"):
         load_config(config(tmp_path, train), ["optim.lr"])
+
+
+def test_activation_checkpointing_gives_the_same_steps(tmp_path, packs):
+    """Recomputing activations in backward changes memory, not the numbers."""
+    train, _ = packs
+    plain = load_config(config(tmp_path, train, "plain", train={"steps": 4}))
+    ac = load_config(config(tmp_path, train, "ac", train={"steps": 4}, parallel={"activation_checkpointing": True}))
+    assert run(plain) == 0 and run(ac) == 0
+    a, b = records(tmp_path / "plain"), records(tmp_path / "ac")
+    assert [(r["loss"], r["grad_norm"]) for r in a] == [(r["loss"], r["grad_norm"]) for r in b]
+    # The checkpoint keys are the plain model's (the wrapper does not leak into them).
+    w = _weights(tmp_path / "ac", 4)
+    assert "layers.0.attention.wq.weight" in w

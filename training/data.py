@@ -39,6 +39,7 @@ from training.attention import doc_ids_from_lens, positions_from_doc_ids
 from training.schedule import MixturePattern, PhasePlan, curriculum_order
 
 MANIFEST = "_manifest.jsonl"
+PACK_REPORT = "_pack_report.json"  # written by refinery's pack stage once all shards are committed
 IGNORE = -100  # target id the loss ignores (padding, cross-document predictions)
 
 
@@ -83,6 +84,13 @@ def _list_shards(root: Path) -> list[Shard]:
                 entries[rec["shard"]] = rec  # a re-committed shard: the last line wins
             except (ValueError, KeyError) as err:
                 raise ValueError(f"{manifest}:{n}: bad manifest line ({err})") from None
+        # A pack that was re-run with other parameters can leave stale lines behind; its report
+        # names the parameters hash of the shards that make up the current output.
+        report = root / PACK_REPORT
+        if report.exists():
+            current = json.loads(report.read_text()).get("params_hash")
+            if current:
+                entries = {k: e for k, e in entries.items() if e.get("params_hash", current) == current}
         shards = []
         for rec in entries.values():
             if not rec.get("file"):
