@@ -737,10 +737,12 @@ class Words:
     @functools.cached_property
     def lengths(self) -> np.ndarray:
         """Characters per word (what ``len`` counts)."""
-        cont = np.flatnonzero((self._b & 0xC0) == 0x80)
-        if not len(cont):
+        high = self._b >= 0x80
+        if not high.any():
             return self.byte_lengths
-        return self.byte_lengths - (np.searchsorted(cont, self.end) - np.searchsorted(cont, self.start))
+        cum = np.zeros(len(self._b) + 1, dtype=np.int32)
+        np.cumsum(high & (self._b < 0xC0), out=cum[1:])  # continuation bytes
+        return self.byte_lengths - (cum[self.end] - cum[self.start])
 
     def _class_count(self, bit: int) -> np.ndarray:
         cum = np.zeros(len(self._b) + 1, dtype=np.int32)
@@ -790,10 +792,12 @@ class Words:
         out = np.full(len(self.start), -1, dtype=np.int64)
         short = [i for i, v in enumerate(values) if len(v.encode()) <= 16]
         if short:
-            keys, order = _key_table([values[i] for i in short])
+            words = [values[i] for i in short]
+            keys, order = _key_table(words)
             cand = np.flatnonzero(self.byte_lengths <= 16)
-            hit = _lookup(keys, order, _short_key(self._win, self.start[cand], self.byte_lengths[cand]))
-            out[cand] = np.where(hit >= 0, np.array(short)[np.maximum(hit, 0)], -1)
+            cand, hit = _find_keys(self._win, self.start[cand], self.byte_lengths[cand], keys, order,
+                                   _key_filter(words), cand)
+            out[cand] = np.array(short)[hit]
         long = [i for i, v in enumerate(values) if len(v.encode()) > 16]
         if long:
             cand = np.flatnonzero(self.byte_lengths > 16)
@@ -1311,27 +1315,39 @@ class NGramIndex:
         """
         n, g = self.n, self.groups
         out = np.zeros(self.n_docs, dtype=np.int64)
-        if len(g.pos) == 0:
+        # Only groups with two or more members matter (a lone n-gram is never a duplicate).
+        rep = np.repeat(g.group_count >= 2, g.group_count)
+        pos, group = g.pos[rep], g.group[rep]
+        if len(pos) == 0:
             return out
         # A position is a duplicate if its group has an earlier member (at first: any).
-        first_member = np.zeros(len(g.pos), dtype=bool)
-        first_member[g.group_start] = True
-        dup_pos = np.sort(g.pos[~first_member])
-        for _ in range(len(g.pos) + 1):
+        first_member = np.ones(len(pos), dtype=bool)
+        first_member[1:] = group[1:] != group[:-1]
+        dup_pos = np.sort(pos[~first_member])
+        done = []
+        while len(pos):
             visited_dups = self._greedy_path(dup_pos, n)
             # Recompute duplicates against visited positions only.
-            visited = self._visited(g.pos, visited_dups, n)
+            visited = self._visited(pos, visited_dups, n)
             first_visited = np.full(len(g.group_start), np.iinfo(np.int64).max, dtype=np.int64)
             vis_idx = np.flatnonzero(visited)
             if len(vis_idx):
-                gv = g.group[vis_idx]
+                gv = group[vis_idx]
                 firsts = np.ones(len(gv), dtype=bool)
                 firsts[1:] = gv[1:] != gv[:-1]
-                first_visited[gv[firsts]] = g.pos[vis_idx[firsts]]
-            new_dup = np.sort(g.pos[g.pos > first_visited[g.group]])
-            if np.array_equal(new_dup, dup_pos):
+                first_visited[gv[firsts]] = pos[vis_idx[firsts]]
+            new_dup = np.sort(pos[pos > first_visited[group]])
+            # Documents whose duplicates changed go round again; the others are final.
+            changed_docs = np.unique(self.doc[np.setxor1d(new_dup, dup_pos, assume_unique=True)])
+            if not len(changed_docs):
+                done.append(visited_dups)
                 break
-            dup_pos = new_dup
+            stable = ~np.isin(self.doc[visited_dups], changed_docs)
+            done.append(visited_dups[stable])
+            keep = np.isin(self.doc[pos], changed_docs)
+            pos, group = pos[keep], group[keep]
+            dup_pos = new_dup[np.isin(self.doc[new_dup], changed_docs)]
+        visited_dups = np.concatenate(done)
         if len(visited_dups):
             chars = self.ngram_chars(visited_dups, n, False)
             out += np.bincount(self.doc[visited_dups], weights=chars, minlength=self.n_docs).astype(np.int64)
