@@ -8,13 +8,17 @@ dictionary, matrices) and refuses a file whose size does not match what its head
 
 from __future__ import annotations
 
+import gzip
+import hashlib
+import json
 import mmap
 import os
 import re
 import struct
+import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -425,3 +429,185 @@ class FastTextScorer:
         logits -= logits.max(axis=1, keepdims=True)
         e = np.exp(logits)
         return (e[:, self.pos] / e.sum(axis=1)).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# training, card, evaluation
+
+CARD_SUFFIX = ".card.json"
+
+
+def card_path(model_path: str | Path) -> Path:
+    """``models/quality.bin`` -> ``models/quality.card.json``."""
+    p = Path(model_path)
+    return p.with_name(p.stem + CARD_SUFFIX)
+
+
+def roc_auc(labels: Sequence[int], scores: Sequence[float]) -> float:
+    """Area under the ROC curve (Mann-Whitney U with tied scores counted half)."""
+    y = np.asarray(labels, bool)
+    s = np.asarray(scores, np.float64)
+    n1, n0 = int(y.sum()), int((~y).sum())
+    if n1 == 0 or n0 == 0:
+        return float("nan")
+    order = np.argsort(s, kind="mergesort")
+    ranks = np.empty(len(s), np.float64)
+    sorted_s = s[order]
+    # average rank over each run of equal scores
+    starts = np.r_[0, np.flatnonzero(np.diff(sorted_s)) + 1]
+    ends = np.r_[starts[1:], len(s)]
+    avg = (starts + ends + 1) / 2.0
+    ranks[order] = np.repeat(avg, ends - starts)
+    return float((ranks[y].sum() - n1 * (n1 + 1) / 2) / (n1 * n0))
+
+
+def _read_label_lines(path: str | Path) -> list[str]:
+    with open(path, encoding="utf-8") as f:
+        return [line.rstrip("\n") for line in f if line.startswith("__label__")]
+
+
+def train_quality_classifier(labels: str | Path | Sequence[str | Path], out: str | Path, dim: int = 64,
+                             epoch: int = 20, lr: float = 0.1, word_ngrams: int = 2, min_count: int = 2,
+                             bucket: int = 200_000, heldout: float = 0.1, seed: int = 0,
+                             positive_label: str = "__label__hq", thread: int = 1) -> dict[str, Any]:
+    """Train a fastText classifier on label files; write ``out`` (.bin) and its card.
+
+    A seeded ``heldout`` share of the labels is kept out of training and scored: the card's
+    ``heldout.auc`` is the model's AUC on labels of its own kind it never saw. One thread by
+    default, so the same labels and seed give the same model bytes."""
+    import fasttext
+
+    files = [labels] if isinstance(labels, (str, Path)) else list(labels)
+    lines: list[str] = []
+    for f in files:
+        lines += _read_label_lines(f)
+    if not lines:
+        raise ValueError(f"quality train: no labelled lines in {', '.join(map(str, files))}")
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(lines))
+    n_held = int(round(len(lines) * heldout))
+    held = [lines[i] for i in order[:n_held]]
+    train = [lines[i] for i in order[n_held:]]
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    train_file = out.with_name(f".{out.stem}.train.txt")
+    train_file.write_text("\n".join(train) + "\n", encoding="utf-8")
+    params = dict(dim=dim, epoch=epoch, lr=lr, wordNgrams=word_ngrams, minCount=min_count, bucket=bucket,
+                  loss="softmax", seed=seed, thread=thread, verbose=0)
+    t0 = time.perf_counter()
+    try:
+        model = fasttext.train_supervised(str(train_file), **params)
+    finally:
+        train_file.unlink(missing_ok=True)
+    seconds = time.perf_counter() - t0
+    if positive_label not in model.get_labels():
+        raise ValueError(f"quality train: no {positive_label!r} lines in the labels (labels: {model.get_labels()})")
+    tmp = out.with_name(f".{out.name}.tmp")
+    model.save_model(str(tmp))
+    os.replace(tmp, out)
+    heldout_metrics: dict[str, Any] = {"docs": len(held)}
+    if held:
+        y = [1 if line.startswith(positive_label + " ") else 0 for line in held]
+        texts = [line.split(" ", 1)[1] if " " in line else "" for line in held]
+        scorer = FastTextScorer(model, positive_label)
+        s = scorer.score(pa.array(texts, pa.string()))
+        heldout_metrics.update(auc=roc_auc(y, s), positives=int(sum(y)), negatives=int(len(y) - sum(y)),
+                               accuracy_at_0_5=float(np.mean((s >= 0.5) == np.asarray(y, bool))))
+    n_pos = sum(line.startswith(positive_label + " ") for line in lines)
+    card = {
+        "kind": "refinery.quality_classifier",
+        "model_file": out.name,
+        "model_sha256": _sha256(out),
+        "algorithm": "fasttext supervised",
+        "fasttext_params": params,
+        "prepare_text": PREPARE_VERSION,
+        "positive_label": positive_label,
+        "labels": model.get_labels(),
+        "training_data": [{"file": str(f), "sha256": _sha256(f)} for f in files],
+        "label_balance": {"lines": len(lines), "positives": n_pos, "negatives": len(lines) - n_pos,
+                          "positive_share": n_pos / len(lines)},
+        "split": {"heldout_share": heldout, "seed": seed, "train_lines": len(train), "heldout_lines": len(held)},
+        "heldout": heldout_metrics,
+        "vocabulary": {"words": len(model.get_words()), "bucket": bucket},
+        "train_seconds": round(seconds, 1),
+        "seed": seed,
+    }
+    for f in files:  # label provenance (teacher, sources) when the label file has its sidecar
+        side = Path(f"{f}.json")
+        if side.exists():
+            card.setdefault("label_provenance", []).append(json.loads(side.read_text()))
+    cp = card_path(out)
+    cp.write_text(json.dumps(card, indent=2, sort_keys=True) + "\n")
+    return card
+
+
+def quality_train(labels: str | Path | Sequence[str | Path], out: str | Path, **params) -> dict[str, Any]:
+    """``refinery quality train LABELS... --out MODEL.bin``: see ``train_quality_classifier``."""
+    return train_quality_classifier(labels, out, **params)
+
+
+def _sha256(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def read_card(model_path: str | Path) -> dict | None:
+    cp = card_path(model_path)
+    if not cp.exists():
+        return None
+    try:
+        return json.loads(cp.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def load_scorer(path: str | Path, field: str = "quality.model", positive_label: str | None = None) -> FastTextScorer:
+    """A ``FastTextScorer`` for the model at ``path``, once per process and file version. The
+    positive label comes from the card beside the model, else ``__label__hq``; a card whose
+    text preparation differs from ours is refused (scores would silently mean something else)."""
+    model = load_fasttext(path, field)
+    key = (id(model), positive_label)
+    sc = _SCORERS.get(key)
+    if sc is None:
+        card = read_card(path) or {}
+        if card.get("prepare_text", PREPARE_VERSION) != PREPARE_VERSION:
+            raise ModelLoadError(f"{field}: cannot load {str(path)!r}: trained with text preparation "
+                                 f"{card['prepare_text']!r}, this version prepares {PREPARE_VERSION!r}")
+        try:
+            sc = FastTextScorer(model, positive_label or card.get("positive_label", "__label__hq"))
+        except ModelLoadError as e:
+            raise ModelLoadError(f"{field}: cannot load {str(path)!r}: {e}") from None
+        _SCORERS[key] = sc
+    return sc
+
+
+_SCORERS: dict[tuple[int, str | None], FastTextScorer] = {}
+
+
+def read_judgements(path: str | Path, text_field: str = "text", label_field: str = "label") -> tuple[list[str], list[int]]:
+    """Texts and 0/1 labels from a JSONL(.gz) file of human judgements."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    texts, ys = [], []
+    with opener(path, "rt", encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                o = json.loads(line)
+                texts.append(o[text_field] or "")
+                ys.append(int(o[label_field]))
+    return texts, ys
+
+
+def quality_eval(model: str | Path, heldout: str | Path, text_field: str = "text",
+                 label_field: str = "label") -> dict[str, Any]:
+    """ROC AUC of the model on human judgements (``refinery quality eval``), beside the
+    length-only baseline (score = number of characters) on the same documents."""
+    texts, ys = read_judgements(heldout, text_field, label_field)
+    scorer = load_scorer(model)
+    s = scorer.score(pa.array(texts, pa.string()))
+    card = read_card(model) or {}
+    return {"model": str(model), "heldout": str(heldout), "docs": len(ys), "positives": int(sum(ys)),
+            "auc": roc_auc(ys, s), "length_auc": roc_auc(ys, [len(t) for t in texts]),
+            "own_heldout_auc": card.get("heldout", {}).get("auc")}

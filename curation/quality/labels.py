@@ -1,0 +1,170 @@
+"""From a crawl and a reference corpus to a fastText label file, through a teacher.
+
+``quality_label(run_dir, positive, teacher, out)``: the crawl is a run's stage output (its
+Parquet shards) or any files; the reference corpus is files. Score teachers label the top
+``fraction`` of the crawl positive and the bottom ``fraction`` negative; the reference teacher
+labels the reference positive and an equally large random sample of the crawl negative.
+Ties and samples are decided by a seeded hash of each document's id, so the same inputs give
+the same labels. ``OUT`` is the fastText training file; ``OUT.json`` says how it was made.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from curation.quality.classifier import prepare_text
+from curation.quality.teachers import ReferenceTeacher, Teacher, make_teacher, text_key
+
+POSITIVE = "__label__hq"
+NEGATIVE = "__label__lq"
+
+
+class LabelError(ValueError):
+    """Inputs that cannot be labelled (nothing found, nothing left after filtering...)."""
+
+
+def _files(source: str | Path) -> list[Path]:
+    p = Path(source)
+    if p.is_dir():
+        files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in (".parquet", ".jsonl", ".gz", ".txt")
+                       and "_work" not in f.parts and not f.name.startswith("."))
+    elif any(c in str(source) for c in "*?["):
+        files = sorted(Path(f) for f in glob.glob(str(source), recursive=True))
+    else:
+        files = [p] if p.exists() else []
+    if not files:
+        raise LabelError(f"{source}: no documents found (a run stage directory, Parquet, JSONL(.gz) or .txt files)")
+    return files
+
+
+def read_documents(source: str | Path, text_field: str = "text", min_chars: int = 1) -> list[tuple[str, str]]:
+    """(id, text) of every document under ``source``: a directory (e.g. ``RUN/STAGE``) or file
+    or glob of Parquet shards, JSONL(.gz) (one object a line, ``text_field``) or plain text
+    (one document per file). Ids are the documents' own (``id`` column / field) or file:line."""
+    import pyarrow.parquet as pq
+
+    docs: list[tuple[str, str]] = []
+    for f in _files(source):
+        name = f.name
+        if name.endswith(".parquet"):
+            t = pq.read_table(f, columns=[c for c in ("id", text_field) if c in pq.read_schema(f).names])
+            if text_field not in t.column_names:
+                raise LabelError(f"{f}: no {text_field!r} column")
+            ids = t.column("id").to_pylist() if "id" in t.column_names else [f"{name}:{i}" for i in range(t.num_rows)]
+            docs += [(str(i), x) for i, x in zip(ids, t.column(text_field).to_pylist()) if x]
+        elif name.endswith((".jsonl", ".jsonl.gz", ".json.gz")):
+            opener = gzip.open if name.endswith(".gz") else open
+            with opener(f, "rt", encoding="utf-8") as fh:
+                for n, line in enumerate(fh):
+                    if not line.strip():
+                        continue
+                    obj = json.loads(line)
+                    if obj.get(text_field):
+                        docs.append((str(obj.get("id", f"{name}:{n}")), obj[text_field]))
+        elif name.endswith(".txt"):
+            docs.append((name, f.read_text(encoding="utf-8", errors="replace")))
+    return [(i, t) for i, t in docs if len(t.strip()) >= min_chars]
+
+
+def seeded_rank(ids: Sequence[str], seed: int) -> np.ndarray:
+    """A deterministic pseudo-random number per id (uint64): ties and samples follow it."""
+    return np.array([int.from_bytes(hashlib.sha256(f"{seed}:{i}".encode()).digest()[:8], "little") for i in ids],
+                    np.uint64)
+
+
+def top_bottom(scores: np.ndarray, ids: Sequence[str], fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Indices of the top and bottom ``fraction`` by score; equal scores ordered by seeded id hash."""
+    if not 0 < fraction <= 0.5:
+        raise LabelError(f"fraction must be in (0, 0.5], got {fraction}")
+    k = int(round(len(scores) * fraction))
+    order = np.lexsort((seeded_rank(ids, seed), -np.asarray(scores, np.float64)))  # best first
+    return order[:k], order[len(order) - k:][::-1]
+
+
+def write_label_file(path: str | Path, positives: Sequence[str], negatives: Sequence[str], seed: int = 0) -> dict:
+    """fastText training file (``__label__hq text`` lines, text through ``prepare_text``),
+    shuffled with ``seed``. Returns counts and the file's sha256."""
+    rows = [f"{POSITIVE} {prepare_text(t)}" for t in positives] + [f"{NEGATIVE} {prepare_text(t)}" for t in negatives]
+    order = np.random.default_rng(seed).permutation(len(rows))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for i in order:
+            f.write(rows[i] + "\n")
+    os.replace(tmp, path)
+    return {"file": str(path), "sha256": sha256_file(path), "positives": len(positives), "negatives": len(negatives)}
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def label_documents(teacher: Teacher, crawl: list[tuple[str, str]], reference: list[tuple[str, str]] | None,
+                    fraction: float = 0.3, seed: int = 0) -> tuple[list[str], list[str], dict[str, Any]]:
+    """Positives, negatives and a summary, by ``teacher`` over ``crawl`` (see module doc)."""
+    if not crawl:
+        raise LabelError("the crawl has no documents")
+    if isinstance(teacher, ReferenceTeacher):
+        if not reference:
+            raise LabelError("the reference teacher needs a reference corpus (positive=...)")
+        ref_keys = {text_key(t) for _, t in reference}
+        pool = [(i, t) for i, t in crawl if text_key(t) not in ref_keys]  # crawl copies of reference docs: not negatives
+        k = min(len(reference), len(pool))
+        pick = np.argsort(seeded_rank([i for i, _ in pool], seed), kind="stable")[:k]
+        pos = [t for _, t in reference]
+        neg = [pool[j][1] for j in sorted(pick.tolist())]
+        summary = {"pool": len(crawl), "reference": len(reference), "reference_in_crawl": len(crawl) - len(pool),
+                   "negatives_sampled": k, "reference_keys": len(ref_keys)}
+        return pos, neg, summary
+    texts = [t for _, t in crawl]
+    scores = np.asarray(teacher.score(texts), np.float64)
+    top, bottom = top_bottom(scores, [i for i, _ in crawl], fraction, seed)
+    finite = scores[np.isfinite(scores)]
+    summary = {"pool": len(crawl), "fraction": fraction,
+               "score_quantiles": {q: float(np.quantile(finite, q)) for q in (0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0)}
+               if len(finite) else {},
+               "top_min_score": float(scores[top].min()) if len(top) else None,
+               "bottom_max_score": float(scores[bottom].max()) if len(bottom) else None}
+    return [texts[i] for i in top], [texts[i] for i in bottom], summary
+
+
+def quality_label(run_dir: str | Path, positive: str | Path | None, teacher: str, out: str | Path,
+                  fraction: float = 0.3, seed: int = 0, text_field: str = "text", min_chars: int = 1,
+                  teacher_options: dict[str, Any] | None = None,
+                  log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Label crawl documents for classifier training (``refinery quality label``).
+
+    ``run_dir``: the crawl: a run's stage directory (``runs/x/extract``), or files/globs.
+    ``positive``: the reference corpus (files or a directory), needed by ``reference`` and
+    ``perplexity``. ``teacher``: ``reference`` | ``perplexity`` | ``pkg.module:function``.
+    Writes ``out`` (fastText format) and ``out.json`` (teacher, sources, counts); returns the
+    latter."""
+    crawl = read_documents(run_dir, text_field, min_chars)
+    reference = read_documents(positive, text_field, min_chars) if positive else None
+    if log:
+        log(f"quality label: {len(crawl)} crawl documents, {len(reference or [])} reference documents, teacher {teacher}")
+    t = make_teacher(teacher, [x for _, x in reference] if reference else None, **(teacher_options or {}))
+    pos, neg, summary = label_documents(t, crawl, reference, fraction, seed)
+    info = write_label_file(out, pos, neg, seed)
+    meta = {"labels": info, "teacher": t.describe(), "seed": seed, "fraction": fraction,
+            "positive_label": POSITIVE, "negative_label": NEGATIVE,
+            "crawl": {"source": str(run_dir), "documents": len(crawl)},
+            "reference": {"source": str(positive), "documents": len(reference)} if reference else None,
+            "selection": summary}
+    Path(f"{out}.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    if log:
+        log(f"quality label: wrote {info['positives']} positives, {info['negatives']} negatives to {out}")
+    return meta
