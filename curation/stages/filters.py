@@ -271,8 +271,7 @@ class C4QualityFilter(MapStage):
         n = len(texts)
         lines = ts.split_lines(texts)
         raw = ts.strip(lines.values)
-        nl = len(raw)
-        false = np.zeros(nl, dtype=bool)
+        false = np.zeros(len(raw), dtype=bool)
         too_long = false.copy()
         if self.max_word_length is not None:
             # Only lines longer than the limit can hold such a word; split just those.
@@ -290,19 +289,36 @@ class C4QualityFilter(MapStage):
             ellipsis = ts._mask(pc.ends_with(line, "..."))
             survives &= ends & ~ellipsis
         if self.min_words_per_line is not None:
-            survives &= ts.count_py_words(raw) >= self.min_words_per_line
-        lower = pc.utf8_lower(line)
+            # Word counts only for the lines still in the running.
+            idx = np.flatnonzero(survives)
+            few = ts.count_py_words(raw.take(pa.array(idx))) < self.min_words_per_line
+            survives[idx[few]] = False
+        # Phrase checks only on surviving lines that mention any phrase at all.
+        phrases = ((["lorem ipsum"] if self.filter_lorem_ipsum else [])
+                   + (["javascript"] if self.filter_javascript else [])
+                   + (list(self.policy_phrases) if self.filter_policy else []))
+        markers = ["".join(f"\\x{{{ord(c):x}}}" for c in p) for p in phrases]
+        markers += ["\\{"] if self.filter_curly_bracket else []
+        lorem, js, curly, policy = (false.copy() for _ in range(4))
+        idx = np.flatnonzero(survives)
+        if markers and len(idx):
+            sub = line.take(pa.array(idx))
+            hit = ts._mask(pc.match_substring_regex(sub, "(?i)" + "|".join(markers)))
+            idx, sub = idx[hit], sub.filter(pa.array(hit))
+            lower = pc.utf8_lower(sub)
 
-        def has(phrase: str, on=lower) -> np.ndarray:
-            return ts._mask(pc.match_substring(on, phrase))
+            def has(phrase: str, on=lower) -> np.ndarray:
+                return ts._mask(pc.match_substring(on, phrase))
 
-        lorem = has("lorem ipsum") if self.filter_lorem_ipsum else false
-        js = has("javascript") if self.filter_javascript else false
-        curly = has("{", line) if self.filter_curly_bracket else false
-        policy = false.copy()
-        if self.filter_policy:
-            for phrase in self.policy_phrases:
-                policy |= has(phrase)
+            if self.filter_lorem_ipsum:
+                lorem[idx] = has("lorem ipsum")
+            if self.filter_javascript:
+                js[idx] = has("javascript")
+            if self.filter_curly_bracket:
+                curly[idx] = has("{", sub)
+            if self.filter_policy:
+                for phrase in self.policy_phrases:
+                    policy[idx] |= has(phrase)
         # In datatrove's order: lorem ipsum drops the page before the javascript check, a
         # curly bracket after it; the first such line decides the reason.
         page_lorem = survives & lorem
@@ -314,8 +330,8 @@ class C4QualityFilter(MapStage):
             d, first = np.unique(lines.doc[drop_idx], return_index=True)
             first_drop[d] = drop_idx[first]
         kept = survives & ~lorem & ~js & ~curly & ~policy
-        kept_lines = lines.select(kept)
-        kept_lines.values = line.filter(pa.array(kept))
+        kept_lines = ts.Segments.from_counts(
+            line.filter(pa.array(kept)), np.bincount(lines.doc[kept], minlength=n))
         n_kept = kept_lines.counts
         if self.min_num_sentences is not None:
             words = ts.split_words(kept_lines.values)
