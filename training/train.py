@@ -175,13 +175,18 @@ class Trainer:
                 "Branch with --anneal-from, or use a new run_dir"
             )
         if self.branch:
+            if not mix:
+                raise ConfigError("an anneal branch needs the annealing mix (--mix SOURCE=WEIGHT,...)")
             plans, schedule = _plans_from_json(meta["plans"]), _schedule_from_json(meta["schedule"])
             steps = cfg.anneal.steps or (
                 math.ceil(cfg.anneal.tokens / (gb * cfg.data.seq_len)) if cfg.anneal.tokens else None
             )
             if steps is None:
                 raise ConfigError("an anneal branch needs a length: set anneal.steps or anneal.tokens (e.g. --set anneal.steps=200)")
-            plans, schedule = branch_anneal(cfg, plans, schedule, meta["step"], mix or {}, steps, source_rows)
+            try:
+                plans, schedule = branch_anneal(cfg, plans, schedule, meta["step"], mix, steps, source_rows)
+            except ValueError as err:
+                raise ConfigError(f"--mix: {err}") from None
         self.plans, self.schedule = plans, schedule
         self.order = DataOrder(self.dataset, plans, cfg.seed, gb, curriculum, cfg.data.curriculum.buckets)
 
@@ -322,7 +327,9 @@ class Trainer:
         if "anneal_from" in self.lineage or "at_step" in self.lineage:
             meta["anneal"] = {k: v for k, v in self.lineage.items() if k != "resumed_from"}
         path = self.checkpointer.save(step, self.model, self.optimizer, meta)
-        self.metrics.log({"kind": "event", "step": step, "event": "checkpoint", "message": f"checkpoint {path.name} ({reason})"})
+        # Logged under the last completed step (like train records), so a resume from this
+        # checkpoint keeps the event when it trims records of steps it will redo.
+        self.metrics.log({"kind": "event", "step": step - 1, "event": "checkpoint", "message": f"checkpoint {path.name} ({reason})"})
         return path
 
     def _gather_content(self, local: dict[str, int]) -> dict[str, int]:
