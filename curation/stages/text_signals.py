@@ -287,21 +287,29 @@ def _char_flags(c: str) -> int:
     return f
 
 
-@functools.lru_cache(maxsize=1)
-def _bmp_flags() -> np.ndarray:
-    return np.array([_char_flags(chr(c)) for c in range(0x10000)], dtype=np.uint32)
+_ASCII_FLAGS: np.ndarray | None = None
+_FLAG_CACHE: dict[int, int] = {}
+
+
+def _classify(cp: np.ndarray, of, ascii_table: np.ndarray, cache: dict[int, int], dtype) -> np.ndarray:
+    """Per code point class bits: ASCII from a table, others from a cache filled on demand
+    (a batch holds few distinct non-ASCII characters)."""
+    out = ascii_table[np.minimum(cp, 127)].astype(dtype)
+    high = np.flatnonzero(cp >= 128)
+    if len(high):
+        uniq, inv = np.unique(cp[high], return_inverse=True)
+        missing = [int(c) for c in uniq if int(c) not in cache]
+        for c in missing:  # once per distinct character per process
+            cache[c] = of(chr(c))
+        out[high] = np.array([cache[int(c)] for c in uniq], dtype=dtype)[inv]
+    return out
 
 
 def _flags(cp: np.ndarray) -> np.ndarray:
-    table = _bmp_flags()
-    astral = cp >= 0x10000
-    if not astral.any():
-        return table[cp]
-    f = table[np.where(astral, 0, cp)]
-    # Few distinct characters live outside the BMP (emoji mostly): classify each once.
-    uniq, inv = np.unique(cp[astral], return_inverse=True)
-    f[astral] = np.array([_char_flags(chr(int(c))) for c in uniq], dtype=np.uint32)[inv]
-    return f
+    global _ASCII_FLAGS
+    if _ASCII_FLAGS is None:
+        _ASCII_FLAGS = np.array([_char_flags(chr(i)) for i in range(128)], dtype=np.uint32)
+    return _classify(cp, _char_flags, _ASCII_FLAGS, _FLAG_CACHE, np.uint32)
 
 
 def _special_cases() -> dict[str, tuple[int, ...]]:
@@ -615,21 +623,11 @@ def _byte_class_of(c: str) -> int:
 
 
 _ASCII_CLASS = np.array([_byte_class_of(chr(i)) for i in range(128)] + [0] * 128, dtype=np.uint16)
-
-
-@functools.lru_cache(maxsize=1)
-def _bmp_byte_class() -> np.ndarray:
-    return np.array([_byte_class_of(chr(c)) for c in range(0x10000)], dtype=np.uint16)
+_CLASS_CACHE: dict[int, int] = {}
 
 
 def _byte_class(cp: np.ndarray) -> np.ndarray:
-    table = _bmp_byte_class()
-    astral = cp >= 0x10000
-    out = table[np.where(astral, 0, cp)]
-    if astral.any():
-        uniq, inv = np.unique(cp[astral], return_inverse=True)
-        out[astral] = np.array([_byte_class_of(chr(int(c))) for c in uniq], dtype=np.uint16)[inv]
-    return out
+    return _classify(cp, _byte_class_of, _ASCII_CLASS, _CLASS_CACHE, np.uint16)
 
 
 def _text_bytes(texts: pa.Array) -> tuple[np.ndarray, np.ndarray, pa.Buffer | None, int]:

@@ -121,6 +121,198 @@ def load_real_documents() -> list[dict]:
     return docs
 
 
-if __name__ == "__main__":
+# ---------------------------------------------------------------------------------------------
+# Section (a): heuristic filters, ours vs datatrove
+# ---------------------------------------------------------------------------------------------
+
+#: datatrove's drop reasons -> our rule names (per filter), for the disagreement table.
+DATATROVE_RULES = {
+    "dup_para_frac": "gopher_repetition:dup_para_frac",
+    "dup_para_char_frac": "gopher_repetition:dup_para_char_frac",
+    "dup_line_frac": "gopher_repetition:dup_line_frac",
+    "dup_line_char_frac": "gopher_repetition:dup_line_char_frac",
+    **{f"top_{n}_gram": f"gopher_repetition:top_{n}_gram" for n in (2, 3, 4)},
+    **{f"duplicated_{n}_n_grams": f"gopher_repetition:dup_{n}_gram" for n in range(5, 11)},
+    "gopher_short_doc": "gopher_quality:too_few_words",
+    "gopher_long_doc": "gopher_quality:too_many_words",
+    "gopher_below_avg_threshold": "gopher_quality:mean_word_length",
+    "gopher_above_avg_threshold": "gopher_quality:mean_word_length",
+    "gopher_too_many_hashes": "gopher_quality:symbol_word_ratio",
+    "gopher_too_many_ellipsis": "gopher_quality:ellipsis_word_ratio",
+    "gopher_too_many_bullets": "gopher_quality:bullet_lines_frac",
+    "gopher_too_many_end_ellipsis": "gopher_quality:ellipsis_lines_frac",
+    "gopher_below_alpha_threshold": "gopher_quality:alpha_words_frac",
+    "gopher_enough_stop_words": "gopher_quality:stop_words",
+    "too_few_sentences": "c4_quality:too_few_sentences",
+    "curly_bracket": "c4_quality:curly_bracket",
+    "lorem_ipsum": "c4_quality:lorem_ipsum",
+}
+OUR_STAGES = ("gopher_repetition", "gopher_quality", "c4_quality", "fineweb_quality")
+BATCH_SIZE = 2000  # the executor's default batch size
+
+
+def write_shards(docs: list[dict], folder: Path, n_shards: int) -> list[Path]:
+    """Documents as ``n_shards`` JSONL files (the input both pipelines read)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i in range(n_shards):
+        path = folder / f"shard-{i:03d}.jsonl"
+        with path.open("w", encoding="utf-8") as f:
+            for d in docs[i::n_shards]:
+                f.write(json.dumps({"id": d["id"], "text": d["text"], "source": d["source"]}) + "\n")
+        paths.append(path)
+    return paths
+
+
+def _our_shard(task: tuple[str, str]) -> list[tuple[str, str | None]]:
+    """One worker task: JSONL shard -> our four filters -> kept and rejected Parquet.
+
+    Stages run as the executor runs them: over batches, each stage on what the previous
+    one kept. Returns (id, reason) for every document, reason None when kept.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.json as pj
+    import pyarrow.parquet as pq
+
+    from curation.stages.filters import (C4QualityFilter, FineWebQualityFilter,
+                                         GopherQualityFilter, GopherRepetitionFilter)
+
+    src, out_dir = task
+    table = pj.read_json(src)
+    n = table.num_rows
+    table = table.append_column("url", pa.array([""] * n)).append_column("meta", pa.array(["{}"] * n))
+    outcome: list[tuple[str, str | None]] = []
+    rejected = []
+    for stage in (GopherRepetitionFilter(), GopherQualityFilter(), C4QualityFilter(), FineWebQualityFilter()):
+        kept_parts = []
+        for i in range(0, max(table.num_rows, 1), BATCH_SIZE):
+            res = stage.process(table.slice(i, BATCH_SIZE))
+            drop = pc.is_valid(res.reasons)
+            kept_parts.append(res.table.filter(pc.invert(drop)))
+            rej = res.table.filter(drop)
+            rej = rej.append_column("reason", res.reasons.filter(drop))
+            rejected.append(rej.select(["id", "text", "reason"]))
+            outcome += zip(rej.column("id").to_pylist(), rej.column("reason").to_pylist())
+        table = pa.concat_tables(kept_parts, promote_options="default")
+    outcome += [(i, None) for i in table.column("id").to_pylist()]
+    name = Path(src).stem
+    pq.write_table(table, Path(out_dir) / f"{name}.parquet")
+    pq.write_table(pa.concat_tables(rejected), Path(out_dir) / f"{name}.rejected.parquet")
+    return outcome
+
+
+def run_ours(shards: list[Path], out_dir: Path, workers: int) -> tuple[float, dict[str, str | None]]:
+    """Our filters on ``workers`` processes (one task per shard). Returns seconds, decisions."""
+    import multiprocessing as mp
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    with mp.get_context("spawn").Pool(workers) as pool:
+        results = pool.map(_our_shard, [(str(p), str(out_dir)) for p in shards], chunksize=1)
+    seconds = time.perf_counter() - t0
+    return seconds, {doc_id: reason for part in results for doc_id, reason in part}
+
+
+def run_datatrove(shard_dir: Path, out_dir: Path, workers: int) -> tuple[float, dict[str, str | None]]:
+    """datatrove's GopherRepetition -> GopherQuality -> C4Quality on ``workers`` processes
+    (``LocalPipelineExecutor(tasks=workers, workers=workers)``), writing kept documents as
+    Parquet and dropped ones (with datatrove's reason) as JSONL. Returns seconds, decisions."""
+    from datatrove.executor import LocalPipelineExecutor
+    from datatrove.pipeline.filters import C4QualityFilter, GopherQualityFilter, GopherRepetitionFilter
+    from datatrove.pipeline.readers import JsonlReader
+    from datatrove.pipeline.writers import JsonlWriter, ParquetWriter
+
+    def excluded(name: str) -> JsonlWriter:
+        return JsonlWriter(str(out_dir / "excluded" / name), compression=None)
+
+    executor = LocalPipelineExecutor(
+        pipeline=[
+            JsonlReader(str(shard_dir), compression=None),
+            GopherRepetitionFilter(exclusion_writer=excluded("repetition")),
+            GopherQualityFilter(exclusion_writer=excluded("quality")),
+            C4QualityFilter(exclusion_writer=excluded("c4")),
+            ParquetWriter(str(out_dir / "kept")),
+        ],
+        tasks=workers,
+        workers=workers,
+        logging_dir=str(out_dir / "logs"),
+    )
+    t0 = time.perf_counter()
+    executor.run()
+    seconds = time.perf_counter() - t0
+    decisions: dict[str, str | None] = {}
+    for path in (out_dir / "excluded").rglob("*.jsonl"):
+        for line in path.open(encoding="utf-8"):
+            rec = json.loads(line)
+            decisions[rec["id"]] = rec["metadata"]["filter_reason"]
+    import pyarrow.parquet as pq
+
+    for path in (out_dir / "kept").rglob("*.parquet"):
+        for doc_id in pq.read_table(path, columns=["id"]).column("id").to_pylist():
+            decisions[doc_id] = None
+    return seconds, decisions
+
+
+def agreement(ours: dict[str, str | None], theirs: dict[str, str | None]) -> tuple[float, Counter]:
+    """Keep/drop agreement over the documents both decided on, and the disagreements as
+    (datatrove's verdict, ours) -> count. Our FineWeb drops count as kept here: datatrove's
+    pipeline has no FineWeb step."""
+    common = sorted(set(ours) & set(theirs))
+
+    def ours_3(r):
+        return None if r is None or r.startswith("fineweb_quality:") else r
+
+    same = sum((ours_3(ours[i]) is None) == (theirs[i] is None) for i in common)
+    table: Counter = Counter()
+    for i in common:
+        o, t = ours_3(ours[i]), theirs[i]
+        if (o is None) != (t is None):
+            table[(DATATROVE_RULES.get(t, t) if t else "kept", o or "kept")] += 1
+    return same / max(len(common), 1), table
+
+
+def bench_filters(copies: int, workers: int, only: str | None) -> None:
+    """Section (a): read JSONL -> filters -> write Parquet, ours vs datatrove."""
     docs = load_real_documents()
-    print(len(docs), Counter(d["source"] for d in docs))
+    sources = Counter(d["source"] for d in docs)
+    docs = [dict(d, id=f"{d['id']}-c{c}") for c in range(copies) for d in docs]
+    total_mb = sum(len(d["text"].encode()) for d in docs) / 1e6
+    print(f"(a) heuristic filters: {len(docs)} documents ({copies} x {sum(sources.values())} distinct real "
+          f"docs: {dict(sources)}), {total_mb:.1f} MB of text, {workers} worker processes")
+    with tempfile.TemporaryDirectory(prefix="bench-filters-") as tmp:
+        tmp = Path(tmp)
+        shards = write_shards(docs, tmp / "input", n_shards=4 * workers)
+        ours = theirs = None
+        if only in (None, "ours"):
+            sec, ours = run_ours(shards, tmp / "ours", workers)
+            print(f"  ours (gopher_repetition -> gopher_quality -> c4_quality -> fineweb_quality): "
+                  f"{sec:.1f} s, {len(docs) / sec:,.0f} docs/s")
+            kept = sum(r is None for r in ours.values())
+            print(f"    kept {kept}, dropped {len(ours) - kept}: "
+                  f"{dict(Counter(r.split(':')[0] for r in ours.values() if r).most_common())}")
+        if only in (None, "datatrove"):
+            dsec, theirs = run_datatrove(tmp / "input", tmp / "datatrove", workers)
+            print(f"  datatrove (GopherRepetition -> GopherQuality -> C4Quality): {dsec:.1f} s, "
+                  f"{len(docs) / dsec:,.0f} docs/s")
+        if ours is not None and theirs is not None:
+            print(f"  speed ratio (ours with 4 filters / datatrove with 3): {dsec / sec:.1f}x")
+            agree, table = agreement(ours, theirs)
+            print(f"  keep/drop agreement on the 3 shared filters: {100 * agree:.2f}% "
+                  f"of {len(set(ours) & set(theirs))} documents")
+            print("  disagreements (datatrove verdict -> ours):" + ("" if table else " none"))
+            for (t, o), count in table.most_common():
+                print(f"    {count:6d}  {t:45s} -> {o}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--copies", type=int, default=3, help="replicate the real documents this many times")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--only", choices=["ours", "datatrove"], help="run one side only")
+    args = parser.parse_args()
+    bench_filters(args.copies, args.workers, args.only)
+
+
+if __name__ == "__main__":
+    main()
