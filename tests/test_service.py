@@ -561,3 +561,98 @@ def test_fifo_queue_respects_the_limit_and_survives_a_manager_restart(tmp_path):
     for _, kind, _ in sorted(events, key=lambda e: float(e[2])):
         running += 1 if kind == "start" else -1
         assert running <= 1  # never more than max_concurrent
+
+
+# ---------------------------------------------------------------------------------------------
+# on a shared Ray cluster: cancelling a run stops its tasks on the cluster's workers too
+
+
+def _procs() -> list[tuple[int, int, str]]:
+    """(pid, ppid, command line) of every live process."""
+    out = []
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if fields[0] not in ("Z", "X"):
+            out.append((int(d.name), int(fields[1]), cmd))
+    return out
+
+
+@pytest.fixture()
+def ray_cluster():
+    """A `ray start --head` of our own: a private temp dir (so no other ray.init() on this
+    machine finds it through /tmp/ray/ray_current_cluster) and its own process group, stopped
+    by killing exactly its processes (never `ray stop`, which stops every Ray here)."""
+    import tempfile
+
+    temp = tempfile.mkdtemp(prefix="rsvc-", dir="/tmp")  # short: Ray's socket paths have a length limit
+    port = _free_port()
+    log = Path(temp + ".log")
+    with open(log, "wb") as out:
+        head = subprocess.Popen([str(Path(sys.executable).parent / "ray"), "start", "--head", f"--port={port}",
+                                 f"--temp-dir={temp}", "--num-cpus=2", "--include-dashboard=false",
+                                 "--disable-usage-stats", "--block"],
+                                env={**os.environ, "RAY_ADDRESS": ""}, cwd=temp, start_new_session=True,
+                                stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.time() + 120
+    while time.time() < deadline and head.poll() is None and "Ray runtime started" not in log.read_text():
+        time.sleep(0.5)
+    assert "Ray runtime started" in log.read_text(), log.read_text()[-2000:]
+    yield f"127.0.0.1:{port}", temp
+    # a throwaway cluster: SIGKILL (a graceful `ray start --block` shutdown takes ~20 s here);
+    # its workers exit with their raylet
+    os.killpg(head.pid, signal.SIGKILL)
+    head.wait()
+    for pid, _, cmd in _procs():
+        if temp in cmd:
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_cancel_on_a_shared_cluster_stops_the_runs_tasks(tmp_path, ray_cluster):
+    address, temp = ray_cluster
+    svc = ServiceProcess(tmp_path, [DATA])
+    svc.runs_dir.mkdir()
+    code = ("from curation.service.app import serve; "
+            f"serve({str(svc.runs_dir)!r}, {address!r}, {str(svc.token_file)!r}, '127.0.0.1', {svc.port}, "
+            f"{[str(DATA)]!r}, 2, {str(REPO)!r})")
+    # Ray's token auth: a driver given an explicit address presents the cluster token only
+    # when asked to (the token itself is in ~/.ray/auth_token, written by `ray start`)
+    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    with open(svc.log, "ab") as log:
+        svc.proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+                                    env=env)
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                if httpx.get(svc.url + "/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                assert time.time() < deadline and svc.proc.poll() is None, svc.log.read_text()[-2000:]
+            time.sleep(0.3)
+        raylet = next(pid for pid, _, c in _procs() if "raylet" in c and temp in c)
+
+        def run_tasks() -> list[int]:
+            # task processes are the cluster's workers (children of its raylet), not the run's
+            return [pid for pid, ppid, c in _procs() if ppid == raylet and "run_root_task" in c]
+
+        with svc.client() as c:
+            run_id = c.post("/runs", content=SLOW_DAG).raise_for_status().json()["id"]
+            info = wait_state(c, run_id, ("running",) + TERMINAL, timeout=120,
+                              until=lambda i: (i["phases"] and run_tasks()) or i["state"] != "running")
+            assert info["state"] == "running" and run_tasks(), info
+            assert "--address" in info["command"] and address in info["command"]
+            assert not set(run_tasks()) & set(group_members(info["pid"]))
+            c.post(f"/runs/{run_id}/cancel").raise_for_status()
+            _wait_group_gone(info["pid"])
+            deadline = time.time() + 30  # Ray kills the workers of a job whose driver died
+            while time.time() < deadline and run_tasks():
+                time.sleep(0.5)
+            assert run_tasks() == [], "tasks of the cancelled run still running on the cluster"
+            assert c.get(f"/runs/{run_id}").json()["state"] == "cancelled"
+    finally:
+        svc.stop()
