@@ -262,6 +262,16 @@ def test_dashboard_cookie_login_and_csrf(service):
     assert TOKEN not in service.log.read_text()  # the access log redacts ?token=
 
 
+def test_openapi_documents_the_routes_and_the_bearer_scheme(client):
+    spec = client.get("/openapi.json").raise_for_status().json()
+    assert spec["components"]["securitySchemes"]["bearer"] == {"type": "http", "scheme": "bearer"}
+    assert {"/runs", "/runs/{run_id}", "/runs/{run_id}/cancel", "/runs/{run_id}/resume", "/runs/{run_id}/stats",
+            "/runs/{run_id}/sql", "/healthz"} <= set(spec["paths"])
+    assert spec["paths"]["/healthz"]["get"]["security"] == []
+    assert "multipart/form-data" in spec["paths"]["/runs"]["post"]["requestBody"]["content"]
+    assert "swagger-ui" in client.get("/docs").text
+
+
 # ---------------------------------------------------------------------------------------------
 # admission
 

@@ -283,12 +283,12 @@ def _session_redirect(request: Request, auth: TokenAuth) -> RedirectResponse:
 def create_app(runs_dir: str | Path, token: str, address: str | None = None,
                allowed_roots: Iterable[str | Path] = (), base_dir: str | Path | None = None,
                max_concurrent: int = 2, max_body_bytes: int = MiB, sql_timeout_s: float = 10.0,
-               sql_max_rows: int = 1000, sql_max_concurrent: int = 4, manager: RunManager | None = None) -> FastAPI:
+               sql_max_rows: int = 1000, sql_max_concurrent: int = 4) -> FastAPI:
     """The FastAPI application. Starting it (lifespan) starts the run scheduler; stopping it
     leaves runs running. ``base_dir`` (default: the CWD) anchors relative input paths."""
     auth = TokenAuth(token)
     policy = PathPolicy(list(allowed_roots), base_dir or os.getcwd())
-    runs = manager or RunManager(runs_dir, policy, address=address, max_concurrent=max_concurrent)
+    runs = RunManager(runs_dir, policy, address=address, max_concurrent=max_concurrent)
     # cached as JSON bytes: a warm hit is then a file stat and a copy, no validation or encoding
     stats_cache = StatsCache(lambda d: json.dumps(stats_payload(d)).encode())
     sql_slots = threading.BoundedSemaphore(sql_max_concurrent)

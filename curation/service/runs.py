@@ -289,6 +289,10 @@ class RunManager:
                     self._write_meta(rid, meta)
                 if meta.get("state") in ("queued", "started", "cancelled"):
                     self._active.add(rid)
+                if meta.get("state") == "cancelled" and self._alive(rid, meta):
+                    # cancelled just before a restart: finish stopping it (SIGKILL after the grace)
+                    threading.Thread(target=self._finish_cancel, args=(rid,), daemon=True,
+                                     name=f"refinery-cancel-{rid}").start()
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, name="refinery-run-scheduler", daemon=True)
         self._thread.start()
