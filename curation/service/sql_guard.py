@@ -21,7 +21,7 @@ import decimal
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +81,6 @@ class QueryResult:
     elapsed_s: float
     truncated_cells: int = 0
     limit: int = 0
-    notes: list[str] = field(default_factory=list)
 
 
 def _jsonable(v: Any, max_chars: int, cut: list[int]) -> Any:
