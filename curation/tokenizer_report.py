@@ -76,7 +76,7 @@ def plot_fertility(rows: list[dict], title: str, out_png: str | Path) -> Path:
     import matplotlib.pyplot as plt
 
     labels = [f"{r['source']} / {r['lang']}" for r in rows]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 0.45 * len(rows) + 1.6), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 0.3 * len(rows) + 1.4), sharey=True, layout="constrained")
     for ax, key, name in ((axes[0], "tokens_per_word", "tokens per whitespace word"),
                           (axes[1], "bytes_per_token", "UTF-8 bytes per token")):
         vals = [r[key] for r in rows]
@@ -87,11 +87,10 @@ def plot_fertility(rows: list[dict], title: str, out_png: str | Path) -> Path:
             ax.set_xscale("log")
             name += " (log scale)"
         ax.set_xlabel(name)
-        ax.set_yticks(range(len(rows)), labels)
-        ax.invert_yaxis()
-        ax.margins(x=0.15)
+        ax.margins(x=0.15, y=0.5 / max(len(rows), 1))
+    axes[0].set_yticks(range(len(rows)), labels)
+    axes[0].invert_yaxis()  # the axes share y: once, so the first row is on top
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
     out_png = Path(out_png)
     out_png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out_png, dpi=110)

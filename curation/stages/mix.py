@@ -224,7 +224,7 @@ def _plan_columns(path: str) -> tuple[pa.Array, np.ndarray]:
         tokens = pc.list_value_length(t.column("input_ids")).to_numpy(zero_copy_only=False)
     else:
         raise MixError(f"mix: {path} has neither num_tokens nor input_ids; put a tokenize stage before mix")
-    return t.column("source").combine_chunks(), np.nan_to_num(tokens.astype(np.float64)).astype(np.int64)
+    return t.column("source").combine_chunks().cast(pa.string()), np.nan_to_num(tokens.astype(np.float64)).astype(np.int64)
 
 
 @registry.register("mix")
@@ -297,6 +297,8 @@ class Mix(GlobalStage):
 
         members = [np.flatnonzero(code == c) for c in range(len(names))]
         available = {s: int(tokens[m].sum()) for s, m in zip(names, members)}
+        if not sum(available.values()):
+            raise MixError(f"mix: upstream has no tokens ({len(shards)} shards, {len(tokens)} documents)")
         weights = self.resolve_weights(available)
         targets = source_targets(available, weights, self.total_tokens, self.max_epochs)
 
