@@ -359,10 +359,13 @@ def main() -> None:
     ap.add_argument("--replicas", type=int, default=40, help="copies of the WARC record set (55 HTML docs each)")
     ap.add_argument("--only", choices=["quality", "throughput"])
     args = ap.parse_args()
+    print(f"load average at start: {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs "
+          "(the machine is shared: docs/s are per process, ratios within a section are the robust figures)\n")
     if args.only in (None, "quality"):
         section_quality()
     if args.only in (None, "throughput"):
         section_throughput(args.replicas)
+    print(f"load average at end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":
