@@ -350,7 +350,7 @@ class C4QualityFilter(MapStage):
             ("too_few_sentences", _lt(n_sent, self.min_num_sentences)),
         ]
         reasons = _first_reason(self.type, n, rules)
-        new_text = ts.strip(pc.binary_join(kept_lines.to_lists(), "\n"))
+        new_text = ts.strip(pc.binary_join(kept_lines.to_lists(), pa.scalar("\n", line.type)))
         keep = pa.array(ts._mask(pc.is_null(reasons)))
         out_text = pc.if_else(keep, new_text, texts)
         table = batch.set_column(batch.schema.get_field_index("text"), "text", out_text)

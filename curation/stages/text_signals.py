@@ -1025,9 +1025,9 @@ def _apply_special_cases(b, cls, tok_start, tok_end, core_s, core_e, unit_ok):
             rep_k.append(np.ones(len(t), dtype=np.int64))
             rep_off.append(d + 1)
             rep_owner.append(base + np.arange(len(t)))
-    if not rep_t:
+    t = np.concatenate(rep_t) if rep_t else np.zeros(0, np.int64)
+    if not len(t):
         return tok_start, tok_end
-    t = np.concatenate(rep_t)
     k = np.concatenate(rep_k)
     off = np.concatenate(rep_off) if rep_off else np.zeros(0, np.int64)
     owner = np.concatenate(rep_owner) if rep_owner else np.zeros(0, np.int64)

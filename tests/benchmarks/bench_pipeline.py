@@ -18,6 +18,7 @@ import json
 import lzma
 import os
 import re
+import resource
 import sys
 import tarfile
 import tempfile
@@ -202,22 +203,33 @@ def _our_shard(task: tuple[str, str]) -> list[tuple[str, str | None]]:
     return outcome
 
 
-def run_ours(shards: list[Path], out_dir: Path, workers: int) -> tuple[float, dict[str, str | None]]:
-    """Our filters on ``workers`` processes (one task per shard). Returns seconds, decisions."""
+def _children_cpu() -> float:
+    """CPU seconds used by finished child processes so far (the machine is shared, so wall
+    time alone says little)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_ours(shards: list[Path], out_dir: Path, workers: int) -> tuple[float, float, dict[str, str | None]]:
+    """Our filters on ``workers`` processes (one task per shard). Returns wall seconds, CPU
+    seconds of the workers, decisions."""
     import multiprocessing as mp
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    with mp.get_context("spawn").Pool(workers) as pool:
-        results = pool.map(_our_shard, [(str(p), str(out_dir)) for p in shards], chunksize=1)
-    seconds = time.perf_counter() - t0
-    return seconds, {doc_id: reason for part in results for doc_id, reason in part}
+    cpu0, t0 = _children_cpu(), time.perf_counter()
+    pool = mp.get_context("spawn").Pool(workers)
+    results = pool.map(_our_shard, [(str(p), str(out_dir)) for p in shards], chunksize=1)
+    pool.close()
+    pool.join()
+    seconds, cpu = time.perf_counter() - t0, _children_cpu() - cpu0
+    return seconds, cpu, {doc_id: reason for part in results for doc_id, reason in part}
 
 
-def run_datatrove(shard_dir: Path, out_dir: Path, workers: int) -> tuple[float, dict[str, str | None]]:
+def run_datatrove(shard_dir: Path, out_dir: Path, workers: int) -> tuple[float, float, dict[str, str | None]]:
     """datatrove's GopherRepetition -> GopherQuality -> C4Quality on ``workers`` processes
     (``LocalPipelineExecutor(tasks=workers, workers=workers)``), writing kept documents as
-    Parquet and dropped ones (with datatrove's reason) as JSONL. Returns seconds, decisions."""
+    Parquet and dropped ones (with datatrove's reason) as JSONL. Returns wall seconds, CPU
+    seconds of the workers, decisions."""
     from datatrove.executor import LocalPipelineExecutor
     from datatrove.pipeline.filters import C4QualityFilter, GopherQualityFilter, GopherRepetitionFilter
     from datatrove.pipeline.readers import JsonlReader
@@ -237,10 +249,11 @@ def run_datatrove(shard_dir: Path, out_dir: Path, workers: int) -> tuple[float, 
         tasks=workers,
         workers=workers,
         logging_dir=str(out_dir / "logs"),
+        start_method="fork",  # workers are our children, so their CPU time is counted
     )
-    t0 = time.perf_counter()
+    cpu0, t0 = _children_cpu(), time.perf_counter()
     executor.run()
-    seconds = time.perf_counter() - t0
+    seconds, cpu = time.perf_counter() - t0, _children_cpu() - cpu0
     decisions: dict[str, str | None] = {}
     for path in (out_dir / "excluded").rglob("*.jsonl"):
         for line in path.open(encoding="utf-8"):
@@ -251,7 +264,7 @@ def run_datatrove(shard_dir: Path, out_dir: Path, workers: int) -> tuple[float, 
     for path in (out_dir / "kept").rglob("*.parquet"):
         for doc_id in pq.read_table(path, columns=["id"]).column("id").to_pylist():
             decisions[doc_id] = None
-    return seconds, decisions
+    return seconds, cpu, decisions
 
 
 def agreement(ours: dict[str, str | None], theirs: dict[str, str | None]) -> tuple[float, Counter]:
@@ -285,18 +298,21 @@ def bench_filters(copies: int, workers: int, only: str | None) -> None:
         shards = write_shards(docs, tmp / "input", n_shards=4 * workers)
         ours = theirs = None
         if only in (None, "ours"):
-            sec, ours = run_ours(shards, tmp / "ours", workers)
+            sec, cpu, ours = run_ours(shards, tmp / "ours", workers)
             print(f"  ours (gopher_repetition -> gopher_quality -> c4_quality -> fineweb_quality): "
-                  f"{sec:.1f} s, {len(docs) / sec:,.0f} docs/s")
+                  f"{sec:.1f} s wall = {len(docs) / sec:,.0f} docs/s; {cpu:.1f} CPU s = "
+                  f"{len(docs) / cpu:,.0f} docs/s per busy core")
             kept = sum(r is None for r in ours.values())
             print(f"    kept {kept}, dropped {len(ours) - kept}: "
                   f"{dict(Counter(r.split(':')[0] for r in ours.values() if r).most_common())}")
         if only in (None, "datatrove"):
-            dsec, theirs = run_datatrove(tmp / "input", tmp / "datatrove", workers)
-            print(f"  datatrove (GopherRepetition -> GopherQuality -> C4Quality): {dsec:.1f} s, "
-                  f"{len(docs) / dsec:,.0f} docs/s")
+            dsec, dcpu, theirs = run_datatrove(tmp / "input", tmp / "datatrove", workers)
+            print(f"  datatrove (GopherRepetition -> GopherQuality -> C4Quality): {dsec:.1f} s wall = "
+                  f"{len(docs) / dsec:,.0f} docs/s; {dcpu:.1f} CPU s = {len(docs) / dcpu:,.0f} docs/s "
+                  f"per busy core")
         if ours is not None and theirs is not None:
-            print(f"  speed ratio (ours with 4 filters / datatrove with 3): {dsec / sec:.1f}x")
+            print(f"  speed ratio (ours with 4 filters / datatrove with 3): {dsec / sec:.1f}x wall, "
+                  f"{dcpu / cpu:.1f}x CPU")
             agree, table = agreement(ours, theirs)
             print(f"  keep/drop agreement on the 3 shared filters: {100 * agree:.2f}% "
                   f"of {len(set(ours) & set(theirs))} documents")
