@@ -43,6 +43,10 @@ PACK_REPORT = "_pack_report.json"  # written by refinery's pack stage once all s
 IGNORE = -100  # target id the loss ignores (padding, cross-document predictions)
 
 
+class DataError(ValueError):
+    """Packed data the trainer cannot use as configured (row length, token ids, manifest)."""
+
+
 class DataChangedError(RuntimeError):
     """The checkpoint's data order cannot be reproduced: other shards, seed or global batch."""
 
@@ -83,7 +87,7 @@ def _list_shards(root: Path) -> list[Shard]:
                 rec = json.loads(line)
                 entries[rec["shard"]] = rec  # a re-committed shard: the last line wins
             except (ValueError, KeyError) as err:
-                raise ValueError(f"{manifest}:{n}: bad manifest line ({err})") from None
+                raise DataError(f"{manifest}:{n}: bad manifest line ({err})") from None
         # A pack that was re-run with other parameters can leave stale lines behind; its report
         # names the parameters hash of the shards that make up the current output.
         report = root / PACK_REPORT
@@ -203,7 +207,7 @@ class PackedDataset:
         ids = table.column("input_ids").combine_chunks()
         width = np.diff(ids.offsets.to_numpy())
         if len(width) and (width != width[0]).any():
-            raise ValueError(f"{self.shards[shard].file} row group {rg}: rows have different lengths {sorted(set(width.tolist()))[:5]}")
+            raise DataError(f"{self.shards[shard].file} row group {rg}: rows have different lengths {sorted(set(width.tolist()))[:5]}")
         decoded = {
             "ids": ids.flatten().to_numpy(zero_copy_only=False).astype(np.int64).reshape(len(width), -1),
         }
@@ -417,12 +421,12 @@ def build_micro_batches(
     ids = rows.ids
     n = len(ids)
     if ids.shape[1] != seq_len + 1:
-        raise ValueError(f"packed rows have {ids.shape[1]} tokens, but data.seq_len + 1 = {seq_len + 1}")
+        raise DataError(f"packed rows have {ids.shape[1]} tokens, but data.seq_len + 1 = {seq_len + 1}")
     if vocab_size is not None and n and ids.max() >= vocab_size:
-        raise ValueError(f"token id {int(ids.max())} >= model.vocab_size {vocab_size}: the tokenizer and the model disagree")
+        raise DataError(f"token id {int(ids.max())} >= model.vocab_size {vocab_size}: the tokenizer and the model disagree")
     nonpad = np.array([int(np.sum(d)) for d in rows.doc_lens], dtype=np.int64)
     if (nonpad > seq_len + 1).any():
-        raise ValueError(f"doc_lens sum to {int(nonpad.max())} > row length {seq_len + 1}")
+        raise DataError(f"doc_lens sum to {int(nonpad.max())} > row length {seq_len + 1}")
     docs = doc_ids_from_lens(rows.doc_lens, seq_len + 1)
     inputs, targets = ids[:, :-1].copy(), ids[:, 1:].copy()
     valid = np.arange(1, seq_len + 1)[None, :] < nonpad[:, None]

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 from training import checkpoint as ckpt
 from training.config import ConfigError, GuardConfig, TrainConfig, load_config
-from training.data import IGNORE, DataChangedError, DataOrder, EvalData, PackedDataset, Prefetcher, build_step, check_resume
+from training.data import IGNORE, DataChangedError, DataError, DataOrder, EvalData, PackedDataset, Prefetcher, build_step, check_resume
 from training.metrics import MetricsLogger, peak_flops
 from training.model import Transformer, flops_per_token
 from training.parallel import (
@@ -496,6 +496,6 @@ def main(
         if anneal_from and not mix:
             raise ConfigError("--anneal-from needs --mix SOURCE=WEIGHT,... for the annealing phase")
         return run(cfg, resume, anneal_from, parse_mix(mix) if mix else None)
-    except (ConfigError, DataChangedError, FileNotFoundError) as err:
+    except (ConfigError, DataError, DataChangedError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
