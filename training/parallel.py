@@ -23,7 +23,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from training.config import ParallelConfig
+from training.config import ConfigError, ParallelConfig
 
 
 @dataclass
@@ -75,7 +75,10 @@ def strategy_for(cfg: ParallelConfig, env: DistEnv) -> str:
         return "none"
     if cfg.strategy == "auto":
         return "fsdp" if env.device.type == "cuda" else "ddp"
-    return "none" if cfg.strategy == "none" else cfg.strategy
+    if cfg.strategy == "none":
+        # Ranks would each train their own copy on a slice of the batch and drift apart.
+        raise ConfigError(f"parallel.strategy: 'none' cannot run on {env.world} processes; use ddp, fsdp or auto")
+    return cfg.strategy
 
 
 def parallelize(model: nn.Module, cfg: ParallelConfig, env: DistEnv) -> nn.Module:
