@@ -29,7 +29,8 @@ from curation.stages.filters import (
     GopherQualityFilter,
     GopherRepetitionFilter,
 )
-from curation.stages.text_signals import PUNCTUATION, TERMINAL_PUNCTUATION, split_words
+from curation.stages.text_signals import (PUNCTUATION, TERMINAL_PUNCTUATION, count_py_words, split_lines,
+                                          split_newlines, split_words)
 
 DATA = Path(__file__).parent / "data" / "filters"
 
@@ -352,6 +353,21 @@ def test_words_per_document_with_slices_and_nulls():
     assert words.counts.tolist() == [0, 0, 0, 3, 6]
     assert words.values().to_pylist()[3:] == ["naïve", "café", "—", "déjà", "vu", "."]
     assert words.lengths.tolist() == [3, 3, 5, 5, 4, 1, 4, 2, 1]
+
+
+@pytest.mark.parametrize("split,reference", [
+    (split_lines, str.splitlines),
+    (split_newlines, lambda t: re.split(r"\n+", t)),
+    (lambda a: split_newlines(a, min_run=2), lambda t: re.split(r"\n{2,}", t)),
+    (lambda a: split_newlines(a, runs=False), lambda t: t.split("\n")),
+])
+def test_line_and_paragraph_splits_equal_python(split, reference):
+    texts = ["\na\n\nb\n", "x", "", "\n", "a\r\nb\rc\x0bd\x1ce\u2028f\x85g\n", "p\n\n\nq\n\n", "\n\nlead",
+             "né\n\n\n", *[d["text"] for d in REAL[:20]]]
+    seg = split(pa.array(texts))
+    values = seg.values.to_pylist()
+    assert [values[seg.offsets[i]: seg.offsets[i + 1]] for i in range(len(texts))] == [reference(t) for t in texts]
+    assert count_py_words(pa.array(texts)).tolist() == [len(t.split()) for t in texts]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -202,9 +202,9 @@ class GopherRepetitionFilter(_FilterStage):
     def signals(self, texts):
         n = len(texts)
         text_len = ts._np(pc.utf8_length(texts)).astype(np.int64)
-        paragraphs = ts.split_pattern(ts.strip(texts), r"\n{2,}")
+        paragraphs = ts.split_newlines(ts.strip(texts), min_run=2)
         para_dups, para_chars = ts.duplicate_stats(paragraphs)
-        lines = ts.split_pattern(texts, r"\n+")
+        lines = ts.split_newlines(texts)
         line_dups, line_chars = ts.duplicate_stats(lines)
         columns = {
             "gopher_dup_para_frac": ts.safe_div(para_dups, paragraphs.counts),
@@ -385,7 +385,7 @@ class FineWebQualityFilter(_FilterStage):
 
     def signals(self, texts):
         n = len(texts)
-        lines = ts.split_pattern(texts, "\n")
+        lines = ts.split_newlines(texts, runs=False)
         nonblank = ts._mask(pc.greater(pc.binary_length(ts.strip(lines.values)), 0))
         lines = lines.select(nonblank)
         n_lines = lines.counts

@@ -101,6 +101,7 @@ class Segments:
     values: pa.Array
     doc: np.ndarray
     offsets: np.ndarray
+    byte_len: np.ndarray | None = None
 
     @classmethod
     def from_lists(cls, lists: pa.Array) -> Segments:
@@ -132,7 +133,10 @@ class Segments:
     def select(self, mask: np.ndarray) -> Segments:
         """Keep the parts where ``mask`` is true (documents keep their order)."""
         counts = np.bincount(self.doc[mask], minlength=self.n_docs)
-        return Segments.from_counts(self.values.filter(pa.array(mask)), counts)
+        seg = Segments.from_counts(self.values.filter(pa.array(mask)), counts)
+        if self.byte_len is not None:
+            seg.byte_len = self.byte_len[mask]
+        return seg
 
     def to_lists(self) -> pa.Array:
         """Back to one list of parts per document."""
@@ -161,22 +165,74 @@ def safe_div(num: np.ndarray, den: np.ndarray) -> np.ndarray:
 
 def split_lines(texts: pa.Array) -> Segments:
     """``str.splitlines()`` for every text: all Unicode line breaks, no trailing empty line."""
-    parts = pc.split_pattern_regex(
-        texts, r"\r\n|[\n\r\x0b\x0c\x1c\x1d\x1e\x{85}\x{2028}\x{2029}]"
-    )
-    seg = Segments.from_lists(parts)
+    seg = _split_at(texts, "lines")
     # splitlines drops the empty piece after a final line break (and returns [] for "").
-    last = seg.offsets[1:] - 1
-    has_parts = seg.counts > 0
-    last = last[has_parts]
+    last = seg.offsets[1:][seg.counts > 0] - 1
     drop = np.zeros(len(seg.values), dtype=bool)
-    drop[last] = _np(pc.binary_length(seg.values.take(pa.array(last)))) == 0
+    drop[last] = seg.byte_len[last] == 0
     return seg.select(~drop) if drop.any() else seg
 
 
-def split_pattern(texts: pa.Array, pattern: str) -> Segments:
-    """``re.split(pattern, text)`` for every text (leading/trailing empty parts kept)."""
-    return Segments.from_lists(pc.split_pattern_regex(texts, pattern))
+def split_newlines(texts: pa.Array, min_run: int = 1, runs: bool = True) -> Segments:
+    """``re.split("\\n+")`` (``runs``; with ``min_run=2``: ``"\\n{2,}"``) or
+    ``text.split("\\n")`` (``runs=False``) for every text; empty parts kept."""
+    return _split_at(texts, "newline", min_run=min_run, runs=runs)
+
+
+def _split_at(texts: pa.Array, kind: str, min_run: int = 1, runs: bool = True) -> Segments:
+    """Split every text at separators found in its UTF-8 bytes (no regex engine)."""
+    n = len(texts)
+    b, doff, buf, base = _text_bytes(texts)
+    B = len(b)
+    if kind == "lines":
+        # \n \r \v \f \x1c-\x1e, "\r\n" as one, and \x85 \u2028 \u2029 (multi-byte).
+        brk = ((b >= 0x0A) & (b <= 0x0D)) | ((b >= 0x1C) & (b <= 0x1E))
+        sep_s = np.flatnonzero(brk)
+        crlf = (b[sep_s] == 0x0D) & (b[np.minimum(sep_s + 1, B - 1)] == 0x0A) & (sep_s + 1 < B)
+        sep_e = sep_s + 1 + crlf
+        lf_after_cr = np.zeros(len(sep_s), dtype=bool)
+        lf_after_cr[1:] = crlf[:-1] & (sep_s[1:] == sep_s[:-1] + 1)
+        sep_s, sep_e = sep_s[~lf_after_cr], sep_e[~lf_after_cr]
+        c2 = np.flatnonzero((b[:-1] == 0xC2) & (b[1:] == 0x85)) if B > 1 else np.zeros(0, np.int64)
+        e2 = np.flatnonzero((b[:-2] == 0xE2) & (b[1:-1] == 0x80) & ((b[2:] == 0xA8) | (b[2:] == 0xA9))) \
+            if B > 2 else np.zeros(0, np.int64)
+        if len(c2) or len(e2):
+            sep_s = np.concatenate((sep_s, c2, e2))
+            sep_e = np.concatenate((sep_e, c2 + 2, e2 + 3))
+            order = np.argsort(sep_s, kind="stable")
+            sep_s, sep_e = sep_s[order], sep_e[order]
+    else:
+        nl = np.flatnonzero(b == 0x0A)
+        if runs and len(nl):
+            doc_start = np.zeros(B + 1, dtype=bool)
+            doc_start[doff] = True
+            start = np.ones(len(nl), dtype=bool)
+            # A run never crosses texts: a text's first byte starts a new run.
+            start[1:] = (nl[1:] != nl[:-1] + 1) | doc_start[nl[1:]]
+            first = np.flatnonzero(start)
+            length = np.diff(np.append(first, len(nl)))
+            sep_s, sep_e = nl[first], nl[first] + length
+            keep = (sep_e - sep_s) >= min_run
+            sep_s, sep_e = sep_s[keep], sep_e[keep]
+        else:
+            sep_s, sep_e = nl, nl + 1
+    # Pieces: from each text start or separator end to the next separator start or text end.
+    sep_doc = np.searchsorted(doff, sep_s, side="right") - 1
+    n_sep = np.bincount(sep_doc, minlength=n) if len(sep_s) else np.zeros(n, np.int64)
+    counts = n_sep + 1
+    total = int(counts.sum())
+    starts = np.empty(total, dtype=np.int64)
+    ends = np.empty(total, dtype=np.int64)
+    first_piece = np.cumsum(counts) - counts
+    starts[first_piece] = doff[:-1]
+    ends[first_piece + counts - 1] = doff[1:]
+    rank = np.arange(len(sep_s)) - (np.cumsum(n_sep) - n_sep)[sep_doc]
+    at = first_piece[sep_doc] + rank
+    ends[at] = sep_s
+    starts[at + 1] = sep_e
+    seg = Segments.from_counts(_byte_spans(buf, base, starts, ends, gaps=True), counts)
+    seg.byte_len = ends - starts
+    return seg
 
 
 def strip(values: pa.Array) -> pa.Array:
@@ -186,7 +242,15 @@ def strip(values: pa.Array) -> pa.Array:
 
 def count_py_words(values: pa.Array) -> np.ndarray:
     """``len(s.split())`` for every string."""
-    return _np(pc.count_substring_regex(values, f"[^{_WS}]+")).astype(np.int64)
+    b, doff, _, _ = _text_bytes(values)
+    if not len(b):
+        return np.zeros(len(values), dtype=np.int64)
+    ws = (_byte_classes(b) & _B_WS) != 0
+    first = ~ws
+    first[1:] &= ws[:-1]
+    nonempty = doff[1:] > doff[:-1]
+    first[doff[:-1][nonempty]] = ~ws[doff[:-1][nonempty]]
+    return np.diff(np.searchsorted(np.flatnonzero(first), doff))
 
 
 def ends_with_any(values: pa.Array, chars) -> np.ndarray:
@@ -793,8 +857,8 @@ class Words:
             words = [values[i] for i in short]
             keys, order = _key_table(words)
             cand = np.flatnonzero(self.byte_lengths <= 16)
-            cand, hit = _find_keys(self._win, self.start[cand], self.byte_lengths[cand], keys, order,
-                                   _key_filter(words), cand)
+            cand, hit = _find_keys(self._b, self._win, self.start[cand], self.byte_lengths[cand], keys,
+                                   order, _key_filter(words), cand)
             out[cand] = np.array(short)[hit]
         long = [i for i, v in enumerate(values) if len(v.encode()) > 16]
         if long:
@@ -983,8 +1047,8 @@ def _apply_special_cases(b, cls, tok_start, tok_end, core_s, core_e, unit_ok):
             a, e = tok_start[t], tok_end[t + k - 1]
             ok = (e - a <= 16) & ~taken[t] & ~taken[t + k - 1]
             t, a, e = t[ok], a[ok], e[ok]
-            keys, order, cuts, bloom = tables[k]
-            t, hit = _find_keys(win, a, e - a, keys, order, bloom, t)
+            keys, order, cuts, sieve = tables[k]
+            t, hit = _find_keys(b, win, a, e - a, keys, order, sieve, t)
             if not len(t):
                 continue
             if len(t) > 1:
@@ -994,10 +1058,10 @@ def _apply_special_cases(b, cls, tok_start, tok_end, core_s, core_e, unit_ok):
                 t, hit = t[~clash], hit[~clash]
             replace(t, k, tok_start[t], cuts[hit])
     # One-word special cases on whole cores.
-    keys, order, cuts, bloom = _one_word_split_keys()
+    keys, order, cuts, sieve = _one_word_split_keys()
     n_b = core_e - core_s
     c = np.flatnonzero((n_b <= 16) & (n_b > 0))
-    c, hit = _find_keys(win, core_s[c], n_b[c], keys, order, bloom, c)
+    c, hit = _find_keys(b, win, core_s[c], n_b[c], keys, order, sieve, c)
     if len(c):
         t = np.searchsorted(tok_start, core_s[c])
         ok = (tok_end[t] == core_e[c]) & ~taken[t]
@@ -1015,8 +1079,8 @@ def _apply_special_cases(b, cls, tok_start, tok_end, core_s, core_e, unit_ok):
         ok = whole[tok_start[t]] & ~taken[t] & (tok_start[t] <= d)
         d, t, tail = d[ok], t[ok], tail[ok]
         if len(d):
-            ukeys, uorder, ubloom = _unit_keys()
-            d, _ = _find_keys(win, d + 1, tail, ukeys, uorder, ubloom, d)
+            ukeys, uorder, usieve = _unit_keys()
+            d, _ = _find_keys(b, win, d + 1, tail, ukeys, uorder, usieve, d)
             t = np.searchsorted(tok_start, d + 1, side="right") - 1
             t, first = np.unique(t, return_index=True)  # one unit per word
             d = d[first]
@@ -1050,33 +1114,30 @@ def _apply_special_cases(b, cls, tok_start, tok_end, core_s, core_e, unit_ok):
     return new_start, new_end
 
 
-def _find_keys(win, start, n_bytes, keys, order, bloom, carry):
+def _find_keys(b, win, start, n_bytes, keys, order, sieve, carry):
     """The spans whose bytes equal one of the keys: (their ``carry`` values, key indices).
 
-    A 2**20-bit filter on the raw bytes rules out almost every span before the exact
-    64-bit key is computed."""
+    A table over (first byte, last byte, length) rules out almost every span with three
+    small gathers before the exact 64-bit key is computed."""
     if not len(start):
         return carry, np.zeros(0, np.int64)
-    lo = win[start] & _LOW_MASK[np.minimum(n_bytes, 8)]
-    maybe = bloom[_bloom_slot(lo, n_bytes)]
+    maybe = sieve[_sieve_slot(b[start], b[start + n_bytes - 1], n_bytes)]
     start, n_bytes, carry = start[maybe], n_bytes[maybe], carry[maybe]
     hit = _lookup(keys, order, _short_key(win, start, n_bytes))
     ok = hit >= 0
     return carry[ok], hit[ok]
 
 
-def _bloom_slot(lo: np.ndarray, n_bytes: np.ndarray) -> np.ndarray:
-    with np.errstate(over="ignore"):
-        h = (lo + n_bytes.astype(np.uint64)) * np.uint64(0x9E3779B97F4A7C15)
-    return (h >> np.uint64(44)).astype(np.int64)
+def _sieve_slot(first: np.ndarray, last: np.ndarray, n_bytes: np.ndarray) -> np.ndarray:
+    return (first.astype(np.int64) << 13) | (last.astype(np.int64) << 5) | np.minimum(n_bytes, 31)
 
 
 def _key_filter(values) -> np.ndarray:
-    bloom = np.zeros(1 << 20, dtype=bool)
+    sieve = np.zeros(1 << 21, dtype=bool)
     raw = [v.encode() for v in values]
-    lo = np.array([int.from_bytes(r[:8], "little") for r in raw], dtype=np.uint64)
-    bloom[_bloom_slot(lo, np.array([len(r) for r in raw], dtype=np.int64))] = True
-    return bloom
+    sieve[_sieve_slot(np.array([r[0] for r in raw]), np.array([r[-1] for r in raw]),
+                      np.array([len(r) for r in raw]))] = True
+    return sieve
 
 
 @functools.lru_cache(maxsize=1)
@@ -1124,12 +1185,12 @@ def _spans_from_starts(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray
     return pos[at], pos[at + 1]
 
 
-def _byte_spans(buf: pa.Buffer, base: int, start: np.ndarray, end: np.ndarray) -> pa.Array:
+def _byte_spans(buf: pa.Buffer, base: int, start: np.ndarray, end: np.ndarray, gaps: bool = True) -> pa.Array:
     """Arrow strings for the byte spans [start, end) of the text data (sorted, disjoint)."""
     m = len(start)
-    if m == 0:
-        return pa.array([], pa.string())
-    # Interleave words and the gaps between them, then keep the words.
+    if m == 0 or buf is None:
+        return pa.array([""] * m, pa.string())
+    # Interleave spans and the gaps between them, then keep the spans.
     off = np.empty(2 * m, dtype=np.int64)
     off[0::2] = start + base
     off[1::2] = end + base
@@ -1321,30 +1382,30 @@ class NGramIndex:
         # A position is a duplicate if its group has an earlier member (at first: any).
         first_member = np.ones(len(pos), dtype=bool)
         first_member[1:] = group[1:] != group[:-1]
-        dup_pos = np.sort(pos[~first_member])
+        dup = ~first_member
+        # From here on, keep everything in position order (filters preserve it).
+        order = np.argsort(pos, kind="stable")
+        pos, group, dup = pos[order], group[order], dup[order]
+        big = np.iinfo(np.int64).max
         done = []
         while len(pos):
+            dup_pos = pos[dup]
             visited_dups = self._greedy_path(dup_pos, n)
             # Recompute duplicates against visited positions only.
             visited = self._visited(pos, visited_dups, n)
-            first_visited = np.full(len(g.group_start), np.iinfo(np.int64).max, dtype=np.int64)
-            vis_idx = np.flatnonzero(visited)
-            if len(vis_idx):
-                gv = group[vis_idx]
-                firsts = np.ones(len(gv), dtype=bool)
-                firsts[1:] = gv[1:] != gv[:-1]
-                first_visited[gv[firsts]] = pos[vis_idx[firsts]]
-            new_dup = np.sort(pos[pos > first_visited[group]])
+            first_visited = np.full(len(g.group_start), big, dtype=np.int64)
+            np.minimum.at(first_visited, group[visited], pos[visited])
+            new_dup = pos > first_visited[group]
             # Documents whose duplicates changed go round again; the others are final.
-            changed_docs = np.unique(self.doc[np.setxor1d(new_dup, dup_pos, assume_unique=True)])
-            if not len(changed_docs):
+            changed = new_dup != dup
+            if not changed.any():
                 done.append(visited_dups)
                 break
-            stable = ~np.isin(self.doc[visited_dups], changed_docs)
-            done.append(visited_dups[stable])
-            keep = np.isin(self.doc[pos], changed_docs)
-            pos, group = pos[keep], group[keep]
-            dup_pos = new_dup[np.isin(self.doc[new_dup], changed_docs)]
+            changed_docs = np.zeros(self.n_docs, dtype=bool)
+            changed_docs[self.doc[pos[changed]]] = True
+            done.append(visited_dups[~changed_docs[self.doc[visited_dups]]])
+            keep = changed_docs[self.doc[pos]]
+            pos, group, dup = pos[keep], group[keep], new_dup[keep]
         visited_dups = np.concatenate(done)
         if len(visited_dups):
             chars = self.ngram_chars(visited_dups, n, False)
