@@ -63,8 +63,8 @@ _BYTE_MASKS = np.array([0] + [(1 << (8 * i)) - 1 for i in range(1, 8)] + [_MASK6
 # Bytes that split words: ASCII whitespace as Python's str.split() sees it.
 _WS_BYTES = np.zeros(256, dtype=bool)
 _WS_BYTES[[9, 10, 11, 12, 13, 28, 29, 30, 31, 32]] = True
-# Unicode whitespace that survives NFKC (the other spaces become U+0020 under NFKC).
-_UNICODE_WS = {0x85: " ", 0x1680: " ", 0x2028: " ", 0x2029: " ", 0x180E: " "}
+# Whitespace characters NFKC keeps (the other spaces become U+0020 under NFKC).
+_UNICODE_WS = {0x85: " ", 0x1680: " ", 0x2028: " ", 0x2029: " "}
 _UNICODE_WS_CHARS = tuple(chr(c) for c in _UNICODE_WS)
 
 
@@ -75,11 +75,14 @@ class ArtifactMismatch(ValueError):
 
 def mix64(x: np.ndarray) -> np.ndarray:
     """splitmix64 finaliser over a uint64 array (a bijection, avalanche on every bit)."""
-    x = x ^ (x >> _U64(30))
+    t = x >> _U64(30)
+    x = x ^ t
     x *= _M1
-    x ^= x >> _U64(27)
+    np.right_shift(x, _U64(27), out=t)  # one scratch array: these run over millions of words
+    x ^= t
     x *= _M2
-    x ^= x >> _U64(31)
+    np.right_shift(x, _U64(31), out=t)
+    x ^= t
     return x
 
 
@@ -134,12 +137,31 @@ def _string_buffers(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     return offsets.astype(np.int64) - start, data[start:int(offsets[-1])]
 
 
-def _whitespace_mask(data: np.ndarray) -> np.ndarray:
-    """Per byte: is it whitespace (str.split's ASCII set)? Bytes below 32 are rare except
-    newlines and tabs, so the lookup table is only consulted for them."""
+def _whitespace_mask(data: np.ndarray, high: np.ndarray | None = None) -> np.ndarray:
+    """Per byte: is it (part of) a character ``str.split`` treats as whitespace?
+
+    Bytes below 32 are rare except newlines and tabs, so the lookup table is only consulted
+    for them; the multi-byte whitespace characters (U+0085, U+00A0, U+1680, U+2000-U+200A,
+    U+2028, U+2029, U+202F, U+205F, U+3000) are looked for among the non-ASCII bytes
+    (``high``: their positions, when the caller has them).
+    """
     ws = data <= 32
     low = np.flatnonzero(data < 32)
     ws[low] = _WS_BYTES[data[low]]
+    lead = np.flatnonzero(data >= 0xC2) if high is None else high[data[high] >= 0xC2]
+    if len(lead):
+        b0 = data[lead]
+        b1 = np.take(data, lead + 1, mode="clip")
+        b2 = np.take(data, lead + 2, mode="clip")
+        two = (b0 == 0xC2) & ((b1 == 0x85) | (b1 == 0xA0))
+        three = (((b0 == 0xE1) & (b1 == 0x9A) & (b2 == 0x80))
+                 | ((b0 == 0xE2) & (b1 == 0x80) & ((b2 <= 0x8A) | (b2 == 0xA8) | (b2 == 0xA9) | (b2 == 0xAF)))
+                 | ((b0 == 0xE2) & (b1 == 0x81) & (b2 == 0x9F))
+                 | ((b0 == 0xE3) & (b1 == 0x80) & (b2 == 0x80)))
+        for width, sel in ((2, two), (3, three)):
+            at = lead[sel]
+            for j in range(width):
+                ws[at + j] = True
     return ws
 
 
@@ -184,18 +206,9 @@ def collapse_whitespace(texts: pa.Array) -> pa.Array:
 # words and shingles
 
 
-def word_hashes(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """64-bit hash of every whitespace-separated word of a batch of (normalised) texts.
-
-    Returns ``(hashes uint64[num_words], doc_offsets int64[num_docs + 1])``: the words of
-    document i are ``hashes[doc_offsets[i]:doc_offsets[i + 1]]``, in text order.
-    """
-    offsets, data = _string_buffers(texts)
+def _word_spans(offsets: np.ndarray, data: np.ndarray, ws: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(start, end) byte offsets of the maximal non-whitespace runs, cut at documents."""
     n = len(data)
-    num_docs = len(offsets) - 1
-    if n == 0:
-        return np.zeros(0, np.uint64), np.zeros(num_docs + 1, np.int64)
-    ws = _whitespace_mask(data)
     boundary = np.zeros(n + 1, dtype=bool)
     boundary[offsets] = True
     prev_break = np.empty(n, dtype=bool)
@@ -207,16 +220,24 @@ def word_hashes(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     next_break[:-1] = ws[1:]
     next_break |= boundary[1:]
     is_word = ~ws
-    starts = np.flatnonzero(is_word & prev_break)
-    ends = np.flatnonzero(is_word & next_break) + 1
+    return np.flatnonzero(is_word & prev_break), np.flatnonzero(is_word & next_break) + 1
+
+
+def _hash_spans(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """64-bit hash of the byte spans ``data[starts[i]:ends[i]]`` (all non-empty).
+
+    8-byte little-endian chunks are read unaligned straight from the buffer (padded so the
+    last read stays inside); every chunk after the first is mixed with its position, the
+    chunks are summed per span (order-sensitive) and the length is mixed in at the end.
+    """
+    n = len(data)
     lengths = ends - starts
-    # 8-byte little-endian chunks read unaligned straight from the buffer (padded so the
-    # last read stays inside); each chunk is mixed with its position and the mixes are
-    # summed per word: order-sensitive, and the length is mixed in at the end.
     padded = np.zeros((n + 16) // 8 * 8, dtype=np.uint8)
     padded[:n] = data
     windows = np.lib.stride_tricks.as_strided(padded.view("<u8"), shape=(n,), strides=(1,))
-    summed = mix64((windows[starts] & _BYTE_MASKS[np.minimum(lengths, 8)]) ^ _CHUNK_SALT)
+    # the first chunk enters unmixed: with the length it is injective for words of up to 8
+    # bytes, and the final mix64 is a bijection, so short words never collide
+    summed = windows[starts] & _BYTE_MASKS[np.minimum(lengths, 8)]
     long_words = np.flatnonzero(lengths > 8)  # few: the per-chunk bookkeeping is only for them
     if len(long_words):
         extra = (lengths[long_words] - 1) >> 3
@@ -228,9 +249,89 @@ def word_hashes(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
         mixed = mix64((windows[chunk_start] & _BYTE_MASKS[chunk_len])
                       ^ (chunk_idx.astype(np.uint64) + _U64(1)) * _CHUNK_SALT)
         summed[long_words] += np.add.reduceat(mixed, first)
-    hashes = mix64(summed + lengths.astype(np.uint64) * _LEN_SALT)
+    return mix64(summed + lengths.astype(np.uint64) * _LEN_SALT)
+
+
+def word_hashes(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """64-bit hash of every whitespace-separated word of a batch of already normalised
+    texts (``normalize_text``).
+
+    Returns ``(hashes uint64[num_words], doc_offsets int64[num_docs + 1])``: the words of
+    document i are ``hashes[doc_offsets[i]:doc_offsets[i + 1]]``, in text order.
+    """
+    offsets, data = _string_buffers(texts)
+    if len(data) == 0:
+        return np.zeros(0, np.uint64), np.zeros(len(offsets), np.int64)
+    starts, ends = _word_spans(offsets, data, _whitespace_mask(data))
     # words never cross documents, so a document's words are those starting inside it
-    return hashes, np.searchsorted(starts, offsets, side="left").astype(np.int64)
+    return _hash_spans(data, starts, ends), np.searchsorted(starts, offsets, side="left").astype(np.int64)
+
+
+def normalized_word_hashes(texts: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """``word_hashes(normalize_text(texts))`` straight from raw text, much faster.
+
+    Words are cut on the raw bytes (every character ``str.split`` treats as whitespace,
+    multi-byte ones included: NFKC maps whitespace to whitespace). ASCII words are lowered
+    byte-wise and hashed where they lie. Only the distinct non-ASCII words of the batch are
+    decoded and normalised in Python (NFKC + casefold of a word equals that of the text,
+    since whitespace never composes with a neighbour), then hashed the same way; a word
+    whose normal form contains whitespace (U+00A8 "¨" -> " ̈") becomes several words.
+    """
+    if isinstance(texts, pa.ChunkedArray):
+        texts = texts.combine_chunks() if texts.num_chunks != 1 else texts.chunk(0)
+    if pa.types.is_large_string(texts.type):
+        texts = texts.cast(pa.string())
+    offsets, data = _string_buffers(pc.fill_null(texts, ""))
+    if len(data) == 0:
+        return np.zeros(0, np.uint64), np.zeros(len(offsets), np.int64)
+    hi = np.flatnonzero(data >= 0x80)
+    ws = _whitespace_mask(data, hi)
+    starts, ends = _word_spans(offsets, data, ws)
+    doc_offsets = np.searchsorted(starts, offsets, side="left").astype(np.int64)
+    lowered = data + ((data - np.uint8(65)) < 26).view(np.uint8) * np.uint8(32)  # A-Z -> a-z
+    hashes = _hash_spans(lowered, starts, ends)
+    if len(hi) == 0:
+        return hashes, doc_offsets
+    # words holding a non-ASCII byte: looked up once per run of consecutive high bytes (a
+    # Cyrillic word is one run), not once per byte
+    hw = hi[~ws[hi]]
+    new_run = np.ones(len(hw), dtype=bool)
+    if len(hw) > 1:
+        new_run[1:] = hw[1:] != hw[:-1] + 1
+        at_start = np.zeros(len(data), dtype=bool)
+        at_start[starts] = True
+        new_run |= at_start[hw]  # a run never continues into the next word (or document)
+    runs = hw[new_run]
+    word_of = np.searchsorted(starts, runs, side="right") - 1
+    word_of = word_of[(word_of >= 0) & (runs < ends[np.maximum(word_of, 0)])]
+    word_of = word_of[np.r_[True, word_of[1:] != word_of[:-1]]] if len(word_of) else word_of  # sorted: dedupe
+    if len(word_of) == 0:  # the only non-ASCII characters were spaces
+        return hashes, doc_offsets
+    raw = _hash_spans(data, starts[word_of], ends[word_of])
+    uniq, first, inverse = np.unique(raw, return_index=True, return_inverse=True)
+    u_words = word_of[first]
+    lens = ends[u_words] - starts[u_words]
+    gather = np.repeat(starts[u_words] - np.r_[0, np.cumsum(lens)[:-1]], lens) + np.arange(int(lens.sum()))
+    u_off = np.r_[0, np.cumsum(lens)].astype(np.int32)
+    u_arr = pa.Array.from_buffers(pa.string(), len(u_words), [None, pa.py_buffer(u_off), pa.py_buffer(data[gather])])
+    normal = pa.array([_normalize_one(w) for w in u_arr.to_pylist()], pa.string())
+    n_hash, n_off = word_hashes(normal)
+    k = np.diff(n_off)[inverse]
+    if (k == 1).all():  # the usual case: one normalised word per raw word
+        hashes[word_of] = n_hash[n_off[inverse]]
+        return hashes, doc_offsets
+    # splice: every word has 1 hash, except the non-ASCII ones, which have k >= 0
+    counts = np.ones(len(starts), dtype=np.int64)
+    counts[word_of] = k
+    pos = np.cumsum(counts) - counts
+    out = np.empty(int(counts.sum()), dtype=np.uint64)
+    ascii_words = np.ones(len(starts), dtype=bool)
+    ascii_words[word_of] = False
+    out[pos[ascii_words]] = hashes[ascii_words]
+    w_rep = np.repeat(np.arange(len(word_of)), k)
+    t = np.arange(int(k.sum())) - np.repeat(np.cumsum(k) - k, k)
+    out[pos[word_of][w_rep] + t] = n_hash[n_off[inverse][w_rep] + t]
+    return out, np.r_[0, np.cumsum(counts)][doc_offsets].astype(np.int64)
 
 
 def shingle_hashes(words: np.ndarray, doc_offsets: np.ndarray, ngram: int) -> tuple[np.ndarray, np.ndarray]:
@@ -266,6 +367,15 @@ def shingle_hashes(words: np.ndarray, doc_offsets: np.ndarray, ngram: int) -> tu
         out[sh_off[docs]] = g
     # the n-gram length is part of the hash: a 3-word document is not a "3-gram" of a 5-gram corpus
     return mix64(out ^ _U64((ngram * 0x9E3779B97F4A7C15) & _MASK64)), sh_off
+
+
+def _words_of(texts: pa.Array | pa.ChunkedArray | list[str], normalized: bool) -> tuple[np.ndarray, np.ndarray]:
+    arr = texts if isinstance(texts, (pa.Array, pa.ChunkedArray)) else pa.array(texts, pa.string())
+    if not normalized:
+        return normalized_word_hashes(arr)
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    return word_hashes(pc.fill_null(arr, ""))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -311,12 +421,7 @@ class MinHasher:
 
     def shingles(self, texts: pa.Array | list[str], normalized: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """(32-bit shingle values as uint64, shingle offsets per document) of a batch."""
-        arr = texts if isinstance(texts, (pa.Array, pa.ChunkedArray)) else pa.array(texts, pa.string())
-        norm = arr if normalized else normalize_text(arr)
-        if isinstance(norm, pa.ChunkedArray):
-            norm = norm.combine_chunks()
-        words, doc_off = word_hashes(norm)
-        sh, sh_off = shingle_hashes(words, doc_off, self.ngram)
+        sh, sh_off = shingle_hashes(*_words_of(texts, normalized), self.ngram)
         return sh >> _U64(32), sh_off
 
     def signatures(self, texts: pa.Array | list[str], normalized: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -366,12 +471,7 @@ def estimate_jaccard(sig_a: np.ndarray, sig_b: np.ndarray) -> np.ndarray:
 
 def shingle_sets(texts: pa.Array | list[str], ngram: int) -> list[np.ndarray]:
     """Sorted unique 64-bit shingle hashes per document (for exact Jaccard checks)."""
-    arr = texts if isinstance(texts, (pa.Array, pa.ChunkedArray)) else pa.array(texts, pa.string())
-    norm = normalize_text(arr)
-    if isinstance(norm, pa.ChunkedArray):
-        norm = norm.combine_chunks()
-    words, doc_off = word_hashes(norm)
-    sh, off = shingle_hashes(words, doc_off, ngram)
+    sh, off = shingle_hashes(*_words_of(texts, False), ngram)
     return [np.unique(sh[off[i]:off[i + 1]]) for i in range(len(off) - 1)]
 
 

@@ -22,6 +22,7 @@ from curation.minhash import (
     jaccard,
     lsh_params,
     normalize_text,
+    normalized_word_hashes,
     read_artifact,
     shingle_hashes,
     shingle_sets,
@@ -88,6 +89,26 @@ def test_words_and_shingles_follow_str_split():
             for t, h in zip(ref, got):
                 assert seen.setdefault(t, h) == h
         assert len(set(seen.values())) == len(seen)
+
+
+def test_fused_raw_text_path_equals_normalise_then_split():
+    """``normalized_word_hashes`` (words cut on raw bytes, only distinct non-ASCII words
+    normalised in Python) must equal normalising whole texts first, on real text and on a
+    soup of the awkward characters: every Unicode whitespace, spacing accents whose NFKC
+    form holds a space, combining marks, ligatures, full-width and mathematical letters."""
+    rng = random.Random(0)
+    spaces = [chr(c) for c in range(0x110000) if chr(c).isspace()]
+    awkward = spaces + [chr(c) for c in (0xA8, 0xB4, 0x301, 0x3C2, 0x3A3, 0xDF, 0x130, 0xFB01, 0xFF21, 0x1D400,
+                                         0x2126, 0xFDFA, 0x1C4, 0x180E, 0x200B, 0x0)]
+    chars = [chr(c) for c in range(32, 127)] + [chr(c) for c in range(0xA0, 0x250)] + awkward
+    soup = ["".join(rng.choice(chars) for _ in range(rng.randint(0, 80))) for _ in range(400)]
+    for batch in (ODD_TEXTS, soup, _docs(), [f"a{c}b" for c in spaces]):
+        arr = pa.array(batch)
+        h1, o1 = word_hashes(normalize_text(arr))
+        h2, o2 = normalized_word_hashes(arr)
+        assert (o1 == o2).all() and (h1 == h2).all()
+    _, off = normalized_word_hashes(pa.array([f"a{c}b" for c in spaces]))
+    assert (np.diff(off) == 2).all()  # every character str.split splits on splits here too
 
 
 @pytest.mark.parametrize("family", ["affine32", "multiply_shift64"])

@@ -1,0 +1,353 @@
+"""Dedup benchmark: ``exact_dedup`` then ``minhash_dedup`` on Ray over a corpus grown from
+real text, at two sizes (default 100k and 200k documents), each in its own process and Ray
+session; plus precision / recall on a labelled near-duplicate set beside datasketch.
+
+Corpus: real English documents from shared/data (``bench_minhash.load_real_documents``)
+are cut into sentences; 65% of the corpus are new documents spliced from 4-24 real
+sentences in paragraphs, 20% are near-duplicates of an earlier document (the realistic
+edits of tests/data/dedup/build_fixtures.py: inserted or deleted sentences, boilerplate
+header/footer, swapped paragraphs, typos), 15% exact copies (verbatim or with other
+spacing / capitals). Ids are shuffled, so the copy with the lowest id is not always the
+first one generated.
+
+Printed per size: docs/s of every phase (from the stages' reports), the peak RSS of the
+largest process (driver and every Ray worker, sampled from /proc, plus the tasks' own
+``getrusage`` figures), the largest edge set any one task held against all edges, and the
+growth from the smaller to the larger size. Asserts nothing.
+
+Run: ``.venv/bin/python tests/benchmarks/bench_dedup.py [--sizes 100000 200000] [--workers 2]``
+The machine may be shared with other jobs: wall-clock figures move with its load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import random
+import re
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_minhash import fixture_edits, load_real_documents  # noqa: E402
+
+_SENT = re.compile(r"(?<=[.!?])\s+")
+
+
+# ---------------------------------------------------------------------------------------------
+# corpus
+
+
+def make_corpus(n: int, seed: int = 0) -> list[dict]:
+    """``n`` documents grown from real sentences (module docstring)."""
+    edits = fixture_edits()
+    pool = load_real_documents()
+    sentences = [s for t in pool for line in t.split("\n") for s in _SENT.split(line) if len(s.split()) >= 4]
+    rng = random.Random(seed)
+    kinds = list(edits.EDITS)
+    texts: list[str] = []
+    for i in range(n):
+        r = rng.random()
+        if i < 100 or r < 0.65:
+            k = rng.randint(4, 24)
+            picked = [sentences[rng.randrange(len(sentences))] for _ in range(k)]
+            paras, j = [], 0
+            while j < k:
+                step = rng.randint(1, 5)
+                paras.append(" ".join(picked[j:j + step]))
+                j += step
+            texts.append("\n".join(paras))
+        elif r < 0.85:
+            src = texts[rng.randrange(i)]
+            texts.append(edits.near_duplicate(src, rng.choice(kinds), rng, pool[rng.randrange(len(pool))]))
+        else:
+            src = texts[rng.randrange(i)]
+            texts.append(src if rng.random() < 0.5 else edits.whitespace_and_case(src, rng))
+    ids = np.random.default_rng(seed).permutation(n)
+    qual = np.random.default_rng(seed + 1).random(n)
+    return [{"id": f"doc-{int(ids[i]):08d}", "text": t, "quality": float(qual[i])} for i, t in enumerate(texts)]
+
+
+def write_shards(docs: list[dict], root: Path, shards: int) -> list[tuple[str, str]]:
+    out = []
+    per = -(-len(docs) // shards)
+    for s in range(shards):
+        part = docs[s * per:(s + 1) * per]
+        t = pa.table({"id": [d["id"] for d in part], "text": [d["text"] for d in part],
+                      "source": ["web"] * len(part), "quality": [d["quality"] for d in part]})
+        path = root / "corpus" / f"crawl-{s:04d}.parquet"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(t, path, compression="zstd")
+        out.append((f"crawl-{s:04d}", str(path)))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# peak RSS of this process tree
+
+
+def _children() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            kids.setdefault(ppid, []).append(int(d))
+        except (OSError, IndexError, ValueError):
+            continue
+    return kids
+
+
+def _hwm_mb(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return 0.0
+
+
+class TreeRSS:
+    """Samples the peak RSS (VmHWM) of every process descended from this one (the Ray head
+    node and its workers are), once a second; ``peak`` = the largest process's peak."""
+
+    def __init__(self) -> None:
+        self.peak: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(1.0)
+
+    def sample(self) -> None:
+        kids = _children()
+        todo = [os.getpid()]
+        while todo:
+            p = todo.pop()
+            self.peak[p] = max(self.peak.get(p, 0.0), _hwm_mb(p))
+            todo += kids.get(p, [])
+
+    def __enter__(self) -> TreeRSS:
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._t.join()
+        self.sample()
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()[:80]
+    except OSError:
+        return "?"
+
+
+# ---------------------------------------------------------------------------------------------
+# one size, in its own process
+
+
+def run_one(n: int, workers: int, partitions: int, out_json: str) -> None:
+    import ray
+
+    import curation.stages  # noqa: F401
+    from curation.executor import stage_files  # noqa: F401  (import check only)
+    from curation.global_context import GlobalContext
+    from curation.io.shards import Manifest
+    from curation.stages.dedup_exact import ExactDedup
+    from curation.stages.dedup_minhash import MinHashDedup
+
+    t0 = time.perf_counter()
+    docs = make_corpus(n)
+    words = sum(len(d["text"].split()) for d in docs) / len(docs)
+    with tempfile.TemporaryDirectory(prefix="bench_dedup_") as tmp:
+        root = Path(tmp)
+        upstream = write_shards(docs, root, shards=max(8, n // 10_000))
+        del docs
+        gen_s = time.perf_counter() - t0
+        ray.init(num_cpus=workers, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+        res: dict = {"docs": n, "mean_words": words, "generate_s": gen_s, "workers": workers, "partitions": partitions}
+        with TreeRSS() as rss:
+            exact = ExactDedup(input="corpus", partitions=partitions,
+                               bloom={"expected_items": n, "false_positive_rate": 1e-6})
+            ctx = GlobalContext(root / "run", "exact", exact.params_hash(["c"]), workers, upstream)
+            t1 = time.perf_counter()
+            exact.run(ctx)
+            res["exact_s"] = time.perf_counter() - t1
+            res["exact"] = json.loads((root / "run" / "exact" / "_bloom_report.json").read_text())
+            done = Manifest(root / "run", "exact").done(ctx.params_hash)
+            up2 = sorted((k, str(root / "run" / e["file"])) for k, e in done.items())
+            near = MinHashDedup(input="exact", partitions=partitions)
+            ctx2 = GlobalContext(root / "run", "near", near.params_hash(["e"]), workers, up2)
+            t1 = time.perf_counter()
+            near.run(ctx2)
+            res["near_s"] = time.perf_counter() - t1
+            res["near"] = json.loads((root / "run" / "near" / "_minhash_report.json").read_text())
+        ray.shutdown()
+        res["driver_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+        top = max(rss.peak, key=rss.peak.get)
+        res["largest_process_rss_mb"] = rss.peak[top]
+        res["largest_process"] = _cmdline(top) if top != os.getpid() else "driver"
+        res["process_count"] = len(rss.peak)
+        res["task_rss_mb"] = max(res["near"]["max_rss_mb"], res["exact"]["max_rss_mb"])
+    Path(out_json).write_text(json.dumps(res, indent=1, default=str))
+
+
+def print_size(r: dict) -> None:
+    n = r["docs"]
+    ex, ne = r["exact"], r["near"]
+    print(f"\n== {n:,} documents (mean {r['mean_words']:.0f} words), {r['workers']} Ray workers, "
+          f"{r['partitions']} partitions; corpus generated in {r['generate_s']:.0f} s")
+    print(f"exact_dedup   {r['exact_s']:7.1f} s  {n / r['exact_s']:9,.0f} docs/s   removed {ex['duplicates']:,}; "
+          f"Bloom fill {ex['fill_ratio']:.4f}, predicted FP {ex['predicted_false_positive_rate']:.1e}")
+    for ph, s in ex["phase_seconds"].items():
+        print(f"   {ph:12s} {s:7.1f} s  {n / s:9,.0f} docs/s")
+    print(f"minhash_dedup {r['near_s']:7.1f} s  {ne['documents'] / r['near_s']:9,.0f} docs/s   removed {ne['removed']:,} "
+          f"(b={ne['bands']}, r={ne['rows']})")
+    for ph, s in ne["phases"].items():
+        print(f"   {ph:12s} {s['seconds']:7.1f} s  {s.get('docs_per_s', 0):9,.0f} docs/s")
+    c = ne["components"]
+    print(f"   candidate edges {ne['candidate_edges']:,}; components: {c['steps']} star steps; "
+          f"largest edge set one task held {c['largest_task_edges']:,} of {c['input_directed_edges']:,} directed edges "
+          f"({100 * c['largest_task_edges'] / max(1, c['input_directed_edges']):.1f}%); "
+          f"largest bucket set {ne['largest_task_bucket_rows']:,} of {ne['bucket_rows']:,} rows")
+    print(f"   peak RSS: largest process {r['largest_process_rss_mb']:.0f} MB ({r['largest_process']}), "
+          f"largest task (getrusage) {r['task_rss_mb']:.0f} MB, driver {r['driver_rss_mb']:.0f} MB, "
+          f"{r['process_count']} processes")
+
+
+# ---------------------------------------------------------------------------------------------
+# precision / recall on a labelled set, beside datasketch
+
+
+def quality(workers: int) -> None:
+    import ray
+    from datasketch import MinHash, MinHashLSH
+
+    import curation.stages  # noqa: F401
+    from curation.global_context import GlobalContext
+    from curation.minhash import normalize_text
+    from curation.stages.dedup_minhash import MinHashDedup
+
+    edits = fixture_edits()
+    pool = [t for t in load_real_documents() if len(t.split()) >= 50]
+    rng = random.Random(7)
+    kinds = list(edits.EDITS)
+    docs, group = [], {}
+    for i, t in enumerate(pool):
+        docs.append({"id": f"orig-{i:05d}", "text": t})
+        group[f"orig-{i:05d}"] = f"orig-{i:05d}"
+        for v in range(i % 2 + (i % 5 == 0)):  # 0, 1 or 2 copies
+            vid = f"copy-{i:05d}-{v}"
+            docs.append({"id": vid, "text": edits.near_duplicate(t, kinds[(i + v) % len(kinds)], rng,
+                                                                  pool[rng.randrange(len(pool))])})
+            group[vid] = f"orig-{i:05d}"
+    rng.shuffle(docs)
+    with tempfile.TemporaryDirectory(prefix="bench_dedup_q_") as tmp:
+        root = Path(tmp)
+        t = pa.table({"id": [d["id"] for d in docs], "text": [d["text"] for d in docs]})
+        up = []
+        for s in range(4):
+            p = root / f"q-{s}.parquet"
+            pq.write_table(t.slice(s * (len(docs) // 4 + 1), len(docs) // 4 + 1), p)
+            up.append((f"q-{s}", str(p)))
+        ray.init(num_cpus=workers, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+        stage = MinHashDedup(input="q", threshold=0.8, num_perm=128, ngram=5, partitions=8)
+        ctx = GlobalContext(root / "run", "near", stage.params_hash(["q"]), workers, up)
+        stage.run(ctx)
+        ray.shutdown()
+        rej = pq.read_table(list((root / "run" / "rejected" / "near").glob("*.parquet"))).column("id").to_pylist() \
+            if (root / "run" / "rejected" / "near").exists() else []
+    ours = edits.score_removals(group, set(rej))
+    norm = normalize_text(pa.array([d["text"] for d in docs])).to_pylist()
+    lsh = MinHashLSH(threshold=0.8, num_perm=128)
+    mhs = []
+    for i, x in enumerate(norm):
+        w = x.split()
+        m = MinHash(num_perm=128, seed=1)
+        m.update_batch([" ".join(w[j:j + 5]).encode() for j in range(max(1, len(w) - 4))])
+        lsh.insert(i, m)
+        mhs.append(m)
+    parent = list(range(len(docs)))
+
+    def find(a):
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    for i, m in enumerate(mhs):
+        for j in lsh.query(m):
+            a, b = find(i), find(j)
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+    keeper: dict[int, int] = {}
+    for i in sorted(range(len(docs)), key=lambda i: docs[i]["id"]):
+        keeper.setdefault(find(i), i)
+    theirs = edits.score_removals(group, {docs[i]["id"] for i in range(len(docs)) if keeper[find(i)] != i})
+    copies = sum(1 for k, g in group.items() if k != g)
+    print(f"== precision / recall of removed near-duplicates, threshold 0.8, 128 perms, word 5-grams: "
+          f"{len(pool)} real documents + {copies} edited copies")
+    for name, s in (("ours (minhash_dedup)", ours), ("datasketch MinHashLSH", theirs)):
+        print(f"   {name:24s} precision {s['precision']:.3f}  recall {s['recall']:.3f}  "
+              f"(removed right {s['true_removals']}, wrong {s['false_removals']}, missed {s['missed']})")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", type=int, nargs="+", default=[100_000, 200_000])
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--partitions", type=int, default=16)
+    ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    ap.add_argument("--skip-quality", action="store_true")
+    args = ap.parse_args()
+    if args.one:
+        run_one(args.one, args.workers, args.partitions, args.out)
+        return
+    print("(machine shared with other jobs while measuring: wall-clock figures move with its load)\n")
+    if not args.skip_quality:
+        quality(args.workers)
+    results = []
+    for n in args.sizes:
+        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+            out = f.name
+        subprocess.run([sys.executable, __file__, "--one", str(n), "--out", out, "--workers", str(args.workers),
+                        "--partitions", str(args.partitions)], check=True)
+        r = json.loads(Path(out).read_text())
+        os.unlink(out)
+        print_size(r)
+        results.append(r)
+    if len(results) >= 2:
+        a, b = results[0], results[-1]
+        print(f"\n== growth {a['docs']:,} -> {b['docs']:,} documents ({b['docs'] / a['docs']:.1f}x): "
+              f"largest-process peak RSS {a['largest_process_rss_mb']:.0f} -> {b['largest_process_rss_mb']:.0f} MB "
+              f"({b['largest_process_rss_mb'] / a['largest_process_rss_mb']:.2f}x), largest task edge set "
+              f"{a['near']['components']['largest_task_edges']:,} -> {b['near']['components']['largest_task_edges']:,}, "
+              f"minhash_dedup docs/s {a['docs'] / a['near_s']:,.0f} -> {b['docs'] / b['near_s']:,.0f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,241 @@
+"""MinHash signature benchmark: raw text -> 128-permutation signature of word 5-grams, one
+process, on real documents; ours (``curation.minhash.MinHasher``, both hash families) against
+rensa ``RMinHash`` and datasketch ``MinHash.update_batch``. Prints docs/s (CPU time of this
+process, and wall time) and the ratios, then the Jaccard-estimate error (mean absolute) of
+each on real near-duplicate pairs against the exact shingle Jaccard. Asserts nothing.
+
+Run: ``.venv/bin/python tests/benchmarks/bench_minhash.py [--docs 6000] [--seeds 3]``
+(rensa comes with the ``bench`` extra). The machine may be shared: CPU time is the figure
+to compare, wall time is printed beside it.
+
+Peers' pipelines are what their users write: ``text.lower().split()``, 5-grams joined by
+spaces, fed to the sketch. Ours includes NFKC and casefolding besides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import importlib.util
+import json
+import lzma
+import os
+import random
+import re
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+SHARED_DATA = Path(os.environ.get("REFINERY_SHARED_DATA", "/work/shared/data"))
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from curation.minhash import MinHasher, estimate_jaccard, jaccard, normalize_text, shingle_sets  # noqa: E402
+
+
+def fixture_edits():
+    """Edit functions of tests/data/dedup/build_fixtures.py (realistic near-duplicates)."""
+    spec = importlib.util.spec_from_file_location("dedup_build_fixtures", REPO / "tests/data/dedup/build_fixtures.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _jsonl_gz(path: Path):
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                yield json.loads(line)
+
+
+def _wikitext_articles(path: Path) -> list[str]:
+    text = lzma.open(path, "rt", encoding="utf-8").read()
+    articles, cur = [], []
+    for line in text.split("\n"):
+        if re.fullmatch(r" = [^=].*[^=] = ", line) and cur:
+            articles.append("\n".join(cur).strip("\n"))
+            cur = []
+        cur.append(line)
+    if cur:
+        articles.append("\n".join(cur).strip("\n"))
+    return [a for a in articles if a.strip()]
+
+
+def _ud_documents(path: Path) -> list[str]:
+    docs, paras, sents = [], [], []
+    for line in lzma.open(path, "rt", encoding="utf-8"):
+        line = line.rstrip("\n")
+        if line.startswith("# newdoc"):
+            if sents:
+                paras.append(" ".join(sents))
+            if paras:
+                docs.append("\n".join(paras))
+            paras, sents = [], []
+        elif line.startswith("# newpar"):
+            if sents:
+                paras.append(" ".join(sents))
+            sents = []
+        elif line.startswith("# text = "):
+            sents.append(line[len("# text = "):])
+    if sents:
+        paras.append(" ".join(sents))
+    if paras:
+        docs.append("\n".join(paras))
+    return docs
+
+
+def load_real_documents(min_words: int = 30) -> list[str]:
+    """Distinct real English documents from shared/data: Common Crawl pages (DCLM), news
+    article bodies, Wikipedia articles (WikiText-2) and web treebank documents (UD EWT)."""
+    seen: set[str] = set()
+    out: list[str] = []
+
+    def add(t: str) -> None:
+        if t and t not in seen and len(t.split()) >= min_words:
+            seen.add(t)
+            out.append(t)
+
+    for name in ("dclm_majority_data.jsonl.gz", "dclm_agreement_data.jsonl.gz"):
+        for rec in _jsonl_gz(SHARED_DATA / "jsonl" / name):
+            add(rec["text"])
+    with gzip.open(SHARED_DATA / "html" / "article_extraction_benchmark_ground-truth.json.gz", "rt") as f:
+        for rec in json.load(f).values():
+            add(rec["articleBody"])
+    for name in ("wikitext-2_valid.txt.xz", "wikitext-2_test.txt.xz"):
+        for t in _wikitext_articles(SHARED_DATA / "text" / name):
+            add(t)
+    for name in ("ud_english_ewt-dev.conllu.xz", "ud_english_ewt-test.conllu.xz"):
+        for t in _ud_documents(SHARED_DATA / "text" / name):
+            add(t)
+    return out
+
+
+def _peer_shingles(text: str, n: int = 5) -> list[str]:
+    w = text.lower().split()
+    return [" ".join(w[i:i + n]) for i in range(max(1, len(w) - n + 1))]
+
+
+def _timed(fn) -> tuple[float, float]:
+    c0, w0 = time.process_time(), time.perf_counter()
+    fn()
+    return time.process_time() - c0, time.perf_counter() - w0
+
+
+def throughput(docs: list[str], peer_docs: int) -> dict[str, dict]:
+    from datasketch import MinHash
+    from rensa import RMinHash
+
+    res: dict[str, dict] = {}
+    for family in ("affine32", "multiply_shift64"):
+        mh = MinHasher(num_perm=128, ngram=5, seed=1, family=family)
+
+        def ours(mh=mh):
+            for lo in range(0, len(docs), 4096):
+                mh.signatures(pa.array(docs[lo:lo + 4096], pa.string()))
+
+        ours()  # warm-up (first-touch allocations)
+        cpu, wall = _timed(ours)
+        res[f"ours {family}"] = {"docs": len(docs), "cpu_s": cpu, "wall_s": wall}
+
+    def rensa_run():
+        for t in docs:
+            m = RMinHash(num_perm=128, seed=1)
+            m.update(_peer_shingles(t))
+            m.digest()
+
+    cpu, wall = _timed(rensa_run)
+    res["rensa RMinHash"] = {"docs": len(docs), "cpu_s": cpu, "wall_s": wall}
+    sub = docs[:peer_docs]
+
+    def datasketch_run():
+        for t in sub:
+            m = MinHash(num_perm=128, seed=1)
+            m.update_batch([s.encode() for s in _peer_shingles(t)])
+
+    cpu, wall = _timed(datasketch_run)
+    res["datasketch MinHash.update_batch"] = {"docs": len(sub), "cpu_s": cpu, "wall_s": wall}
+    for r in res.values():
+        r["docs_per_cpu_s"] = r["docs"] / r["cpu_s"]
+        r["docs_per_wall_s"] = r["docs"] / r["wall_s"]
+    return res
+
+
+def accuracy(pool: list[str], pairs_n: int, seeds: int) -> dict[str, float]:
+    """Mean absolute error of the Jaccard estimate on real near-duplicate pairs (the real
+    text with realistic edits), averaged over seeds; all sketches see the same normalised
+    text, the truth is the exact 5-gram Jaccard."""
+    from datasketch import MinHash
+    from rensa import RMinHash
+
+    edits = fixture_edits()
+    rng = random.Random(42)
+    kinds = list(edits.EDITS)
+    pairs = []
+    for i in range(pairs_n):
+        a = pool[rng.randrange(len(pool))]
+        kind = kinds[i % len(kinds)]
+        pairs.append((a, edits.near_duplicate(a, kind, rng, pool[rng.randrange(len(pool))])))
+    left = normalize_text(pa.array([a for a, _ in pairs])).to_pylist()
+    right = normalize_text(pa.array([b for _, b in pairs])).to_pylist()
+    true = np.array([jaccard(x, y) for x, y in zip(shingle_sets(left, 5), shingle_sets(right, 5))])
+    out: dict[str, list[float]] = {}
+    for seed in range(seeds):
+        for family in ("affine32", "multiply_shift64"):
+            mh = MinHasher(num_perm=128, seed=seed + 1, family=family)
+            est = estimate_jaccard(mh.signatures(left, normalized=True)[0], mh.signatures(right, normalized=True)[0])
+            out.setdefault(f"ours {family}", []).append(float(np.abs(est - true).mean()))
+        ds, rs = [], []
+        for x, y in zip(left, right):
+            wx, wy = x.split(), y.split()
+            sx = [" ".join(wx[i:i + 5]) for i in range(max(1, len(wx) - 4))]
+            sy = [" ".join(wy[i:i + 5]) for i in range(max(1, len(wy) - 4))]
+            mx, my = MinHash(num_perm=128, seed=seed + 1), MinHash(num_perm=128, seed=seed + 1)
+            mx.update_batch([s.encode() for s in sx])
+            my.update_batch([s.encode() for s in sy])
+            ds.append(mx.jaccard(my))
+            rx, ry = RMinHash(num_perm=128, seed=seed + 1), RMinHash(num_perm=128, seed=seed + 1)
+            rx.update(sx)
+            ry.update(sy)
+            rs.append(rx.jaccard(ry))
+        out.setdefault("datasketch", []).append(float(np.abs(np.array(ds) - true).mean()))
+        out.setdefault("rensa", []).append(float(np.abs(np.array(rs) - true).mean()))
+    ideal = float(np.mean([np.abs(np.random.default_rng(s).binomial(128, true) / 128 - true).mean()
+                           for s in range(100)]))
+    res = {k: float(np.mean(v)) for k, v in out.items()}
+    res["binomial ideal"] = ideal
+    res["pairs"] = float(len(pairs))
+    res["mean true Jaccard"] = float(true.mean())
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--docs", type=int, default=6000, help="documents for the throughput runs (real pool repeated)")
+    ap.add_argument("--peer-docs", type=int, default=1500, help="documents for datasketch (slow)")
+    ap.add_argument("--pairs", type=int, default=600)
+    ap.add_argument("--seeds", type=int, default=3)
+    args = ap.parse_args()
+    pool = load_real_documents()
+    docs = (pool * (args.docs // len(pool) + 1))[: args.docs]
+    words = np.mean([len(t.split()) for t in docs])
+    print(f"{len(pool)} real documents (mean {words:.0f} words), {len(docs)} signatures per run, "
+          f"num_perm 128, word 5-grams, one process (machine shared with other jobs)\n")
+    res = throughput(docs, args.peer_docs)
+    rensa = res["rensa RMinHash"]
+    print(f"{'':34s} {'docs/s (CPU)':>13s} {'docs/s (wall)':>14s} {'x rensa (CPU)':>14s}")
+    for name, r in res.items():
+        print(f"{name:34s} {r['docs_per_cpu_s']:13,.0f} {r['docs_per_wall_s']:14,.0f} "
+              f"{r['docs_per_cpu_s'] / rensa['docs_per_cpu_s']:14.2f}")
+    acc = accuracy(pool, args.pairs, args.seeds)
+    print(f"\nJaccard MAE on {int(acc.pop('pairs'))} real near-duplicate pairs "
+          f"(mean true J {acc.pop('mean true Jaccard'):.3f}), {args.seeds} seeds:")
+    for name, v in acc.items():
+        print(f"  {name:28s} {v:.4f}")
+
+
+if __name__ == "__main__":
+    main()
