@@ -6,7 +6,8 @@ Nodes are int64 (document indexes). Every edge file lives under ``root``::
 
     root/s000/to-0003/from-0007.parquet   edges sent by task 7 to partition 3 for step 0
     root/s000/_done/from-0007.json        task 7 finished step 0 (its statistics)
-    root/labels/part-0003.parquet         (node, component) of partition 3's nodes
+    root/labels/s004/part-0003.parquet    (node, component) of partition 3's nodes, written
+                                          at a large-star step where partition 3 was stars
 
 Even steps are large-star inputs (every undirected edge present in both directions, each
 direction in the partition of its source node); odd steps are small-star inputs (each edge
@@ -18,11 +19,12 @@ once, as (larger, smaller), in the larger node's partition). Step 0 is written b
   neighbour to m.
 
 The alternation converges in O(log² n) rounds to one star per component centred on the
-component's minimum node. Convergence is detected when a large-star input equals the previous
-one (edge count and an order-independent checksum, summed over tasks); then each node's label
-is the minimum of its closed neighbourhood. No task ever holds more than its partition's
-edges; a task that died leaves no ``_done`` marker and is rerun, so a killed run resumes at
-the step it was in.
+component's minimum node. Each large-star task checks whether its nodes already look like
+that (every node with a smaller neighbour has no other neighbour) and then writes their
+labels (the minimum of the closed neighbourhood); when all partitions pass at the same step
+the run stops. Near-duplicate graphs are mostly pairs and small stars, so this is often step
+0. No task ever holds more than its partition's edges; a task that died leaves no ``_done``
+marker and is rerun, so a killed run resumes at the step it was in.
 """
 
 from __future__ import annotations
@@ -81,14 +83,6 @@ def _dedupe(src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     src, dst = src[order], dst[order]
     keep = np.r_[True, (src[1:] != src[:-1]) | (dst[1:] != dst[:-1])]
     return src[keep], dst[keep]
-
-
-def edge_checksum(src: np.ndarray, dst: np.ndarray) -> int:
-    """Order-independent 64-bit checksum of a set of directed edges (sum of mixed pairs)."""
-    if len(src) == 0:
-        return 0
-    x = mix64(src.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) ^ dst.astype(np.uint64))
-    return int(np.sum(x, dtype=np.uint64))
 
 
 def write_edges(step_dir: str | Path, sender: int, src: np.ndarray, dst: np.ndarray, partitions: int,
@@ -170,16 +164,38 @@ def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def _labels_dir(root: Path, step: int) -> Path:
+    return root / "labels" / f"s{step:03d}"
+
+
 def star_task(root: str, step: int, partition: int, partitions: int, header: dict[str, Any]) -> dict:
     """One partition of one step: large-star on even steps, small-star on odd ones. Writes
-    the next step's edges and a ``_done`` marker with statistics."""
+    the next step's edges and a ``_done`` marker with statistics.
+
+    A large-star input in which every node that has a smaller neighbour has exactly one
+    neighbour is a forest of stars centred on their minimum (the fixpoint). Each large-star
+    task checks that for its nodes (``star``) and, when it holds, also writes its nodes'
+    labels: once every partition holds it, the driver stops and those labels are final.
+    """
     t0 = time.perf_counter()
     root_p = Path(root)
     src, dst = _dedupe(*read_edges(_step_dir(root_p, step), partition, header))
-    stats = {"step": step, "partition": partition, "edges_in": int(len(src)),
-             "checksum": edge_checksum(src, dst)}
+    stats: dict[str, Any] = {"step": step, "partition": partition, "edges_in": int(len(src))}
     nxt = _step_dir(root_p, step + 1)
     if step % 2 == 0:
+        if len(src):
+            starts, sizes = _groups(src)
+            nodes = src[starts]
+            m = np.minimum(nodes, np.minimum.reduceat(dst, starts))
+            star = not bool(np.any((m < nodes) & (sizes != 1)))
+        else:
+            nodes = m = src
+            star = True
+        if star:
+            t = pa.Table.from_arrays([pa.array(nodes, pa.int64()), pa.array(m, pa.int64())],
+                                     names=["node", "component"])
+            write_artifact(t, _labels_dir(root_p, step) / f"part-{partition:04d}.parquet", header)
+        stats["star"] = star
         a, b = large_star(src, dst)
         out = write_edges(nxt, partition, b, a, partitions, header)  # keyed by the larger node
     else:
@@ -191,26 +207,6 @@ def star_task(root: str, step: int, partition: int, partitions: int, header: dic
     return stats
 
 
-def label_task(root: str, step: int, partition: int, header: dict[str, Any]) -> dict:
-    """Component label (minimum node) of every node of a partition, from a converged
-    large-star input. Writes ``labels/part-NNNN.parquet`` sorted by node."""
-    t0 = time.perf_counter()
-    src, dst = _dedupe(*read_edges(_step_dir(Path(root), step), partition, header))
-    if len(src):
-        starts, sizes = _groups(src)
-        nodes = src[starts]
-        m = np.minimum(nodes, np.minimum.reduceat(dst, starts))
-        # converged means stars: a non-centre node has exactly one neighbour, its centre
-        if np.any((m < nodes) & (sizes != 1)):
-            raise RuntimeError(f"connected components: step {step} partition {partition} is not a star forest")
-    else:
-        nodes, m = src, dst
-    t = pa.Table.from_arrays([pa.array(nodes, pa.int64()), pa.array(m, pa.int64())], names=["node", "component"])
-    write_artifact(t, Path(root) / "labels" / f"part-{partition:04d}.parquet", header)
-    return {"partition": partition, "nodes": int(len(nodes)), "edges_in": int(len(src)),
-            "seconds": time.perf_counter() - t0, "rss_mb": _rss_mb()}
-
-
 # ---------------------------------------------------------------------------------------------
 # the driver
 
@@ -219,7 +215,7 @@ def label_task(root: str, step: int, partition: int, header: dict[str, Any]) -> 
 class ComponentsResult:
     """What a run of ``connected_components`` did."""
 
-    steps: int = 0
+    steps: int = 0  # star steps run (large and small); the labels come from the last one
     label_files: list[str] = field(default_factory=list)
     max_task_edges: int = 0  # largest edge set any one task held
     input_edges: int = 0  # directed edges of step 0 (each undirected edge twice)
@@ -242,18 +238,19 @@ def connected_components(mapper: Mapper, root: str | Path, partitions: int, head
     """Label every node of the graph whose step-0 edges are under ``root``.
 
     ``mapper`` runs the per-partition tasks (``GlobalContext.map`` for Ray); steps whose
-    tasks already left markers are not redone.
+    tasks already left markers are not redone, so a killed run resumes at its last step.
     """
     t0 = time.perf_counter()
     root = Path(root)
     res = ComponentsResult()
-    prev_sig: tuple[int, int] | None = None
     step = 0
     while True:
         if step >= max_steps:
             raise RuntimeError(f"connected components did not converge in {max_steps} steps")
-        nxt = _step_dir(root, step + 1)
-        have = _done_stats(nxt, partitions)
+        have = _done_stats(_step_dir(root, step + 1), partitions)
+        # a partition that passed as stars must still have its labels (else redo it)
+        have = {q: st for q, st in have.items()
+                if not st.get("star") or (_labels_dir(root, step) / f"part-{q:04d}.parquet").exists()}
         todo = [(str(root), step, q, partitions, header) for q in range(partitions) if q not in have]
         for st in mapper(star_task, todo, f"{phase}:step{step}"):
             have[st["partition"]] = st
@@ -265,19 +262,11 @@ def connected_components(mapper: Mapper, root: str | Path, partitions: int, head
                              "max_task_edges": max(s["edges_in"] for s in stats)})
         if step == 0:
             res.input_edges = edges_in
-        if step % 2 == 0:
-            sig = (edges_in, sum(s["checksum"] for s in stats) % (1 << 64))
-            if sig == prev_sig or edges_in == 0:
-                break  # this large-star input equals the previous one: a fixpoint
-            prev_sig = sig
+        if step % 2 == 0 and all(s["star"] for s in stats):
+            break  # every partition is a star forest: the labels written at this step are final
         step += 1
-    label_dir = root / "labels"
-    todo = [(str(root), step, q, header) for q in range(partitions)
-            if not (label_dir / f"part-{q:04d}.parquet").exists()]
-    for st in mapper(label_task, todo, f"{phase}:labels"):
-        res.max_rss_mb = max(res.max_rss_mb, st["rss_mb"])
-    res.steps = step
-    res.label_files = [str(label_dir / f"part-{q:04d}.parquet") for q in range(partitions)]
+    res.steps = step + 1
+    res.label_files = [str(_labels_dir(root, step) / f"part-{q:04d}.parquet") for q in range(partitions)]
     res.seconds = time.perf_counter() - t0
     return res
 

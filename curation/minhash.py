@@ -35,7 +35,9 @@ header differs from what the reader expects.
 from __future__ import annotations
 
 import json
+import os
 import unicodedata
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -572,11 +574,18 @@ def read_header(path: str | Path) -> dict[str, Any] | None:
 
 
 def write_artifact(table: pa.Table, path: str | Path, header: dict[str, Any], row_group_size: int = 65536) -> None:
-    """Write a Parquet artifact atomically with ``header`` in its schema metadata."""
-    from curation.io.shards import write_parquet
-
+    """Write a Parquet artifact atomically (temporary name, then rename) with ``header`` in
+    its schema metadata. Intermediate files: no checksum, light compression."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), **header_metadata(header)})
-    write_parquet(table, path, row_group_size=row_group_size)
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    try:
+        pq.write_table(table, tmp, compression="lz4", row_group_size=row_group_size)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
 
 
 def read_artifact(path: str | Path, header: dict[str, Any], **kwargs) -> pa.Table:

@@ -48,7 +48,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from curation.bloom import BloomFilter
 from curation.global_context import GlobalContext
 from curation.io.shards import split_kept_rejected, write_stage_shard
-from curation.minhash import NORMALIZATION, collapse_whitespace, normalize_text, read_artifact, write_artifact
+from curation.minhash import (
+    NORMALIZATION,
+    check_header,
+    collapse_whitespace,
+    normalize_text,
+    read_artifact,
+    write_artifact,
+)
 from curation.stages.base import GlobalStage, registry
 
 #: Bump when keys or the choice of duplicates change for the same parameters.
@@ -231,6 +238,16 @@ def write_json(path: Path, obj: Any) -> None:
     os.replace(tmp, path)
 
 
+def check_work_header(work: Path, header: dict) -> None:
+    """``work/header.json`` records what the stage's intermediate files were made with; a
+    run with another header (e.g. a newer algorithm version) refuses them."""
+    f = work / "header.json"
+    if f.exists():
+        check_header(json.loads(f.read_text()), header, f)
+    else:
+        write_json(f, header)
+
+
 def shard_names(keys: list[str]) -> list[str]:
     """File-safe names for upstream shard keys (keys may contain '/')."""
     return [k.replace("/", "__") for k in keys]
@@ -296,6 +313,7 @@ class ExactDedup(GlobalStage):
         names = shard_names(keys)
         header = self.header()
         work = ctx.work_dir
+        check_work_header(work, header)
         key_dir, dup_dir, bloom_dir = work / "keys", work / "dups", work / "bloom"
         done = ctx.done_keys()
         todo_out = [i for i, k in enumerate(keys) if k not in done]

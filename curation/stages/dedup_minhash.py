@@ -52,10 +52,8 @@ from curation.global_context import GlobalContext
 from curation.io.shards import Manifest, split_kept_rejected, write_stage_shard
 from curation.minhash import (
     MINHASH_VERSION,
-    ArtifactMismatch,
     MinHasher,
     band_hashes,
-    check_header,
     jaccard,
     lsh_params,
     read_artifact,
@@ -63,7 +61,7 @@ from curation.minhash import (
     write_artifact,
 )
 from curation.stages.base import GlobalStage, registry
-from curation.stages.dedup_exact import map_and_commit, shard_names, write_json
+from curation.stages.dedup_exact import check_work_header, map_and_commit, shard_names, write_json
 
 #: Bump when buckets, edges or the choice of keepers change for the same parameters.
 MINHASH_DEDUP_VERSION = 1
@@ -340,20 +338,13 @@ class MinHashDedup(GlobalStage):
                            "partitions": self.partitions, "verify_jaccard": self.verify_jaccard,
                            "keep": self.keep}}
 
-    def _check_work_header(self, work: Path, header: dict) -> None:
-        f = work / "header.json"
-        if f.exists():
-            check_header(json.loads(f.read_text()), header, f)
-        else:
-            write_json(f, header)
-
     def run(self, ctx: GlobalContext) -> None:
         keys = [k for k, _ in ctx.upstream]
         paths = [p for _, p in ctx.upstream]
         names = shard_names(keys)
         work = ctx.work_dir
         header = self.header()
-        self._check_work_header(work, header)
+        check_work_header(work, header)
         cc_head = edge_header(header)
         P = self.partitions
         b, r = self.band_rows()

@@ -22,12 +22,10 @@ The machine may be shared with other jobs: wall-clock figures move with its load
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import random
 import re
-import resource
 import subprocess
 import sys
 import tempfile
@@ -132,6 +130,7 @@ class TreeRSS:
 
     def __init__(self) -> None:
         self.peak: dict[int, float] = {}
+        self.name: dict[int, str] = {}
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._loop, daemon=True)
 
@@ -145,7 +144,10 @@ class TreeRSS:
         todo = [os.getpid()]
         while todo:
             p = todo.pop()
-            self.peak[p] = max(self.peak.get(p, 0.0), _hwm_mb(p))
+            hwm = _hwm_mb(p)
+            if hwm > self.peak.get(p, 0.0):
+                self.peak[p] = hwm
+                self.name[p] = "driver" if p == os.getpid() else _cmdline(p)
             todo += kids.get(p, [])
 
     def __enter__(self) -> TreeRSS:
@@ -173,7 +175,6 @@ def run_one(n: int, workers: int, partitions: int, out_json: str) -> None:
     import ray
 
     import curation.stages  # noqa: F401
-    from curation.executor import stage_files  # noqa: F401  (import check only)
     from curation.global_context import GlobalContext
     from curation.io.shards import Manifest
     from curation.stages.dedup_exact import ExactDedup
@@ -206,10 +207,11 @@ def run_one(n: int, workers: int, partitions: int, out_json: str) -> None:
             res["near_s"] = time.perf_counter() - t1
             res["near"] = json.loads((root / "run" / "near" / "_minhash_report.json").read_text())
         ray.shutdown()
-        res["driver_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+        # VmHWM, not getrusage: ru_maxrss of a forked child starts from its parent's peak
+        res["driver_rss_mb"] = rss.peak.get(os.getpid(), 0.0)
         top = max(rss.peak, key=rss.peak.get)
         res["largest_process_rss_mb"] = rss.peak[top]
-        res["largest_process"] = _cmdline(top) if top != os.getpid() else "driver"
+        res["largest_process"] = rss.name.get(top, "?")
         res["process_count"] = len(rss.peak)
         res["task_rss_mb"] = max(res["near"]["max_rss_mb"], res["exact"]["max_rss_mb"])
     Path(out_json).write_text(json.dumps(res, indent=1, default=str))
@@ -234,7 +236,7 @@ def print_size(r: dict) -> None:
           f"({100 * c['largest_task_edges'] / max(1, c['input_directed_edges']):.1f}%); "
           f"largest bucket set {ne['largest_task_bucket_rows']:,} of {ne['bucket_rows']:,} rows")
     print(f"   peak RSS: largest process {r['largest_process_rss_mb']:.0f} MB ({r['largest_process']}), "
-          f"largest task (getrusage) {r['task_rss_mb']:.0f} MB, driver {r['driver_rss_mb']:.0f} MB, "
+          f"largest task (worker getrusage) {r['task_rss_mb']:.0f} MB, driver {r['driver_rss_mb']:.0f} MB, "
           f"{r['process_count']} processes")
 
 
