@@ -17,9 +17,15 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	touch $(STAMP)
 
+# curate the real crawl sample -> train a tokenizer on the result -> tokenize and pack -> train
 demo: setup
 	$(BIN)/refinery run pipelines/demo.yaml --out runs/demo --workers 2
 	$(BIN)/refinery stats runs/demo
+	$(BIN)/refinery tokenizer train runs/demo/merged --kind bpe --vocab-size 4096 --out runs/demo-tok
+	$(BIN)/refinery tokenizer report runs/demo-tok runs/demo/merged
+	$(BIN)/refinery run pipelines/demo-pack.yaml --out runs/demo-pack --workers 2
+	$(BIN)/refinery stats runs/demo-pack
+	$(BIN)/refinery train pipelines/train-tiny.yaml
 
 test: setup
 	$(BIN)/python -m pytest -q tests

@@ -158,6 +158,30 @@ def train(
         raise typer.Exit(code)
 
 
+@app.command()
+def serve(
+    runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="where run directories live (the service's only state)"),
+    address: Optional[str] = typer.Option("auto", "--address",
+                                          help="Ray cluster for every run: auto, ray://head:10001, or 'local' for an embedded Ray per run"),
+    token_file: Optional[Path] = typer.Option(None, "--token-file", help="file holding the API token (default: $REFINERY_TOKEN)"),
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(8080, "--port"),
+    allowed_root: list[str] = typer.Option([], "--allowed-root",
+                                           help="a directory (or URL prefix) submitted DAGs may read; repeatable (default: --base-dir)"),
+    base_dir: Optional[Path] = typer.Option(None, "--base-dir", help="relative paths in submitted DAGs resolve here (default: the current directory)"),
+    max_concurrent: int = typer.Option(2, "--max-concurrent", min=1, help="runs at once; the rest wait in a FIFO queue"),
+) -> None:
+    """Serve the HTTP API and dashboard: submit DAGs, follow runs, read stats, query shards."""
+    from curation.service.app import serve as serve_app
+    from curation.service.auth import TokenError
+    from curation.service.runs import RunsDirBusy
+
+    try:
+        serve_app(runs_dir, address, token_file, host, port, allowed_root, max_concurrent, base_dir=base_dir)
+    except (TokenError, RunsDirBusy) as e:
+        _fail(str(e))
+
+
 def main() -> None:  # pragma: no cover
     app()
 

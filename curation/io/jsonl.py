@@ -56,6 +56,8 @@ def read_jsonl(shard: InputShard, spec: InputSpec) -> ReadResult:
                 url = obj.get(spec.url_field) if spec.url_field else None
                 meta = {k: v for k, v in obj.items() if k not in (spec.text_field, spec.url_field, spec.id_field)}
                 res.add(index, text, url if isinstance(url, str) else None, meta or None, doc_id=doc_id)
+    except (FileNotFoundError, PermissionError):
+        raise  # the file vanished or is unreadable: fail the task (retried), not bad data
     except Exception as e:  # corrupt gzip/zstd, truncated stream, unreadable file
         res.reject(None, "corrupt_stream", offset, f"{type(e).__name__}: {e} (after line {index})")
     if index < 0 and not res.rejects["id"]:

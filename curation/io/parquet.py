@@ -26,6 +26,8 @@ def read_parquet(shard: InputShard, spec: InputSpec) -> ReadResult:
                 if rg % shard.nparts == shard.part:
                     _add_rows(res, spec, pf.read_row_group(rg), row_base)
                 row_base += n
+    except (FileNotFoundError, PermissionError):
+        raise  # the file vanished or is unreadable: fail the task (retried), not bad data
     except Exception as e:
         res.reject(None, "corrupt_stream", row_base, f"{type(e).__name__}: {e}")
     return res

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fsspec
+
 from curation.io.inputs import InputShard, InputSpec
 from curation.io.jsonl import read_jsonl
 from curation.io.parquet import read_parquet
@@ -12,5 +14,12 @@ READERS = {"warc": read_warc, "wet": read_warc, "jsonl": read_jsonl, "parquet": 
 
 
 def read_shard(shard: InputShard, spec: InputSpec) -> ReadResult:
-    """Read one input shard; never raises on bad data (problems become reject rows)."""
+    """Read one input shard; never raises on bad data (problems become reject rows).
+
+    A file that vanished since planning raises instead: that is an infrastructure problem
+    (the task fails, is retried, and the run reports it), not a bad record to count.
+    """
+    fs, path = fsspec.core.url_to_fs(shard.path)
+    if not fs.exists(path):
+        raise FileNotFoundError(f"inputs.{shard.input}: {shard.path} disappeared after the run was planned")
     return READERS[shard.format](shard, spec)

@@ -65,6 +65,8 @@ def read_warc(shard: InputShard, spec: InputSpec) -> ReadResult:
             else:
                 meta["content_type"] = ctype
                 res.add(index, None, url, meta, html=body, charset=rec.http_charset)
+    except (FileNotFoundError, PermissionError):
+        raise  # the file vanished or is unreadable: fail the task (retried), not bad data
     except Exception as e:  # corrupt gzip, garbage bytes: keep what was read, record where it broke
         res.reject(None, "corrupt_stream", last_pos, f"{type(e).__name__}: {e} (after record {index})")
     if index < 0 and not res.rejects["id"]:
