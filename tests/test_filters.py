@@ -29,6 +29,7 @@ from curation.stages.filters import (
     GopherQualityFilter,
     GopherRepetitionFilter,
 )
+from curation.stages import text_signals
 from curation.stages.text_signals import (PUNCTUATION, TERMINAL_PUNCTUATION, count_py_words, split_lines,
                                           split_newlines, split_words)
 
@@ -353,6 +354,22 @@ def test_words_per_document_with_slices_and_nulls():
     assert words.counts.tolist() == [0, 0, 0, 3, 6]
     assert words.values().to_pylist()[3:] == ["naïve", "café", "—", "déjà", "vu", "."]
     assert words.lengths.tolist() == [3, 3, 5, 5, 4, 1, 4, 2, 1]
+
+
+def test_words_reused_for_the_documents_a_previous_stage_kept():
+    texts = [d["text"] for d in REAL[:60]] + [REAL[0]["text"]]  # with a duplicate
+    first = split_words(pa.array(texts))
+    first.hash, first.lengths  # measurements made by the previous stage travel along
+    kept = [t for i, t in enumerate(texts) if i % 3 != 1]
+    reused = split_words(pa.array(kept))
+    text_signals._LAST_SPLIT.remember(None, None)  # forget: split from scratch
+    fresh = split_words(pa.array(kept))
+    assert reused.values().to_pylist() == fresh.values().to_pylist()
+    assert reused.offsets.tolist() == fresh.offsets.tolist()
+    for name in ("lengths", "hash", "symbol", "alpha", "punct", "ender"):
+        assert np.array_equal(getattr(reused, name), getattr(fresh, name)), name
+    one_changed = kept[:5] + [kept[5] + " and more words."] + kept[6:]
+    assert split_words(pa.array(one_changed)).counts[5] == fresh.counts[5] + 4
 
 
 @pytest.mark.parametrize("split,reference", [

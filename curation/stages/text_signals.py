@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import xxhash
 
 # ---------------------------------------------------------------------------------------------
 # Character sets
@@ -780,9 +781,32 @@ class Words:
         self.start = start
         self.end = end
         self._b = b
-        self._cls = cls
+        if cls is not None:
+            self._cls = cls
         self._buf = buf
         self._base = base
+
+    @functools.cached_property
+    def _cls(self) -> np.ndarray:
+        return _byte_classes(self._b)
+
+    def take_docs(self, docs: np.ndarray, b, doff, buf, base) -> Words:
+        """The words of some of these texts, for a batch holding exactly those texts (same
+        bytes, other positions): spans are moved, measurements already made are kept."""
+        counts = self.counts[docs]
+        first = self.offsets[:-1][docs]
+        total = int(counts.sum())
+        idx = np.repeat(first - (np.cumsum(counts) - counts), counts) + np.arange(total)
+        shift = np.repeat(doff[:-1] - self._doff[docs], counts)
+        offsets = np.zeros(len(docs) + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        out = Words(np.repeat(np.arange(len(docs), dtype=np.int64), counts), offsets,
+                    self.start[idx] + shift, self.end[idx] + shift, b, None, buf, base)
+        out._doff = doff
+        for name in ("byte_lengths", "lengths", "symbol", "alpha", "punct", "ender", "hash"):
+            if name in self.__dict__:
+                out.__dict__[name] = self.__dict__[name][idx]
+        return out
 
     @property
     def n_docs(self) -> int:
@@ -886,6 +910,58 @@ def split_words(texts: pa.Array, special_cases: bool = True) -> Words:
     z = np.zeros(0, np.int64)
     if B == 0:
         return Words(z, np.zeros(n_docs + 1, np.int64), z, z, b, b, buf, base)
+    if special_cases:
+        keys = _doc_keys(b, doff)
+        again = _LAST_SPLIT.reuse(keys, b, doff, buf, base)
+        if again is not None:
+            return again
+    words = _split_words(b, doff, buf, base, special_cases)
+    words._doff = doff
+    if special_cases:
+        _LAST_SPLIT.remember(keys, words)
+    return words
+
+
+class _LastSplit:
+    """The last batch's words, kept so that the next stage of a fused chain of filters,
+    which sees the documents the previous one kept, does not split them again."""
+
+    def __init__(self):
+        self.keys: np.ndarray | None = None
+        self.words: Words | None = None
+
+    def remember(self, keys: np.ndarray, words: Words) -> None:
+        self.keys, self.words = keys, words
+
+    def reuse(self, keys: np.ndarray, b, doff, buf, base) -> Words | None:
+        if self.keys is None or not len(keys):
+            return None
+        order = np.argsort(self.keys, kind="stable")
+        at = np.minimum(np.searchsorted(self.keys[order], keys), len(order) - 1)
+        docs = order[at]
+        if not (self.keys[docs] == keys).all():
+            return None
+        # Same content hash and length: the same text (a 64-bit hash of the bytes).
+        same_len = np.diff(self.words._doff)[docs] == np.diff(doff)
+        if not same_len.all():
+            return None
+        return self.words.take_docs(docs, b, doff, buf, base)
+
+
+_LAST_SPLIT = _LastSplit()
+
+
+def _doc_keys(b: np.ndarray, doff: np.ndarray) -> np.ndarray:
+    """A 64-bit hash of each text's bytes (one C call per text)."""
+    view = memoryview(b)
+    return np.array([xxhash.xxh3_64_intdigest(view[a:e]) for a, e in zip(doff[:-1].tolist(), doff[1:].tolist())],
+                    dtype=np.uint64)
+
+
+def _split_words(b, doff, buf, base, special_cases: bool) -> Words:
+    n_docs = len(doff) - 1
+    B = len(b)
+    z = np.zeros(0, np.int64)
     cls = _byte_classes(b)
     ws = (cls & _B_WS) != 0
     nonws = ~ws
@@ -1255,13 +1331,17 @@ class NGramGroups:
     """
 
     pos: np.ndarray
-    group: np.ndarray
     group_start: np.ndarray
     group_count: np.ndarray
 
     @property
     def first_pos(self) -> np.ndarray:
         return self.pos[self.group_start]
+
+    @functools.cached_property
+    def group(self) -> np.ndarray:
+        """Group index of every position."""
+        return np.repeat(np.arange(len(self.group_start)), self.group_count)
 
 
 class NGramIndex:
@@ -1294,13 +1374,16 @@ class NGramIndex:
         Without grouping every valid position stays a candidate for the next n.
         """
         n = self.n + 1
-        cand = self.candidates
-        cand = cand[cand + n <= self.doc_end[cand]] if len(cand) else cand
-        with np.errstate(over="ignore"):
-            # Rolling polynomial hash over mixed word ids, wrapping mod 2**64.
-            h = self.hash[cand] * _POLY + self.word_hash[cand + n - 1]
-        self.hash = np.zeros(len(self.doc), dtype=np.uint64)
-        self.hash[cand] = h
+        if n == 1:
+            cand, h = self.candidates, self.word_hash
+            self.hash = h.copy()
+        else:
+            cand = self.candidates
+            cand = cand[cand + n <= self.doc_end[cand]] if len(cand) else cand
+            with np.errstate(over="ignore"):
+                # Rolling polynomial hash over the word ids, wrapping mod 2**64.
+                h = self.hash[cand] * _POLY + self.word_hash[cand + n - 1]
+            self.hash[cand] = h  # later steps only read their own (fewer) candidates
         self.n = n
         if not group:
             self.groups = None
@@ -1315,19 +1398,20 @@ class NGramIndex:
     def _group(self, pos: np.ndarray, h: np.ndarray) -> NGramGroups:
         if len(pos) == 0:
             z = np.zeros(0, np.int64)
-            return NGramGroups(z, z, z, z)
+            return NGramGroups(z, z, z)
         bits = np.uint64(self.pos_bits)
         packed = ((h >> bits) << bits) | pos.astype(np.uint64)
         packed.sort()
         spos = (packed & np.uint64((1 << self.pos_bits) - 1)).astype(np.int64)
         shash = packed >> bits
-        sdoc = self.doc[spos]
         new = np.ones(len(spos), dtype=bool)
-        new[1:] = (shash[1:] != shash[:-1]) | (sdoc[1:] != sdoc[:-1])
+        new[1:] = shash[1:] != shash[:-1]
+        # Equal n-grams in different documents are different groups.
+        same = np.flatnonzero(~new[1:]) + 1
+        new[same] = self.doc[spos[same]] != self.doc[spos[same - 1]]
         start = np.flatnonzero(new)
         count = np.diff(np.append(start, len(spos)))
-        group = np.cumsum(new) - 1
-        return NGramGroups(spos, group, start, count)
+        return NGramGroups(spos, start, count)
 
     def ngram_chars(self, pos: np.ndarray, n: int, with_spaces: bool) -> np.ndarray:
         """Characters of the n-grams starting at ``pos`` (joined by spaces or not)."""

@@ -215,9 +215,11 @@ def run_ours(shards: list[Path], out_dir: Path, workers: int) -> tuple[float, fl
     seconds of the workers, decisions."""
     import multiprocessing as mp
 
+    import curation.stages.filters  # noqa: F401  (imported once; forked workers inherit it)
+
     out_dir.mkdir(parents=True, exist_ok=True)
     cpu0, t0 = _children_cpu(), time.perf_counter()
-    pool = mp.get_context("spawn").Pool(workers)
+    pool = mp.get_context("fork").Pool(workers)  # like datatrove's workers below
     results = pool.map(_our_shard, [(str(p), str(out_dir)) for p in shards], chunksize=1)
     pool.close()
     pool.join()
