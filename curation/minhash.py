@@ -251,7 +251,15 @@ def _hash_spans(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.nd
         mixed = mix64((windows[chunk_start] & _BYTE_MASKS[chunk_len])
                       ^ (chunk_idx.astype(np.uint64) + _U64(1)) * _CHUNK_SALT)
         summed[long_words] += np.add.reduceat(mixed, first)
-    return mix64(summed + lengths.astype(np.uint64) * _LEN_SALT)
+    # a half mixer (xorshift-multiply-xorshift, a bijection) is enough here: the n-gram
+    # polynomial over these values gets a full mix64 afterwards
+    x = summed + lengths.astype(np.uint64) * _LEN_SALT
+    t = x >> _U64(32)
+    x ^= t
+    x *= _M1
+    np.right_shift(x, _U64(29), out=t)
+    x ^= t
+    return x
 
 
 def word_hashes(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -336,6 +344,31 @@ def normalized_word_hashes(texts: pa.Array | pa.ChunkedArray) -> tuple[np.ndarra
     return out, np.r_[0, np.cumsum(counts)][doc_offsets].astype(np.int64)
 
 
+def _polynomial(words: np.ndarray, n: int) -> np.ndarray:
+    """``g[i] = sum_j words[i + j] * BASE^(n - 1 - j)`` (uint64 wraparound) for every start i,
+    by doubling: windows of 2, 4, ... words are combined pairwise (log n passes, not n)."""
+    W = len(words)
+    out = None  # polynomial of the first `done` words of each window
+    done = 0
+    width, cur, base = 1, words, _NGRAM_BASE  # cur: windows of `width` words, base = BASE^width
+    rest = n
+    while rest:
+        if rest & 1:
+            piece = cur[done: W - n + 1 + done]
+            if out is None:
+                out = piece.copy()
+            else:
+                out *= base
+                out += piece
+            done += width
+        rest >>= 1
+        if rest:
+            cur = cur[:-width] * base + cur[width:]
+            base = _U64((int(base) * int(base)) & _MASK64)
+            width *= 2
+    return out
+
+
 def shingle_hashes(words: np.ndarray, doc_offsets: np.ndarray, ngram: int) -> tuple[np.ndarray, np.ndarray]:
     """64-bit hash of every word n-gram; n-grams never cross documents.
 
@@ -350,10 +383,7 @@ def shingle_hashes(words: np.ndarray, doc_offsets: np.ndarray, ngram: int) -> tu
     out = np.empty(int(sh_off[-1]), dtype=np.uint64)
     W = len(words)
     if W >= ngram:
-        g = words[: W - ngram + 1].copy()
-        for j in range(1, ngram):
-            g *= _NGRAM_BASE
-            g += words[j: W - ngram + 1 + j]
+        g = _polynomial(words, ngram)
         # a start is valid when its n-gram ends inside the same document
         word_doc = np.repeat(np.arange(num_docs), counts)
         valid = word_doc[: W - ngram + 1] == word_doc[ngram - 1:]
@@ -400,7 +430,7 @@ class MinHasher:
     ngram: int = 5
     seed: int = 1
     family: Family = "affine32"
-    block_shingles: int = 8192  # shingles per numpy block: ~4 MB of uint32 work per block
+    block_shingles: int = 16384  # shingles per numpy block: 8 MB of uint32 work per block
 
     def __post_init__(self) -> None:
         if self.num_perm < 1 or self.ngram < 1:
@@ -446,6 +476,9 @@ class MinHasher:
         counts = np.diff(offsets)
         B = self.block_shingles
         M = len(xs)
+        # one block buffer for the whole batch: a fresh multi-MB array per block costs page
+        # faults comparable to the arithmetic itself
+        buf = np.empty((k, min(B, max(M, 1))), dtype=xs.dtype)
         lo = 0
         while lo < M:
             hi = min(lo + B, M)
@@ -456,8 +489,9 @@ class MinHasher:
             docs = np.arange(d0, d1)
             nonempty = (starts < np.minimum(offsets[d0 + 1:d1 + 1], hi)) & (counts[d0:d1] > 0)
             starts, docs = starts[nonempty], docs[nonempty]
-            block = np.multiply.outer(a_[:, 0], xs[lo:hi])
-            block += b_
+            block = buf[:, : hi - lo]
+            np.multiply(a_, xs[None, lo:hi], out=block)
+            np.add(block, b_, out=block)
             mins = np.minimum.reduceat(block, starts - lo, axis=1)
             if self.family == "multiply_shift64":
                 mins = (mins >> _U64(32)).astype(np.uint32)
