@@ -206,6 +206,8 @@ def accuracy(pool: list[str], pairs_n: int, seeds: int) -> dict[str, float]:
     ideal = float(np.mean([np.abs(np.random.default_rng(s).binomial(128, true) / 128 - true).mean()
                            for s in range(100)]))
     res = {k: float(np.mean(v)) for k, v in out.items()}
+    res.update({f"{k} (s.e. over seeds)": float(np.std(v, ddof=1) / np.sqrt(len(v))) if len(v) > 1 else 0.0
+                for k, v in out.items()})
     res["binomial ideal"] = ideal
     res["pairs"] = float(len(pairs))
     res["mean true Jaccard"] = float(true.mean())
@@ -217,7 +219,7 @@ def main() -> None:
     ap.add_argument("--docs", type=int, default=6000, help="documents for the throughput runs (real pool repeated)")
     ap.add_argument("--peer-docs", type=int, default=1500, help="documents for datasketch (slow)")
     ap.add_argument("--pairs", type=int, default=600)
-    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--seeds", type=int, default=10)
     args = ap.parse_args()
     pool = load_real_documents()
     docs = (pool * (args.docs // len(pool) + 1))[: args.docs]
@@ -233,8 +235,10 @@ def main() -> None:
     acc = accuracy(pool, args.pairs, args.seeds)
     print(f"\nJaccard MAE on {int(acc.pop('pairs'))} real near-duplicate pairs "
           f"(mean true J {acc.pop('mean true Jaccard'):.3f}), {args.seeds} seeds:")
-    for name, v in acc.items():
-        print(f"  {name:28s} {v:.4f}")
+    ideal = acc.pop("binomial ideal")
+    for name in [k for k in acc if not k.endswith("(s.e. over seeds)")]:
+        print(f"  {name:28s} {acc[name]:.4f} ± {acc[name + ' (s.e. over seeds)']:.4f}")
+    print(f"  {'binomial ideal':28s} {ideal:.4f}   (independent permutations: error of Binomial(128, J) / 128)")
 
 
 if __name__ == "__main__":
