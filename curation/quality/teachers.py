@@ -71,6 +71,22 @@ class ReferenceTeacher(Teacher):
 # perplexity: a byte-level GRU language model
 
 
+class _OneThread:
+    """torch on one thread: on a shared 2-core machine a 2-thread GRU step measured 36x slower
+    than a 1-thread one (threads spin waiting for each other); the model is too small to gain."""
+
+    def __enter__(self):
+        import torch
+
+        self.prev = torch.get_num_threads()
+        torch.set_num_threads(1)
+
+    def __exit__(self, *exc):
+        import torch
+
+        torch.set_num_threads(self.prev)
+
+
 class ByteLanguageModel:
     """A small byte-level GRU language model (256 symbols, no tokenizer to train or ship).
 
@@ -87,6 +103,10 @@ class ByteLanguageModel:
 
     def fit(self, texts: Sequence[str], steps: int = 300, seq_len: int = 256, batch: int = 32,
             lr: float = 3e-3, log: Callable[[str], None] | None = None) -> ByteLanguageModel:
+        with _OneThread():
+            return self._fit(texts, steps, seq_len, batch, lr, log)
+
+    def _fit(self, texts, steps, seq_len, batch, lr, log) -> ByteLanguageModel:
         import torch
 
         data = np.frombuffer(b"\n\n".join(t.encode("utf-8") for t in texts), np.uint8)
@@ -116,6 +136,10 @@ class ByteLanguageModel:
         return self
 
     def bits_per_byte(self, texts: Sequence[str], max_bytes: int = 2048, batch: int = 32) -> np.ndarray:
+        with _OneThread():
+            return self._bits_per_byte(texts, max_bytes, batch)
+
+    def _bits_per_byte(self, texts, max_bytes, batch) -> np.ndarray:
         import torch
 
         self.net.eval()
