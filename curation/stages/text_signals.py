@@ -1367,6 +1367,7 @@ class NGramIndex:
         self.candidates = np.arange(n_words, dtype=np.int64)
         self.hash = np.zeros(n_words, dtype=np.uint64)
         self.groups: NGramGroups | None = None
+        self._sieved = False
 
     def advance(self, group: bool = True) -> NGramGroups | None:
         """Move to n + 1: hash the candidate positions and (if asked) group them.
@@ -1389,6 +1390,20 @@ class NGramIndex:
             self.groups = None
             self.candidates = cand
             return None
+        if not self._sieved and len(cand):
+            # An n-gram can only repeat in a document if each of its words does. Count words
+            # per document in a hashed table (collisions only keep extra positions) and drop
+            # positions holding a word seen once: they are groups of one, and sorting them
+            # is the bulk of the work.
+            self._sieved = True
+            with np.errstate(over="ignore"):
+                slot = ((self.word_hash + self.doc.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+                        >> np.uint64(42)).astype(np.int64)
+            repeated_word = np.bincount(slot, minlength=1 << 22)[slot] >= 2
+            keep = repeated_word[cand]
+            for k in range(1, n):
+                keep &= repeated_word[cand + k]
+            cand, h = cand[keep], h[keep]
         self.groups = self._group(cand, h)
         repeated = np.repeat(self.groups.group_count >= 2, self.groups.group_count)
         # Order does not matter: grouping sorts anyway.
