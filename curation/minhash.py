@@ -169,39 +169,37 @@ def _whitespace_mask(data: np.ndarray, high: np.ndarray | None = None) -> np.nda
 
 def collapse_whitespace(texts: pa.Array) -> pa.Array:
     """Whitespace runs -> one space, leading/trailing whitespace removed (vectorised over
-    the batch's bytes). Input is normalised text (``normalize_text``)."""
+    the batch's bytes). Input is normalised text (``normalize_text``: its only whitespace
+    is ASCII).
+
+    Memory stays at a few bytes per input byte: the output is the input with a boolean
+    mask applied (the first whitespace byte between two words of a document becomes the
+    space), not a per-byte position array.
+    """
     texts = pc.fill_null(texts, "")
     offsets, data = _string_buffers(texts)
     n = len(data)
     if n == 0:
         return texts
     ws = _whitespace_mask(data)
-    doc_start = np.zeros(n + 1, dtype=bool)
-    doc_start[offsets[:-1]] = True  # empty documents share their start with the next one
-    prev_ws = np.empty(n, dtype=bool)
-    prev_ws[0] = True
-    prev_ws[1:] = ws[:-1]
-    prev_ws |= doc_start[:n]
-    word_start = ~ws & prev_ws
-    # a space is emitted before every word that is not the first of its document
-    starts = np.flatnonzero(word_start)
-    first_word = np.zeros(n, dtype=bool)
-    if len(starts):
-        d = np.searchsorted(offsets, starts, side="right") - 1
-        first_word[starts[np.r_[True, d[1:] != d[:-1]]]] = True
-    keep = ~ws
-    space_before = word_start & ~first_word
-    out_len = keep.astype(np.int64) + space_before
-    pos = np.cumsum(out_len) - out_len  # output position of each input byte's emission
-    total = int(out_len.sum())
-    out = np.empty(total, dtype=np.uint8)
-    sb = np.flatnonzero(space_before)
-    out[pos[sb]] = 32
-    kb = np.flatnonzero(keep)
-    out[pos[kb] + space_before[kb]] = data[kb]
-    new_off = np.r_[0, np.cumsum(out_len)][offsets]
-    return pa.Array.from_buffers(pa.string(), len(texts),
-                                 [None, pa.py_buffer(new_off.astype(np.int32)), pa.py_buffer(out)])
+    starts, ends = _word_spans(offsets, data, ws)
+    doc_words = np.searchsorted(starts, offsets, side="left")
+    # the byte right after a word becomes the separator, unless it is its document's last word
+    last = np.zeros(len(starts), dtype=bool)
+    nonempty = np.diff(doc_words) > 0
+    last[doc_words[1:][nonempty] - 1] = True
+    emit = ~ws
+    emit[ends[~last]] = True
+    out = np.where(ws, np.uint8(32), data)[emit]
+    # emitted bytes per document: a cumulative count at the document boundaries
+    counts = np.zeros(len(offsets) - 1, dtype=np.int64)
+    lens = np.diff(offsets)
+    has = lens > 0
+    if has.any():
+        counts[has] = np.add.reduceat(emit, offsets[:-1][has], dtype=np.int64)
+    new_off = np.zeros(len(offsets), dtype=np.int32)
+    np.cumsum(counts, out=new_off[1:])
+    return pa.Array.from_buffers(pa.string(), len(texts), [None, pa.py_buffer(new_off), pa.py_buffer(out)])
 
 
 # ---------------------------------------------------------------------------------------------

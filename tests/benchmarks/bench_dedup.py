@@ -171,7 +171,7 @@ def _cmdline(pid: int) -> str:
 # one size, in its own process
 
 
-def run_one(n: int, workers: int, partitions: int, out_json: str) -> None:
+def run_one(corpus: str, workers: int, partitions: int, out_json: str) -> None:
     import ray
 
     import curation.stages  # noqa: F401
@@ -180,14 +180,11 @@ def run_one(n: int, workers: int, partitions: int, out_json: str) -> None:
     from curation.stages.dedup_exact import ExactDedup
     from curation.stages.dedup_minhash import MinHashDedup
 
-    t0 = time.perf_counter()
-    docs = make_corpus(n)
-    words = sum(len(d["text"].split()) for d in docs) / len(docs)
+    meta = json.loads((Path(corpus) / "corpus.json").read_text())
+    n, words, gen_s = meta["docs"], meta["mean_words"], meta["generate_s"]
+    upstream = [tuple(u) for u in meta["shards"]]
     with tempfile.TemporaryDirectory(prefix="bench_dedup_") as tmp:
         root = Path(tmp)
-        upstream = write_shards(docs, root, shards=max(8, n // 10_000))
-        del docs
-        gen_s = time.perf_counter() - t0
         ray.init(num_cpus=workers, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
         res: dict = {"docs": n, "mean_words": words, "generate_s": gen_s, "workers": workers, "partitions": partitions}
         with TreeRSS() as rss:
@@ -322,7 +319,7 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[100_000, 200_000])
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--partitions", type=int, default=16)
-    ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--skip-quality", action="store_true")
     args = ap.parse_args()
@@ -334,12 +331,19 @@ def main() -> None:
         quality(args.workers)
     results = []
     for n in args.sizes:
-        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-            out = f.name
-        subprocess.run([sys.executable, __file__, "--one", str(n), "--out", out, "--workers", str(args.workers),
-                        "--partitions", str(args.partitions)], check=True)
-        r = json.loads(Path(out).read_text())
-        os.unlink(out)
+        # the corpus is made here, so the measured process tree holds only the stages' work
+        with tempfile.TemporaryDirectory(prefix="bench_dedup_corpus_") as corpus:
+            t0 = time.perf_counter()
+            docs = make_corpus(n)
+            words = sum(len(d["text"].split()) for d in docs) / len(docs)
+            shards = write_shards(docs, Path(corpus), shards=max(8, n // 10_000))
+            del docs
+            (Path(corpus) / "corpus.json").write_text(json.dumps(
+                {"docs": n, "mean_words": words, "generate_s": time.perf_counter() - t0, "shards": shards}))
+            out = str(Path(corpus) / "result.json")
+            subprocess.run([sys.executable, __file__, "--one", corpus, "--out", out, "--workers", str(args.workers),
+                            "--partitions", str(args.partitions)], check=True)
+            r = json.loads(Path(out).read_text())
         print_size(r)
         results.append(r)
     if len(results) >= 2:
