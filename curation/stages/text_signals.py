@@ -1136,8 +1136,8 @@ def _apply_special_cases(b, cls, tok_start, tok_end, core_s, core_e, unit_ok):
     # One-word special cases on whole cores.
     keys, order, cuts, sieve = _one_word_split_keys()
     n_b = core_e - core_s
-    c = np.flatnonzero((n_b <= 16) & (n_b > 0))
-    c, hit = _find_keys(b, win, core_s[c], n_b[c], keys, order, sieve, c)
+    # Empty cores (all affixes) never match: their slot uses length 0, which no key has.
+    c, hit = _find_keys(b, win, core_s, n_b, keys, order, sieve, np.arange(len(core_s)))
     if len(c):
         t = np.searchsorted(tok_start, core_s[c])
         ok = (tok_end[t] == core_e[c]) & ~taken[t]
@@ -1197,7 +1197,9 @@ def _find_keys(b, win, start, n_bytes, keys, order, sieve, carry):
     small gathers before the exact 64-bit key is computed."""
     if not len(start):
         return carry, np.zeros(0, np.int64)
-    maybe = sieve[_sieve_slot(b[start], b[start + n_bytes - 1], n_bytes)]
+    last = len(b) - 1
+    maybe = sieve[_sieve_slot(b[np.minimum(start, last)], b[np.clip(start + n_bytes - 1, 0, last)], n_bytes)]
+    maybe &= (n_bytes > 0) & (n_bytes <= 16)
     start, n_bytes, carry = start[maybe], n_bytes[maybe], carry[maybe]
     hit = _lookup(keys, order, _short_key(win, start, n_bytes))
     ok = hit >= 0
@@ -1205,7 +1207,9 @@ def _find_keys(b, win, start, n_bytes, keys, order, sieve, carry):
 
 
 def _sieve_slot(first: np.ndarray, last: np.ndarray, n_bytes: np.ndarray) -> np.ndarray:
-    return (first.astype(np.int64) << 13) | (last.astype(np.int64) << 5) | np.minimum(n_bytes, 31)
+    # int32 arithmetic: the slot has 21 bits.
+    return ((first.astype(np.int32) << 13) | (last.astype(np.int32) << 5)
+            | np.minimum(n_bytes, 31).astype(np.int32))
 
 
 def _key_filter(values) -> np.ndarray:
