@@ -1402,8 +1402,8 @@ class NGramIndex:
             self._sieved = True
             with np.errstate(over="ignore"):
                 slot = ((self.word_hash + self.doc.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15))
-                        >> np.uint64(42)).astype(np.int64)
-            repeated_word = np.bincount(slot, minlength=1 << 22)[slot] >= 2
+                        >> np.uint64(43)).astype(np.int64)
+            repeated_word = np.bincount(slot, minlength=1 << 21)[slot] >= 2
             keep = repeated_word[cand]
             for k in range(1, n):
                 keep &= repeated_word[cand + k]
