@@ -352,7 +352,8 @@ def main() -> None:
               f"largest-process peak RSS {a['largest_process_rss_mb']:.0f} -> {b['largest_process_rss_mb']:.0f} MB "
               f"({b['largest_process_rss_mb'] / a['largest_process_rss_mb']:.2f}x), largest task edge set "
               f"{a['near']['components']['largest_task_edges']:,} -> {b['near']['components']['largest_task_edges']:,}, "
-              f"minhash_dedup docs/s {a['docs'] / a['near_s']:,.0f} -> {b['docs'] / b['near_s']:,.0f}")
+              f"minhash_dedup docs/s {a['near']['documents'] / a['near_s']:,.0f} -> "
+              f"{b['near']['documents'] / b['near_s']:,.0f}")
 
 
 if __name__ == "__main__":
