@@ -1,21 +1,23 @@
 """Vectorised text measurements shared by the heuristic filters (``filters.py``).
 
-Everything here works on a whole batch at once: pyarrow compute kernels (RE2 regexes, splits,
-lengths, dictionary encoding) over all documents, then numpy over integer arrays. There is no
-Python loop per word, line or n-gram; the only loops run over a handful of regex passes or
-over ``log2`` levels of pointer doubling.
+Everything works on a whole batch at once: numpy over the UTF-8 bytes of all documents (a
+zero-copy view of the Arrow text buffer) and over integer arrays, plus a few pyarrow
+kernels. There is no Python loop per word, line or n-gram; the loops that exist run over
+byte offsets inside short spans (at most 16 or 64 rounds), over the rounds of a fixpoint,
+or once per document around a C call (hashing its bytes).
 
 The pieces:
 
-- ``Segments``: a batch of documents each cut into parts (lines, paragraphs, words), kept
-  flat: one Arrow string array of all parts plus the document of each part.
-- ``split_words``: an English word splitter that mimics spaCy's rule tokenizer (what datatrove's
-  ``split_into_words`` uses for English): whitespace chunks, then prefixes, suffixes,
-  special cases, URLs and infixes, all as RE2 passes over the chunks that need them.
+- ``Segments``: documents cut into parts (lines, paragraphs), flat: one Arrow string array
+  of all parts plus the document of each part; ``split_lines`` / ``split_newlines`` make
+  them with Python's ``splitlines`` / ``re.split`` semantics from the bytes.
+- ``split_words`` -> ``Words``: English words split as spaCy's rule tokenizer does (what
+  datatrove's ``split_into_words`` uses for English), as byte spans, with per-word
+  measurements (characters, only punctuation, has a letter, a 64-bit id, ...).
 - ``sentence_counts``: spaCy's ``sentencizer`` rule over those words.
 - ``duplicate_stats``: per document, how many parts repeat an earlier part and their chars.
 - ``NGramIndex``: n-gram statistics over word ids (top n-gram char share, chars in
-  duplicated n-grams with datatrove's greedy skip semantics).
+  duplicated n-grams with datatrove's skip-ahead semantics).
 """
 
 from __future__ import annotations
@@ -74,8 +76,6 @@ def re2_class(chars) -> str:
     return "".join(f"\\x{{{ord(c):x}}}" for c in sorted(set(chars)))
 
 
-_WS = re2_class(PY_WHITESPACE)
-_TERMINAL = re2_class(TERMINAL_PUNCTUATION)
 
 # ---------------------------------------------------------------------------------------------
 # Segments
@@ -290,17 +290,16 @@ def duplicate_stats(seg: Segments, lengths: np.ndarray | None = None) -> tuple[n
 # is kept whole if it looks like a URL, else cut at infixes (hyphens and slashes between
 # letters, "..." inside a word, ...).
 #
-# Most chunks are plain words (letters and digits only): they are one word each, found with
-# a few byte comparisons over the UTF-8 text. Only chunks holding punctuation or symbols go
-# through the rules, decoded to code points, where every rule is an array expression: a
-# lookup table gives each character its classes, the prefix run of a chunk is the leading
-# stretch of prefix characters, the suffix run the trailing stretch of suffix characters,
-# infixes are conditions on a character and its neighbours, and special cases are found by
-# comparing polynomial hashes of candidate spans with the hashes of the special strings.
-# Stripping a whole run at once gives spaCy's tokens except where a special case hides inside
-# a run; we check the spans spaCy's loop meets first (the chunk, then the core with two, one
-# or none of its suffix tokens). Words are then Arrow slices of the text; dictionary encoding
-# gives each distinct word an id, and word properties are computed once per distinct word.
+# Most chunks are plain words (no punctuation or symbol): one word each, found with a few
+# byte comparisons. Chunks that are a plain ASCII core with one affix character at either end
+# ("word," "(word)") are decided from the neighbouring bytes. Only the rest go through the
+# full rules, decoded to code points, where every rule is an array expression: a table gives
+# each character its classes, the prefix run of a chunk is its leading stretch of prefix
+# characters, the suffix run its trailing stretch of suffix characters, infixes are
+# conditions on a character and its neighbours. Stripping a whole run at once gives spaCy's
+# words; special cases are then applied at byte level, as spaCy's special-case matcher does
+# (merge the words a special string was cut into wherever they touch, cut one-word special
+# cases), comparing 16-byte packed keys of candidate spans with the special strings.
 
 _QUOTES = "'\"”“`‘´’‚,„»«「」『』（）〔〕【】《》〈〉〈〉⟦⟧"
 _PUNCT = "…,:;!?¿؟¡()[]{}<>_#*&。？！，、；：～·।،۔؛٪"
@@ -474,11 +473,7 @@ def _cut_mask(cuts) -> int:
     return sum(1 << c for c in cuts)
 
 
-_SPECIAL_MAX_LEN = max(len(k) for k in SPECIAL_CASES)
 _SPECIAL_CHARS = frozenset("".join(SPECIAL_CASES))
-_NUMBER_UNIT_RE = "[0-9](?:" + "|".join(
-    "".join(f"\\x{{{ord(c):x}}}" for c in u) for u in sorted(_UNITS, key=len, reverse=True)) + ")$"
-
 
 def _prev(a: np.ndarray, first: np.ndarray, fill=0) -> np.ndarray:
     """Value of the previous character, ``fill`` at chunk starts (``first``)."""
