@@ -362,3 +362,25 @@ def test_dedup_dag_runs_end_to_end(tmp_path, ray_session):
     assert sum(v for k, v in reasons.items() if k.startswith("minhash_dedup:cluster=")) > 80
     digest = hashlib.sha256((tmp_path / "run" / "near" / "_manifest.jsonl").read_bytes()).hexdigest()
     assert digest
+
+
+def test_verify_jaccard_keeps_only_links_that_reach_the_threshold(labelled, tmp_path, ray_session):
+    from curation.minhash import jaccard, shingle_sets
+
+    docs, group, upstream, root, stage, ctx = labelled
+    run_stage(MinHashDedup(**(STAGE | {"verify_jaccard": True})), tmp_path / "verified", upstream)
+    kept, rejected = outputs(tmp_path / "verified")
+    plain_kept, plain_rejected = outputs(root / "w2")
+    removed = set(rejected.column("id").to_pylist())
+    assert removed <= set(plain_rejected.column("id").to_pylist())
+    assert len(removed) >= 0.9 * plain_rejected.num_rows
+    text = {d["id"]: d["text"] for d in docs}
+    members: dict[int, list[str]] = {}
+    for t in (kept, rejected):
+        for i, c in zip(t.column("id").to_pylist(), t.column("dup_cluster").to_pylist()):
+            members.setdefault(c, []).append(i)
+    pairs = [m for m in members.values() if len(m) == 2]
+    assert len(pairs) > 50
+    for a, b in pairs:  # a two-document cluster is one verified link
+        sa, sb = shingle_sets([text[a], text[b]], 5)
+        assert jaccard(sa, sb) >= 0.8
