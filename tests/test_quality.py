@@ -198,28 +198,24 @@ def test_dag_with_missing_model_fails_before_running(tmp_path):
                    "stages": {"quality": {"type": "quality", "model": str(tmp_path / "nope.bin"), "keep_top": 0.3}}})
 
 
-def _load_and_score(model: str, n: int) -> tuple[int, int]:
-    from curation.quality.classifier import LOADS as loads
-
-    st = QualityScore(type="quality", model=model, min_score=0.5)
-    st.setup()
-    for _ in range(n):
-        st.process(_table(["A sentence of ordinary English prose, as people write it."] * 50))
-    return os.getpid(), int(loads[os.path.realpath(model)])
-
-
-def test_model_is_loaded_once_per_worker_process(trained, ray_session):
+def test_model_is_loaded_once_per_worker_process(trained, tmp_path, ray_session):
     import ray
 
-    f = ray.remote(num_cpus=1)(_load_and_score)
-    results = ray.get([f.remote(str(trained), 3) for _ in range(8)])
+    from curation.stages.quality import score_shard
+
+    shard = tmp_path / "docs.parquet"
+    pq.write_table(_table([d["text"] for d in _docs(CRAWL)][:100]), shard)
+    f = ray.remote(num_cpus=1)(score_shard)
+    facts = ray.get([f.remote(str(shard), str(trained), None, str(tmp_path / f"s{i}.parquet")) for i in range(8)])
     per_pid: dict[int, int] = {}
-    for pid, loads in results:
-        per_pid[pid] = max(per_pid.get(pid, 0), loads)
-    assert per_pid and set(per_pid.values()) == {1}  # 8 tasks x 3 batches, one load per process
+    for x in facts:
+        per_pid[x["pid"]] = max(per_pid.get(x["pid"], 0), x["loads"])
+    assert per_pid and set(per_pid.values()) == {1}  # 8 tasks, one load per worker process
     before = LOADS[os.path.realpath(trained)]
-    _load_and_score(str(trained), 2)
-    _load_and_score(str(trained), 2)
+    for _ in range(3):  # and in this process: stages set up again and again reuse the model
+        st = QualityScore(type="quality", model=str(trained), min_score=0.5)
+        st.setup()
+        st.process(_table(["A sentence of ordinary English prose, as people write it."] * 50))
     assert LOADS[os.path.realpath(trained)] - before <= 1
 
 

@@ -495,16 +495,22 @@ def train_quality_classifier(labels: str | Path | Sequence[str | Path], out: str
     params = dict(dim=dim, epoch=epoch, lr=lr, wordNgrams=word_ngrams, minCount=min_count, bucket=bucket,
                   loss="softmax", seed=seed, thread=thread, verbose=0)
     t0 = time.perf_counter()
+    tmp = out.with_name(f".{out.name}.tmp")
     try:
-        model = fasttext.train_supervised(str(train_file), **params)
+        # In a fresh process: after one fastText training, later ones in the same process fail
+        # here with "Encountered NaN" on identical inputs (measured: a first run always succeeds,
+        # later runs fail, whatever the learning rate), so each model gets its own process.
+        import multiprocessing
+
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            pool.apply(_train_in_subprocess, (str(train_file), str(tmp), params))
     finally:
         train_file.unlink(missing_ok=True)
     seconds = time.perf_counter() - t0
+    os.replace(tmp, out)
+    model = load_fasttext(out, field="quality train")
     if positive_label not in model.get_labels():
         raise ValueError(f"quality train: no {positive_label!r} lines in the labels (labels: {model.get_labels()})")
-    tmp = out.with_name(f".{out.name}.tmp")
-    model.save_model(str(tmp))
-    os.replace(tmp, out)
     heldout_metrics: dict[str, Any] = {"docs": len(held)}
     if held:
         y = [1 if line.startswith(positive_label + " ") else 0 for line in held]
@@ -539,6 +545,12 @@ def train_quality_classifier(labels: str | Path | Sequence[str | Path], out: str
     cp = card_path(out)
     cp.write_text(json.dumps(card, indent=2, sort_keys=True) + "\n")
     return card
+
+
+def _train_in_subprocess(train_file: str, out: str, params: dict) -> None:
+    import fasttext
+
+    fasttext.train_supervised(train_file, **params).save_model(out)
 
 
 def quality_train(labels: str | Path | Sequence[str | Path], out: str | Path, **params) -> dict[str, Any]:
