@@ -15,7 +15,7 @@ import pytest
 from pydantic import ValidationError
 
 from conftest import DATA, REPO
-from curation.quality.classifier import LOADS, ModelLoadError
+from curation.quality.classifier import LOADS, ModelLoadError, train_fasttext_isolated
 from curation.stages.langid import LanguageId, detector_for, normalize_lang
 
 FIXTURE = DATA / "langid" / "lingua_docs_gt200chars_14lang.jsonl.gz"
@@ -99,8 +99,6 @@ def test_keep_accepts_three_letter_codes():
 
 @pytest.fixture(scope="module")
 def glotlid_style_model(tmp_path_factory) -> Path:
-    import fasttext
-
     docs = _docs()
     iso3 = {"en": "eng_Latn", "de": "deu_Latn", "fr": "fra_Latn", "es": "spa_Latn", "it": "ita_Latn",
             "pt": "por_Latn", "nl": "nld_Latn", "pl": "pol_Latn", "ru": "rus_Cyrl", "tr": "tur_Latn",
@@ -109,9 +107,9 @@ def glotlid_style_model(tmp_path_factory) -> Path:
     random.Random(0).shuffle(rows)
     d = tmp_path_factory.mktemp("lidmodel")
     (d / "train.txt").write_text("\n".join(rows) + "\n", encoding="utf-8")
-    model = fasttext.train_supervised(str(d / "train.txt"), dim=32, epoch=100, lr=1.0, minn=1, maxn=4,
-                                      bucket=100_000, thread=1, seed=0, verbose=0)
-    model.save_model(str(d / "lid.bin"))
+    # in its own process: fastText training in a process that already ran other models can NaN
+    train_fasttext_isolated(d / "train.txt", d / "lid.bin", dict(dim=32, epoch=100, lr=1.0, minn=1, maxn=4,
+                                                                 bucket=100_000, thread=1, seed=0, verbose=0))
     return d / "lid.bin"
 
 

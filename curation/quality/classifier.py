@@ -502,10 +502,7 @@ def train_quality_classifier(labels: str | Path | Sequence[str | Path], out: str
         # In a fresh process: after one fastText training, later ones in the same process fail
         # here with "Encountered NaN" on identical inputs (measured: a first run always succeeds,
         # later runs fail, whatever the learning rate), so each model gets its own process.
-        import multiprocessing
-
-        with multiprocessing.get_context("spawn").Pool(1) as pool:
-            pool.apply(_train_in_subprocess, (str(train_file), str(tmp), params))
+        train_fasttext_isolated(train_file, tmp, params)
     finally:
         train_file.unlink(missing_ok=True)
     seconds = time.perf_counter() - t0
@@ -553,6 +550,16 @@ def _train_in_subprocess(train_file: str, out: str, params: dict) -> None:
     import fasttext
 
     fasttext.train_supervised(train_file, **params).save_model(out)
+
+
+def train_fasttext_isolated(train_file: str | Path, out: str | Path, params: dict) -> None:
+    """``fasttext.train_supervised(train_file, **params)`` saved to ``out``, run in a fresh
+    (spawned) process: in a process that has trained fastText once, or has torch threads
+    running, later trainings here end in "Encountered NaN" on inputs that train cleanly alone."""
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        pool.apply(_train_in_subprocess, (str(train_file), str(out), params))
 
 
 def quality_train(labels: str | Path | Sequence[str | Path], out: str | Path, **params) -> dict[str, Any]:
