@@ -6,7 +6,9 @@ documents, both on 2 worker processes, reading JSONL and writing Parquet. Prints
 the speed ratio, the keep/drop agreement and a per-rule table of disagreements.
 
 Run: ``.venv/bin/python tests/benchmarks/bench_pipeline.py [--copies N] [--only ours|datatrove]``
-(datatrove and spaCy come with the ``bench`` extra).
+The datatrove side needs ``datatrove[processing]`` (the ``bench`` extra) plus ``spacy`` (its
+English word splitter, ``spacy.blank("en")``: no model download) and ``orjson`` (its JSONL
+reader). Sections are functions named ``bench_*``; ``main`` runs them in order.
 """
 
 from __future__ import annotations
@@ -232,6 +234,11 @@ def run_datatrove(shard_dir: Path, out_dir: Path, workers: int) -> tuple[float, 
     (``LocalPipelineExecutor(tasks=workers, workers=workers)``), writing kept documents as
     Parquet and dropped ones (with datatrove's reason) as JSONL. Returns wall seconds, CPU
     seconds of the workers, decisions."""
+    for module, package in (("datatrove", "datatrove[processing]"), ("spacy", "spacy"), ("orjson", "orjson")):
+        try:
+            __import__(module)
+        except ImportError:
+            raise SystemExit(f"the datatrove side needs {package}: .venv/bin/pip install '{package}'") from None
     from datatrove.executor import LocalPipelineExecutor
     from datatrove.pipeline.filters import C4QualityFilter, GopherQualityFilter, GopherRepetitionFilter
     from datatrove.pipeline.readers import JsonlReader
