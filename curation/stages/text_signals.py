@@ -1366,7 +1366,6 @@ class NGramIndex:
         self.candidates = np.arange(n_words, dtype=np.int64)
         self.hash = np.zeros(n_words, dtype=np.uint64)
         self.groups: NGramGroups | None = None
-        self._sieved = False
 
     def advance(self, group: bool = True) -> NGramGroups | None:
         """Move to n + 1: hash the candidate positions and (if asked) group them.
@@ -1389,19 +1388,15 @@ class NGramIndex:
             self.groups = None
             self.candidates = cand
             return None
-        if not self._sieved and len(cand):
-            # An n-gram can only repeat in a document if each of its words does. Count words
-            # per document in a hashed table (collisions only keep extra positions) and drop
-            # positions holding a word seen once: they are groups of one, and sorting them
-            # is the bulk of the work.
-            self._sieved = True
+        if len(cand) > 200_000:
+            # Most n-grams occur once in their document, and sorting them is the bulk of the
+            # work. Count (document, n-gram) in a hashed table first: a group of two or more
+            # always shares a slot, so dropping positions alone in their slot only drops
+            # groups of one (collisions merely keep a few extra).
             with np.errstate(over="ignore"):
-                slot = ((self.word_hash + self.doc.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+                slot = ((h + self.doc[cand].astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15))
                         >> np.uint64(43)).astype(np.int64)
-            repeated_word = np.bincount(slot, minlength=1 << 21)[slot] >= 2
-            keep = repeated_word[cand]
-            for k in range(1, n):
-                keep &= repeated_word[cand + k]
+            keep = np.bincount(slot, minlength=1 << 21)[slot] >= 2
             cand, h = cand[keep], h[keep]
         self.groups = self._group(cand, h)
         repeated = np.repeat(self.groups.group_count >= 2, self.groups.group_count)
