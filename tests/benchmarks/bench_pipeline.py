@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import io
 import json
 import lzma
 import os
 import re
 import resource
 import sys
-import tarfile
 import tempfile
 import time
 from collections import Counter
