@@ -978,7 +978,8 @@ def _split_words(b, doff, buf, base, special_cases: bool) -> Words:
     cores_s, cores_e, unit_ok = [c_start], [c_end], [np.ones(len(c_start), dtype=bool)]
     rule_bytes = np.flatnonzero((cls & _B_RULE) != 0)
     if len(rule_bytes):
-        rb_chunk = np.searchsorted(c_start, rule_bytes, side="right") - 1
+        chunk_of = np.cumsum(first, dtype=np.int32)  # chunk number + 1 at every byte
+        rb_chunk = chunk_of[rule_bytes] - 1
         new = np.ones(len(rule_bytes), dtype=bool)
         new[1:] = rb_chunk[1:] != rb_chunk[:-1]
         at = np.flatnonzero(new)
@@ -988,9 +989,10 @@ def _split_words(b, doff, buf, base, special_cases: bool) -> Words:
         last_rb = rule_bytes[np.append(at[1:], len(rule_bytes)) - 1]
         cs, ce = c_start[rc], c_end[rc]
         length = ce - cs
-        high = np.flatnonzero(b >= 0x80)
-        ascii_ = np.ones(len(rc), dtype=bool) if not len(high) else (
-            np.searchsorted(high, ce) == np.searchsorted(high, cs))
+        has_high = np.zeros(len(c_start) + 1, dtype=bool)
+        # (a non-ASCII space marks the chunk before it, which then just takes the full rules)
+        has_high[chunk_of[b >= 0x80]] = True
+        ascii_ = ~has_high[rc + 1]
         # Fast path: ASCII chunks that are a plain core with one affix character at either
         # end ("word," "(word" "(word)"): decide the split from the neighbouring bytes.
         fast_end = ascii_ & (n_rb == 1) & (last_rb == ce - 1) & (length >= 2)
