@@ -136,11 +136,6 @@ def test_recommended_resiliparse_within_002_of_trafilatura_on_181_pages(aeb_full
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "extract.py's resiliparse settings (main_content=True, alt_texts=False) score F1 0.911 vs "
-    "trafilatura 0.954 on the 181 pages (gap 0.043 > 0.02). Adding comments=False, "
-    "post_meta=False, list_bullets=False brings it to 0.935 (gap 0.019): remove this marker when "
-    "extract.py adopts them."))
 def test_default_engine_within_002_of_the_other_on_181_pages(aeb_full):
     other = next(e for e in ENGINES if e != DEFAULT)
     assert aeb_full[DEFAULT] >= aeb_full[other] - 0.02, aeb_full
@@ -302,35 +297,22 @@ def test_unknown_charset_label_falls_back_to_detection():
     assert SJIS_PHRASE in ex.decode_html(SJIS, "x-no-such-charset")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "decode_html trusts a wrong HTTP charset: bytes_to_str falls back to utf-8/cp1252 and drops "
-    "invalid bytes, giving mojibake (fix in the extract report: strict decodes, then detection)"))
 def test_wrong_http_charset_falls_back_to_detection():
     assert SJIS_PHRASE in ex.decode_html(SJIS, "utf-8")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "with no HTTP charset decode_html trusts uchardet, which calls this valid UTF-8 page cp1252 "
-    "(4 of the 181 benchmark pages): 'Â\\xa0' mojibake in the text (fix in the extract report: "
-    "valid UTF-8 first)"))
 @pytest.mark.parametrize("charset", [None, "iso-8859-1"], ids=["no-charset", "wrong-latin1-header"])
 def test_valid_utf8_page_is_not_turned_into_mojibake(charset):
     raw = lzma.decompress((EXTRACT / "aeb_utf8_detected_as_cp1252.html.xz").read_bytes())
     assert ex.decode_html(raw, charset) == raw.decode("utf-8")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "read_warc does not pass quirks_mode=True to ArchiveIterator: LF-only HTTP headers (ClueWeb09) "
-    "are not parsed, so the page is rejected as read:non_html"))
 def test_reader_parses_lf_only_http_headers():
     docs, rejects = _read(EXTRACT / "clueweb09_ja_eucjp_one_record.warc.gz")
     assert rejects == [] and docs.num_rows == 1
     assert docs.column("charset").to_pylist() == ["euc-jp"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "read_warc keeps Transfer-Encoding: chunked bodies as stored (wget WARCs): chunk-size lines "
-    "such as '7d72' end up in the extracted text"))
 def test_reader_removes_chunked_transfer_encoding():
     docs, _ = _read(DATA / "warc/dolma_sample-0001.warc.gz")
     leaked = [h[:8] for h in docs.column("html").to_pylist() if re.match(rb"\s*[0-9a-fA-F]{1,8}\r?\n", h)]
@@ -371,9 +353,6 @@ def test_per_document_timeout(monkeypatch, kind):
     assert remaining == 0 or remaining > 1, remaining  # our 0.5 s alarm is not left armed
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "_time_limit sets the itimer to 0 on exit instead of restoring an outer alarm (e.g. "
-    "pytest-timeout's): the outer deadline is silently cancelled"))
 def test_timeout_keeps_an_outer_alarm():
     fired = []
     old = signal.signal(signal.SIGALRM, lambda *a: fired.append(1))

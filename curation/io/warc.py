@@ -18,6 +18,26 @@ def _open(path: str):
     return fsspec.open(path, "rb").open()
 
 
+def dechunk(body: bytes) -> bytes:
+    """Undo HTTP/1.1 chunked transfer encoding; return ``body`` unchanged if it is not chunked."""
+    out, pos = [], 0
+    while True:
+        eol = body.find(b"\r\n", pos)
+        if eol < 0:
+            return body
+        try:
+            size = int(body[pos:eol].split(b";", 1)[0].strip(), 16)
+        except ValueError:
+            return body if not out else b"".join(out)
+        if size == 0:
+            return b"".join(out)
+        start = eol + 2
+        out.append(body[start:start + size])
+        pos = start + size + 2
+        if start + size > len(body):  # truncated mid-chunk: keep what there is
+            return b"".join(out)
+
+
 def read_warc(shard: InputShard, spec: InputSpec) -> ReadResult:
     """Read the response (WARC) or conversion (WET) records dealt to this shard."""
     wet = shard.format == "wet"
@@ -26,7 +46,8 @@ def read_warc(shard: InputShard, spec: InputSpec) -> ReadResult:
     index = -1
     last_pos = 0
     try:
-        for rec in ArchiveIterator(_open(shard.path), record_types=rtype, parse_http=not wet):
+        # quirks_mode: ClueWeb09 ends HTTP headers with a bare LF
+        for rec in ArchiveIterator(_open(shard.path), record_types=rtype, parse_http=not wet, quirks_mode=True):
             index += 1
             last_pos = rec.stream_pos
             if index % shard.nparts != shard.part:
@@ -64,6 +85,8 @@ def read_warc(shard: InputShard, spec: InputSpec) -> ReadResult:
                 res.reject(index, "non_html", rec.stream_pos, f"content type {ctype or 'missing'!r}")
             else:
                 meta["content_type"] = ctype
+                if "chunked" in (rec.http_headers.get("Transfer-Encoding") or "").lower():
+                    body = dechunk(body)  # wget stores bodies as sent; chunk sizes would leak into text
                 res.add(index, None, url, meta, html=body, charset=rec.http_charset)
     except (FileNotFoundError, PermissionError):
         raise  # the file vanished or is unreadable: fail the task (retried), not bad data
