@@ -3,7 +3,7 @@ place for intermediate files, bounded parallel Ray tasks, and shard commits."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -54,3 +54,15 @@ class GlobalContext:
                 done += 1
                 self.report(phase, done, len(items))
         return results
+
+    def map_and_commit(self, fn: Callable[..., dict], items: list[tuple], phase: str) -> list[dict]:
+        """``map`` in chunks, committing each chunk's manifest entries as soon as it is done, so a
+        killed run keeps the shards it finished (``map`` alone returns only at the very end)."""
+        chunk = max(1, 4 * self.workers)
+        out: list[dict] = []
+        for lo in range(0, len(items), chunk):
+            sub = replace(self, report=lambda p, d, t, lo=lo: self.report(p, lo + d, len(items)))
+            entries = sub.map(fn, items[lo:lo + chunk], phase=phase)
+            self.commit(entries)
+            out += entries
+        return out

@@ -126,6 +126,19 @@ def check_fasttext_file(path: str | Path) -> dict:
             "loss": loss, "model": model_kind}
 
 
+def checked_model_path(v: str) -> str:
+    """Absolute path of a fastText model given in a DAG, checked on the driver so a missing or
+    corrupt file fails the DAG before anything runs (and Ray workers find it from any CWD)."""
+    path = os.path.abspath(os.path.expanduser(v))
+    try:
+        if not os.path.isfile(path):
+            raise ModelLoadError("no such file" if not os.path.exists(path) else "not a file")
+        check_fasttext_file(path)
+    except (ModelLoadError, OSError) as e:
+        raise ValueError(f"cannot load {v!r} ({path}): {e}") from None
+    return path
+
+
 def load_fasttext(path: str | Path, field: str = "quality.model"):
     """The fastText model at ``path``, loaded once per process and file version (path, mtime,
     size): a retrained model is picked up, a batch never reloads. Errors name ``field`` and

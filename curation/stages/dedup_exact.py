@@ -34,9 +34,8 @@ import json
 import os
 import resource
 import time
-from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -217,19 +216,6 @@ def apply_task(run_dir: str, stage: str, params_hash: str, key: str, path: str, 
 # driver helpers shared with MinHash dedup
 
 
-def map_and_commit(ctx: GlobalContext, fn: Callable[..., dict], items: list[tuple], phase: str) -> list[dict]:
-    """``ctx.map`` in chunks, committing each chunk's manifest entries as soon as it is done,
-    so a killed run keeps the shards it finished."""
-    chunk = max(1, 4 * ctx.workers)
-    out: list[dict] = []
-    for lo in range(0, len(items), chunk):
-        sub = replace(ctx, report=lambda ph, d, t, lo=lo: ctx.report(ph, lo + d, len(items)))
-        entries = sub.map(fn, items[lo:lo + chunk], phase=phase)
-        ctx.commit(entries)
-        out += entries
-    return out
-
-
 def write_json(path: Path, obj: Any) -> None:
     """Write a JSON report atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -339,7 +325,7 @@ class ExactDedup(GlobalStage):
             t0 = time.perf_counter()
             items = [(str(ctx.run_dir), ctx.name, ctx.params_hash, keys[i], paths[i], i, dup_files, self.level, header)
                      for i in todo_out]
-            map_and_commit(ctx, apply_task, items, f"{ctx.name}:apply")
+            ctx.map_and_commit(apply_task, items, f"{ctx.name}:apply")
             t_phase["apply"] = time.perf_counter() - t0
         self._write_report(ctx, dup_files, bloom_dir, t_phase)
 

@@ -61,7 +61,7 @@ from curation.minhash import (
     write_artifact,
 )
 from curation.stages.base import GlobalStage, registry
-from curation.stages.dedup_exact import check_work_header, map_and_commit, shard_names, write_json
+from curation.stages.dedup_exact import check_work_header, shard_names, write_json
 
 #: Bump when buckets, edges or the choice of keepers change for the same parameters.
 MINHASH_DEDUP_VERSION = 1
@@ -414,7 +414,7 @@ class MinHashDedup(GlobalStage):
         # phase 5: apply, per shard
         items = [(str(ctx.run_dir), ctx.name, ctx.params_hash, keys[i], paths[i], int(offsets[i]), int(offsets[i + 1]),
                   comp.label_files, keeper_files, header, cc_head) for i in todo_out]
-        timed("apply", lambda: map_and_commit(ctx, apply_task, items, f"{ctx.name}:apply"),
+        timed("apply", lambda: ctx.map_and_commit(apply_task, items, f"{ctx.name}:apply"),
               sum(counts[i] for i in todo_out))
 
         entries = Manifest(ctx.run_dir, ctx.name).done(ctx.params_hash)

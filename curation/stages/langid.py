@@ -202,18 +202,9 @@ class LanguageId(MapStage):
     def _model_loadable(cls, v: str | None) -> str | None:
         if v is None:
             return None
-        from curation.quality.classifier import ModelLoadError, check_fasttext_file
+        from curation.quality.classifier import checked_model_path
 
-        # Absolute here, on the driver, so Ray workers find it whatever their working directory;
-        # checked here so a bad path fails the DAG before anything runs.
-        path = os.path.abspath(os.path.expanduser(v))
-        try:
-            if not os.path.isfile(path):
-                raise ModelLoadError("no such file" if not os.path.exists(path) else "not a file")
-            check_fasttext_file(path)
-        except (ModelLoadError, OSError) as e:
-            raise ValueError(f"cannot load {v!r} ({path}): {e}") from None
-        return path
+        return checked_model_path(v)
 
     def params(self) -> dict[str, Any]:
         p = super().params()

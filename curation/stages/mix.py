@@ -21,7 +21,6 @@ import json
 import math
 import os
 import shutil
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -192,19 +191,6 @@ def gather_shard(run_dir: str, stage: str, params_hash: str, key: str, frag_dir:
     table = pa.concat_tables(parts).combine_chunks()
     table = table.take(pc.sort_indices(table.column("_rank"))).drop_columns(["_rank"])
     return write_stage_shard(run_dir, stage, key, table.replace_schema_metadata(schema.metadata), None, 0, params_hash)
-
-
-def map_and_commit(ctx: GlobalContext, fn, items: list[tuple], phase: str) -> list[dict]:
-    """``ctx.map`` in chunks, committing each chunk's manifest entries as soon as it is done, so a
-    killed run keeps what it finished (``ctx.map`` alone returns only at the very end)."""
-    chunk = max(1, 4 * ctx.workers)
-    out: list[dict] = []
-    for lo in range(0, len(items), chunk):
-        sub = replace(ctx, report=lambda p, d, t, lo=lo: ctx.report(p, lo + d, len(items)))
-        entries = sub.map(fn, items[lo:lo + chunk], phase=phase)
-        ctx.commit(entries)
-        out += entries
-    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -386,10 +372,10 @@ class Mix(GlobalStage):
                       plan["per_shard"][i]["rows"], plan["per_shard"][i]["epochs"], plan["per_shard"][i]["ranks"],
                       self.rows_per_shard, plan["per_shard"][i]["rej_rows"], plan["per_shard"][i]["rej_reasons"])
                      for i in todo_in]
-            map_and_commit(ctx, scatter_shard, items, f"{ctx.name}:scatter")
+            ctx.map_and_commit(scatter_shard, items, f"{ctx.name}:scatter")
             items = [(str(ctx.run_dir), ctx.name, ctx.params_hash, k, str(frag_dir / f"{j:05d}"), schema)
                      for j, k in todo_out]
-            map_and_commit(ctx, gather_shard, items, f"{ctx.name}:gather")
+            ctx.map_and_commit(gather_shard, items, f"{ctx.name}:gather")
         # fragments are a full copy of the data: drop them once every output shard is committed
         work = frag_dir.parent  # (ctx.work_dir would create it again)
         shutil.rmtree(work, ignore_errors=True)

@@ -38,7 +38,6 @@ from pydantic import Field, field_validator
 from curation.global_context import GlobalContext
 from curation.io.shards import write_stage_shard
 from curation.stages.base import GlobalStage, registry
-from curation.stages.mix import map_and_commit
 from curation.stages.tokenize import TOKENIZER_METADATA
 from curation.tokenizer import Tokenizer, TokenizerError, model_file, tokenizer_fingerprint
 
@@ -347,7 +346,7 @@ class Pack(GlobalStage):
         items = [(str(ctx.run_dir), ctx.name, ctx.params_hash, k, windows[w], self.seq_len, self.algorithm, pad_id,
                   (self.seed, w) if self.shuffle_rows else None)
                  for w, k in enumerate(keys) if k not in done]
-        map_and_commit(ctx, pack_task, items, f"{ctx.name}:pack")
+        ctx.map_and_commit(pack_task, items, f"{ctx.name}:pack")
         from curation.io.shards import Manifest
 
         entries = Manifest(ctx.run_dir, ctx.name).done(ctx.params_hash)

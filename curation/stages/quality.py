@@ -120,16 +120,9 @@ class QualityScore(GlobalStage):
     @field_validator("model")
     @classmethod
     def _model_loadable(cls, v: str) -> str:
-        from curation.quality.classifier import ModelLoadError, check_fasttext_file
+        from curation.quality.classifier import checked_model_path
 
-        path = os.path.abspath(os.path.expanduser(v))
-        try:
-            if not os.path.isfile(path):
-                raise ModelLoadError("no such file" if not os.path.exists(path) else "not a file")
-            check_fasttext_file(path)
-        except (ModelLoadError, OSError) as e:
-            raise ValueError(f"cannot load {v!r} ({path}): {e}") from None
-        return path
+        return checked_model_path(v)
 
     @model_validator(mode="after")
     def _one_rule(self) -> QualityScore:
@@ -166,7 +159,6 @@ class QualityScore(GlobalStage):
     # -- keep_top mode -------------------------------------------------------------------------
 
     def run(self, ctx: GlobalContext) -> None:
-        from curation.stages.mix import map_and_commit
 
         self.setup()  # a bad model fails on the driver, before any task starts
         keys = [k for k, _ in ctx.upstream]
@@ -196,7 +188,7 @@ class QualityScore(GlobalStage):
         done = ctx.done_keys()
         items = [(str(ctx.run_dir), ctx.name, ctx.params_hash, key, paths[key], str(score_dir / f"{key}.parquet"),
                   threshold, boundary) for key in keys if key not in done]
-        map_and_commit(ctx, cut_shard, items, f"{ctx.name}:cut")
+        ctx.map_and_commit(cut_shard, items, f"{ctx.name}:cut")
         loads: dict[str, int] = {}
         for f in facts:
             loads[str(f["pid"])] = max(loads.get(str(f["pid"]), 0), f["loads"])
