@@ -328,9 +328,23 @@ def read_eval_curve(run_dir: Path, tokens_per_step: int) -> list[tuple[int, floa
 def train_run(trainer_yaml: Path, data: Path, run_dir: Path, seed: int, steps: int, tokens_per_step: int,
               threads: int | None = None) -> list[tuple[int, float]]:
     """Train one (arm, seed); rerunning a finished run only reads its metrics back."""
+    import hashlib
+    import shutil
+
+    manifest = Path(data) / "_manifest.jsonl"
+    key = hashlib.sha256(json.dumps([trainer_yaml.read_text(), manifest.read_text() if manifest.exists() else str(data),
+                                     seed, steps, tokens_per_step]).encode()).hexdigest()[:16]
     done = run_dir / "_done.json"
     if done.exists():
-        return [tuple(x) for x in json.loads(done.read_text())["curve"]]
+        rec = json.loads(done.read_text())
+        if rec.get("key") == key:
+            return [tuple(x) for x in rec["curve"]]
+    if run_dir.exists() and (run_dir / "_key").exists() and (run_dir / "_key").read_text() != key:
+        shutil.rmtree(run_dir)  # a run of another config / data: start over
+    elif done.exists():
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "_key").write_text(key)
     cmd = [sys.executable, "-m", "training", str(trainer_yaml), "--resume", "auto",
            "--set", f"data.path={data}", "--set", f"run_dir={run_dir}", "--set", f"seed={seed}",
            "--set", f"train.steps={steps}"]
@@ -342,7 +356,7 @@ def train_run(trainer_yaml: Path, data: Path, run_dir: Path, seed: int, steps: i
     if r.returncode != 0:
         raise AblateError(f"training {run_dir} failed (exit {r.returncode}):\n{r.stderr[-3000:]}")
     curve = read_eval_curve(run_dir, tokens_per_step)
-    done.write_text(json.dumps({"curve": curve}))
+    done.write_text(json.dumps({"key": key, "curve": curve}))
     return curve
 
 
