@@ -244,6 +244,24 @@ def quality_eval_cmd(
     console.print(res)
 
 
+@app.command()
+def ablate(
+    config: Path = typer.Argument(..., help="ablation config (YAML): arms, eval set, model, tokens, seeds"),
+    out: Path = typer.Option(..., "--out", "-o", help="output directory (arms, packed data, runs, report)"),
+    workers: int = typer.Option(2, "--workers", "-w", min=1),
+) -> None:
+    """Train the same small model on each arm's DAG output; compare held-out loss per token."""
+    from curation.ablate import ablate as run_ablation
+    from curation.dag import DagError
+
+    try:
+        report = run_ablation(str(config), str(out), workers=workers)
+    except (DagError, ValueError, FileNotFoundError) as e:
+        _fail(str(e))
+    console.print((out / "report.md").read_text(), markup=False, highlight=False)
+    console.print(f"report: {out}/report.md, {out}/eval_loss.png ({len(report.get('arms', {}))} arms)")
+
+
 def main() -> None:  # pragma: no cover
     app()
 
