@@ -105,11 +105,6 @@ def parallelize(model: nn.Module, cfg: ParallelConfig, env: DistEnv) -> nn.Modul
     return model
 
 
-def unwrap(model: nn.Module) -> nn.Module:
-    """The Transformer under a DDP wrapper (FSDP2 modifies the module in place)."""
-    return model.module if isinstance(model, DDP) else model
-
-
 def uses_fsdp(model: nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 

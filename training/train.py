@@ -40,7 +40,6 @@ from training.parallel import (
     parallelize,
     shutdown,
     strategy_for,
-    unwrap,
     uses_fsdp,
 )
 from training.schedule import LRSchedule, PhasePlan, Segment, branch_anneal, build_lr_schedule, plan_phases, seq_len_at

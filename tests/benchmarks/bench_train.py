@@ -14,13 +14,14 @@ are given per wall-clock second and per second of process CPU time (which includ
 trainer's prefetch thread); with other jobs on the machine the CPU-time figure is the stable one.
 Targets: trainer >= 0.95 x reference; data-wait fraction < 1 %.
 
-Run: ``.venv/bin/python tests/benchmarks/bench_train.py [--steps N] [--threads T]``
+Run: ``.venv/bin/python tests/benchmarks/bench_train.py [--steps N] [--rounds R] [--threads T]``
+(on a machine shared with other jobs use ``--threads 1``: with two OpenMP threads a busy core
+stalls the other, and both wall and CPU time swing by 2-3x between segments).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys
