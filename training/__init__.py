@@ -11,6 +11,7 @@ Modules, in reading order:
 - ``checkpoint`` atomic, world-size independent checkpoints (torch.distributed.checkpoint)
 - ``metrics``    JSONL (+ TensorBoard if installed), console progress, MFU
 - ``train``      the loop, plus ``main()`` for the CLI and ``python -m training``
+- ``synthetic``  packed shards of learnable synthetic documents (tests, benchmark, drills)
 """
 
 __all__ = ["__version__"]
