@@ -320,6 +320,17 @@ def _fingerprint_cached(path: str, mtime_ns: int, size: int) -> str:
     return _sha256_file(path)
 
 
+def checked_tokenizer_dir(v: str) -> str:
+    """Absolute tokenizer directory from a DAG, checked on the driver so a missing tokenizer fails
+    the DAG before anything runs (and Ray workers find it whatever their working directory)."""
+    path = os.path.abspath(os.path.expanduser(v))
+    try:
+        model_file(path)
+    except TokenizerError as e:
+        raise ValueError(str(e)) from None
+    return path
+
+
 def tokenizer_fingerprint(directory: str | Path) -> str:
     """sha256 of the model file (cached per file version): changes when the tokenizer is retrained."""
     _, path = model_file(directory)

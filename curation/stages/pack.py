@@ -39,7 +39,7 @@ from curation.global_context import GlobalContext
 from curation.io.shards import write_stage_shard
 from curation.stages.base import GlobalStage, registry
 from curation.stages.tokenize import TOKENIZER_METADATA
-from curation.tokenizer import Tokenizer, TokenizerError, model_file, tokenizer_fingerprint
+from curation.tokenizer import Tokenizer, checked_tokenizer_dir, tokenizer_fingerprint
 
 REPORT = "_pack_report.json"
 ROW_GROUP_ROWS = 256
@@ -292,12 +292,7 @@ class Pack(GlobalStage):
     def _tokenizer_exists(cls, v: str | None) -> str | None:
         if v is None:
             return v
-        path = os.path.abspath(os.path.expanduser(v))
-        try:
-            model_file(path)
-        except TokenizerError as e:
-            raise ValueError(str(e)) from None
-        return path
+        return checked_tokenizer_dir(v)
 
     def params(self) -> dict[str, Any]:
         p = super().params()

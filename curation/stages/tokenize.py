@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from typing import Any, Literal
 
 import numpy as np
@@ -12,7 +11,7 @@ import pyarrow.compute as pc
 from pydantic import PrivateAttr, field_validator
 
 from curation.stages.base import MapStage, StageResult, registry
-from curation.tokenizer import Tokenizer, TokenizerError, load_cached, model_file, tokenizer_fingerprint
+from curation.tokenizer import Tokenizer, checked_tokenizer_dir, load_cached, tokenizer_fingerprint
 
 #: Schema metadata key on tokenized shards: which tokenizer made ``input_ids`` (pack reads pad_id).
 TOKENIZER_METADATA = b"refinery.tokenizer"
@@ -47,13 +46,7 @@ class Tokenize(MapStage):
     @field_validator("tokenizer")
     @classmethod
     def _tokenizer_exists(cls, v: str) -> str:
-        # Absolute here, on the driver, so Ray workers find it whatever their working directory.
-        path = os.path.abspath(os.path.expanduser(v))
-        try:
-            model_file(path)
-        except TokenizerError as e:
-            raise ValueError(str(e)) from None
-        return path
+        return checked_tokenizer_dir(v)
 
     def params(self) -> dict[str, Any]:
         p = super().params()
