@@ -56,7 +56,7 @@ from curation.io.shards import Manifest
 
 
 class AblateError(ValueError):
-    pass
+    """An ablation that cannot run; the message names the config field or the failing step."""
 
 
 class _Strict(BaseModel):

@@ -17,7 +17,7 @@ from curation.io.shards import Manifest
 
 
 class RunNotFound(FileNotFoundError):
-    pass
+    """A path that is not a refinery run directory (no dag.yaml)."""
 
 
 def load_run_dag(run_dir: str | Path) -> Dag:

@@ -29,6 +29,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from curation.io.shards import file_sha256
+
 EOS = "<|endoftext|>"
 PAD = "<|pad|>"
 UNK = "<unk>"  # sentencepiece needs one; byte fallback means it is never produced for UTF-8 text
@@ -44,11 +46,6 @@ class TokenizerError(ValueError):
 
 # ---------------------------------------------------------------------------------------------
 # the training corpus: Parquet shards of a stage, or any list of files
-
-
-def _sha256_file(path: str | Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def _stage_shards(path: Path) -> list[tuple[str, str | None]] | None:
@@ -124,7 +121,7 @@ class ParquetCorpus:
         for f, sha in found:
             seen.setdefault(str(Path(f).resolve()), sha)
         files = sorted(seen)
-        return cls(files, [seen[f] or _sha256_file(f) for f in files])
+        return cls(files, [seen[f] or file_sha256(f) for f in files])
 
     @property
     def fingerprint(self) -> str:
@@ -317,7 +314,7 @@ def model_file(directory: str | Path) -> tuple[str, Path]:
 
 @lru_cache(maxsize=64)
 def _fingerprint_cached(path: str, mtime_ns: int, size: int) -> str:
-    return _sha256_file(path)
+    return file_sha256(path)
 
 
 def checked_tokenizer_dir(v: str) -> str:
@@ -351,7 +348,7 @@ class Tokenizer:
         self.path = path
         self._backend = backend
         self.card = card or {}
-        self.fingerprint = _sha256_file(path)
+        self.fingerprint = file_sha256(path)
         if kind == "bpe":
             self.eos_id = backend.token_to_id(EOS)
             self.pad_id = backend.token_to_id(PAD)

@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import uuid
+from functools import lru_cache
 from pathlib import Path
 
 import pyarrow as pa
@@ -20,6 +21,24 @@ MANIFEST = "_manifest.jsonl"
 ROW_GROUP_ROWS = 1024
 
 
+def file_sha256(path: str | Path) -> str:
+    """sha256 of a file's bytes: how shards, models, tokenizers and eval sets are fingerprinted."""
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+@lru_cache(maxsize=256)
+def _file_sha256_at(path: str, mtime_ns: int, size: int) -> str:
+    return file_sha256(path)
+
+
+def cached_file_sha256(path: str | Path) -> str:
+    """``file_sha256`` computed once per process per (real path, mtime, size)."""
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    return _file_sha256_at(real, st.st_mtime_ns, st.st_size)
+
+
 def write_parquet(table: pa.Table, path: str | Path, row_group_size: int = ROW_GROUP_ROWS) -> dict:
     """Write ``table`` to ``path`` atomically (zstd). Returns rows, bytes and sha256 of the file."""
     path = Path(path)
@@ -27,8 +46,7 @@ def write_parquet(table: pa.Table, path: str | Path, row_group_size: int = ROW_G
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
     try:
         pq.write_table(table, tmp, compression="zstd", row_group_size=row_group_size)
-        with open(tmp, "rb") as f:
-            digest = hashlib.file_digest(f, "sha256").hexdigest()
+        digest = file_sha256(tmp)
         size = tmp.stat().st_size
         os.replace(tmp, path)
     finally:

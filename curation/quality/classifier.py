@@ -9,7 +9,6 @@ dictionary, matrices) and refuses a file whose size does not match what its head
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
 import mmap
 import os
@@ -23,6 +22,8 @@ from typing import Any, Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from curation.io.shards import file_sha256
 
 #: fastText's file signature (``FASTTEXT_FILEFORMAT_MAGIC_INT32``) and the versions it loads.
 FASTTEXT_MAGIC = 793712314
@@ -535,13 +536,13 @@ def train_quality_classifier(labels: str | Path | Sequence[str | Path], out: str
     card = {
         "kind": "refinery.quality_classifier",
         "model_file": out.name,
-        "model_sha256": _sha256(out),
+        "model_sha256": file_sha256(out),
         "algorithm": "fasttext supervised",
         "fasttext_params": params,
         "prepare_text": PREPARE_VERSION,
         "positive_label": positive_label,
         "labels": model.get_labels(),
-        "training_data": [{"file": str(f), "sha256": _sha256(f)} for f in files],
+        "training_data": [{"file": str(f), "sha256": file_sha256(f)} for f in files],
         "label_balance": {"lines": len(lines), "positives": n_pos, "negatives": len(lines) - n_pos,
                           "positive_share": n_pos / len(lines)},
         "split": {"heldout_share": heldout, "seed": seed, "train_lines": len(train), "heldout_lines": len(held)},
@@ -578,14 +579,6 @@ def train_fasttext_isolated(train_file: str | Path, out: str | Path, params: dic
 def quality_train(labels: str | Path | Sequence[str | Path], out: str | Path, **params) -> dict[str, Any]:
     """``refinery quality train LABELS... --out MODEL.bin``: see ``train_quality_classifier``."""
     return train_quality_classifier(labels, out, **params)
-
-
-def _sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def read_card(model_path: str | Path) -> dict | None:

@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from curation.io.shards import file_sha256
 from curation.quality.classifier import prepare_text
 from curation.quality.teachers import ReferenceTeacher, Teacher, make_teacher, text_key
 
@@ -101,15 +102,7 @@ def write_label_file(path: str | Path, positives: Sequence[str], negatives: Sequ
         for i in order:
             f.write(rows[i] + "\n")
     os.replace(tmp, path)
-    return {"file": str(path), "sha256": sha256_file(path), "positives": len(positives), "negatives": len(negatives)}
-
-
-def sha256_file(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return {"file": str(path), "sha256": file_sha256(path), "positives": len(positives), "negatives": len(negatives)}
 
 
 def label_documents(teacher: Teacher, crawl: list[tuple[str, str]], reference: list[tuple[str, str]] | None,

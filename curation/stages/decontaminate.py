@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 from pydantic import Field, PrivateAttr, field_validator
 
 from curation.bloom import BloomFilter
+from curation.io.shards import cached_file_sha256
 from curation.stages.base import MapStage, StageResult, registry
 
 REASON = "decontaminate:ngram_overlap"
@@ -136,15 +137,6 @@ def eval_ngram_hashes(paths: list[str], n: int, text_field: str = "text") -> np.
     return np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.uint64)
 
 
-@lru_cache(maxsize=64)
-def _file_sha256(path: str, mtime_ns: int, size: int) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 @registry.register("decontaminate")
 class Decontaminate(MapStage):
     """Drop documents sharing an ``ngram``-word window with the eval set (``eval_paths``)."""
@@ -174,8 +166,7 @@ class Decontaminate(MapStage):
         p = super().params()
         p["eval_paths"] = []
         for path in self.eval_paths:
-            st = Path(path).stat()
-            p["eval_paths"].append({"name": Path(path).name, "sha256": _file_sha256(path, st.st_mtime_ns, st.st_size)})
+            p["eval_paths"].append({"name": Path(path).name, "sha256": cached_file_sha256(path)})
         return p
 
     def build_filter(self) -> BloomFilter:

@@ -15,16 +15,15 @@ Two detectors, one interface (``detect(texts) -> (codes, scores)``):
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
-from functools import lru_cache
 from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
 from pydantic import Field, PrivateAttr, field_validator
 
+from curation.io.shards import cached_file_sha256
 from curation.stages.base import MapStage, StageResult, registry
 
 # ISO 639-3 -> 639-1 for the 184 languages that have a two-letter code (from Debian's
@@ -138,20 +137,10 @@ class FastTextLanguageDetector:
         return codes, scores
 
 
-@lru_cache(maxsize=8)
-def _file_sha256(path: str, mtime_ns: int, size: int) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def model_fingerprint(path: str) -> str:
     """sha256 of a model file, cached per file version: retraining changes the params hash,
     moving the file does not."""
-    st = os.stat(path)
-    return _file_sha256(os.path.realpath(path), st.st_mtime_ns, st.st_size)
+    return cached_file_sha256(path)
 
 
 _DETECTORS: dict[str | None, Any] = {}
