@@ -1,4 +1,4 @@
-"""Model-based quality: teachers and labels, fastText training with its card, the numpy scorer
+"""Model-based quality: teachers and labels, fastText training with its card, the compiled scorer
 against fastText's own predict, the quality stage (min_score, exact keep_top on 1 and 2
 workers), one model load per worker process, and bad input / bad model files."""
 
@@ -125,7 +125,7 @@ def test_fasttext_predict_works_under_numpy2(trained):
     assert len(labels) == 2 and all(isinstance(p, np.ndarray) and abs(float(p.sum()) - 1) < 1e-4 for p in probs)
 
 
-def test_numpy_scorer_equals_fasttext_predict(trained):
+def test_compiled_scorer_equals_fasttext_predict(trained):
     model = load_fasttext(trained)
     texts = [d["text"] for d in _docs(CRAWL)][:80] + [
         "", " ", "\n\n\n", "word", "two\n\nlines \r\n with\tstuff", "héllo wörld ñ 中文 日本語 Ελληνικά",
@@ -138,6 +138,36 @@ def test_numpy_scorer_equals_fasttext_predict(trained):
     # a batch slice (Arrow offset) scores the same as the whole
     arr = pa.array(texts, pa.string())
     np.testing.assert_allclose(FastTextScorer(model).score(arr.slice(5, 40)), ours[5:45], atol=1e-6)
+
+
+def test_compiled_word_hash_equals_reference():
+    from curation.quality.fasttext_kernels import hash_spans
+    from curation.quality.classifier import fnv1a_fasttext
+
+    words = [b"", b"a", b"word", "héllo".encode(), "中文日本語".encode(), b"</s>", b"\xff\x80" * 40]
+    offsets = np.zeros(len(words) + 1, np.int64)
+    np.cumsum([len(w) for w in words], out=offsets[1:])
+    got = hash_spans(np.frombuffer(b"".join(words), np.uint8), offsets)
+    assert got.tolist() == fnv1a_fasttext(words).tolist()
+    assert fnv1a_fasttext([b"a"])[0] == 0xE40C292C  # FNV-1a 32 of "a", the published test vector
+
+
+def test_compiled_scorer_with_three_labels_equals_fasttext_predict(trained, tmp_path):
+    """More than two labels: the softmax path (one projected column per label)."""
+    import fasttext
+
+    lines = (trained.parent / "labels.txt").read_text().splitlines()
+    relabelled = [ln.replace("__label__lq ", "__label__mid ", 1) if i % 3 == 0 else ln for i, ln in enumerate(lines)]
+    (tmp_path / "three.txt").write_text("\n".join(relabelled) + "\n")
+    model = fasttext.train_supervised(str(tmp_path / "three.txt"), dim=16, epoch=10, wordNgrams=2, thread=1,
+                                      seed=0, verbose=0)
+    assert len(model.get_labels()) == 3
+    texts = [d["text"] for d in _docs(CRAWL)][:40] + ["", "one\ntwo"]
+    scorer = FastTextScorer(model)
+    assert scorer.fast and scorer.proj.shape[1] == 3
+    labels, probs = predict_batch(model, [prepare_text(t) for t in texts], k=-1)
+    ref = np.array([dict(zip(ls, ps)).get(POSITIVE, 0.0) for ls, ps in zip(labels, probs)])
+    np.testing.assert_allclose(scorer.score(texts), ref, atol=1e-4)
 
 
 def test_quality_eval_reports_auc_and_length_baseline(trained, tmp_path):

@@ -200,16 +200,9 @@ def prepare_text(text: str) -> str:
     return _NL_RUN.sub(f" {NEWLINE_TOKEN} ", text)
 
 
-_WS_TABLE = np.zeros(256, bool)
-_WS_TABLE[list(_FT_WHITESPACE)] = True
-_FNV_OFFSET, _FNV_PRIME = np.uint32(2166136261), np.uint32(16777619)
-_NGRAM_MULT = np.uint64(116049371)
-_VECTOR_BYTES = 64  # hash this many leading bytes of a word vectorised, the rest (rare) in Python
-
-
 def fnv1a_fasttext(words: list[bytes]) -> np.ndarray:
     """fastText's word hash (FNV-1a 32-bit over the bytes taken as *signed* chars) — reference
-    implementation, one word at a time; ``_fnv_spans`` is the vectorised one."""
+    implementation, one word at a time; ``fasttext_kernels.fnv_hash`` is the compiled one."""
     out = np.empty(len(words), np.uint32)
     for i, w in enumerate(words):
         h = 2166136261
@@ -219,50 +212,15 @@ def fnv1a_fasttext(words: list[bytes]) -> np.ndarray:
     return out
 
 
-def _fnv_spans(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """fastText word hashes of the byte spans ``buf[s:s+l]``, vectorised over words: step k
-    hashes byte k of every word longer than k (words sorted by length, so a prefix slice)."""
-    n = len(starts)
-    # longest first; a stable sort of 8-bit keys is a radix sort in numpy (much cheaper than
-    # sorting int64 lengths); words longer than 255 bytes are all ordered as 255
-    key = (255 - np.minimum(lengths, 255)).astype(np.uint8)
-    order = np.argsort(key, kind="stable")
-    s, ln = starts[order], lengths[order]
-    h = np.full(n, _FNV_OFFSET, np.uint32)
-    # signed chars: bytes >= 0x80 enter the hash sign-extended (0xFFFFFF80...)
-    sext = np.arange(256, dtype=np.int64)
-    sext = np.where(sext >= 128, sext | 0xFFFFFF00, sext).astype(np.uint32)
-    neg_key = key[order]  # ascending: 255 - length
-    maxlen = int(ln.max()) if n else 0
-    idx = s.copy()
-    buf32 = sext[buf]  # once per batch: then one gather per byte step
-    for k in range(min(maxlen, _VECTOR_BYTES)):
-        m = int(np.searchsorted(neg_key, 255 - k, side="left"))  # words with length > k
-        if m == 0:
-            break
-        np.bitwise_xor(h[:m], buf32[idx[:m]], out=h[:m])
-        np.multiply(h[:m], _FNV_PRIME, out=h[:m])
-        idx[:m] += 1
-    if maxlen > _VECTOR_BYTES:
-        for i in np.flatnonzero(ln > _VECTOR_BYTES).tolist():
-            v = int(h[i])
-            for c in buf[s[i] + _VECTOR_BYTES: s[i] + ln[i]].tolist():
-                v = ((v ^ (c if c < 128 else c | 0xFFFFFF00)) * 16777619) & 0xFFFFFFFF
-            h[i] = v
-    out = np.empty(n, np.uint32)
-    out[order] = h
-    return out
-
-
 class FastTextScorer:
-    """fastText supervised inference over whole Arrow batches, in numpy: the same tokens, word
-    hashes, bigram buckets and averaged embeddings as fastText's ``predict``, ~10x faster here.
+    """fastText supervised inference over whole Arrow batches: the same tokens, word hashes,
+    bigram buckets and averaged embeddings as fastText's ``predict``, compiled with numba.
 
     fastText's C++ ``predict`` reads text one character at a time through an ``istream``; on
-    this machine that caps a 500-word document at ~4,000 docs/s per core whatever the model
-    size. Here a batch is tokenised with byte masks, words hashed with vectorised FNV-1a, and
-    since the output layer is linear, ``W_out @ mean(rows) == mean(W_out @ rows)``: each input
-    row is projected on the labels once at load, so a document costs one float gather per token.
+    this machine that caps a 500-word document at ~8,000 docs/s per core whatever the model
+    size. Here the batch's bytes are scanned once (``fasttext_kernels.mean_logits``), and since
+    the output layer is linear, ``W_out @ mean(rows) == mean(W_out @ rows)``: each input row is
+    projected on the labels once at load, so a token costs one hash, one probe and one add.
 
     Applies to plain supervised models (softmax loss, no character n-grams, not quantized);
     ``fast`` is False otherwise and ``score`` falls back to fastText's own ``predict``. Results
@@ -292,62 +250,17 @@ class FastTextScorer:
             proj = (w_in @ (w_out[self.pos] - w_out[1 - self.pos]))[:, None]
         else:
             proj = w_in @ w_out.T
-        # one extra zero row: what unknown words and cross-document pairs add
-        self.proj = np.vstack([proj, np.zeros((1, proj.shape[1]))]).astype(np.float32)
+        self.proj = np.ascontiguousarray(proj, np.float32)
+        from curation.quality import fasttext_kernels as fk
+
         enc = [w.encode("utf-8") for w in words]
-        self._build_table(self._hash_list(enc))
-        self.eos_hash = fnv1a_fasttext([b"</s>"])[0]
-        self.eos_id = self._lookup(np.array([self.eos_hash], np.uint32))[0]
-        self.nl_hash = fnv1a_fasttext([NEWLINE_TOKEN.encode()])[0]
-        self.nl_id = self._lookup(np.array([self.nl_hash], np.uint32))[0]
-
-    @staticmethod
-    def _hash_list(enc: list[bytes]) -> np.ndarray:
-        lengths = np.fromiter((len(w) for w in enc), np.int64, len(enc))
-        starts = np.zeros(len(enc), np.int64)
-        np.cumsum(lengths[:-1], out=starts[1:])
-        return _fnv_spans(np.frombuffer(b"".join(enc), np.uint8), starts, lengths)
-
-    def _build_table(self, vh: np.ndarray) -> None:
-        """Open-addressing table hash -> word id (load factor <= 1/4, linear probing), filled
-        vectorised: each round places, per free slot, the lowest id aiming at it."""
-        size = 1 << max(10, int(np.ceil(np.log2(max(len(vh), 1) * 4))))
-        self._mask = np.uint32(size - 1)
-        self._tab_h = np.zeros(size, np.uint32)
-        self._tab_id = np.full(size, -1, np.int64)
-        ids = np.arange(len(vh), dtype=np.int64)
-        slot = (vh & self._mask).astype(np.int64)
-        while len(ids):
-            occupied = self._tab_id[slot] >= 0
-            dup = occupied & (self._tab_h[slot] == vh[ids])  # same 32-bit hash: first id wins
-            free = ~occupied
-            _, first = np.unique(slot[free], return_index=True)
-            place = np.flatnonzero(free)[first]
-            self._tab_h[slot[place]] = vh[ids[place]]
-            self._tab_id[slot[place]] = ids[place]
-            done = np.zeros(len(ids), bool)
-            done[place] = True
-            done |= dup
-            ids, slot = ids[~done], (slot[~done] + 1) & int(self._mask)
-
-    def _lookup(self, hashes: np.ndarray) -> np.ndarray:
-        slot = (hashes & self._mask).astype(np.int64)
-        tid = self._tab_id[slot]
-        hit = self._tab_h[slot] == hashes
-        out = np.where(hit, tid, -1)
-        pending = np.flatnonzero(~hit & (tid >= 0))  # slot taken by another word: probe on
-        while len(pending):
-            slot = (slot[pending] + 1) & int(self._mask)
-            h = hashes[pending]
-            tid = self._tab_id[slot]
-            hit = self._tab_h[slot] == h
-            out[pending[hit]] = tid[hit]
-            more = ~hit & (tid >= 0)
-            pending, slot_full = pending[more], slot[more]
-            slot = np.empty(len(hashes), np.int64) if len(pending) else slot
-            if len(pending):
-                slot[pending] = slot_full
-        return out
+        offsets = np.zeros(len(enc) + 1, np.int64)
+        np.cumsum([len(w) for w in enc], out=offsets[1:])
+        hashes = fk.hash_spans(np.frombuffer(b"".join(enc) or b"\0", np.uint8), offsets)
+        size = 1 << max(10, int(np.ceil(np.log2(max(len(hashes), 1) * 4))))  # load factor <= 1/4
+        self._tab_h, self._tab_id = fk.build_table(hashes, size)
+        self.eos_hash = np.uint32(fnv1a_fasttext([b"</s>"])[0])
+        self.nl_hash = np.uint32(fnv1a_fasttext([NEWLINE_TOKEN.encode()])[0])
 
     def score(self, texts: pa.Array | list[str]) -> np.ndarray:
         """P(positive label) per text (float32; null texts score as empty ones)."""
@@ -364,84 +277,22 @@ class FastTextScorer:
             probs = predict_batch(self.model, [prepare_text(t or "") for t in texts.to_pylist()], k=-1)
             lab = self.positive_label
             return np.array([dict(zip(ls, ps)).get(lab, 0.0) for ls, ps in zip(*probs)], np.float32)
-        # batches of ~2,000 documents keep the per-byte arrays in cache: measured 16k docs/s in
-        # 2,000-doc batches against 6k for 10,000 documents at once
-        return np.concatenate([self._score_fast(texts.slice(lo, 2048)) for lo in range(0, len(texts), 2048)])
+        return self._score_fast(texts)
 
     def _score_fast(self, texts: pa.Array) -> np.ndarray:
+        from curation.quality import fasttext_kernels as fk
+
         n = len(texts)
         _, off_buf, data_buf = texts.buffers()
         offsets = np.frombuffer(off_buf, np.int64)[texts.offset: texts.offset + n + 1]
         base = int(offsets[0])
         nb = int(offsets[-1]) - base
         buf = np.frombuffer(data_buf, np.uint8)[base: base + nb] if nb else np.zeros(0, np.uint8)
-        offsets = offsets - base
-        # words: maximal runs of non-space bytes, also cut at document boundaries
-        isws = _WS_TABLE[buf]
-        nws = ~isws
-        start_mask = nws.copy()
-        start_mask[1:] &= isws[:-1]
-        end_mask = nws.copy()
-        end_mask[:-1] &= isws[1:]
-        inner = offsets[1:-1]
-        inner = inner[(inner > 0) & (inner < nb)]
-        start_mask[inner[nws[inner]]] = True
-        end_mask[inner[nws[inner - 1]] - 1] = True
-        wstart = np.flatnonzero(start_mask)
-        wlen = np.flatnonzero(end_mask) + 1 - wstart
-        nw = len(wstart)
-        words_per_doc = np.diff(np.searchsorted(wstart, offsets))
-        # line breaks: one __nl__ token per whitespace run holding '\n' (a run = the bytes between
-        # two words of one document); w = index of the next word, which the token precedes
-        nl_at = np.flatnonzero(buf == 10)
-        if len(nl_at):
-            nl_w = np.searchsorted(wstart, nl_at)
-            nl_doc = np.searchsorted(offsets, nl_at, side="right") - 1
-            keep = np.ones(len(nl_at), bool)
-            keep[1:] = (nl_w[1:] != nl_w[:-1]) | (nl_doc[1:] != nl_doc[:-1])
-            nl_w, nl_doc = nl_w[keep], nl_doc[keep]
-        else:
-            nl_w = nl_doc = np.zeros(0, np.int64)
-        nl_per_doc = np.bincount(nl_doc, minlength=n)
-        # sequence order per document: its words and line breaks by position, then EOS
-        # (fastText's "</s>" at each line's end)
-        word_doc = np.repeat(np.arange(n), words_per_doc)
-        nl_before = np.cumsum(np.bincount(nl_w, minlength=nw + 1))[:nw]  # line breaks before word i
-        tok_per_doc = words_per_doc + nl_per_doc + 1
-        doc_first = np.zeros(n, np.int64)
-        np.cumsum(tok_per_doc[:-1], out=doc_first[1:])
-        total = int(doc_first[-1] + tok_per_doc[-1])
-        seq_hash = np.empty(total, np.uint32)
-        seq_id = np.empty(total, np.int64)
-        w_at = np.arange(nw) + nl_before + word_doc
-        whash = _fnv_spans(buf, wstart, wlen) if nw else np.zeros(0, np.uint32)
-        seq_hash[w_at] = whash
-        seq_id[w_at] = self._lookup(whash)
-        nl_at_seq = nl_w + np.arange(len(nl_w)) + nl_doc
-        seq_hash[nl_at_seq] = self.nl_hash
-        seq_id[nl_at_seq] = self.nl_id
-        eos_at = doc_first + tok_per_doc - 1
-        seq_hash[eos_at] = self.eos_hash
-        seq_id[eos_at] = self.eos_id
-        # each token adds its own row (known words) and the bigram row it starts; a document's
-        # last token (EOS) starts no bigram. Rows index ``proj`` (zero row at the end for OOV).
-        zero_row = self.proj.shape[0] - 1
-        uni = np.where(seq_id >= 0, seq_id, zero_row)
-        contrib = self.proj[uni]
-        n_rows = np.add.reduceat((seq_id >= 0).astype(np.int64), doc_first) + tok_per_doc - 1
-        if self.word_ngrams >= 2 and total > 1:
-            hs = seq_hash.view(np.int32).astype(np.int64).view(np.uint64)  # int32 -> uint64 sign-extends
-            big = (hs[:-1] * _NGRAM_MULT + hs[1:]) % np.uint64(self.bucket)
-            brow = big.astype(np.int64) + self.nwords
-            brow[eos_at[eos_at < total - 1]] = zero_row  # pairs across documents do not exist
-            contrib[:-1] += self.proj[brow]
-        else:
-            n_rows -= tok_per_doc - 1
-        if contrib.shape[1] == 1:
-            logit = np.add.reduceat(contrib[:, 0], doc_first, dtype=np.float64) / np.maximum(n_rows, 1)
-            return (1.0 / (1.0 + np.exp(-logit))).astype(np.float32)
-        sums = np.add.reduceat(contrib.astype(np.float64), doc_first, axis=0)
-        logits = sums / np.maximum(n_rows, 1)[:, None]
+        logits = fk.mean_logits(buf, offsets - base, self._tab_h, self._tab_id, self.proj, self.nwords,
+                                max(self.bucket, 1), self.word_ngrams >= 2 and self.bucket > 0,
+                                self.nl_hash, self.eos_hash)
+        if logits.shape[1] == 1:
+            return (1.0 / (1.0 + np.exp(-logits[:, 0]))).astype(np.float32)
         logits -= logits.max(axis=1, keepdims=True)
         e = np.exp(logits)
         return (e[:, self.pos] / e.sum(axis=1)).astype(np.float32)

@@ -19,7 +19,7 @@ trained or thresholded on them.
 
 Section ``throughput``: scoring docs/s of ~500-word documents (wikitext-2), one process, one
 core, CPU time (``time.process_time``: on a shared machine wall time measures the neighbours):
-our numpy ``FastTextScorer`` against fastText's own C++ ``predict``, and the whole quality
+our compiled (numba) ``FastTextScorer`` against fastText's own C++ ``predict``, and the whole quality
 stage (Arrow batch in, column out).
 
 Run: ``.venv/bin/python tests/benchmarks/bench_quality.py [--only auc|throughput] [--out DIR]``
@@ -170,16 +170,19 @@ def section_throughput(work: Path, n_docs: int) -> None:
     docs = (docs * (n_docs // len(docs) + 1))[:n_docs]
     arr = pa.array(docs, pa.string())
     model = load_fasttext(model_path)
+    t0 = time.perf_counter()
     scorer = FastTextScorer(model)
+    scorer.score(arr.slice(0, 1))
+    setup_s = time.perf_counter() - t0  # table build + numba compile (or load from its cache)
     prepared = [prepare_text(d) + "\n" for d in docs]
     stage = QualityScore(type="quality", model=str(model_path))
     stage.setup()
     table = pa.table({"id": [str(i) for i in range(len(docs))], "text": arr})
-    best = {"numpy scorer": 0.0, "fastText C++ predict": 0.0, "quality stage (batches of 2000)": 0.0}
+    best = {"compiled scorer (numba)": 0.0, "fastText C++ predict": 0.0, "quality stage (batches of 2000)": 0.0}
     for _ in range(3):
         t0 = time.process_time()
         ours = scorer.score(arr)
-        best["numpy scorer"] = max(best["numpy scorer"], len(docs) / (time.process_time() - t0))
+        best["compiled scorer (numba)"] = max(best["compiled scorer (numba)"], len(docs) / (time.process_time() - t0))
         t0 = time.process_time()
         labels, probs = model.f.multilinePredict(prepared, -1, 0.0, "strict")
         best["fastText C++ predict"] = max(best["fastText C++ predict"], len(docs) / (time.process_time() - t0))
@@ -193,7 +196,8 @@ def section_throughput(work: Path, n_docs: int) -> None:
           f"of this process (the machine was shared with other engineers' jobs while measuring)")
     for k, v in best.items():
         print(f"  {k:36s}{v:10,.0f} docs/s per core")
-    print(f"  max |numpy - fastText| probability: {float(np.abs(ours - ref).max()):.2e}")
+    print(f"  scorer set-up once per process (hash table, numba compile or cache load): {setup_s:.2f} s")
+    print(f"  max |ours - fastText| probability: {float(np.abs(ours - ref).max()):.2e}")
 
 
 def main() -> None:
