@@ -116,7 +116,7 @@ def ref_gopher_quality(text: str, words: list[str]) -> dict:
     }
 
 
-def ref_gopher_repetition(text: str, words: list[str]) -> dict:
+def ref_gopher_repetition(text: str, words: list[str], top_ns=(2, 3, 4), dup_ns=range(5, 11)) -> dict:
     size = len(text)
     paragraphs = re.split(r"\n{2,}", text.strip())
     lines = re.split(r"\n+", text)
@@ -128,14 +128,14 @@ def ref_gopher_repetition(text: str, words: list[str]) -> dict:
         "gopher_dup_line_frac": line_dups / len(lines),
         "gopher_dup_line_char_frac": line_chars / size if size else 0.0,
     }
-    for n in (2, 3, 4):
+    for n in top_ns:
         grams = [tuple(words[i: i + n]) for i in range(len(words) - n + 1)]
         top = 0
         if grams:
             gram, count = Counter(grams).most_common(1)[0]  # ties: the first seen
             top = len(" ".join(gram)) * count
         out[f"gopher_top_{n}_gram_frac"] = top / size if size else 0.0
-    for n in range(5, 11):
+    for n in dup_ns:
         seen: set[tuple] = set()
         chars, i = 0, 0
         while i < len(words) - n + 1:  # datatrove's scan: a repeat jumps n words ahead
@@ -254,6 +254,13 @@ def test_gopher_repetition_duplicated_ngrams_on_repetitive_text():
     rows = GopherRepetitionFilter().process(batch(texts)).table.to_pylist()
     for text, row in zip(texts, rows):
         assert_signals_equal(row, ref_gopher_repetition(text, words_of(text)), text[:30])
+    # other sizes: unigrams counted, gaps between sizes, a dup size below a top size
+    stage = GopherRepetitionFilter(top_n_grams={1: 0.5, 6: 0.2}, dup_n_grams={3: 0.1, 12: 0.1})
+    texts += [d["text"] for d in REAL[:40]] + ["", "one", "a a"]
+    rows = stage.process(batch(texts)).table.to_pylist()
+    for text, row in zip(texts, rows):
+        want = ref_gopher_repetition(text, words_of(text), top_ns=(1, 6), dup_ns=(3, 12))
+        assert_signals_equal(row, want, text[:30])
 
 
 def test_c4_output_and_signals_equal_reference_on_real_docs():

@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 from pydantic import Field, field_validator
 
 from curation.stages import text_signals as ts
+from curation.stages.ngram_repetition import repetition_chars
 from curation.stages.base import MapStage, StageResult, registry
 
 #: Gopher's stop words (Rae et al. 2021, appendix A1).
@@ -224,15 +225,13 @@ class GopherRepetitionFilter(_FilterStage):
             ("dup_line_char_frac", _gt(c["gopher_dup_line_char_frac"], self.dup_line_char_frac)),
         ]
         sizes = set(self.top_n_grams) | set(self.dup_n_grams)
-        top, dup = {}, {}
+        top = dup = np.zeros((n, 1), np.int64)
         if sizes:
-            index = ts.NGramIndex(ts.split_words(texts))
-            for size in range(1, max(sizes) + 1):
-                index.advance(group=size >= min(sizes))
-                if size in self.top_n_grams:
-                    top[size] = ts.safe_div(index.top_ngram_chars(), text_len)
-                if size in self.dup_n_grams:
-                    dup[size] = ts.safe_div(index.duplicated_chars(), text_len)
+            words = ts.split_words(texts)
+            top, dup = repetition_chars(words.hash, words.lengths.astype(np.int64), words.offsets, min(sizes),
+                                        max(sizes))
+        top = {size: ts.safe_div(top[:, size], text_len) for size in self.top_n_grams}
+        dup = {size: ts.safe_div(dup[:, size], text_len) for size in self.dup_n_grams}
         for size, frac in self.top_n_grams.items():
             columns[f"gopher_top_{size}_gram_frac"] = top[size]
             rules.append((f"top_{size}_gram", _gt(top[size], frac)))

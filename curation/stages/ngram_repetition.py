@@ -1,0 +1,135 @@
+"""Gopher's n-gram repetition signals, compiled (numba), one document at a time.
+
+For each n: the chars of the most frequent n-gram times its count (``top``, datatrove's
+``find_top_duplicate`` over ``" ".join`` n-grams), and the chars in duplicated n-grams found
+by datatrove's left-to-right scan (``dup``, ``find_all_duplicate``: a repeat adds its chars
+and jumps n words ahead, the skipped n-grams are not remembered).
+
+An n-gram can only repeat where its (n-1)-gram prefix repeats, so each n only hashes and
+counts the positions that repeated at n-1: after n = 3 or 4 few remain. Words are compared
+by their 64-bit ids (``Words.hash``), n-grams by a rolling hash of those ids.
+
+Measured (``tests/benchmarks/bench_pipeline.py``): the numpy version of this (sorting 64-bit
+keys per n, pointer doubling for the scan) was a quarter of the whole filter chain's time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+_POLY = 0x100000001B3
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+@njit(cache=True, nogil=True)
+def _slot(h, shift):
+    # Fibonacci hashing: the top bits of h * golden ratio (word ids can have weak low bits)
+    return np.int64((h * np.uint64(_GOLDEN)) >> np.uint64(shift))
+
+
+@njit(cache=True, nogil=True)
+def repetition_chars(word_hash, word_len, offsets, min_n, max_n):
+    """Per document and n in min_n..max_n: ``top[d, n]`` and ``dup[d, n]`` (chars, as datatrove
+    counts them: top n-grams joined by spaces, duplicated ones without); below min_n nothing
+    is counted (every position stays a candidate)."""
+    n_docs = len(offsets) - 1
+    top = np.zeros((n_docs, max_n + 1), np.int64)
+    dup = np.zeros((n_docs, max_n + 1), np.int64)
+    longest = 0
+    for d in range(n_docs):
+        longest = max(longest, offsets[d + 1] - offsets[d])
+    bits = 1
+    while (1 << bits) < 2 * max(longest, 1):
+        bits += 1
+    size = 1 << bits
+    keys = np.zeros(size, np.uint64)
+    count = np.zeros(size, np.int64)
+    first = np.zeros(size, np.int64)
+    stamp = np.zeros(size, np.int64)  # slot in use iff stamp == gen: no clearing between rounds
+    seen = np.zeros(size, np.int64)  # visited by the scan iff seen == gen
+    gen = 0
+    cand = np.empty(max(longest, 1), np.int64)
+    cand_slot = np.empty(max(longest, 1), np.int64)
+    h = np.zeros(max(longest, 1), np.uint64)
+    cum = np.zeros(longest + 1, np.int64)
+    for d in range(n_docs):
+        lo = offsets[d]
+        m = offsets[d + 1] - lo
+        for i in range(m):
+            cum[i + 1] = cum[i] + word_len[lo + i]
+            cand[i] = i
+        ncand = m
+        for n in range(1, max_n + 1):
+            if m < n:
+                break
+            k = 0
+            for j in range(ncand):
+                c = cand[j]
+                if c + n <= m:
+                    if n == 1:
+                        h[c] = word_hash[lo + c]
+                    else:
+                        h[c] = h[c] * np.uint64(_POLY) + word_hash[lo + c + n - 1]
+                    cand[k] = c
+                    k += 1
+            ncand = k
+            if n < min_n:
+                continue
+            if ncand == 0:  # nothing repeats: the top n-gram is the first one, seen once
+                top[d, n] = cum[n] - cum[0] + n - 1
+                continue
+            gen += 1
+            # a table sized for this round's candidates (load <= 1/2), in the shared arrays
+            rbits = 1
+            while (1 << rbits) < 2 * ncand:
+                rbits += 1
+            mask = (1 << rbits) - 1
+            shift = 64 - rbits
+            for j in range(ncand):
+                c = cand[j]
+                s = _slot(h[c], shift)
+                while stamp[s] == gen and keys[s] != h[c]:
+                    s = (s + 1) & mask
+                if stamp[s] != gen:
+                    stamp[s] = gen
+                    keys[s] = h[c]
+                    count[s] = 1
+                    first[s] = c
+                else:
+                    count[s] += 1
+                cand_slot[j] = s
+            # top: highest count, ties to the earliest first occurrence (Counter.most_common)
+            best_count, best_first = 1, 0
+            for j in range(ncand):
+                s = cand_slot[j]
+                if count[s] > best_count or (count[s] == best_count and best_count > 1 and first[s] < best_first):
+                    best_count, best_first = count[s], first[s]
+            top[d, n] = (cum[best_first + n] - cum[best_first] + n - 1) * best_count
+            # dup: datatrove's scan, visiting only positions whose n-gram occurs twice or more
+            total = 0
+            idx = 0
+            j = 0
+            while j < ncand:
+                c = cand[j]
+                if c < idx:
+                    j += 1
+                    continue
+                s = cand_slot[j]
+                if count[s] >= 2:
+                    if seen[s] == gen:
+                        total += cum[c + n] - cum[c]
+                        idx = c + n
+                    else:
+                        seen[s] = gen
+                        idx = c + 1
+                j += 1
+            dup[d, n] = total
+            # next n: only positions whose n-gram repeats
+            k = 0
+            for j in range(ncand):
+                if count[cand_slot[j]] >= 2:
+                    cand[k] = cand[j]
+                    k += 1
+            ncand = k
+    return top, dup
