@@ -385,6 +385,30 @@ def test_words_reused_for_the_documents_a_previous_stage_kept():
     assert split_words(pa.array(one_changed)).counts[5] == fresh.counts[5] + 4
 
 
+def test_fineweb_after_c4_counts_words_without_splitting_again(monkeypatch):
+    texts = [d["text"] for d in REAL]
+    res = C4QualityFilter().process(batch(texts))
+    kept = res.table.filter(res.reasons.is_null())  # what the next stage sees
+    assert 0 < kept.num_rows < len(texts)
+    out = kept.column("text").combine_chunks()
+    calls = []
+    real_split = text_signals.split_words
+    monkeypatch.setattr(text_signals, "split_words", lambda t, **kw: calls.append(len(t)) or real_split(t, **kw))
+    known = text_signals.word_counts(out)
+    assert calls == []  # C4 told it the counts of every text it wrote
+    text_signals._KNOWN_COUNTS.keys = None
+    assert known.tolist() == real_split(out).counts.tolist()
+    # FineWeb's signals are the same either way
+    text_signals.remember_word_counts(out, known)
+    cached = FineWebQualityFilter().process(pa.table({"id": kept.column("id"), "text": out})).table
+    text_signals._KNOWN_COUNTS.keys = None
+    fresh = FineWebQualityFilter().process(pa.table({"id": kept.column("id"), "text": out})).table
+    assert cached.equals(fresh)
+    # a changed text is not taken for a known one
+    text_signals.remember_word_counts(out, known)
+    assert text_signals.word_counts(pa.array([out[0].as_py() + " two more"]))[0] == known[0] + 2
+
+
 @pytest.mark.parametrize("split,reference", [
     (split_lines, str.splitlines),
     (split_newlines, lambda t: re.split(r"\n+", t)),

@@ -335,8 +335,8 @@ class C4QualityFilter(MapStage):
         kept_lines = ts.Segments.from_counts(
             line.filter(pa.array(kept)), np.bincount(lines.doc[kept], minlength=n))
         n_kept = kept_lines.counts
+        words = ts.split_words(kept_lines.values)
         if self.min_num_sentences is not None:
-            words = ts.split_words(kept_lines.values)
             per_line = ts.sentence_counts(words)
             n_sent = np.bincount(kept_lines.doc, weights=per_line, minlength=n).astype(np.int64)
         else:
@@ -355,6 +355,9 @@ class C4QualityFilter(MapStage):
         new_text = ts.strip(pc.binary_join(kept_lines.to_lists(), pa.scalar("\n", line.type)))
         keep = pa.array(ts._mask(pc.is_null(reasons)))
         out_text = pc.if_else(keep, new_text, texts)
+        # Words never cross a line break, so the kept lines' words are the new text's words:
+        # a FineWeb stage after this one counts them without splitting again.
+        ts.remember_word_counts(new_text, np.bincount(kept_lines.doc, weights=words.counts, minlength=n))
         table = batch.set_column(batch.schema.get_field_index("text"), "text", out_text)
         table = _with_columns(table, {
             "c4_lines_kept": n_kept,
@@ -399,7 +402,7 @@ class FineWebQualityFilter(_FilterStage):
         _, dup_chars = ts.duplicate_stats(lines, lengths)
         newlines = ts._np(pc.count_substring(texts, "\n")).astype(np.int64)
         chars = ts._np(pc.utf8_length(texts)).astype(np.int64) - newlines
-        n_words = ts.split_words(texts).counts
+        n_words = ts.word_counts(texts)
         columns = {
             "fineweb_line_punct_frac": punct_frac,
             "fineweb_short_line_frac": short_frac,

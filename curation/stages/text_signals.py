@@ -31,6 +31,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
+from curation.stages import text_kernels as tk
+
 # ---------------------------------------------------------------------------------------------
 # Character sets
 # ---------------------------------------------------------------------------------------------
@@ -721,25 +723,8 @@ def _byte_classes(b: np.ndarray) -> np.ndarray:
     return cls
 
 
-_LOW_MASK = np.array([(1 << (8 * k)) - 1 for k in range(8)] + [(1 << 64) - 1], dtype=np.uint64)
-
-
-def _windows(b: np.ndarray) -> np.ndarray:
-    """``w[i]`` = bytes i..i+7 as one little-endian uint64 (a strided view, no copy per i)."""
-    pad = np.zeros(len(b) + 16, dtype=np.uint8)
-    pad[: len(b)] = b
-    return np.ndarray((len(b) + 8,), dtype="<u8", buffer=pad, strides=(1,))
-
-
-def _short_key(win: np.ndarray, start: np.ndarray, n_bytes: np.ndarray) -> np.ndarray:
-    """64-bit key of byte strings of at most 16 bytes: their bytes, mixed with the length."""
-    lo = win[start] & _LOW_MASK[np.minimum(n_bytes, 8)]
-    hi = win[start + 8] & _LOW_MASK[np.clip(n_bytes - 8, 0, 8)]
-    return _mix64(lo ^ _mix64(hi + n_bytes.astype(np.uint64)))
-
-
 def _py_short_key(s: str) -> int:
-    """``_short_key`` of one Python string (for the keys we look for)."""
+    """``text_kernels.short_key`` of one Python string (for the keys we look for)."""
     raw = s.encode()
     assert len(raw) <= 16
     lo = int.from_bytes(raw[:8], "little")
@@ -818,17 +803,10 @@ class Words:
     @functools.cached_property
     def lengths(self) -> np.ndarray:
         """Characters per word (what ``len`` counts)."""
-        high = self._b >= 0x80
-        if not high.any():
-            return self.byte_lengths
-        cum = np.zeros(len(self._b) + 1, dtype=np.int32)
-        np.cumsum(high & (self._b < 0xC0), out=cum[1:])  # continuation bytes
-        return self.byte_lengths - (cum[self.end] - cum[self.start])
+        return tk.span_char_counts(self._b, self.start, self.end)
 
     def _class_count(self, bit: int) -> np.ndarray:
-        cum = np.zeros(len(self._b) + 1, dtype=np.int32)
-        np.cumsum((self._cls & bit) != 0, out=cum[1:])
-        return cum[self.end] - cum[self.start]
+        return tk.span_bit_counts(self._cls, self.start, self.end, bit)
 
     @functools.cached_property
     def symbol(self) -> np.ndarray:
@@ -853,15 +831,11 @@ class Words:
         return (self.lengths == 1) & ((self._cls[self.start] & _B_TRM) != 0)
 
     @functools.cached_property
-    def _win(self) -> np.ndarray:
-        return _windows(self._b)
-
-    @functools.cached_property
     def hash(self) -> np.ndarray:
         """64-bit id per word: equal words, equal ids (exact up to 16 bytes, then by
         dictionary encoding of the longer words)."""
         n_bytes = self.byte_lengths
-        out = _short_key(self._win, self.start, np.minimum(n_bytes, 16))
+        out = tk.short_keys(self._b, self.start, n_bytes)
         long = np.flatnonzero(n_bytes > 16)
         if len(long):
             enc = pc.dictionary_encode(_byte_spans(self._buf, self._base, self.start[long], self.end[long]))
@@ -876,7 +850,7 @@ class Words:
             words = [values[i] for i in short]
             keys, order = _key_table(words)
             cand = np.flatnonzero(self.byte_lengths <= 16)
-            cand, hit = _find_keys(self._b, self._win, self.start[cand], self.byte_lengths[cand], keys,
+            cand, hit = _find_keys(self._b, self.start[cand], self.byte_lengths[cand], keys,
                                    order, _key_filter(words), cand)
             out[cand] = np.array(short)[hit]
         long = [i for i, v in enumerate(values) if len(v.encode()) > 16]
@@ -946,6 +920,45 @@ class _LastSplit:
 _LAST_SPLIT = _LastSplit()
 
 
+class _KnownCounts:
+    """Word counts of texts a stage produced from words it had already split: C4 splits the
+    lines it keeps, so FineWeb after it need not split C4's output again. Looked up by a
+    64-bit hash of each text's bytes plus its byte length."""
+
+    def __init__(self):
+        self.keys: np.ndarray | None = None
+
+    def remember(self, texts: pa.Array, counts: np.ndarray) -> None:
+        b, doff, _, _ = _text_bytes(texts)
+        keys = _doc_keys(b, doff)
+        order = np.argsort(keys, kind="stable")
+        self.keys, self.lengths, self.counts = keys[order], np.diff(doff)[order], np.asarray(counts)[order]
+
+    def lookup(self, b: np.ndarray, doff: np.ndarray) -> np.ndarray | None:
+        if self.keys is None or not len(self.keys) or len(doff) < 2:
+            return None
+        keys = _doc_keys(b, doff)
+        at = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
+        if not ((self.keys[at] == keys) & (self.lengths[at] == np.diff(doff))).all():
+            return None
+        return self.counts[at].astype(np.int64)
+
+
+_KNOWN_COUNTS = _KnownCounts()
+
+
+def word_counts(texts: pa.Array) -> np.ndarray:
+    """``split_words(texts).counts``, without splitting texts whose counts are known."""
+    b, doff, _, _ = _text_bytes(texts)
+    known = _KNOWN_COUNTS.lookup(b, doff)
+    return known if known is not None else split_words(texts).counts
+
+
+def remember_word_counts(texts: pa.Array, counts: np.ndarray) -> None:
+    """Tell ``word_counts`` how many words these texts have (the caller split them)."""
+    _KNOWN_COUNTS.remember(texts, counts)
+
+
 def _doc_keys(b: np.ndarray, doff: np.ndarray) -> np.ndarray:
     """A 64-bit hash of each text's bytes (one C call per text)."""
     view = memoryview(b)
@@ -978,8 +991,7 @@ def _split_words(b, doff, buf, base, special_cases: bool) -> Words:
     cores_s, cores_e, unit_ok = [c_start], [c_end], [np.ones(len(c_start), dtype=bool)]
     rule_bytes = np.flatnonzero((cls & _B_RULE) != 0)
     if len(rule_bytes):
-        chunk_of = np.cumsum(first, dtype=np.int32)  # chunk number + 1 at every byte
-        rb_chunk = chunk_of[rule_bytes] - 1
+        rb_chunk = np.searchsorted(c_start, rule_bytes, side="right") - 1
         new = np.ones(len(rule_bytes), dtype=bool)
         new[1:] = rb_chunk[1:] != rb_chunk[:-1]
         at = np.flatnonzero(new)
@@ -991,7 +1003,7 @@ def _split_words(b, doff, buf, base, special_cases: bool) -> Words:
         length = ce - cs
         has_high = np.zeros(len(c_start) + 1, dtype=bool)
         # (a non-ASCII space marks the chunk before it, which then just takes the full rules)
-        has_high[chunk_of[b >= 0x80]] = True
+        has_high[np.searchsorted(c_start, np.flatnonzero(b >= 0x80), side="right")] = True
         ascii_ = ~has_high[rc + 1]
         # Fast path: ASCII chunks that are a plain core with one affix character at either
         # end ("word," "(word" "(word)"): decide the split from the neighbouring bytes.
@@ -1094,7 +1106,6 @@ def _apply_special_cases(b, cls, tok_start, tok_end, core_s, core_e, unit_ok):
     assembled with one ``np.repeat`` (no per-word work).
     """
     m = len(tok_start)
-    win = _windows(b)
     taken = np.zeros(m, dtype=bool)
     rep_t, rep_k, rep_off, rep_owner = [], [], [], []  # replaced words and new piece starts
 
@@ -1121,7 +1132,7 @@ def _apply_special_cases(b, cls, tok_start, tok_end, core_s, core_e, unit_ok):
             ok = (e - a <= 16) & ~taken[t] & ~taken[t + k - 1]
             t, a, e = t[ok], a[ok], e[ok]
             keys, order, cuts, sieve = tables[k]
-            t, hit = _find_keys(b, win, a, e - a, keys, order, sieve, t)
+            t, hit = _find_keys(b, a, e - a, keys, order, sieve, t)
             if not len(t):
                 continue
             if len(t) > 1:
@@ -1134,7 +1145,7 @@ def _apply_special_cases(b, cls, tok_start, tok_end, core_s, core_e, unit_ok):
     keys, order, cuts, sieve = _one_word_split_keys()
     n_b = core_e - core_s
     # Empty cores (all affixes) never match: their slot uses length 0, which no key has.
-    c, hit = _find_keys(b, win, core_s, n_b, keys, order, sieve, np.arange(len(core_s)))
+    c, hit = _find_keys(b, core_s, n_b, keys, order, sieve, np.arange(len(core_s)))
     if len(c):
         t = np.searchsorted(tok_start, core_s[c])
         ok = (tok_end[t] == core_e[c]) & ~taken[t]
@@ -1153,7 +1164,7 @@ def _apply_special_cases(b, cls, tok_start, tok_end, core_s, core_e, unit_ok):
         d, t, tail = d[ok], t[ok], tail[ok]
         if len(d):
             ukeys, uorder, usieve = _unit_keys()
-            d, _ = _find_keys(b, win, d + 1, tail, ukeys, uorder, usieve, d)
+            d, _ = _find_keys(b, d + 1, tail, ukeys, uorder, usieve, d)
             t = np.searchsorted(tok_start, d + 1, side="right") - 1
             t, first = np.unique(t, return_index=True)  # one unit per word
             d = d[first]
@@ -1187,20 +1198,16 @@ def _apply_special_cases(b, cls, tok_start, tok_end, core_s, core_e, unit_ok):
     return new_start, new_end
 
 
-def _find_keys(b, win, start, n_bytes, keys, order, sieve, carry):
+def _find_keys(b, start, n_bytes, keys, order, sieve, carry):
     """The spans whose bytes equal one of the keys: (their ``carry`` values, key indices).
 
-    A table over (first byte, last byte, length) rules out almost every span with three
-    small gathers before the exact 64-bit key is computed."""
+    A table over (first byte, last byte, length) rules out almost every span before the
+    exact 64-bit key is computed (compiled: ``text_kernels.find_keys``)."""
     if not len(start):
         return carry, np.zeros(0, np.int64)
-    last = len(b) - 1
-    maybe = sieve[_sieve_slot(b[np.minimum(start, last)], b[np.clip(start + n_bytes - 1, 0, last)], n_bytes)]
-    maybe &= (n_bytes > 0) & (n_bytes <= 16)
-    start, n_bytes, carry = start[maybe], n_bytes[maybe], carry[maybe]
-    hit = _lookup(keys, order, _short_key(win, start, n_bytes))
-    ok = hit >= 0
-    return carry[ok], hit[ok]
+    idx, hit = tk.find_keys(b, np.ascontiguousarray(start, np.int64), np.ascontiguousarray(n_bytes, np.int64),
+                            keys, order.astype(np.int64), sieve)
+    return carry[idx], hit
 
 
 def _sieve_slot(first: np.ndarray, last: np.ndarray, n_bytes: np.ndarray) -> np.ndarray:
@@ -1253,13 +1260,7 @@ def _unit_keys() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def _spans_from_starts(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Word spans from a start mask (length B) and a chunk-end mask (length B + 1)."""
-    bound = ends.copy()
-    bound[:-1] |= starts
-    pos = np.flatnonzero(bound)
-    is_start = np.zeros(len(pos), dtype=bool)
-    is_start[:-1] = starts[pos[:-1]]
-    at = np.flatnonzero(is_start)
-    return pos[at], pos[at + 1]
+    return tk.spans_from_starts(starts, ends)
 
 
 def _byte_spans(buf: pa.Buffer, base: int, start: np.ndarray, end: np.ndarray, gaps: bool = True) -> pa.Array:

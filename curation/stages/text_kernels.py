@@ -1,0 +1,124 @@
+"""Compiled (numba) loops under ``text_signals``' word splitter.
+
+Each replaces a chain of numpy passes over every byte or word where a profile showed the
+passes cost more than the work (``tests/benchmarks/bench_pipeline.py``): matching spans
+against special-case keys touched ~10 arrays per word to reject almost all of them; here a
+word costs one table probe. Semantics are those of the numpy code they replaced, which the
+filter tests pin against spaCy's and datatrove's outputs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+_GOLDEN = 0x9E3779B97F4A7C15
+_MIX1 = 0xBF58476D1CE4E5B9
+_MIX2 = 0x94D049BB133111EB
+
+
+@njit(cache=True, nogil=True)
+def mix64(x):
+    """splitmix64 finaliser (same as ``text_signals._mix64``)."""
+    z = x + np.uint64(_GOLDEN)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(_MIX1)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(_MIX2)
+    return z ^ (z >> np.uint64(31))
+
+
+@njit(cache=True, nogil=True)
+def short_key(b, s, n):
+    """64-bit key of the bytes ``b[s:s+n]`` (n <= 16): the bytes, little-endian in two words,
+    mixed with the length (``text_signals._short_key`` of one span)."""
+    lo = np.uint64(0)
+    hi = np.uint64(0)
+    for k in range(min(n, 8)):
+        lo |= np.uint64(b[s + k]) << np.uint64(8 * k)
+    for k in range(8, n):
+        hi |= np.uint64(b[s + k]) << np.uint64(8 * (k - 8))
+    return mix64(lo ^ mix64(hi + np.uint64(n)))
+
+
+@njit(cache=True, nogil=True)
+def short_keys(b, start, n_bytes):
+    out = np.empty(len(start), np.uint64)
+    for i in range(len(start)):
+        out[i] = short_key(b, start[i], min(n_bytes[i], 16))
+    return out
+
+
+@njit(cache=True, nogil=True)
+def find_keys(b, start, n_bytes, sorted_keys, order, sieve):
+    """Spans ``b[start:start+n]`` equal to one of the keys: (span indices, key indices).
+
+    ``sieve`` over (first byte, last byte, length) rules out almost every span before its
+    key is computed; the key is then looked up by binary search."""
+    m = len(start)
+    idx = np.empty(m, np.int64)
+    hit = np.empty(m, np.int64)
+    found = 0
+    nk = len(sorted_keys)
+    for i in range(m):
+        n = n_bytes[i]
+        if n <= 0 or n > 16 or nk == 0:
+            continue
+        s = start[i]
+        slot = (np.int64(b[s]) << 13) | (np.int64(b[s + n - 1]) << 5) | min(n, 31)
+        if not sieve[slot]:
+            continue
+        key = short_key(b, s, n)
+        j = np.searchsorted(sorted_keys, key)
+        if j < nk and sorted_keys[j] == key:
+            idx[found] = i
+            hit[found] = order[j]
+            found += 1
+    return idx[:found], hit[:found]
+
+
+@njit(cache=True, nogil=True)
+def spans_from_starts(starts, ends):
+    """Word spans from a start mask (length B) and a chunk-end mask (length B + 1): a word
+    runs from a start to the next start or chunk end."""
+    B = len(starts)
+    n = 0
+    for i in range(B):
+        if starts[i]:
+            n += 1
+    out_s = np.empty(n, np.int64)
+    out_e = np.empty(n, np.int64)
+    k = -1
+    for i in range(B + 1):
+        bound = ends[i] or (i < B and starts[i])
+        if bound and k >= 0 and out_e[k] < 0:
+            out_e[k] = i
+        if i < B and starts[i]:
+            k += 1
+            out_s[k] = i
+            out_e[k] = -1
+    return out_s, out_e
+
+
+@njit(cache=True, nogil=True)
+def span_bit_counts(cls, start, end, bit):
+    """Per span ``[start, end)``: how many bytes have class ``bit`` set."""
+    out = np.zeros(len(start), np.int64)
+    for i in range(len(start)):
+        c = 0
+        for j in range(start[i], end[i]):
+            if cls[j] & bit:
+                c += 1
+        out[i] = c
+    return out
+
+
+@njit(cache=True, nogil=True)
+def span_char_counts(b, start, end):
+    """Per span of UTF-8 bytes: characters (bytes that are not continuation bytes)."""
+    out = np.zeros(len(start), np.int64)
+    for i in range(len(start)):
+        c = 0
+        for j in range(start[i], end[i]):
+            if (b[j] & 0xC0) != 0x80:
+                c += 1
+        out[i] = c
+    return out
