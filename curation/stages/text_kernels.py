@@ -122,3 +122,49 @@ def span_char_counts(b, start, end):
                 c += 1
         out[i] = c
     return out
+
+
+@njit(cache=True, nogil=True)
+def byte_classes(b, ascii_class, cp_class, cp_known):
+    """Class bits of every byte: ASCII from ``ascii_class``, every byte of a multi-byte
+    character from ``cp_class`` of its code point. Returns (classes, code points not yet in
+    ``cp_known``); the caller classifies those and calls again (rare after the first batch)."""
+    n = len(b)
+    out = np.empty(n, np.uint16)
+    missing = np.empty(0, np.int64)
+    n_missing = 0
+    i = 0
+    while i < n:
+        c = b[i]
+        if c < 0x80:
+            out[i] = ascii_class[c]
+            i += 1
+            continue
+        if c >= 0xF0:
+            nb, cp = 4, np.int64(c & 0x07)
+        elif c >= 0xE0:
+            nb, cp = 3, np.int64(c & 0x0F)
+        elif c >= 0xC0:
+            nb, cp = 2, np.int64(c & 0x1F)
+        else:  # a stray continuation byte (not in valid UTF-8)
+            out[i] = 0
+            i += 1
+            continue
+        nb = min(nb, n - i)
+        for k in range(1, nb):
+            cp = (cp << 6) | (b[i + k] & 0x3F)
+        cp = min(cp, len(cp_known) - 1)
+        v = np.uint16(0)
+        if cp_known[cp]:
+            v = cp_class[cp]
+        else:
+            if n_missing == len(missing):
+                grown = np.empty(max(16, 2 * n_missing), np.int64)
+                grown[:n_missing] = missing[:n_missing]
+                missing = grown
+            missing[n_missing] = cp
+            n_missing += 1
+        for k in range(nb):
+            out[i + k] = v
+        i += nb
+    return out, missing[:n_missing]

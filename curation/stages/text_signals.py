@@ -685,11 +685,6 @@ def _byte_class_of(c: str) -> int:
 
 
 _ASCII_CLASS = np.array([_byte_class_of(chr(i)) for i in range(128)] + [0] * 128, dtype=np.uint16)
-_CLASS_CACHE: dict[int, int] = {}
-
-
-def _byte_class(cp: np.ndarray) -> np.ndarray:
-    return _classify(cp, _byte_class_of, _ASCII_CLASS, _CLASS_CACHE, np.uint16)
 
 
 def _text_bytes(texts: pa.Array) -> tuple[np.ndarray, np.ndarray, pa.Buffer | None, int]:
@@ -705,21 +700,19 @@ def _text_bytes(texts: pa.Array) -> tuple[np.ndarray, np.ndarray, pa.Buffer | No
     return b, off - off[0], bufs[2], int(off[0])
 
 
+_CP_CLASS = np.zeros(0x110000, np.uint16)  # class bits by code point, filled on demand
+_CP_KNOWN = np.zeros(0x110000, bool)
+
+
 def _byte_classes(b: np.ndarray) -> np.ndarray:
-    """Class bits of every byte (non-ASCII characters classified from their code points)."""
-    cls = _ASCII_CLASS[b]
-    lead = np.flatnonzero(b >= 0xC0)
-    if len(lead):
-        n_bytes = 2 + (b[lead] >= 0xE0) + (b[lead] >= 0xF0)
-        pad = np.concatenate((b, np.zeros(3, np.uint8))).astype(np.uint32)
-        cp = np.where(n_bytes == 2, pad[lead] & 0x1F,
-                      np.where(n_bytes == 3, pad[lead] & 0x0F, pad[lead] & 0x07))
-        for k in range(1, 4):
-            cp = np.where(n_bytes > k, (cp << 6) | (pad[lead + k] & 0x3F), cp)
-        char_cls = _byte_class(cp)
-        for k in range(4):
-            sel = n_bytes > k
-            cls[lead[sel] + k] = char_cls[sel]
+    """Class bits of every byte (non-ASCII characters classified from their code points,
+    each distinct one once per process)."""
+    cls, missing = tk.byte_classes(b, _ASCII_CLASS, _CP_CLASS, _CP_KNOWN)
+    if len(missing):
+        for c in np.unique(missing).tolist():
+            _CP_CLASS[c] = _byte_class_of(chr(c))
+            _CP_KNOWN[c] = True
+        cls, missing = tk.byte_classes(b, _ASCII_CLASS, _CP_CLASS, _CP_KNOWN)
     return cls
 
 
