@@ -168,3 +168,52 @@ def byte_classes(b, ascii_class, cp_class, cp_known):
             out[i + k] = v
         i += nb
     return out, missing[:n_missing]
+
+
+@njit(cache=True, nogil=True)
+def replace_spans(tok_start, tok_end, t, k, cut_at, cut_owner):
+    """Word spans after replacements: replacement r turns words ``t[r] .. t[r]+k[r]-1`` into
+    the pieces of their joint span cut at its ``cut_at`` offsets (``cut_owner`` == r, sorted
+    by owner then offset). Words a merge absorbs vanish; of two replacements at one word the
+    later wins."""
+    m = len(tok_start)
+    R = len(t)
+    lo = np.zeros(R + 1, np.int64)
+    for j in range(len(cut_owner)):
+        lo[cut_owner[j] + 1] += 1
+    for r in range(R):
+        lo[r + 1] += lo[r]
+    rep_of = np.full(m, -1, np.int64)
+    absorbed = np.zeros(m, np.bool_)
+    for r in range(R):
+        for j in range(1, k[r]):
+            absorbed[t[r] + j] = True
+    for r in range(R):
+        rep_of[t[r]] = r
+    total = 0
+    for i in range(m):
+        r = rep_of[i]
+        if r >= 0:
+            total += 1 + lo[r + 1] - lo[r]
+        elif not absorbed[i]:
+            total += 1
+    out_s = np.empty(total, np.int64)
+    out_e = np.empty(total, np.int64)
+    w = 0
+    for i in range(m):
+        r = rep_of[i]
+        if r >= 0:
+            a = tok_start[i]
+            for j in range(lo[r], lo[r + 1]):
+                out_s[w] = a
+                out_e[w] = cut_at[j]
+                a = cut_at[j]
+                w += 1
+            out_s[w] = a
+            out_e[w] = tok_end[i + k[r] - 1]
+            w += 1
+        elif not absorbed[i]:
+            out_s[w] = tok_start[i]
+            out_e[w] = tok_end[i]
+            w += 1
+    return out_s, out_e

@@ -1173,22 +1173,7 @@ def _apply_special_cases(b, cls, tok_start, tok_end, core_s, core_e, unit_ok):
     off = np.concatenate(rep_off) if rep_off else np.zeros(0, np.int64)
     owner = np.concatenate(rep_owner) if rep_owner else np.zeros(0, np.int64)
     order = np.lexsort((off, owner))
-    off, owner = off[order], owner[order]
-    n_new = 1 + np.bincount(owner, minlength=len(t))
-    count = np.ones(m, dtype=np.int64)
-    for j in range(1, int(k.max())):  # words absorbed into a merge vanish
-        count[t[k > j] + j] = 0
-    count[t] = n_new
-    new_start = np.repeat(tok_start, count)
-    new_end = np.repeat(tok_end, count)
-    first_new = np.cumsum(count) - count
-    span_end = tok_end[t + k - 1]
-    new_end[first_new[t] + n_new - 1] = span_end  # the last piece ends where the span did
-    rank = np.arange(len(owner)) - (np.cumsum(n_new - 1) - (n_new - 1))[owner]
-    at = first_new[t[owner]] + rank + 1
-    new_start[at] = off
-    new_end[at - 1] = off
-    return new_start, new_end
+    return tk.replace_spans(tok_start, tok_end, t, k, off[order], owner[order])
 
 
 def _find_keys(b, start, n_bytes, keys, order, sieve, carry):
