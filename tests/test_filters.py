@@ -385,6 +385,21 @@ def test_words_reused_for_the_documents_a_previous_stage_kept():
     assert split_words(pa.array(one_changed)).counts[5] == fresh.counts[5] + 4
 
 
+def test_c4_after_a_splitting_filter_takes_line_words_from_the_documents(monkeypatch):
+    """C4 after a filter that split the documents reads each line's words from the
+    documents' words (citation-free lines) and must give exactly what splitting gives."""
+    texts = [d["text"] for d in REAL] + [WIKI + "\nIt was a hit.[1] Critics agreed [12] at once. Then more came."]
+    text_signals._LAST_SPLIT.remember(None, None)
+    fresh = C4QualityFilter().process(batch(texts))
+    split_words(pa.array(texts))  # what the filter before C4 does
+    calls = []
+    real_split = text_signals.split_words
+    monkeypatch.setattr(text_signals, "split_words", lambda t, **kw: calls.append(len(t)) or real_split(t, **kw))
+    reused = C4QualityFilter().process(batch(texts))
+    assert reused.table.equals(fresh.table) and reused.reasons.equals(fresh.reasons)
+    assert len(calls) == 1 and 0 < calls[0] < 10  # only the lines whose citations were cut
+
+
 def test_fineweb_after_c4_counts_words_without_splitting_again(monkeypatch):
     texts = [d["text"] for d in REAL]
     res = C4QualityFilter().process(batch(texts))

@@ -335,10 +335,9 @@ class C4QualityFilter(MapStage):
         kept_lines = ts.Segments.from_counts(
             line.filter(pa.array(kept)), np.bincount(lines.doc[kept], minlength=n))
         n_kept = kept_lines.counts
-        words = ts.split_words(kept_lines.values)
+        line_words, line_sents = self._kept_line_words(texts, lines, raw, line, kept)
         if self.min_num_sentences is not None:
-            per_line = ts.sentence_counts(words)
-            n_sent = np.bincount(kept_lines.doc, weights=per_line, minlength=n).astype(np.int64)
+            n_sent = np.bincount(kept_lines.doc, weights=line_sents, minlength=n).astype(np.int64)
         else:
             n_sent = np.zeros(n, dtype=np.int64)
 
@@ -357,7 +356,7 @@ class C4QualityFilter(MapStage):
         out_text = pc.if_else(keep, new_text, texts)
         # Words never cross a line break, so the kept lines' words are the new text's words:
         # a FineWeb stage after this one counts them without splitting again.
-        ts.remember_word_counts(new_text, np.bincount(kept_lines.doc, weights=words.counts, minlength=n))
+        ts.remember_word_counts(new_text, np.bincount(kept_lines.doc, weights=line_words, minlength=n))
         table = batch.set_column(batch.schema.get_field_index("text"), "text", out_text)
         table = _with_columns(table, {
             "c4_lines_kept": n_kept,
@@ -365,6 +364,36 @@ class C4QualityFilter(MapStage):
             "c4_n_sentences": n_sent,
         })
         return StageResult(table, reasons)
+
+    @staticmethod
+    def _kept_line_words(texts: pa.Array, lines: ts.Segments, raw: pa.Array, line: pa.Array,
+                         kept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Words and sentences of each kept line (stripped, citations removed).
+
+        Words never cross a line break, so when the documents' words are at hand (the filter
+        before this one split them) a line the citation rule left alone takes the words in
+        its byte range; only the other lines are split."""
+        kept_idx = np.flatnonzero(kept)
+        n_words = np.zeros(len(kept_idx), np.int64)
+        n_sents = np.zeros(len(kept_idx), np.int64)
+        fresh = np.ones(len(kept_idx), dtype=bool)
+        doc_words = ts.reused_words(texts) if len(kept_idx) else None
+        if doc_words is not None:
+            same = ts._np(pc.binary_length(line)) == ts._np(pc.binary_length(raw))
+            use = same[kept_idx]
+            li = kept_idx[use]
+            lo = np.searchsorted(doc_words.start, lines.byte_start[li])
+            counts = np.searchsorted(doc_words.start, lines.byte_start[li] + lines.byte_len[li]) - lo
+            widx = np.repeat(lo - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))
+            wline = np.repeat(np.arange(len(li)), counts)
+            n_words[use] = counts
+            n_sents[use] = ts.sentence_counts_of(counts, wline, doc_words.ender[widx], doc_words.punct[widx])
+            fresh[use] = False
+        if fresh.any():
+            words = ts.split_words(line.take(pa.array(kept_idx[fresh])))
+            n_words[fresh] = words.counts
+            n_sents[fresh] = ts.sentence_counts(words)
+        return n_words, n_sents
 
 
 @registry.register("fineweb_quality")

@@ -105,6 +105,8 @@ class Segments:
     doc: np.ndarray
     offsets: np.ndarray
     byte_len: np.ndarray | None = None
+    #: where each part starts in the batch's UTF-8 bytes (set by the byte-level splitters)
+    byte_start: np.ndarray | None = None
 
     @classmethod
     def from_lists(cls, lists: pa.Array) -> Segments:
@@ -139,6 +141,8 @@ class Segments:
         seg = Segments.from_counts(self.values.filter(pa.array(mask)), counts)
         if self.byte_len is not None:
             seg.byte_len = self.byte_len[mask]
+        if self.byte_start is not None:
+            seg.byte_start = self.byte_start[mask]
         return seg
 
     def to_lists(self) -> pa.Array:
@@ -235,6 +239,7 @@ def _split_at(texts: pa.Array, kind: str, min_run: int = 1, runs: bool = True) -
     starts[at + 1] = sep_e
     seg = Segments.from_counts(_byte_spans(buf, base, starts, ends, gaps=True), counts)
     seg.byte_len = ends - starts
+    seg.byte_start = starts
     return seg
 
 
@@ -884,6 +889,15 @@ def split_words(texts: pa.Array, special_cases: bool = True) -> Words:
     return words
 
 
+def reused_words(texts: pa.Array) -> Words | None:
+    """The words of these texts if the previous split in this process already covered them
+    (a stage after a filter that split the same documents), else None; never splits."""
+    b, doff, buf, base = _text_bytes(texts)
+    if not len(b):
+        return None
+    return _LAST_SPLIT.reuse(_doc_keys(b, doff), b, doff, buf, base)
+
+
 class _LastSplit:
     """The last batch's words, kept so that the next stage of a fused chain of filters,
     which sees the documents the previous one kept, does not split them again."""
@@ -1271,18 +1285,23 @@ def sentence_counts(words: Words) -> np.ndarray:
     and other scripts' marks) that is not itself punctuation; closing quotes and brackets
     after the mark do not end the wait.
     """
-    counts = (words.counts > 0).astype(np.int64)
-    if len(words.doc) == 0:
-        return counts
+    return sentence_counts_of(words.counts, words.doc, words.ender, words.punct)
+
+
+def sentence_counts_of(counts: np.ndarray, doc: np.ndarray, ender: np.ndarray, punct: np.ndarray) -> np.ndarray:
+    """``sentence_counts`` from words given as arrays: words per text, each word's text (in
+    order), and its ``ender`` / ``punct`` flags."""
+    out = (counts > 0).astype(np.int64)
+    if len(doc) == 0:
+        return out
     # Drop punctuation that neither ends a sentence nor starts one; what remains alternates
     # between enders and ordinary words. A word right after an ender starts a sentence.
-    ender, punct = words.ender, words.punct
     keep = ender | ~punct
-    doc = words.doc[keep]
+    doc = doc[keep]
     ender = ender[keep]
     starts = np.zeros(len(doc), dtype=bool)
     starts[1:] = ender[:-1] & ~ender[1:] & (doc[1:] == doc[:-1])
-    return counts + np.bincount(doc[starts], minlength=words.n_docs)
+    return out + np.bincount(doc[starts], minlength=len(counts))
 
 
 # ---------------------------------------------------------------------------------------------
