@@ -115,7 +115,8 @@ def test_consecutive_skips_stop_with_a_checkpoint(tmp_path, packs, capsys):
 def test_grad_norm_spike_is_skipped(tmp_path, packs):
     train, _ = packs
     # A hair-trigger guard: anything above 1.05 x the median of the last 3 accepted steps.
-    cfg = load_config(config(tmp_path, train, guard={"spike_factor": 1.05, "window": 3, "min_history": 3, "max_consecutive_skips": 100}))
+    cfg = load_config(config(tmp_path, train, guard={"spike_factor": 1.05, "window": 3, "min_history": 3, "max_consecutive_skips": 100,
+                                                          "max_spike_skips": 100}))
     assert run(cfg) == 0
     skips = [e for e in records(tmp_path / "run", "event") if e["event"] == "skip"]
     assert skips and all("grad-norm spike" in e["message"] for e in skips)
@@ -123,6 +124,32 @@ def test_grad_norm_spike_is_skipped(tmp_path, packs):
         median = float(re.search(r"median ([0-9.e+-]+)\)", e["message"]).group(1))
         assert e["grad_norm"] > 1.05 * median * 0.999  # the median is printed to 3 digits
     assert all(e["step"] >= 3 for e in skips)  # never before min_history accepted steps
+
+
+def test_a_spike_repeated_on_the_next_batch_is_taken():
+    """Skipping leaves the model as it is: when the next batch spikes too, the guard takes the
+    step (clipped) instead of skipping until it stops the run. Non-finite losses still skip."""
+    from training.config import GuardConfig
+    from training.train import Guard
+
+    guard = Guard(GuardConfig(spike_factor=10, min_history=3, max_consecutive_skips=3))
+    for g in (1.0, 0.9, 1.1):
+        assert guard.verdict(5.0, g) is None
+        guard.accept(g)
+    assert "grad-norm spike" in guard.verdict(5.0, 30.0)  # one batch: skipped
+    assert not guard.reject()
+    assert guard.verdict(5.0, 33.0) is None and "the model moved" in guard.note  # again: taken
+    guard.accept(33.0)
+    assert guard.verdict(5.0, 1.0) is None and guard.note is None
+    guard.accept(1.0)
+    assert "grad-norm spike" in guard.verdict(5.0, 40.0)  # a new isolated spike is skipped again
+    assert not guard.reject()
+    assert guard.verdict(float("nan"), 1.0).startswith("non-finite")  # never taken
+    assert not guard.reject() and guard.consecutive == 2
+    restored = Guard(guard.cfg, guard.state())  # the count survives a resume
+    assert restored.spikes == 1 and restored.verdict(5.0, 50.0) is None
+    strict = Guard(GuardConfig(spike_factor=10, min_history=3, max_spike_skips=2), {"history": [1.0] * 3})
+    assert strict.verdict(5.0, 30.0) and strict.verdict(5.0, 30.0) and strict.verdict(5.0, 30.0) is None
 
 
 def test_seq_len_warmup(tmp_path, packs):

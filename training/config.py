@@ -236,6 +236,10 @@ class GuardConfig(_Strict):
     window: int = Field(default=100, gt=0)
     min_history: int = Field(default=20, ge=1)  # accepted steps before spike detection starts
     max_consecutive_skips: int = Field(default=5, ge=1)
+    # Grad-norm spikes skipped in a row before the guard takes the next one (clipped): when the
+    # next batch spikes too, the model moved, not one batch, and skipping cannot repair it
+    # (the model stays where it is). Non-finite losses are always skipped.
+    max_spike_skips: int = Field(default=1, ge=1)
     inject_nonfinite_steps: list[int] = []  # fault injection for drills/tests: NaN loss at these steps
 
 

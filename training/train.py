@@ -50,15 +50,25 @@ EXIT_GUARD_STOP = 3
 
 class Guard:
     """Skip a step whose loss is not finite or whose grad norm spikes above
-    ``spike_factor`` x the running median of recent accepted steps."""
+    ``spike_factor`` x the running median of recent accepted steps.
+
+    A spike repeated on the next ``max_spike_skips`` batches is taken (clipped) instead:
+    skipping leaves the model where it is, so when every new batch spikes the cause is the
+    model state, not a batch, and only an update can move it (seen on the demo: one bad
+    update, then 5 spiking batches in a row and a stopped run). OLMo-core's skip-step
+    optimizer gets the same effect by keeping skipped steps in its rolling statistics.
+    """
 
     def __init__(self, cfg: GuardConfig, state: dict | None = None):
         self.cfg = cfg
         self.history: deque[float] = deque((state or {}).get("history", []), maxlen=cfg.window)
         self.consecutive = (state or {}).get("consecutive", 0)
+        self.spikes = (state or {}).get("spikes", 0)  # grad-norm spikes skipped in a row
+        self.note: str | None = None  # why the last verdict took a spiking step
 
     def verdict(self, loss: float, grad_norm: float) -> str | None:
         """None to take the step, else the reason to skip it."""
+        self.note = None
         if not math.isfinite(loss):
             return f"non-finite loss ({loss})"
         if not math.isfinite(grad_norm):
@@ -66,12 +76,19 @@ class Guard:
         if len(self.history) >= self.cfg.min_history:
             median = float(np.median(self.history))
             if grad_norm > self.cfg.spike_factor * median:
-                return f"grad-norm spike ({grad_norm:.3g} > {self.cfg.spike_factor} x median {median:.3g})"
+                spike = f"grad-norm spike ({grad_norm:.3g} > {self.cfg.spike_factor} x median {median:.3g})"
+                if self.spikes >= self.cfg.max_spike_skips:
+                    self.note = (f"{spike} after {self.spikes} skipped spike(s) in a row: the model moved, not "
+                                 f"one batch; step taken with the gradient clipped")
+                    return None
+                self.spikes += 1
+                return spike
         return None
 
     def accept(self, grad_norm: float) -> None:
         self.history.append(grad_norm)
         self.consecutive = 0
+        self.spikes = 0
 
     def reject(self) -> bool:
         """Count a skip; True when the run must stop."""
@@ -79,7 +96,7 @@ class Guard:
         return self.consecutive >= self.cfg.max_consecutive_skips
 
     def state(self) -> dict:
-        return {"history": list(self.history), "consecutive": self.consecutive}
+        return {"history": list(self.history), "consecutive": self.consecutive, "spikes": self.spikes}
 
 
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
@@ -381,6 +398,9 @@ class Trainer:
                     window.content[k] = window.content.get(k, 0) + v
 
                 stop = False
+                if self.guard.note is not None:
+                    m.log({"kind": "event", "step": step, "event": "spike_taken", "loss": loss,
+                           "grad_norm": grad_norm, "message": f"step {step}: {self.guard.note}"})
                 if reason is not None:
                     stop = self.guard.reject()
                     m.log({"kind": "event", "step": step, "event": "skip", "loss": loss, "grad_norm": grad_norm,
