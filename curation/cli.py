@@ -61,11 +61,14 @@ def stats(run_dir: Path = typer.Argument(..., help="run directory")) -> None:
     except RunNotFound as e:
         _fail(str(e))
     t = Table(title=f"{run_dir}")
-    for c in ("stage", "type", "shards", "docs in", "kept", "rejected", "kept %"):
+    packed = any(r["rows_out"] != r["kept"] for r in rows)  # rows that hold many documents
+    cols = ("stage", "type", "shards", "docs in", "kept", "rejected", "kept %") + (("rows out",) if packed else ())
+    for c in cols:
         t.add_column(c, justify="right" if c not in ("stage", "type") else "left")
     for r in rows:
         pct = f"{100 * r['kept'] / r['docs_in']:.1f}" if r["docs_in"] else "-"
-        t.add_row(r["stage"], r["type"], str(r["shards"]), str(r["docs_in"]), str(r["kept"]), str(r["rejected"]), pct)
+        cells = [r["stage"], r["type"], str(r["shards"]), str(r["docs_in"]), str(r["kept"]), str(r["rejected"]), pct]
+        t.add_row(*cells, *((str(r["rows_out"]),) if packed else ()))
     console.print(t)
     reasons = top_reasons(run_dir)
     if reasons:

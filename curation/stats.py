@@ -86,7 +86,8 @@ def _leaves(dag: Dag, node: str) -> list[str]:
 
 
 def stage_table(run_dir: str | Path) -> list[dict]:
-    """Per node (inputs, then stages in order): docs in, kept, rejected, and text bytes out."""
+    """Per node (inputs, then stages in order): docs in, kept, rejected, rows out (differs
+    from kept where a row holds many documents: pack)."""
     con = connect(run_dir)
     dag = load_run_dag(run_dir)
     rows = []
@@ -96,8 +97,12 @@ def stage_table(run_dir: str | Path) -> list[dict]:
         r = con.execute("select coalesce(sum(rows_in),0), coalesce(sum(rows),0), coalesce(sum(rejected_rows),0), "
                         "count(*) from manifest where stage = ?", [node]).fetchone()
         kind = "input" if node in dag.inputs else dag.stages[node].type
-        rows.append({"stage": node, "type": kind, "docs_in": int(r[0]), "kept": int(r[1]),
-                     "rejected": int(r[2]), "shards": int(r[3])})
+        docs_in, rows_out, rejected = int(r[0]), int(r[1]), int(r[2])
+        # a pack stage's rows hold many documents: every document not rejected was kept
+        per_row = node in dag.stages and type(dag.stages[node]).output_unit == "rows"
+        rows.append({"stage": node, "type": kind, "docs_in": docs_in,
+                     "kept": docs_in - rejected if per_row else rows_out,
+                     "rejected": rejected, "shards": int(r[3]), "rows_out": rows_out})
     return rows
 
 

@@ -169,6 +169,15 @@ def test_every_token_of_every_mixed_document_is_in_exactly_one_row(run2):
     assert set(packed.column_names) >= {"input_ids", "doc_lens", "source", "source_tokens", "quality"}
 
 
+def test_stats_count_packed_documents_as_kept_and_rows_apart(run2):
+    from curation.stats import stage_table
+
+    row = {r["stage"]: r for r in stage_table(run2)}["pack"]
+    packed = _read_dir(run2 / "pack", "pack-*.parquet")
+    assert row["rows_out"] == packed.num_rows < row["docs_in"]
+    assert row["kept"] == row["docs_in"] - row["rejected"] == row["docs_in"]  # pack drops nothing
+
+
 def test_best_fit_splits_far_fewer_documents_than_concat_on_the_same_rows(run2):
     mixed = _read_dir(run2 / "mix", "mix-*.parquet").select(["id", "source", "input_ids"])
     _, bf = pack_window(mixed, 512, "best_fit", 1)

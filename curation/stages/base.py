@@ -51,6 +51,8 @@ class Stage(BaseModel):
     input: str | None = None
 
     kind: ClassVar[str] = "map"
+    #: what an output row is: a document, or (pack) a training row holding many documents
+    output_unit: ClassVar[str] = "docs"
 
     def upstreams(self) -> list[str]:
         return [self.input] if self.input else []

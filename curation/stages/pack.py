@@ -28,7 +28,7 @@ import bisect
 import json
 import os
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -279,6 +279,7 @@ class Pack(GlobalStage):
     """
 
     type: Literal["pack"] = "pack"
+    output_unit: ClassVar[str] = "rows"
     seq_len: int = Field(default=2048, gt=0)
     algorithm: Literal["best_fit", "concat"] = "best_fit"
     window: int = Field(default=10_000, gt=0)
