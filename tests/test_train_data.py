@@ -11,7 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from training.config import parse_config
-from training.data import IGNORE, DataChangedError, DataOrder, PackedDataset, RowBatch, build_micro_batches
+from training.data import (IGNORE, DataChangedError, DataOrder, EvalData, PackedDataset, RowBatch, build_micro_batches,
+                           eval_rows)
 from training.schedule import PERIOD, MixturePattern, PhasePlan, build_lr_schedule, plan_phases, seq_len_at
 from training.synthetic import write_packed
 
@@ -82,6 +83,17 @@ def test_read_rows_returns_the_right_rows(pack):
     for i, r in enumerate(rows):
         assert got.ids[i].tolist() == table[r]["input_ids"]
         assert got.doc_lens[i].tolist() == table[r]["doc_lens"]
+
+
+def test_eval_rows_are_spread_over_the_whole_split(pack):
+    assert eval_rows(10, 4).tolist() == [0, 2, 5, 7] and eval_rows(3, 8).tolist() == [0, 1, 2]
+    ds = PackedDataset(pack)
+    picked = eval_rows(ds.num_rows, 32)
+    assert len(set(picked.tolist())) == 32 and picked.max() >= ds.num_rows - ds.num_rows // 32 - 1
+    assert {ds.sources[i] for i in ds.row_source[picked]} == set(ds.sources)
+    ev = EvalData(str(pack), batches=2, global_batch=16, micro_rows=4, rank=0, world=1, seq_len=SEQ,
+                  document_mask=True, pad_id=0, vocab_size=None)
+    assert sum(mb.inputs.shape[0] for mb in ev.micro) == 32
 
 
 def test_fingerprint_changes_with_the_shard_set(pack, tmp_path):

@@ -222,7 +222,8 @@ class MetricsConfig(_Strict):
 
 
 class EvalConfig(_Strict):
-    """Held-out packed split; ``batches`` counts global batches of ``train.global_batch`` rows."""
+    """Held-out packed split; ``batches`` counts global batches of ``train.global_batch`` rows,
+    taken evenly spaced over the split."""
 
     path: str
     every: int = Field(default=100, gt=0)
