@@ -31,8 +31,8 @@ import pyarrow.compute as pc
 from pydantic import Field, field_validator
 
 from curation.stages import text_signals as ts
-from curation.stages.ngram_repetition import repetition_chars
 from curation.stages.base import MapStage, StageResult, registry
+from curation.stages.ngram_repetition import repetition_chars
 
 #: Gopher's stop words (Rae et al. 2021, appendix A1).
 GOPHER_STOP_WORDS = ["the", "be", "to", "of", "and", "that", "have", "with"]

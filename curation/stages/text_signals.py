@@ -1,10 +1,11 @@
 """Vectorised text measurements shared by the heuristic filters (``filters.py``).
 
 Everything works on a whole batch at once: numpy over the UTF-8 bytes of all documents (a
-zero-copy view of the Arrow text buffer) and over integer arrays, plus a few pyarrow
-kernels. There is no Python loop per word, line or n-gram; the loops that exist run over
-byte offsets inside short spans (at most 16 or 64 rounds), over the rounds of a fixpoint,
-or once per document around a C call (hashing its bytes).
+zero-copy view of the Arrow text buffer) and over integer arrays, a few pyarrow kernels, and
+compiled (numba) loops in ``text_kernels`` where numpy needed many passes per word. There is
+no Python loop per word, line or n-gram; the Python loops that exist run over byte offsets
+inside short spans (at most 16 or 64 rounds), or once per document around a C call (hashing
+its bytes).
 
 The pieces:
 
