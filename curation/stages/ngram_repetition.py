@@ -43,11 +43,12 @@ def repetition_chars(word_hash, word_len, offsets, min_n, max_n):
     while (1 << bits) < 2 * max(longest, 1):
         bits += 1
     size = 1 << bits
+    # int32 where it fits: a 10 MB document (~2M words) needs a 4M-slot table, 80 MB like this
     keys = np.zeros(size, np.uint64)
-    count = np.zeros(size, np.int64)
-    first = np.zeros(size, np.int64)
-    stamp = np.zeros(size, np.int64)  # slot in use iff stamp == gen: no clearing between rounds
-    seen = np.zeros(size, np.int64)  # visited by the scan iff seen == gen
+    count = np.zeros(size, np.int32)
+    first = np.zeros(size, np.int32)
+    stamp = np.zeros(size, np.int32)  # slot in use iff stamp == gen: no clearing between rounds
+    seen = np.zeros(size, np.int32)  # visited by the scan iff seen == gen
     gen = 0
     cand = np.empty(max(longest, 1), np.int64)
     cand_slot = np.empty(max(longest, 1), np.int64)
