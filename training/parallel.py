@@ -82,7 +82,9 @@ def strategy_for(cfg: ParallelConfig, env: DistEnv) -> str:
 
 
 def parallelize(model: nn.Module, cfg: ParallelConfig, env: DistEnv) -> nn.Module:
-    """Wrap ``model`` (a ``training.model.Transformer`` already on ``env.device``)."""
+    """Wrap ``model`` (a ``training.model.Transformer``): on ``env.device`` for DDP and a
+    single process; for FSDP2 it may still be in host memory, since ``fully_shard`` moves each
+    module's parameters and buffers to the mesh's device as it shards them."""
     if cfg.activation_checkpointing:
         # Recompute each block's activations in backward; the wrapper keeps state-dict keys.
         for i, block in enumerate(model.layers):

@@ -206,9 +206,13 @@ class Trainer:
         self.plans, self.schedule = plans, schedule
         self.order = DataOrder(self.dataset, plans, cfg.seed, gb, curriculum, cfg.data.curriculum.buckets)
 
-        # Same seed on every rank: identical initial weights before any sharding.
+        # Same seed on every rank: identical initial weights before any sharding. Under FSDP2
+        # the model stays in host memory: fully_shard moves each block to the device as it
+        # shards it, so no rank ever holds the whole model on its accelerator.
         torch.manual_seed(cfg.seed)
-        model = Transformer(cfg.model, cfg.data.seq_len).to(env.device)
+        model = Transformer(cfg.model, cfg.data.seq_len)
+        if strategy_for(cfg.parallel, env) != "fsdp":
+            model = model.to(env.device)
         self.n_params = model.num_params()
         self.n_matmul = model.num_params(matmul_only=True)
         self.model = parallelize(model, cfg.parallel, env)
