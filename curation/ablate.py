@@ -35,6 +35,7 @@ Config (YAML)::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -258,11 +259,9 @@ def ensure_tokenizer(cfg: AblateConfig, config_dir: Path, decontam_dirs: list[st
     from curation.tokenizer import TokenizerError, model_file, train_tokenizer
 
     path = Path(_resolve(cfg.tokenizer, config_dir)) if cfg.tokenizer else (out / "tokenizer").resolve()
-    try:
+    with contextlib.suppress(TokenizerError):  # no usable tokenizer there yet: train one
         model_file(path)
         return str(path)
-    except TokenizerError:
-        pass
     _log(f"training a {cfg.vocab_size}-token BPE on the decontaminated union of the arms -> {path}")
     train_tokenizer(decontam_dirs, path, kind="bpe", vocab_size=cfg.vocab_size, progress=False)
     return str(path)

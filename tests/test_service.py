@@ -8,6 +8,7 @@ started again on the same runs directory; the run must finish and be listed, lau
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -68,11 +69,9 @@ class ServiceProcess:
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited ({self.proc.returncode}):\n{self.log.read_text()[-3000:]}")
-            try:
+            with contextlib.suppress(httpx.HTTPError):  # not listening yet
                 if httpx.get(self.url + "/healthz", timeout=2).status_code == 200:
                     return
-            except httpx.HTTPError:
-                pass
             time.sleep(0.2)
         raise RuntimeError(f"server did not come up:\n{self.log.read_text()[-3000:]}")
 

@@ -8,6 +8,7 @@ Authorisation of data access is a path policy: every file a DAG names must resol
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import os
@@ -39,12 +40,10 @@ def load_token(token_file: str | Path | None = None) -> str:
             raise TokenError(f"--token-file {p}: {e.strerror}") from None
         if not token:
             raise TokenError(f"--token-file {p}: the file is empty; put a long random token in it")
-        try:
+        with contextlib.suppress(OSError):  # the warning is best effort
             if p.stat().st_mode & (stat.S_IRWXG | stat.S_IRWXO):
                 print(f"[refinery serve] warning: {p} is readable by other users; chmod 600 it",
                       file=sys.stderr)
-        except OSError:
-            pass
         return token
     token = os.environ.get("REFINERY_TOKEN", "").strip()
     if not token:

@@ -20,6 +20,7 @@ the process still runs, and progress.json (written by the run itself) says how i
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -174,11 +175,10 @@ def process_identity(pid: int) -> str | None:
         raw = ""
     if not raw:  # no /proc (macOS): signal 0 says alive, without identity
         try:
-            os.kill(pid, 0)
+            with contextlib.suppress(PermissionError):  # alive, but someone else's
+                os.kill(pid, 0)
         except ProcessLookupError:
             return None
-        except PermissionError:
-            pass
         return "unknown"
     fields = raw.rsplit(")", 1)[1].split()
     if fields[0] in ("Z", "X"):  # exited; an orphan's parent may never reap it
@@ -514,11 +514,9 @@ class RunManager:
         pid = meta.get("pid")
         if not pid:
             return
-        try:
-            # the run is the leader of its own session, so its pid is its process group id
+        # the run is the leader of its own session, so its pid is its process group id
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # already gone
             os.killpg(int(pid), sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
     def _finish_cancel(self, run_id: str) -> None:
         deadline = time.time() + self.cancel_grace_s

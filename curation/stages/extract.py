@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Literal
 
 import pyarrow as pa
@@ -49,15 +49,11 @@ def decode_html(html: bytes, charset: str | None) -> str:
     from resiliparse.parse.encoding import bytes_to_str, detect_encoding, map_encoding_to_html5
 
     if not html.isascii() and b"\x00" not in html:  # NULs: UTF-16/32, which is valid "UTF-8" too
-        try:
+        with suppress(UnicodeDecodeError):
             return html.decode("utf-8").removeprefix("\ufeff")
-        except UnicodeDecodeError:
-            pass
     if charset:
-        try:
+        with suppress(UnicodeDecodeError, LookupError, TypeError):  # wrong or unknown charset
             return html.decode(map_encoding_to_html5(charset)).removeprefix("\ufeff")
-        except (UnicodeDecodeError, LookupError, TypeError):
-            pass
     return bytes_to_str(html, detect_encoding(html, from_html_meta=True))
 
 

@@ -16,6 +16,7 @@ Phases (all deterministic under ``seed``, independent of the worker count):
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -379,10 +380,8 @@ class Mix(GlobalStage):
         # fragments are a full copy of the data: drop them once every output shard is committed
         work = frag_dir.parent  # (ctx.work_dir would create it again)
         shutil.rmtree(work, ignore_errors=True)
-        try:
-            work.parent.rmdir()  # _work/, when no other parameters left files there
-        except OSError:
-            pass
+        with contextlib.suppress(OSError):  # other parameters still have files there
+            work.parent.rmdir()  # _work/
         report = {"stage": ctx.name, "params_hash": ctx.params_hash, **report}
         path = ctx.run_dir / ctx.name / REPORT
         tmp = path.with_name(f".{REPORT}.tmp")

@@ -22,6 +22,7 @@ The machine may be shared with other jobs: wall-clock figures move with its load
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -114,13 +115,11 @@ def _children() -> dict[int, list[int]]:
 
 
 def _hwm_mb(pid: int) -> float:
-    try:
+    with contextlib.suppress(OSError):  # no /proc: report 0
         with open(f"/proc/{pid}/status") as f:
             for line in f:
                 if line.startswith("VmHWM:"):
                     return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
     return 0.0
 
 
