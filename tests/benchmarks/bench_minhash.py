@@ -18,10 +18,7 @@ import argparse
 import gzip
 import importlib.util
 import json
-import lzma
-import os
 import random
-import re
 import sys
 import time
 from pathlib import Path
@@ -29,10 +26,11 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-SHARED_DATA = Path(os.environ.get("REFINERY_SHARED_DATA", "/work/shared/data"))
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+from real_corpus import SHARED_DATA, jsonl_gz, ud_ewt_documents, wikitext_articles  # noqa: E402
 
 from curation.minhash import MinHasher, estimate_jaccard, jaccard, normalize_text, shingle_sets  # noqa: E402
 
@@ -43,49 +41,6 @@ def fixture_edits():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
-
-
-def _jsonl_gz(path: Path):
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                yield json.loads(line)
-
-
-def _wikitext_articles(path: Path) -> list[str]:
-    text = lzma.open(path, "rt", encoding="utf-8").read()
-    articles, cur = [], []
-    for line in text.split("\n"):
-        if re.fullmatch(r" = [^=].*[^=] = ", line) and cur:
-            articles.append("\n".join(cur).strip("\n"))
-            cur = []
-        cur.append(line)
-    if cur:
-        articles.append("\n".join(cur).strip("\n"))
-    return [a for a in articles if a.strip()]
-
-
-def _ud_documents(path: Path) -> list[str]:
-    docs, paras, sents = [], [], []
-    for line in lzma.open(path, "rt", encoding="utf-8"):
-        line = line.rstrip("\n")
-        if line.startswith("# newdoc"):
-            if sents:
-                paras.append(" ".join(sents))
-            if paras:
-                docs.append("\n".join(paras))
-            paras, sents = [], []
-        elif line.startswith("# newpar"):
-            if sents:
-                paras.append(" ".join(sents))
-            sents = []
-        elif line.startswith("# text = "):
-            sents.append(line[len("# text = "):])
-    if sents:
-        paras.append(" ".join(sents))
-    if paras:
-        docs.append("\n".join(paras))
-    return docs
 
 
 def load_real_documents(min_words: int = 30) -> list[str]:
@@ -100,16 +55,16 @@ def load_real_documents(min_words: int = 30) -> list[str]:
             out.append(t)
 
     for name in ("dclm_majority_data.jsonl.gz", "dclm_agreement_data.jsonl.gz"):
-        for rec in _jsonl_gz(SHARED_DATA / "jsonl" / name):
+        for rec in jsonl_gz(SHARED_DATA / "jsonl" / name):
             add(rec["text"])
     with gzip.open(SHARED_DATA / "html" / "article_extraction_benchmark_ground-truth.json.gz", "rt") as f:
         for rec in json.load(f).values():
             add(rec["articleBody"])
     for name in ("wikitext-2_valid.txt.xz", "wikitext-2_test.txt.xz"):
-        for t in _wikitext_articles(SHARED_DATA / "text" / name):
+        for t in wikitext_articles(SHARED_DATA / "text" / name):
             add(t)
     for name in ("ud_english_ewt-dev.conllu.xz", "ud_english_ewt-test.conllu.xz"):
-        for t in _ud_documents(SHARED_DATA / "text" / name):
+        for t in ud_ewt_documents(SHARED_DATA / "text" / name):
             add(t)
     return out
 
