@@ -5,27 +5,21 @@ uninterrupted run's, none twice."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
+from train_helpers import SMALL, losses, torchrun, write_config
 from training.synthetic import write_packed
 from training.train import main
 
 pytestmark = pytest.mark.slow
 
 SEQ, VOCAB, STEPS = 32, 256, 20
-SMALL = {"n_layer": 2, "d_model": 64, "n_head": 4, "n_kv_head": 2, "ffn_hidden": 192}
-REPO = Path(__file__).resolve().parents[1]
 
 
 def config(tmp_path: Path, data_dir: Path, name: str) -> Path:
-    raw = {
-        "run_dir": str(tmp_path / name),
+    return write_config(tmp_path, name, {
         "model": {"vocab_size": VOCAB, **SMALL},
         "data": {"path": str(data_dir), "seq_len": SEQ},
         "train": {"global_batch": 8, "micro_batch": 2, "steps": STEPS, "threads": 1},
@@ -33,24 +27,7 @@ def config(tmp_path: Path, data_dir: Path, name: str) -> Path:
         "schedule": {"warmup_steps": 3},
         "checkpoint": {"every": 100},
         "metrics": {"every": 1, "progress": "plain", "log_row_ids": True},
-    }
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
-
-
-def torchrun(config_path: Path, *overrides: str) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m", "training", str(config_path)]
-    for o in overrides:
-        cmd += ["--set", o]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-
-
-def losses(run_dir: Path) -> dict[int, float]:
-    recs = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in recs if r["kind"] == "train"}
+    })
 
 
 def rows_by_step(run_dir: Path) -> dict[int, list[int]]:

@@ -11,6 +11,7 @@ import pytest
 import torch
 import yaml
 
+from train_helpers import SMALL, records, write_config
 from training.checkpoint import Checkpointer
 from training.config import ConfigError, load_config
 from training.parallel import DistEnv
@@ -18,8 +19,6 @@ from training.synthetic import write_packed
 from training.train import EXIT_GUARD_STOP, main, run
 
 SEQ, VOCAB = 64, 256
-#: Smaller than the "tiny" preset so every test here stays a few seconds on a busy CPU.
-SMALL = {"n_layer": 2, "d_model": 64, "n_head": 4, "n_kv_head": 2, "ffn_hidden": 192}
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +30,7 @@ def packs(tmp_path_factory):
 
 
 def config(tmp_path: Path, data_dir: Path, name: str = "run", **sections) -> Path:
-    raw = {
-        "run_dir": str(tmp_path / name),
+    return write_config(tmp_path, name, {
         "seed": 0,
         "model": {"vocab_size": VOCAB, **SMALL},
         "data": {"path": str(data_dir), "seq_len": SEQ},
@@ -41,16 +39,7 @@ def config(tmp_path: Path, data_dir: Path, name: str = "run", **sections) -> Pat
         "schedule": {"kind": "cosine", "warmup_steps": 5},
         "checkpoint": {"every": 1000},
         "metrics": {"every": 1, "progress": "plain"},
-    }
-    for key, value in sections.items():
-        raw[key] = {**raw.get(key, {}), **value} if isinstance(value, dict) else value
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
-
-
-def records(run_dir: Path, kind: str = "train") -> list[dict]:
-    return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]
+    }, **sections)
 
 
 def test_loss_falls_and_eval_runs(tmp_path, packs):

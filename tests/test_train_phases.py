@@ -6,13 +6,12 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 
+from train_helpers import SMALL, records, write_config
 from training.synthetic import write_packed
 from training.train import main
 
 SEQ, VOCAB = 32, 256
-SMALL = {"n_layer": 2, "d_model": 64, "n_head": 4, "n_kv_head": 2, "ffn_hidden": 192}
 STABLE = {"web": 0.7, "math": 0.2, "code": 0.1}
 ANNEAL = {"web": 0.2, "math": 0.5, "code": 0.3}
 
@@ -24,8 +23,7 @@ def data(tmp_path_factory):
 
 
 def config(tmp_path: Path, data_dir: Path, name: str, **sections) -> Path:
-    raw = {
-        "run_dir": str(tmp_path / name),
+    return write_config(tmp_path, name, {
         "model": {"vocab_size": VOCAB, **SMALL},
         "data": {"path": str(data_dir), "seq_len": SEQ},
         "train": {"global_batch": 20, "micro_batch": 10, "threads": 1},
@@ -38,16 +36,7 @@ def config(tmp_path: Path, data_dir: Path, name: str, **sections) -> Path:
         ],
         "checkpoint": {"every": 10},
         "metrics": {"every": 5, "progress": "plain", "log_row_ids": True},
-    }
-    for key, value in sections.items():
-        raw[key] = {**raw.get(key, {}), **value} if isinstance(value, dict) else value
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
-
-
-def train_records(run_dir: Path) -> list[dict]:
-    return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "train"]
+    }, **sections)
 
 
 def shares(recs: list[dict]) -> dict[str, float]:
@@ -69,7 +58,7 @@ def rows_by_step(run_dir: Path) -> dict[int, list[int]]:
 
 def test_phase_weights_and_switch(tmp_path, data):
     assert main(str(config(tmp_path, data, "run"))) == 0
-    recs = train_records(tmp_path / "run")
+    recs = records(tmp_path / "run")
     assert [(r["step"], r["phase"]) for r in recs] == [(s, "stable" if s < 30 else "anneal") for s in range(4, 50, 5)]
     stable, anneal = [r for r in recs if r["phase"] == "stable"], [r for r in recs if r["phase"] == "anneal"]
     for got, want in ((shares(stable), STABLE), (shares(anneal), ANNEAL)):
@@ -93,13 +82,13 @@ def test_anneal_branch_from_stable_checkpoint(tmp_path, data):
                     schedule={"kind": "cosine", "warmup_steps": 3}, metrics={"every": 1})
     assert main(str(stable), overrides=["train.stop_at_step=20"]) == 0
     parent_ckpt = tmp_path / "stable" / "checkpoints" / "step_00000010"
-    parent_lr = {r["step"]: r["lr"] for r in train_records(tmp_path / "stable")}
+    parent_lr = {r["step"]: r["lr"] for r in records(tmp_path / "stable")}
 
     branch_dir = tmp_path / "branch"
     code = main(str(stable), overrides=[f"run_dir={branch_dir}", "anneal.steps=10"],
                 anneal_from=str(parent_ckpt), mix="math=0.6,code=0.4")
     assert code == 0
-    recs = train_records(branch_dir)
+    recs = records(branch_dir)
     assert [r["step"] for r in recs] == list(range(10, 20))
     assert {r["phase"] for r in recs} == {"anneal"}
     # It starts at the LR the stable schedule had at step 10 and decays linearly to 0.
@@ -118,7 +107,7 @@ def test_anneal_branch_from_stable_checkpoint(tmp_path, data):
     assert [p["name"] for p in meta["plans"]] == ["stable", "anneal"]
     # Running the same command again resumes the branch's own lineage: already complete.
     assert main(str(stable), overrides=[f"run_dir={branch_dir}", "anneal.steps=10"], anneal_from=str(parent_ckpt), mix="math=0.6,code=0.4") == 0
-    assert len(train_records(branch_dir)) == 10
+    assert len(records(branch_dir)) == 10
 
 
 def test_anneal_branch_needs_its_own_run_dir(tmp_path, data, capsys):

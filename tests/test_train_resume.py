@@ -13,14 +13,12 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
+from train_helpers import REPO, SMALL, write_config
 from training.synthetic import write_packed
 from training.train import main
 
 SEQ, VOCAB, STEPS = 64, 256, 24
-SMALL = {"n_layer": 2, "d_model": 64, "n_head": 4, "n_kv_head": 2, "ffn_hidden": 192}
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +27,7 @@ def data(tmp_path_factory):
 
 
 def config(tmp_path: Path, data_dir: Path, name: str, **sections) -> Path:
-    raw = {
-        "run_dir": str(tmp_path / name),
+    return write_config(tmp_path, name, {
         "model": {"vocab_size": VOCAB, **SMALL},
         "data": {"path": str(data_dir), "seq_len": SEQ},
         # Two micro-batches per step, so resume is also exact across gradient accumulation.
@@ -39,12 +36,7 @@ def config(tmp_path: Path, data_dir: Path, name: str, **sections) -> Path:
         "schedule": {"kind": "wsd", "warmup_steps": 4, "decay_fraction": 0.5},
         "checkpoint": {"every": 4, "keep": 2},
         "metrics": {"every": 1, "progress": "plain", "log_row_ids": True},
-    }
-    for key, value in sections.items():
-        raw[key] = {**raw.get(key, {}), **value} if isinstance(value, dict) else value
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
+    }, **sections)
 
 
 def per_step(run_dir: Path) -> dict[int, tuple]:
