@@ -94,8 +94,20 @@ def text_column(batch: pa.Table, name: str = "text") -> pa.Array:
     return pc.fill_null(arr, "")
 
 
+class _PerDoc:
+    """Items of a batch grouped by document: ``offsets[d]:offsets[d + 1]`` are text d's."""
+
+    @property
+    def n_docs(self) -> int:
+        return len(self.offsets) - 1
+
+    @property
+    def counts(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+
 @dataclass
-class Segments:
+class Segments(_PerDoc):
     """Parts of each document of a batch, flattened.
 
     ``values[offsets[d]:offsets[d + 1]]`` are the parts of document ``d`` in order;
@@ -120,14 +132,6 @@ class Segments:
         np.cumsum(counts, out=offsets[1:])
         doc = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
         return cls(values, doc, offsets)
-
-    @property
-    def n_docs(self) -> int:
-        return len(self.offsets) - 1
-
-    @property
-    def counts(self) -> np.ndarray:
-        return np.diff(self.offsets)
 
     def lengths(self) -> np.ndarray:
         """Length of every part in code points (what Python's ``len`` counts)."""
@@ -747,7 +751,7 @@ def _lookup(sorted_keys: np.ndarray, order: np.ndarray, keys: np.ndarray) -> np.
     return np.where(sorted_keys[at] == keys, order[at], -1)
 
 
-class Words:
+class Words(_PerDoc):
     """The words of a batch of texts, as byte spans of the UTF-8 text, with the per-word
     measurements the filters use (each computed on first use, for the whole batch).
 
@@ -786,14 +790,6 @@ class Words:
             if name in self.__dict__:
                 out.__dict__[name] = self.__dict__[name][idx]
         return out
-
-    @property
-    def n_docs(self) -> int:
-        return len(self.offsets) - 1
-
-    @property
-    def counts(self) -> np.ndarray:
-        return np.diff(self.offsets)
 
     @functools.cached_property
     def byte_lengths(self) -> np.ndarray:
