@@ -19,6 +19,7 @@ import curation.stages  # noqa: F401  (registers the stages)
 from conftest import DATA
 from curation.bloom import BloomFilter, BloomHeaderMismatch, bloom_size
 from curation.global_context import GlobalContext
+from dedup_helpers import run_global, write_upstream
 from curation.io.shards import Manifest
 from curation.minhash import collapse_whitespace, normalize_text
 from curation.stages.dedup_exact import REPORT, ExactDedup
@@ -39,23 +40,8 @@ def _base_docs() -> list[dict]:
         return [json.loads(line) for line in f]
 
 
-def _write_upstream(root: Path, docs: list[dict], shards: int) -> list[tuple[str, str]]:
-    out = []
-    for s in range(shards):
-        part = docs[s::shards]
-        t = pa.table({"id": [d["id"] for d in part], "text": [d["text"] for d in part],
-                      "source": ["web"] * len(part)})
-        path = root / "up" / f"crawl-{s:03d}.parquet"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(t, path)
-        out.append((f"crawl-{s:03d}", str(path)))
-    return out
-
-
 def _run(stage: ExactDedup, run_dir: Path, upstream, workers: int = 2) -> GlobalContext:
-    ctx = GlobalContext(run_dir, "exact", stage.params_hash(["up"]), workers, upstream)
-    stage.run(ctx)
-    return ctx
+    return run_global(stage, run_dir, "exact", upstream, workers)
 
 
 def _kept(run_dir: Path, name: str = "exact") -> pa.Table:
@@ -150,7 +136,7 @@ def _planted_corpus() -> tuple[list[dict], dict[str, str]]:
 def planted(tmp_path_factory, ray_session):
     docs, survivor = _planted_corpus()
     root = tmp_path_factory.mktemp("exact")
-    upstream = _write_upstream(root, docs, 3)
+    upstream = write_upstream(root, docs, 3)
     stage = ExactDedup(input="up", partitions=4, bloom={"expected_items": 10_000, "false_positive_rate": 1e-6})
     _run(stage, root / "run2", upstream, workers=2)
     return docs, survivor, upstream, root
@@ -204,7 +190,7 @@ def test_incremental_dedup_against_an_earlier_dump(planted, tmp_path, ray_sessio
     base = _base_docs()
     new_docs = [{"id": f"new-{i:03d}", "text": d["text"] + "\nUpdated."} for i, d in enumerate(base[:20])]
     new_docs += [{"id": f"new-{i:03d}", "text": base[i]["text"]} for i in range(20, 30)]  # seen in dump 1
-    up2 = _write_upstream(tmp_path, new_docs, 2)
+    up2 = write_upstream(tmp_path, new_docs, 2)
     stage = ExactDedup(input="up", partitions=4, bloom={"expected_items": 10_000, "false_positive_rate": 1e-6},
                        against=[str(first)])
     _run(stage, tmp_path / "run", up2)
@@ -264,7 +250,7 @@ def test_paragraph_level_removes_lines_seen_earlier_in_id_order(tmp_path, ray_se
     # a page made only of lines other pages already have, and a copy of one paragraph
     docs.append({"id": "zz-only-boilerplate", "text": HEADERS[0] + "\n\n" + FOOTERS[1]})
     docs.append({"id": "zz-quote", "text": base[3]["text"].split("\n")[0].upper() + "\nA new closing line."})
-    up = _write_upstream(tmp_path, docs, 3)
+    up = write_upstream(tmp_path, docs, 3)
     stage = ExactDedup(input="up", level="paragraph", partitions=3, bloom={"expected_items": 50_000})
     _run(stage, tmp_path / "run", up)
     kept = _kept(tmp_path / "run")

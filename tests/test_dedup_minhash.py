@@ -23,6 +23,7 @@ import curation.stages  # noqa: F401  (registers the stages)
 from conftest import DATA, REPO
 from curation.connected_components import connected_components, edge_header, read_labels, symmetric, write_edges
 from curation.global_context import GlobalContext
+from dedup_helpers import datasketch_removals, run_global, union_find, write_upstream
 from curation.io.shards import Manifest
 from curation.minhash import ArtifactMismatch, band_hashes, lsh_params
 from curation.stages import dedup_minhash
@@ -58,23 +59,8 @@ def labelled_corpus() -> tuple[list[dict], dict[str, str]]:
     return [docs[i] for i in order], group
 
 
-def write_upstream(root: Path, docs: list[dict], shards: int) -> list[tuple[str, str]]:
-    out = []
-    for s in range(shards):
-        part = docs[s::shards]
-        t = pa.table({"id": [d["id"] for d in part], "text": [d["text"] for d in part],
-                      "source": ["web"] * len(part), "quality": [d.get("quality") for d in part]})
-        path = root / "up" / f"crawl-{s:03d}.parquet"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        pq.write_table(t, path)
-        out.append((f"crawl-{s:03d}", str(path)))
-    return out
-
-
 def run_stage(stage: MinHashDedup, run_dir: Path, upstream, workers: int = 2) -> GlobalContext:
-    ctx = GlobalContext(run_dir, "near", stage.params_hash(["up"]), workers, upstream)
-    stage.run(ctx)
-    return ctx
+    return run_global(stage, run_dir, "near", upstream, workers)
 
 
 def outputs(run_dir: Path) -> tuple[pa.Table, pa.Table | None]:
@@ -86,22 +72,6 @@ def outputs(run_dir: Path) -> tuple[pa.Table, pa.Table | None]:
 
 def shard_digests(run_dir: Path) -> dict[str, tuple]:
     return {k: (e["sha256"], e.get("rejected_sha256")) for k, e in Manifest(run_dir, "near").load().items()}
-
-
-def union_find(n: int, pairs) -> np.ndarray:
-    parent = list(range(n))
-
-    def find(x):
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    for a, b in pairs:
-        ra, rb = find(a), find(b)
-        if ra != rb:
-            parent[max(ra, rb)] = min(ra, rb)
-    return np.array([find(i) for i in range(n)])
 
 
 @pytest.fixture(scope="module")
@@ -197,31 +167,12 @@ def test_precision_recall_on_planted_near_duplicates(labelled):
     1.00 / recall 0.80 (120 of 150 copies removed, none wrongly), datasketch MinHashLSH with
     its own hashing 1.00 / 0.82. 85% of the planted copies have true Jaccard >= 0.8 with
     their original, so recall near 0.8 is what the threshold asks for."""
-    from datasketch import MinHash, MinHashLSH
-
     docs, group, upstream, root, stage, ctx = labelled
     score = fixture_edits().score_removals
     kept, rejected = outputs(root / "w2")
     ours = score(group, set(rejected.column("id").to_pylist()))
     # datasketch end to end: its own hashing of the same normalised 5-gram strings
-    from curation.minhash import normalize_text
-
-    norm = normalize_text(pa.array([d["text"] for d in docs])).to_pylist()
-    lsh = MinHashLSH(threshold=0.8, num_perm=128)
-    hashes = []
-    for i, t in enumerate(norm):
-        w = t.split()
-        m = MinHash(num_perm=128, seed=1)
-        m.update_batch([" ".join(w[j:j + 5]).encode() for j in range(max(1, len(w) - 4))])
-        lsh.insert(i, m)
-        hashes.append(m)
-    pairs = {(min(i, j), max(i, j)) for i, m in enumerate(hashes) for j in lsh.query(m) if j != i}
-    comp = union_find(len(docs), pairs)
-    by_id = sorted(range(len(docs)), key=lambda i: docs[i]["id"])
-    keeper: dict[int, int] = {}
-    for i in by_id:
-        keeper.setdefault(comp[i], i)
-    theirs = score(group, {docs[i]["id"] for i in range(len(docs)) if keeper[comp[i]] != i})
+    theirs = score(group, datasketch_removals(docs))
     print(f"ours {ours}\ndatasketch {theirs}")
     assert ours["precision"] >= 0.98 and ours["recall"] >= 0.75
     assert ours["recall"] >= theirs["recall"] - 0.05

@@ -42,8 +42,10 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(REPO / "tests"))  # dedup_helpers: datasketch's pipeline as the reference
 
 from bench_minhash import fixture_edits, load_real_documents  # noqa: E402
+from dedup_helpers import datasketch_removals  # noqa: E402
 
 _SENT = re.compile(r"(?<=[.!?])\s+")
 
@@ -242,11 +244,9 @@ def print_size(r: dict) -> None:
 
 def quality(workers: int) -> None:
     import ray
-    from datasketch import MinHash, MinHashLSH
 
     import curation.stages  # noqa: F401
     from curation.global_context import GlobalContext
-    from curation.minhash import normalize_text
     from curation.stages.dedup_minhash import MinHashDedup
 
     edits = fixture_edits()
@@ -279,32 +279,7 @@ def quality(workers: int) -> None:
         rej = pq.read_table(list((root / "run" / "rejected" / "near").glob("*.parquet"))).column("id").to_pylist() \
             if (root / "run" / "rejected" / "near").exists() else []
     ours = edits.score_removals(group, set(rej))
-    norm = normalize_text(pa.array([d["text"] for d in docs])).to_pylist()
-    lsh = MinHashLSH(threshold=0.8, num_perm=128)
-    mhs = []
-    for i, x in enumerate(norm):
-        w = x.split()
-        m = MinHash(num_perm=128, seed=1)
-        m.update_batch([" ".join(w[j:j + 5]).encode() for j in range(max(1, len(w) - 4))])
-        lsh.insert(i, m)
-        mhs.append(m)
-    parent = list(range(len(docs)))
-
-    def find(a):
-        while parent[a] != a:
-            parent[a] = parent[parent[a]]
-            a = parent[a]
-        return a
-
-    for i, m in enumerate(mhs):
-        for j in lsh.query(m):
-            a, b = find(i), find(j)
-            if a != b:
-                parent[max(a, b)] = min(a, b)
-    keeper: dict[int, int] = {}
-    for i in sorted(range(len(docs)), key=lambda i: docs[i]["id"]):
-        keeper.setdefault(find(i), i)
-    theirs = edits.score_removals(group, {docs[i]["id"] for i in range(len(docs)) if keeper[find(i)] != i})
+    theirs = edits.score_removals(group, datasketch_removals(docs))
     copies = sum(1 for k, g in group.items() if k != g)
     print(f"== precision / recall of removed near-duplicates, threshold 0.8, 128 perms, word 5-grams: "
           f"{len(pool)} real documents + {copies} edited copies")
