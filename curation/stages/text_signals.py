@@ -907,18 +907,22 @@ class _LastSplit:
         self.keys, self.words = keys, words
 
     def reuse(self, keys: np.ndarray, b, doff, buf, base) -> Words | None:
-        if self.keys is None or not len(keys):
+        if self.words is None:
             return None
-        order = np.argsort(self.keys, kind="stable")
-        at = np.minimum(np.searchsorted(self.keys[order], keys), len(order) - 1)
-        docs = order[at]
-        if not (self.keys[docs] == keys).all():
-            return None
-        # Same content hash and length: the same text (a 64-bit hash of the bytes).
-        same_len = np.diff(self.words._doff)[docs] == np.diff(doff)
-        if not same_len.all():
-            return None
-        return self.words.take_docs(docs, b, doff, buf, base)
+        docs = _find_texts(self.keys, np.diff(self.words._doff), keys, np.diff(doff))
+        return None if docs is None else self.words.take_docs(docs, b, doff, buf, base)
+
+
+def _find_texts(known_keys, known_lengths, keys, lengths) -> np.ndarray | None:
+    """Where each text is among the known ones, or None if any is not. A text is its 64-bit
+    hash of the bytes (``_doc_keys``) plus its byte length."""
+    if known_keys is None or not len(known_keys) or not len(keys):
+        return None
+    order = np.argsort(known_keys, kind="stable")
+    at = order[np.minimum(np.searchsorted(known_keys[order], keys), len(order) - 1)]
+    if not ((known_keys[at] == keys) & (known_lengths[at] == lengths)).all():
+        return None
+    return at
 
 
 _LAST_SPLIT = _LastSplit()
@@ -934,18 +938,13 @@ class _KnownCounts:
 
     def remember(self, texts: pa.Array, counts: np.ndarray) -> None:
         b, doff, _, _ = _text_bytes(texts)
-        keys = _doc_keys(b, doff)
-        order = np.argsort(keys, kind="stable")
-        self.keys, self.lengths, self.counts = keys[order], np.diff(doff)[order], np.asarray(counts)[order]
+        self.keys, self.lengths, self.counts = _doc_keys(b, doff), np.diff(doff), np.asarray(counts)
 
     def lookup(self, b: np.ndarray, doff: np.ndarray) -> np.ndarray | None:
-        if self.keys is None or not len(self.keys) or len(doff) < 2:
+        if self.keys is None or len(doff) < 2:
             return None
-        keys = _doc_keys(b, doff)
-        at = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
-        if not ((self.keys[at] == keys) & (self.lengths[at] == np.diff(doff))).all():
-            return None
-        return self.counts[at].astype(np.int64)
+        at = _find_texts(self.keys, self.lengths, _doc_keys(b, doff), np.diff(doff))
+        return None if at is None else self.counts[at].astype(np.int64)
 
 
 _KNOWN_COUNTS = _KnownCounts()
