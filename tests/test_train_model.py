@@ -150,7 +150,8 @@ def test_gqa_matches_repeated_heads():
         torch.testing.assert_close(gqa(tokens), mha(tokens), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.skipif(not flash_available(), reason="flash-attn is not installed or there is no CUDA device: the flash path only runs on CUDA")
+@pytest.mark.skipif(not flash_available(), reason="flash-attn is not installed or there is no CUDA device: the flash "
+                    "path only runs on CUDA; it runs on a CUDA machine after pip install '.[gpu]'")
 def test_flash_varlen_matches_sdpa():
     b, t, h, kv, d = 2, 128, 8, 2, 64
     q, k, v = (x.cuda().to(torch.bfloat16) for x in _random_qkv(b, t, h, kv, d))
