@@ -31,8 +31,8 @@ def run(
     quiet: bool = typer.Option(False, "--quiet", "-q"),
 ) -> None:
     """Run (or resume) a pipeline DAG into a run directory."""
-    from curation.dag import DagError, load_dag
-    from curation.executor import RunDirError, RunFailed, make_plan, run_dag
+    from curation.pipeline.dag import DagError, load_dag
+    from curation.pipeline.executor import RunDirError, RunFailed, make_plan, run_dag
     from curation.io.inputs import InputError
 
     try:
@@ -54,7 +54,7 @@ def run(
 @app.command()
 def stats(run_dir: Path = typer.Argument(..., help="run directory")) -> None:
     """Per-stage documents in / kept / rejected, top drop reasons, output summary."""
-    from curation.stats import RunNotFound, output_summary, stage_table, top_reasons
+    from curation.pipeline.stats import RunNotFound, output_summary, stage_table, top_reasons
 
     try:
         rows = stage_table(run_dir)
@@ -88,7 +88,7 @@ def sql(run_dir: Path = typer.Argument(..., help="run directory"),
     """Run a DuckDB query over a run's shards."""
     import duckdb
 
-    from curation.stats import RunNotFound, connect
+    from curation.pipeline.stats import RunNotFound, connect
 
     try:
         con = connect(run_dir)
@@ -117,7 +117,7 @@ def tokenizer_train(
     max_docs: Optional[int] = typer.Option(None, "--max-docs", help="train on at most this many documents"),
 ) -> None:
     """Train a tokenizer on the `text` column of shards, streaming (never the whole corpus in memory)."""
-    from curation.tokenizer import TokenizerError, train_tokenizer
+    from curation.tokenizer.model import TokenizerError, train_tokenizer
 
     if kind not in ("bpe", "unigram"):
         _fail(f"--kind: {kind!r} is not one of bpe, unigram")
@@ -136,8 +136,8 @@ def tokenizer_report_cmd(
     max_docs: Optional[int] = typer.Option(None, "--max-docs"),
 ) -> None:
     """Fertility (tokens per word) and bytes per token by source and language, with a PNG chart."""
-    from curation.tokenizer import TokenizerError
-    from curation.tokenizer_report import tokenizer_report
+    from curation.tokenizer.model import TokenizerError
+    from curation.tokenizer.report import tokenizer_report
 
     try:
         tokenizer_report(tokenizer, inputs if len(inputs) > 1 else inputs[0], max_docs=max_docs)
@@ -254,8 +254,8 @@ def ablate(
     workers: int = typer.Option(2, "--workers", "-w", min=1),
 ) -> None:
     """Train the same small model on each arm's DAG output; compare held-out loss per token."""
-    from curation.ablate import ablate as run_ablation
-    from curation.dag import DagError
+    from curation.experiments.ablate import ablate as run_ablation
+    from curation.pipeline.dag import DagError
 
     try:
         report = run_ablation(str(config), str(out), workers=workers)

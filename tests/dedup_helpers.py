@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from curation.global_context import GlobalContext
+from curation.pipeline.context import GlobalContext
 
 
 def write_upstream(root: Path, docs: list[dict], shards: int) -> list[tuple[str, str]]:
@@ -57,7 +57,7 @@ def datasketch_removals(docs: list[dict], threshold: float = 0.8, num_perm: int 
     ``MinHashLSH`` candidates, clusters by union-find, the lowest id of each cluster kept."""
     from datasketch import MinHash, MinHashLSH
 
-    from curation.minhash import normalize_text
+    from curation.dedup.minhash import normalize_text
 
     norm = normalize_text(pa.array([d["text"] for d in docs])).to_pylist()
     lsh = MinHashLSH(threshold=threshold, num_perm=num_perm)

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from curation.ablate import AblateError, ablate, load_ablate_config, tokens_to_reach, train_run
+from curation.experiments.ablate import AblateError, ablate, load_ablate_config, tokens_to_reach, train_run
 
 SMOKE = "pipelines/ablate-smoke.yaml"
 

@@ -9,8 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from curation.dag import parse_dag
-from curation.executor import run_dag
+from curation.pipeline.dag import parse_dag
+from curation.pipeline.executor import run_dag
 from curation.stages.decontaminate import REASON, Decontaminate, eval_ngram_hashes, ngram_hashes, normalise_words
 
 from conftest import DATA

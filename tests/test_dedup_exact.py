@@ -17,11 +17,11 @@ import pytest
 
 import curation.stages  # noqa: F401  (registers the stages)
 from conftest import DATA
-from curation.bloom import BloomFilter, BloomHeaderMismatch, bloom_size
-from curation.global_context import GlobalContext
+from curation.dedup.bloom import BloomFilter, BloomHeaderMismatch, bloom_size
+from curation.pipeline.context import GlobalContext
 from dedup_helpers import run_global, write_upstream
 from curation.io.shards import Manifest
-from curation.minhash import collapse_whitespace, normalize_text
+from curation.dedup.minhash import collapse_whitespace, normalize_text
 from curation.stages.dedup_exact import REPORT, ExactDedup
 
 DEDUP = DATA / "dedup"

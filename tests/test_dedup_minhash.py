@@ -21,11 +21,11 @@ import pytest
 
 import curation.stages  # noqa: F401  (registers the stages)
 from conftest import DATA, REPO
-from curation.connected_components import connected_components, edge_header, read_labels, symmetric, write_edges
-from curation.global_context import GlobalContext
+from curation.dedup.components import connected_components, edge_header, read_labels, symmetric, write_edges
+from curation.pipeline.context import GlobalContext
 from dedup_helpers import datasketch_removals, run_global, union_find, write_upstream
 from curation.io.shards import Manifest
-from curation.minhash import ArtifactMismatch, band_hashes, lsh_params
+from curation.dedup.minhash import ArtifactMismatch, band_hashes, lsh_params
 from curation.stages import dedup_minhash
 from curation.stages.dedup_minhash import REPORT, MinHashDedup, candidate_edges, read_signatures
 
@@ -225,7 +225,7 @@ def test_chain_of_near_duplicates_over_several_partitions_is_one_cluster(tmp_pat
     docs = [{"id": f"chain-{i:03d}", "text": " ".join(words[i * 12: i * 12 + 400])} for i in range(40)]
     random.Random(1).shuffle(docs)
     up = write_upstream(tmp_path, docs, 5)
-    from curation.minhash import jaccard, shingle_sets
+    from curation.dedup.minhash import jaccard, shingle_sets
 
     sets = shingle_sets([" ".join(words[i * 12: i * 12 + 400]) for i in range(40)], 5)
     assert min(jaccard(sets[i], sets[i + 1]) for i in range(39)) > 0.85 and jaccard(sets[0], sets[39]) == 0
@@ -293,9 +293,9 @@ def test_resume_after_losing_later_phases_recomputes_only_them(labelled, ray_ses
 
 
 def test_dedup_dag_runs_end_to_end(tmp_path, ray_session):
-    from curation.dag import load_dag
-    from curation.executor import run_dag
-    from curation.stats import connect
+    from curation.pipeline.dag import load_dag
+    from curation.pipeline.executor import run_dag
+    from curation.pipeline.stats import connect
 
     cwd = os.getcwd()
     os.chdir(REPO)
@@ -316,7 +316,7 @@ def test_dedup_dag_runs_end_to_end(tmp_path, ray_session):
 
 
 def test_verify_jaccard_keeps_only_links_that_reach_the_threshold(labelled, tmp_path, ray_session):
-    from curation.minhash import jaccard, shingle_sets
+    from curation.dedup.minhash import jaccard, shingle_sets
 
     docs, group, upstream, root, stage, ctx = labelled
     run_stage(MinHashDedup(**(STAGE | {"verify_jaccard": True})), tmp_path / "verified", upstream)

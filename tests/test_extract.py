@@ -27,7 +27,7 @@ from fastwarc.warc import ArchiveIterator, WarcRecordType
 from conftest import DATA
 from curation.io.inputs import InputSpec, plan_input
 from curation.io.read import read_shard
-from curation.schema import DOC_SCHEMA, HTML_SCHEMA
+from curation.formats.documents import DOC_SCHEMA, HTML_SCHEMA
 from curation.stages import extract as ex
 
 EXTRACT = DATA / "extract"

@@ -29,8 +29,8 @@ from curation.stages.filters import (
     GopherQualityFilter,
     GopherRepetitionFilter,
 )
-from curation.stages import text_signals
-from curation.stages.text_signals import (PUNCTUATION, TERMINAL_PUNCTUATION, count_py_words, split_lines,
+from curation.text import words as text_signals
+from curation.text.words import (PUNCTUATION, TERMINAL_PUNCTUATION, count_py_words, split_lines,
                                           split_newlines, split_words)
 
 DATA = Path(__file__).parent / "data" / "filters"

@@ -106,7 +106,7 @@ def test_kuberay_cluster_and_service_sidecar():
 
 
 def test_kuberay_job_runs_a_valid_dag():
-    from curation.dag import parse_dag
+    from curation.pipeline.dag import parse_dag
 
     job = _by_kind("kuberay-rayjob.yaml", "RayJob")
     assert job["apiVersion"] == "ray.io/v1"

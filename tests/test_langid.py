@@ -163,8 +163,8 @@ def test_model_corrupted_after_validation_fails_setup_naming_the_file(tmp_path, 
 
 
 def test_langid_stage_in_a_run(tmp_path, ray_session):
-    from curation.dag import parse_dag
-    from curation.executor import run_dag
+    from curation.pipeline.dag import parse_dag
+    from curation.pipeline.executor import run_dag
 
     dag = parse_dag({
         "name": "langid-test",

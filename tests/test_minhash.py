@@ -1,4 +1,4 @@
-"""MinHash signatures (curation.minhash): tokenising and hashing against plain-Python
+"""MinHash signatures (curation.dedup.minhash): tokenising and hashing against plain-Python
 references, signatures against a brute-force minimum, Jaccard error on real document pairs
 against datasketch, and LSH parameters against datasketch's optimiser."""
 
@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from conftest import DATA
-from curation.minhash import (
+from curation.dedup.minhash import (
     ArtifactMismatch,
     MinHasher,
     band_hashes,

@@ -14,11 +14,11 @@ import yaml
 from pydantic import ValidationError
 
 from conftest import REPO
-from curation.dag import parse_dag
-from curation.executor import run_dag
+from curation.pipeline.dag import parse_dag
+from curation.pipeline.executor import run_dag
 from curation.stages.mix import Mix, MixError, interleave, select_copies, source_targets
-from curation.stats import connect
-from curation.tokenizer import train_tokenizer
+from curation.pipeline.stats import connect
+from curation.tokenizer.model import train_tokenizer
 
 # ---------------------------------------------------------------------------------------------
 # the real DAG, shared with test_pack.py (run once per session per worker count)

@@ -170,7 +170,7 @@ def test_every_token_of_every_mixed_document_is_in_exactly_one_row(run2):
 
 
 def test_stats_count_packed_documents_as_kept_and_rows_apart(run2):
-    from curation.stats import stage_table
+    from curation.pipeline.stats import stage_table
 
     row = {r["stage"]: r for r in stage_table(run2)}["pack"]
     packed = _read_dir(run2 / "pack", "pack-*.parquet")

@@ -221,7 +221,7 @@ def test_missing_or_corrupt_model_is_a_clear_error(tmp_path, trained):
 
 
 def test_dag_with_missing_model_fails_before_running(tmp_path):
-    from curation.dag import DagError, parse_dag
+    from curation.pipeline.dag import DagError, parse_dag
 
     with pytest.raises(DagError, match="quality.*cannot load.*nope.bin"):
         parse_dag({"name": "q", "inputs": {"docs": {"format": "jsonl", "paths": [str(CRAWL)], "source": "web"}},
@@ -256,8 +256,8 @@ def _shard_hashes(run_dir: Path, stage: str) -> dict[str, str]:
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_keep_top_keeps_the_exact_fraction(trained, tmp_path, ray_session, workers):
-    from curation.dag import parse_dag
-    from curation.executor import run_dag
+    from curation.pipeline.dag import parse_dag
+    from curation.pipeline.executor import run_dag
 
     dag = parse_dag({
         "name": "quality-top",

@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 from conftest import REPO
-from curation.dag import load_dag, parse_dag
-from curation.executor import RunDirError, run_dag
-from curation.stats import connect, stage_table
+from curation.pipeline.dag import load_dag, parse_dag
+from curation.pipeline.executor import RunDirError, run_dag
+from curation.pipeline.stats import connect, stage_table
 
 REFINERY = [sys.executable, "-m", "curation.cli"]
 

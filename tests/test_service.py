@@ -132,7 +132,7 @@ _SHARED: dict = {}
 def make_signal_run(run_dir: Path) -> None:
     """A finished run directory, written with the real shard writer and manifest, whose output
     has the columns the dashboard charts: lang, quality, num_tokens."""
-    from curation.dag import parse_dag
+    from curation.pipeline.dag import parse_dag
     from curation.io.shards import Manifest, write_stage_shard
 
     dag = parse_dag({"name": "signals",
@@ -368,7 +368,7 @@ def test_demo_run_survives_a_server_restart(demo):
 
 
 def test_run_detail_has_per_stage_progress_and_the_pinned_dag(client, demo):
-    from curation.stats import stage_table
+    from curation.pipeline.stats import stage_table
 
     info = client.get(f"/runs/{demo['id']}").json()
     table = {r["stage"]: r for r in stage_table(demo["run_dir"])}
@@ -386,7 +386,7 @@ def test_run_detail_has_per_stage_progress_and_the_pinned_dag(client, demo):
 
 
 def test_stats_equal_refinery_stats_on_the_same_run_dir(client, demo):
-    from curation.stats import output_summary, stage_table, top_reasons
+    from curation.pipeline.stats import output_summary, stage_table, top_reasons
 
     stats = client.get(f"/runs/{demo['id']}/stats").raise_for_status().json()
     assert stats["stages"] == stage_table(demo["run_dir"])
@@ -418,7 +418,7 @@ def test_histograms_and_tokens_when_columns_exist(client):
 
 
 def test_sql_select_answers_like_duckdb(client, demo):
-    from curation.stats import connect
+    from curation.pipeline.stats import connect
 
     q = "select source, count(*) as n from kept group by 1 order by 1"
     r = client.get(f"/runs/{demo['id']}/sql", params={"q": q}).raise_for_status().json()

@@ -68,7 +68,7 @@ def _js_errors(browser) -> list[str]:
 
 
 def test_dashboard_lists_the_demo_run_and_shows_its_stage_table_and_charts(service, demo, browser):
-    from curation.stats import stage_table
+    from curation.pipeline.stats import stage_table
 
     ARTIFACTS.mkdir(exist_ok=True)
     run_id = demo["id"]

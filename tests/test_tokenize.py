@@ -15,11 +15,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import DATA, REPO
-from curation.dag import DagError, parse_dag
-from curation.executor import run_dag
+from curation.pipeline.dag import DagError, parse_dag
+from curation.pipeline.executor import run_dag
 from curation.stages.tokenize import TOKENIZER_METADATA, Tokenize
-from curation.tokenizer import EOS, ParquetCorpus, Tokenizer, TokenizerError, train_tokenizer
-from curation.tokenizer_report import tokenizer_report
+from curation.tokenizer.model import EOS, ParquetCorpus, Tokenizer, TokenizerError, train_tokenizer
+from curation.tokenizer.report import tokenizer_report
 
 FIXTURES = [("dolma_cc_en_head-0091.jsonl.gz", "text", "web"), ("dolma_cc_en_head-0174.jsonl.gz", "text", "web"),
             ("gsm8k_train_head400.jsonl.gz", "question", "math"), ("humaneval_head60_code.jsonl.gz", "text", "code"),

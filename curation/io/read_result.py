@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from curation.io.inputs import InputShard, InputSpec
-from curation.schema import DOC_SCHEMA, HTML_SCHEMA, READ_REJECT_SCHEMA
+from curation.formats.documents import DOC_SCHEMA, HTML_SCHEMA, READ_REJECT_SCHEMA
 
 PREVIEW_CHARS = 2000
 

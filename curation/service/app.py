@@ -103,7 +103,7 @@ def stats_payload(run_dir: str | Path) -> dict[str, Any]:
     """``refinery stats`` as data: stage table, top reasons, output summary; language and
     quality histograms when ``kept`` has ``lang`` / ``quality``, tokens per source when it has
     ``num_tokens`` (or ``input_ids``)."""
-    from curation.stats import connect, output_summary, stage_table, top_reasons
+    from curation.pipeline.stats import connect, output_summary, stage_table, top_reasons
 
     out: dict[str, Any] = {"stages": stage_table(run_dir), "top_reasons": top_reasons(run_dir),
                            "output": output_summary(run_dir), "languages": None, "quality_histogram": None,
@@ -452,7 +452,7 @@ def create_app(runs_dir: str | Path, token: str, address: str | None = None,
     @app.get("/runs/{run_id}/stats", response_model=RunStats, tags=["inspect"])
     def run_stats(run_id: str):
         """What ``refinery stats`` prints, as JSON."""
-        from curation.stats import RunNotFound
+        from curation.pipeline.stats import RunNotFound
 
         d = runs.run_dir(run_id)
         try:
@@ -466,7 +466,7 @@ def create_app(runs_dir: str | Path, token: str, address: str | None = None,
                 limit: int = Query(100, ge=1, le=sql_max_rows)):
         """A read-only DuckDB query over the run's shards: one SELECT, the run's files only,
         at most ``limit`` rows, within the time limit (408 when exceeded)."""
-        from curation.stats import RunNotFound
+        from curation.pipeline.stats import RunNotFound
 
         d = runs.run_dir(run_id)
         if not sql_slots.acquire(timeout=2):

@@ -98,7 +98,7 @@ def admit_dag(text: str, policy: PathPolicy, where: str = "submitted.yaml"):
     resolved (symlinks followed) and checked against the allowed roots, and the DAG to run
     lists those resolved files. A file swapped for a symlink later is then not picked up by a
     resume, and what was checked is exactly what runs. Returns the resolved ``Dag``."""
-    from curation.dag import DagError, parse_dag
+    from curation.pipeline.dag import DagError, parse_dag
     from curation.io.inputs import InputError, expand_paths
 
     _refuse_aliases(text, where)

@@ -27,7 +27,7 @@ from typing import Any
 
 import duckdb
 
-from curation.stats import connect
+from curation.pipeline.stats import connect
 
 
 class SqlRejected(ValueError):
@@ -56,7 +56,7 @@ def check_select(query: str) -> str:
 
 
 def locked_connection(run_dir: str | Path, memory_limit: str = "512MB") -> duckdb.DuckDBPyConnection:
-    """``curation.stats.connect`` with the file system closed to everything but the run."""
+    """``curation.pipeline.stats.connect`` with the file system closed to everything but the run."""
     run_dir = Path(run_dir).resolve()
     con = connect(run_dir)
     con.execute("set threads = 1")

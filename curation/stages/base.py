@@ -24,7 +24,7 @@ import pyarrow as pa
 from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:  # pragma: no cover
-    from curation.global_context import GlobalContext
+    from curation.pipeline.context import GlobalContext
 
 #: Bump when a stage's output for the same parameters changes meaning; part of every params hash.
 ALGORITHM_VERSION = 1

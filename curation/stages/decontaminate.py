@@ -3,7 +3,7 @@
 The eval set (``eval_paths``: JSONL(.gz/.zst), Parquet, plain text (.txt, .xz/.gz/.bz2) or
 CoNLL-U, whose ``# text =`` lines are the sentences) is read once per worker in ``setup``:
 every window of ``ngram`` consecutive normalised words (lowercased, split on whitespace) of
-every eval document is hashed to a uint64 and inserted into a ``curation.bloom.BloomFilter``
+every eval document is hashed to a uint64 and inserted into a ``curation.dedup.bloom.BloomFilter``
 sized for the eval set at ``false_positive_rate``. The filter is then only queried.
 
 Each training document gets ``decontam_overlaps`` (how many of its n-gram windows are in the
@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import Field, PrivateAttr, field_validator
 
-from curation.bloom import BloomFilter
+from curation.dedup.bloom import BloomFilter
 from curation.io.shards import cached_file_sha256
 from curation.stages.base import MapStage, StageResult, registry
 

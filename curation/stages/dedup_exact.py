@@ -44,10 +44,10 @@ import pyarrow.parquet as pq
 import xxhash
 from pydantic import BaseModel, ConfigDict, Field
 
-from curation.bloom import BloomFilter
-from curation.global_context import GlobalContext
+from curation.dedup.bloom import BloomFilter
+from curation.pipeline.context import GlobalContext
 from curation.io.shards import split_kept_rejected, write_stage_shard
-from curation.minhash import (
+from curation.dedup.minhash import (
     NORMALIZATION,
     check_header,
     collapse_whitespace,

@@ -8,7 +8,7 @@ Every document gets a global int64 index: its position in (upstream shard key, r
 Phases, each a set of Ray tasks whose output does not depend on the worker count:
 
 1. signatures (one task per upstream shard): MinHash signatures of word n-grams
-   (``curation.minhash``), cut into ``bands`` x ``rows`` (chosen for ``threshold`` by
+   (``curation.dedup.minhash``), cut into ``bands`` x ``rows`` (chosen for ``threshold`` by
    minimising the weighted false positive / negative areas, as datasketch does). Writes
    ``signatures/<shard>.parquet`` and ``buckets/<shard>.parquet`` (band, bucket hash, doc)
    sorted by partition = prefix of the bucket hash. A killed run keeps finished shards.
@@ -16,7 +16,7 @@ Phases, each a set of Ray tasks whose output does not depend on the worker count
    bucket); each bucket links its members to its smallest doc (a star: edges grow with
    members, not with their square, and the components are those of all pairs). With
    ``verify_jaccard`` an edge survives only if the true shingle Jaccard reaches the threshold.
-3. components (``curation.connected_components``): large-star / small-star rounds over
+3. components (``curation.dedup.components``): large-star / small-star rounds over
    hash-partitioned edge files; no task holds more than its partition's edges. A component
    is named by its smallest doc index.
 4. keepers (``keep: highest_quality`` only): per shard, (component, doc, quality) rows go
@@ -47,10 +47,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import Field, model_validator
 
-from curation.connected_components import connected_components, edge_header, read_labels, symmetric, write_edges
-from curation.global_context import GlobalContext
+from curation.dedup.components import connected_components, edge_header, read_labels, symmetric, write_edges
+from curation.pipeline.context import GlobalContext
 from curation.io.shards import Manifest, split_kept_rejected, write_stage_shard
-from curation.minhash import (
+from curation.dedup.minhash import (
     MINHASH_VERSION,
     MinHasher,
     band_hashes,

@@ -1,6 +1,6 @@
 """Heuristic quality filters: Gopher quality, Gopher repetition, C4 and FineWeb.
 
-Each stage measures signals for a whole batch (vectorised, see ``text_signals``), writes them
+Each stage measures signals for a whole batch (vectorised, see ``curation.text.words``), writes them
 as columns, and drops a document with the first rule it violates, in datatrove's order, as
 ``<stage type>:<rule>``. Defaults are the published thresholds, which are also datatrove's
 defaults; ``None`` switches a rule off.
@@ -30,9 +30,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import Field, field_validator
 
-from curation.stages import text_signals as ts
+from curation.text import words as ts
 from curation.stages.base import MapStage, StageResult, registry
-from curation.stages.ngram_repetition import repetition_chars
+from curation.text.repetition import repetition_chars
 
 #: Gopher's stop words (Rae et al. 2021, appendix A1).
 GOPHER_STOP_WORDS = ["the", "be", "to", "of", "and", "that", "have", "with"]

@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import Field, model_validator
 
-from curation.global_context import GlobalContext
+from curation.pipeline.context import GlobalContext
 from curation.io.shards import split_kept_rejected, write_parquet, write_stage_shard
 from curation.stages.base import GlobalStage, registry
 

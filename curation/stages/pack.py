@@ -35,11 +35,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import Field, field_validator
 
-from curation.global_context import GlobalContext
+from curation.pipeline.context import GlobalContext
 from curation.io.shards import write_stage_shard
 from curation.stages.base import GlobalStage, registry
 from curation.stages.tokenize import TOKENIZER_METADATA
-from curation.tokenizer import Tokenizer, checked_tokenizer_dir, tokenizer_fingerprint
+from curation.tokenizer.model import Tokenizer, checked_tokenizer_dir, tokenizer_fingerprint
 
 REPORT = "_pack_report.json"
 ROW_GROUP_ROWS = 256

@@ -1,4 +1,4 @@
-"""text -> token ids with a trained tokenizer (see ``curation/tokenizer.py``)."""
+"""text -> token ids with a trained tokenizer (see ``curation/tokenizer/``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 from pydantic import PrivateAttr, field_validator
 
 from curation.stages.base import MapStage, StageResult, registry
-from curation.tokenizer import Tokenizer, checked_tokenizer_dir, load_cached, tokenizer_fingerprint
+from curation.tokenizer.model import Tokenizer, checked_tokenizer_dir, load_cached, tokenizer_fingerprint
 
 #: Schema metadata key on tokenized shards: which tokenizer made ``input_ids`` (pack reads pad_id).
 TOKENIZER_METADATA = b"refinery.tokenizer"

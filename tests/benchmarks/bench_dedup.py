@@ -176,7 +176,7 @@ def run_one(corpus: str, workers: int, partitions: int, out_json: str) -> None:
     import ray
 
     import curation.stages  # noqa: F401
-    from curation.global_context import GlobalContext
+    from curation.pipeline.context import GlobalContext
     from curation.io.shards import Manifest
     from curation.stages.dedup_exact import ExactDedup
     from curation.stages.dedup_minhash import MinHashDedup
@@ -246,7 +246,7 @@ def quality(workers: int) -> None:
     import ray
 
     import curation.stages  # noqa: F401
-    from curation.global_context import GlobalContext
+    from curation.pipeline.context import GlobalContext
     from curation.stages.dedup_minhash import MinHashDedup
 
     edits = fixture_edits()

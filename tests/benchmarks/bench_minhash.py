@@ -1,5 +1,5 @@
 """MinHash signature benchmark: raw text -> 128-permutation signature of word 5-grams, one
-process, on real documents; ours (``curation.minhash.MinHasher``, both hash families) against
+process, on real documents; ours (``curation.dedup.minhash.MinHasher``, both hash families) against
 rensa ``RMinHash`` and datasketch ``MinHash.update_batch``. Prints docs/s (CPU time of this
 process, and wall time) and the ratios, then the Jaccard-estimate error (mean absolute) of
 each on real near-duplicate pairs against the exact shingle Jaccard. Asserts nothing.
@@ -32,7 +32,7 @@ if str(REPO) not in sys.path:
 
 from real_corpus import SHARED_DATA, jsonl_gz, ud_ewt_documents, wikitext_articles  # noqa: E402
 
-from curation.minhash import MinHasher, estimate_jaccard, jaccard, normalize_text, shingle_sets  # noqa: E402
+from curation.dedup.minhash import MinHasher, estimate_jaccard, jaccard, normalize_text, shingle_sets  # noqa: E402
 
 
 def fixture_edits():

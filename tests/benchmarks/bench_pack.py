@@ -31,8 +31,8 @@ sys.path.insert(0, str(HERE))
 from bench_tokenizer import REPO, build_corpus  # noqa: E402
 
 sys.path.insert(0, str(REPO))
-from curation.dag import parse_dag  # noqa: E402
-from curation.executor import run_dag  # noqa: E402
+from curation.pipeline.dag import parse_dag  # noqa: E402
+from curation.pipeline.executor import run_dag  # noqa: E402
 from curation.stages.pack import pack_window  # noqa: E402
 
 
@@ -70,7 +70,7 @@ def main() -> None:
     sources = sorted({f.name.rsplit("-", 1)[0] for f in corpus.glob("*.parquet")})
     tok = work / f"tok-bpe-{a.vocab}"
     if not (tok / "card.json").exists():
-        from curation.tokenizer import train_tokenizer
+        from curation.tokenizer.model import train_tokenizer
 
         print(f"training a {a.vocab} BPE on {corpus} ...", flush=True)
         train_tokenizer(corpus, tok, kind="bpe", vocab_size=a.vocab, progress=False)

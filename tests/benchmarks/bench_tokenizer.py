@@ -165,7 +165,7 @@ def replicate(corpus: Path, work: Path, mb: float) -> Path:
 
 
 def _train_child(kind: str, corpus: str, out: str, vocab: int) -> None:
-    from curation.tokenizer import train_tokenizer
+    from curation.tokenizer.model import train_tokenizer
 
     import resource
 
@@ -175,7 +175,7 @@ def _train_child(kind: str, corpus: str, out: str, vocab: int) -> None:
 
 
 def _encode_speed(tok_dir: Path, corpus: Path) -> tuple[float, int]:
-    from curation.tokenizer import ParquetCorpus, Tokenizer
+    from curation.tokenizer.model import ParquetCorpus, Tokenizer
 
     tok = Tokenizer.load(tok_dir)
     texts = [t for b in ParquetCorpus.resolve(corpus).iter_batches(["text"]) for t in b.column(0).to_pylist()]

@@ -21,12 +21,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from curation.dag import Dag, parse_dag, roots
-from curation.global_context import GlobalContext
+from curation.pipeline.dag import Dag, parse_dag, roots
+from curation.pipeline.context import GlobalContext
 from curation.io.inputs import InputShard, plan_input
 from curation.io.read import read_shard
 from curation.io.shards import Manifest, split_kept_rejected, write_stage_shard
-from curation.progress import RunProgress
+from curation.pipeline.progress import RunProgress
 
 
 class RunDirError(RuntimeError):

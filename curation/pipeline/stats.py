@@ -12,7 +12,7 @@ from pathlib import Path
 import duckdb
 import yaml
 
-from curation.dag import Dag, parse_dag
+from curation.pipeline.dag import Dag, parse_dag
 from curation.io.shards import Manifest
 
 

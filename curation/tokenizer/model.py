@@ -56,8 +56,8 @@ def _stage_shards(path: Path) -> list[tuple[str, str | None]] | None:
         return None
     import yaml
 
-    from curation.dag import parse_dag
-    from curation.executor import stage_files
+    from curation.pipeline.dag import parse_dag
+    from curation.pipeline.executor import stage_files
     from curation.io.shards import Manifest
 
     dag = parse_dag(yaml.safe_load(dag_file.read_text()), str(dag_file))

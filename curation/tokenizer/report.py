@@ -15,7 +15,7 @@ from typing import Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from curation.tokenizer import ParquetCorpus, Tokenizer
+from curation.tokenizer.model import ParquetCorpus, Tokenizer
 
 
 def _langs(batch: pa.RecordBatch) -> list[str]:

@@ -41,7 +41,7 @@ from typing import Any, Callable
 import numpy as np
 import pyarrow as pa
 
-from curation.minhash import mix64, read_artifact, write_artifact
+from curation.dedup.minhash import mix64, read_artifact, write_artifact
 
 CC_ALGORITHM = "connected-components-large-small-star"
 CC_VERSION = 1

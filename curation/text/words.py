@@ -2,7 +2,7 @@
 
 Everything works on a whole batch at once: numpy over the UTF-8 bytes of all documents (a
 zero-copy view of the Arrow text buffer) and over integer arrays, a few pyarrow kernels, and
-compiled (numba) loops in ``text_kernels`` where numpy needed many passes per word. There is
+compiled (numba) loops in ``curation.text.kernels`` where numpy needed many passes per word. There is
 no Python loop per word, line or n-gram; the Python loops that exist run over byte offsets
 inside short spans (at most 16 or 64 rounds), or once per document around a C call (hashing
 its bytes).
@@ -18,7 +18,7 @@ The pieces:
 - ``sentence_counts``: spaCy's ``sentencizer`` rule over those words.
 - ``duplicate_stats``: per document, how many parts repeat an earlier part and their chars.
 
-N-gram repetition over the word ids is compiled code, in ``ngram_repetition``.
+N-gram repetition over the word ids is compiled code, in ``curation.text.repetition``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
-from curation.stages import text_kernels as tk
+from curation.text import kernels as tk
 
 # ---------------------------------------------------------------------------------------------
 # Character sets
@@ -727,7 +727,7 @@ def _byte_classes(b: np.ndarray) -> np.ndarray:
 
 
 def _py_short_key(s: str) -> int:
-    """``text_kernels.short_key`` of one Python string (for the keys we look for)."""
+    """``kernels.short_key`` of one Python string (for the keys we look for)."""
     raw = s.encode()
     assert len(raw) <= 16
     lo = int.from_bytes(raw[:8], "little")
@@ -1190,7 +1190,7 @@ def _find_keys(b, start, n_bytes, keys, order, sieve, carry):
     """The spans whose bytes equal one of the keys: (their ``carry`` values, key indices).
 
     A table over (first byte, last byte, length) rules out almost every span before the
-    exact 64-bit key is computed (compiled: ``text_kernels.find_keys``)."""
+    exact 64-bit key is computed (compiled: ``kernels.find_keys``)."""
     if not len(start):
         return carry, np.zeros(0, np.int64)
     idx, hit = tk.find_keys(b, np.ascontiguousarray(start, np.int64), np.ascontiguousarray(n_bytes, np.int64),
@@ -1301,7 +1301,7 @@ def sentence_counts_of(counts: np.ndarray, doc: np.ndarray, ender: np.ndarray, p
 
 
 # ---------------------------------------------------------------------------------------------
-# Word ids (n-gram repetition itself is in ``ngram_repetition``)
+# Word ids (n-gram repetition itself is in ``curation.text.repetition``)
 # ---------------------------------------------------------------------------------------------
 
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)

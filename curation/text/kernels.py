@@ -1,4 +1,4 @@
-"""Compiled (numba) loops under ``text_signals``' word splitter.
+"""Compiled (numba) loops under ``curation.text.words``' word splitter.
 
 Each replaces a chain of numpy passes over every byte or word where a profile showed the
 passes cost more than the work (``tests/benchmarks/bench_pipeline.py``): matching spans
@@ -19,7 +19,7 @@ _MIX2 = 0x94D049BB133111EB
 
 @njit(cache=True, nogil=True)
 def mix64(x):
-    """splitmix64 finaliser (same as ``text_signals._mix64``)."""
+    """splitmix64 finaliser (same as ``words._mix64``)."""
     z = x + np.uint64(_GOLDEN)
     z = (z ^ (z >> np.uint64(30))) * np.uint64(_MIX1)
     z = (z ^ (z >> np.uint64(27))) * np.uint64(_MIX2)
@@ -29,7 +29,7 @@ def mix64(x):
 @njit(cache=True, nogil=True)
 def short_key(b, s, n):
     """64-bit key of the bytes ``b[s:s+n]`` (n <= 16): the bytes, little-endian in two words,
-    mixed with the length (``text_signals._short_key`` of one span)."""
+    mixed with the length (``words._short_key`` of one span)."""
     lo = np.uint64(0)
     hi = np.uint64(0)
     for k in range(min(n, 8)):

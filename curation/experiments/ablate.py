@@ -51,8 +51,8 @@ import pyarrow.parquet as pq
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from curation.dag import load_dag, parse_dag
-from curation.executor import run_dag, stage_files
+from curation.pipeline.dag import load_dag, parse_dag
+from curation.pipeline.executor import run_dag, stage_files
 from curation.io.shards import Manifest
 
 
@@ -256,7 +256,7 @@ def build_eval_pack(cfg: AblateConfig, eval_paths: list[str], tokenizer: str, ou
 
 
 def ensure_tokenizer(cfg: AblateConfig, config_dir: Path, decontam_dirs: list[str], out: Path) -> str:
-    from curation.tokenizer import TokenizerError, model_file, train_tokenizer
+    from curation.tokenizer.model import TokenizerError, model_file, train_tokenizer
 
     path = Path(_resolve(cfg.tokenizer, config_dir)) if cfg.tokenizer else (out / "tokenizer").resolve()
     with contextlib.suppress(TokenizerError):  # no usable tokenizer there yet: train one
@@ -274,7 +274,7 @@ def ensure_tokenizer(cfg: AblateConfig, config_dir: Path, decontam_dirs: list[st
 def trainer_config(cfg: AblateConfig, config_dir: Path, tokenizer: str, eval_pack: Path, eval_rows: int,
                    out: Path) -> Path:
     """The one trainer config every run shares (data/run_dir/seed come as --set overrides)."""
-    from curation.tokenizer import Tokenizer
+    from curation.tokenizer.model import Tokenizer
 
     tok = Tokenizer.load(tokenizer)
     vocab = int(tok.vocab_size) if hasattr(tok, "vocab_size") else cfg.vocab_size

@@ -1,0 +1,1 @@
+"""Dedup algorithms: Bloom filter, MinHash/LSH, connected components. No Ray, no run directory."""

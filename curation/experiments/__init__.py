@@ -1,0 +1,1 @@
+"""Experiments built on the pipeline (data ablations)."""

@@ -1,0 +1,1 @@
+"""On-disk schemas shared by curation and training. Imports nothing from curation."""

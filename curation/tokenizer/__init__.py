@@ -1,0 +1,1 @@
+"""Tokenizers: training (BPE, Unigram) on a list of files, loading, encoding, and the report."""
