@@ -117,12 +117,13 @@ def tokenizer_train(
     max_docs: Optional[int] = typer.Option(None, "--max-docs", help="train on at most this many documents"),
 ) -> None:
     """Train a tokenizer on the `text` column of shards, streaming (never the whole corpus in memory)."""
+    from curation.pipeline.rundir import resolve_corpus
     from curation.tokenizer.model import TokenizerError, train_tokenizer
 
     if kind not in ("bpe", "unigram"):
         _fail(f"--kind: {kind!r} is not one of bpe, unigram")
     try:
-        tok = train_tokenizer(inputs if len(inputs) > 1 else inputs[0], out, kind=kind, vocab_size=vocab_size,
+        tok = train_tokenizer(resolve_corpus(inputs), out, kind=kind, vocab_size=vocab_size,
                               max_docs=max_docs, progress=sys.stderr.isatty())
     except (TokenizerError, FileNotFoundError) as e:
         _fail(str(e))
@@ -137,10 +138,11 @@ def tokenizer_report_cmd(
 ) -> None:
     """Fertility (tokens per word) and bytes per token by source and language, with a PNG chart."""
     from curation.tokenizer.model import TokenizerError
+    from curation.pipeline.rundir import resolve_corpus
     from curation.tokenizer.report import tokenizer_report
 
     try:
-        tokenizer_report(tokenizer, inputs if len(inputs) > 1 else inputs[0], max_docs=max_docs)
+        tokenizer_report(tokenizer, resolve_corpus(inputs), max_docs=max_docs)
     except (TokenizerError, FileNotFoundError) as e:
         _fail(str(e))
 

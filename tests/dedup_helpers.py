@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from curation.pipeline.context import GlobalContext
+from curation.pipeline.rundir import RunDir
 
 
 def write_upstream(root: Path, docs: list[dict], shards: int) -> list[tuple[str, str]]:
@@ -30,7 +31,7 @@ def write_upstream(root: Path, docs: list[dict], shards: int) -> list[tuple[str,
 
 def run_global(stage, run_dir: Path, name: str, upstream, workers: int = 2) -> GlobalContext:
     """Run a global stage named ``name`` over ``upstream`` (input "up") into ``run_dir``."""
-    ctx = GlobalContext(run_dir, name, stage.params_hash(["up"]), workers, upstream)
+    ctx = GlobalContext(RunDir(run_dir), name, stage.params_hash(["up"]), workers, upstream, stage.resources)
     stage.run(ctx)
     return ctx
 

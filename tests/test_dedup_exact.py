@@ -20,7 +20,7 @@ from conftest import DATA
 from curation.dedup.bloom import BloomFilter, BloomHeaderMismatch, bloom_size
 from curation.pipeline.context import GlobalContext
 from dedup_helpers import run_global, write_upstream
-from curation.io.shards import Manifest
+from curation.pipeline.rundir import RunDir
 from curation.dedup.minhash import collapse_whitespace, normalize_text
 from curation.stages.dedup_exact import REPORT, ExactDedup
 
@@ -152,7 +152,7 @@ def test_document_level_keeps_lowest_id_of_each_normalised_text(planted):
     assert kept.num_rows + rejected.num_rows == len(docs)
     assert sorted(kept.column("id").to_pylist() + rejected.column("id").to_pylist()) == sorted(d["id"] for d in docs)
     # one output shard per upstream shard, same keys, with the upstream's columns
-    entries = Manifest(run, "exact").load()
+    entries = RunDir(run).entries("exact")
     assert sorted(entries) == [k for k, _ in upstream]
     assert all(e["rows_in"] == e["rows"] + e["rejected_rows"] for e in entries.values())
     assert kept.schema.names == ["id", "text", "source"]
@@ -165,10 +165,10 @@ def test_document_level_keeps_lowest_id_of_each_normalised_text(planted):
 def test_same_output_with_one_two_and_four_workers(planted, ray_session):
     docs, survivor, upstream, root = planted
     stage = ExactDedup(input="up", partitions=4, bloom={"expected_items": 10_000, "false_positive_rate": 1e-6})
-    ref = {k: (e["sha256"], e.get("rejected_sha256")) for k, e in Manifest(root / "run2", "exact").load().items()}
+    ref = {k: (e["sha256"], e.get("rejected_sha256")) for k, e in RunDir(root / "run2").entries("exact").items()}
     for workers in (1, 4):
         _run(stage, root / f"run{workers}", upstream, workers=workers)
-        got = {k: (e["sha256"], e.get("rejected_sha256")) for k, e in Manifest(root / f"run{workers}", "exact").load().items()}
+        got = {k: (e["sha256"], e.get("rejected_sha256")) for k, e in RunDir(root / f"run{workers}").entries("exact").items()}
         assert got == ref
 
 
@@ -183,7 +183,7 @@ def test_rerun_redoes_nothing(planted, ray_session):
 
 def test_incremental_dedup_against_an_earlier_dump(planted, tmp_path, ray_session):
     """A new dump deduplicated against the first run's persisted filters loses the documents
-    the first dump already had; a filter built with other parameters is refused."""
+    the first dump already had; a filter whose keys mean something else is refused."""
     docs, survivor, upstream, root = planted
     first = root / "run2" / "exact"
     old_texts = {d["text"] for d in docs}
@@ -197,13 +197,16 @@ def test_incremental_dedup_against_an_earlier_dump(planted, tmp_path, ray_sessio
     kept = set(_kept(tmp_path / "run").column("id").to_pylist())
     assert kept == {d["id"] for d in new_docs if d["text"] not in old_texts}
     assert len(kept) == 20
-    # the new run's filters hold both dumps: OR-merged, so a third dump can use them alone
+    # each run's filters record the keys it saw; a later run queries every filter it names
     report = json.loads((tmp_path / "run" / "exact" / REPORT).read_text())
     assert all(p["loaded_filters"] == 1 for p in report["per_partition"])
-    wrong = ExactDedup(input="up", partitions=4, bloom={"expected_items": 20_000, "false_positive_rate": 1e-6},
-                       against=[str(first)])
-    with pytest.raises(BloomHeaderMismatch, match="m:"):
-        _run(wrong, tmp_path / "wrong", up2)
+    assert report["against_duplicates"] == 10 and report["in_run_duplicates"] == 0
+    # filters are sized from actual key counts, so another size is not "other parameters":
+    # a run configured with another capacity queries the same filters and drops the same documents
+    other_size = ExactDedup(input="up", partitions=4, bloom={"expected_items": 20_000, "false_positive_rate": 1e-6},
+                            against=[str(first)])
+    _run(other_size, tmp_path / "other_size", up2)
+    assert set(_kept(tmp_path / "other_size").column("id").to_pylist()) == kept
     with pytest.raises(BloomHeaderMismatch, match="partitions"):
         _run(ExactDedup(input="up", partitions=8, bloom={"expected_items": 10_000}, against=[str(first)]),
              tmp_path / "wrong8", up2)
@@ -262,3 +265,81 @@ def test_paragraph_level_removes_lines_seen_earlier_in_id_order(tmp_path, ray_se
     assert rejected.column("reason").to_pylist() == ["exact_dedup:empty_after_paragraph_dedup"]
     removed = dict(zip(kept.column("id").to_pylist(), kept.column("dup_paragraphs").to_pylist()))
     assert removed["zz-quote"] == 1 and sum(removed.values()) > 20
+
+
+# ---------------------------------------------------------------------------------------------
+# no unique document is ever dropped, whatever the filter sizing (issue: silent data loss)
+
+
+def _keys_file(path: Path, hashes: np.ndarray, hashes2: np.ndarray, header: dict) -> str:
+    from curation.dedup.minhash import write_artifact
+
+    n = len(hashes)
+    write_artifact(pa.table({"part": pa.array(np.zeros(n, np.int32)), "id": pa.array([f"d{i:08d}" for i in range(n)]),
+                             "shard": pa.array(np.zeros(n, np.int32)), "row": pa.array(np.arange(n, dtype=np.int32)),
+                             "para": pa.array(np.full(n, -1, np.int32)), "hash": pa.array(hashes),
+                             "hash2": pa.array(hashes2)}), path, header)
+    return str(path)
+
+
+def test_more_distinct_keys_than_expected_items_drops_no_unique_document(tmp_path):
+    """Three chunks' worth (> 2 x 2^20) of distinct keys through one partition whose filter was
+    configured for 1,000 keys: the old query-then-insert Bloom path flagged 36-91% of later
+    chunks as seen; the exact decision flags none, and the saved filter is sized for them."""
+    from curation.stages.dedup_exact import PartitionJob, partition_task
+
+    n = 3 * (1 << 20) + 12_345
+    rng = np.random.default_rng(7)
+    h = np.unique(rng.integers(0, np.iinfo(np.uint64).max, size=n + 1000, dtype=np.uint64, endpoint=True))[:n]
+    rng.shuffle(h)
+    h2 = rng.integers(0, np.iinfo(np.uint64).max, size=n, dtype=np.uint64, endpoint=True)
+    stage = ExactDedup(input="up", partitions=1, bloom={"expected_items": 1000, "false_positive_rate": 1e-3})
+    header = stage.header()
+    kf = _keys_file(tmp_path / "keys.parquet", h, h2, header)
+    stats = partition_task(PartitionJob(0, (kf,), str(tmp_path / "dups.parquet"), str(tmp_path / "b.bloom"), (),
+                                        stage.partition_capacity(), 1e-3, 0, stage.bloom_params(), header))
+    assert stats["keys"] == n and stats["duplicates"] == 0 and stats["distinct_keys"] == n
+    assert pq.read_table(tmp_path / "dups.parquet").num_rows == 0
+    assert stats["capacity"] == n and stats["fill_ratio"] < 0.55  # sized for what it holds
+    # real duplicates among them are still found: the same 128-bit key twice, lowest id kept
+    kf2 = _keys_file(tmp_path / "keys2.parquet", np.r_[h[:5], h[:5]], np.r_[h2[:5], h2[:5]], header)
+    stats2 = partition_task(PartitionJob(0, (kf2,), str(tmp_path / "dups2.parquet"), str(tmp_path / "b2.bloom"), (),
+                                         stage.partition_capacity(), 1e-3, 0, stage.bloom_params(), header))
+    assert stats2["duplicates"] == 5 and sorted(pq.read_table(tmp_path / "dups2.parquet").column("row").to_pylist()) == [5, 6, 7, 8, 9]
+    # equal first hash, different confirming hash: not a duplicate
+    kf3 = _keys_file(tmp_path / "keys3.parquet", np.r_[h[:3], h[:3]], np.r_[h2[:3], h2[3:6]], header)
+    stats3 = partition_task(PartitionJob(0, (kf3,), str(tmp_path / "dups3.parquet"), str(tmp_path / "b3.bloom"), (),
+                                         stage.partition_capacity(), 1e-3, 0, stage.bloom_params(), header))
+    assert stats3["duplicates"] == 0
+
+
+def test_unique_documents_all_kept_with_a_tiny_expected_items(tmp_path, ray_session):
+    """End to end through the stage: every document distinct, filters configured for 10 keys."""
+    docs = [{"id": f"u{i:05d}", "text": f"document number {i} " + "word " * (i % 7)} for i in range(3000)]
+    up = write_upstream(tmp_path, docs, 3)
+    _run(ExactDedup(input="up", partitions=2, bloom={"expected_items": 10, "false_positive_rate": 1e-3}),
+         tmp_path / "run", up)
+    assert _kept(tmp_path / "run").num_rows == 3000 and _rejected(tmp_path / "run") is None
+    report = json.loads((tmp_path / "run" / "exact" / REPORT).read_text())
+    assert report["duplicates"] == 0 and all(p["capacity"] >= p["distinct_keys"] for p in report["per_partition"])
+
+
+def test_an_overfilled_against_filter_is_refused_with_a_clear_message(planted, tmp_path, ray_session):
+    """An earlier run's filter holding far more keys than it was sized for (as the old sizing
+    wrote them) would answer "seen" for unique documents: the stage refuses it, naming it."""
+    from curation.pipeline.tasks import TasksFailed
+
+    docs, survivor, upstream, root = planted
+    stage = ExactDedup(input="up", partitions=4, bloom={"expected_items": 10_000, "false_positive_rate": 1e-6})
+    bloom_dir = tmp_path / "old" / "bloom"
+    rng = np.random.default_rng(3)
+    for p in range(4):
+        bf = BloomFilter.for_capacity(100, 1e-6, stage.seed, stage.bloom_params())
+        bf.add(rng.integers(0, np.iinfo(np.uint64).max, size=20_000, dtype=np.uint64, endpoint=True))
+        bf.save(bloom_dir / f"part-{p:05d}.bloom")
+    up2 = write_upstream(tmp_path, [{"id": f"n{i}", "text": f"brand new page {i}"} for i in range(50)], 2)
+    over = ExactDedup(input="up", partitions=4, bloom={"expected_items": 10_000, "false_positive_rate": 1e-6},
+                      against=[str(bloom_dir)])
+    with pytest.raises(TasksFailed, match=r"part-0000\d\.bloom is overfilled: .*% of its bits are set"):
+        _run(over, tmp_path / "run", up2)
+    assert not list((tmp_path / "run" / "exact").glob("*.parquet"))  # nothing written, nothing dropped

@@ -24,7 +24,7 @@ from conftest import DATA, REPO
 from curation.dedup.components import connected_components, edge_header, read_labels, symmetric, write_edges
 from curation.pipeline.context import GlobalContext
 from dedup_helpers import datasketch_removals, run_global, union_find, write_upstream
-from curation.io.shards import Manifest
+from curation.pipeline.rundir import RunDir
 from curation.dedup.minhash import ArtifactMismatch, band_hashes, lsh_params
 from curation.stages import dedup_minhash
 from curation.stages.dedup_minhash import REPORT, MinHashDedup, candidate_edges, read_signatures
@@ -71,7 +71,7 @@ def outputs(run_dir: Path) -> tuple[pa.Table, pa.Table | None]:
 
 
 def shard_digests(run_dir: Path) -> dict[str, tuple]:
-    return {k: (e["sha256"], e.get("rejected_sha256")) for k, e in Manifest(run_dir, "near").load().items()}
+    return {k: (e["sha256"], e.get("rejected_sha256")) for k, e in RunDir(run_dir).entries("near").items()}
 
 
 @pytest.fixture(scope="module")

@@ -133,7 +133,7 @@ def make_signal_run(run_dir: Path) -> None:
     """A finished run directory, written with the real shard writer and manifest, whose output
     has the columns the dashboard charts: lang, quality, num_tokens."""
     from curation.pipeline.dag import parse_dag
-    from curation.io.shards import Manifest, write_stage_shard
+    from curation.pipeline.rundir import RunDir
 
     dag = parse_dag({"name": "signals",
                      "inputs": {"docs": {"format": "parquet", "paths": [str(run_dir / "in.parquet")], "source": "web"}},
@@ -148,10 +148,9 @@ def make_signal_run(run_dir: Path) -> None:
                      "quality": [i / n for i in range(n)], "num_tokens": pa.array([10 + i for i in range(n)], pa.int32())})
     rejected = pa.table({"id": ["r0", "r1"], "text": ["x", "y"], "source": ["web", "web"],
                          "stage": ["quality", "quality"], "reason": ["gopher_quality:min_doc_words"] * 2})
-    entries = [write_stage_shard(run_dir, "docs", "docs-00000", None, None, n + 2, hashes["docs"]),
-               write_stage_shard(run_dir, "quality", "docs-00000", kept, rejected, n + 2, hashes["quality"])]
-    for e in entries:
-        Manifest(run_dir, e["stage"]).append([e])
+    rundir = RunDir(run_dir)
+    rundir.commit([rundir.write_stage_shard("docs", "docs-00000", None, None, n + 2, hashes["docs"]),
+                   rundir.write_stage_shard("quality", "docs-00000", kept, rejected, n + 2, hashes["quality"])])
     now = time.time()
     (run_dir / "progress.json").write_text(json.dumps({"name": "signals", "state": "done", "started": now - 3,
                                                        "finished": now, "phases": {"read+map": {"done": 1, "total": 1}},

@@ -17,6 +17,7 @@ import pytest
 from conftest import DATA, REPO
 from curation.pipeline.dag import DagError, parse_dag
 from curation.pipeline.executor import run_dag
+from curation.pipeline.rundir import resolve_corpus
 from curation.stages.tokenize import TOKENIZER_METADATA, Tokenize
 from curation.tokenizer.model import EOS, ParquetCorpus, Tokenizer, TokenizerError, train_tokenizer
 from curation.tokenizer.report import tokenizer_report
@@ -148,7 +149,7 @@ def test_train_from_a_stage_of_a_run_then_tokenize_in_a_dag(tmp_path, ray_sessio
                                               "source": "math", "text_field": "question", "split_bytes": 40000}},
            "stages": {"all": {"type": "union", "inputs": ["math"]}}}  # a union materialises its inputs
     run_dag(parse_dag(dag), run, workers=2, quiet=True)
-    corpus = ParquetCorpus.resolve(run / "math")
+    corpus = resolve_corpus(run / "math")
     manifest = [json.loads(x) for x in (run / "math" / "_manifest.jsonl").read_text().splitlines()]
     assert len(corpus.files) == len(manifest) >= 2
     assert sorted(corpus.sha256) == sorted(e["sha256"] for e in manifest)

@@ -34,23 +34,19 @@ header differs from what the reader expects.
 
 from __future__ import annotations
 
-import json
-import os
 import unicodedata
-import uuid
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
+
+from curation.io.artifacts import ArtifactMismatch, check_header, read_artifact, write_artifact  # noqa: F401
 
 #: Bump when signatures for the same parameters would change (hashing, tokenising...).
 MINHASH_VERSION = 1
 NORMALIZATION = "nfkc-casefold-whitespace"
-HEADER_KEY = b"refinery.artifact"
 
 _U64 = np.uint64
 _MASK64 = 0xFFFFFFFFFFFFFFFF
@@ -70,9 +66,6 @@ _UNICODE_WS = {0x85: " ", 0x1680: " ", 0x2028: " ", 0x2029: " "}
 _UNICODE_WS_CHARS = tuple(chr(c) for c in _UNICODE_WS)
 
 
-class ArtifactMismatch(ValueError):
-    """A persisted dedup artifact was written with other parameters (or another algorithm
-    version) than the reader expects; it is never reused silently."""
 
 
 def mix64(x: np.ndarray) -> np.ndarray:
@@ -572,55 +565,3 @@ def band_hashes(sig: np.ndarray, bands: int, rows: int, seed: int = 0) -> np.nda
     for j in range(rows):
         h = mix64(h * _NGRAM_BASE + x[:, :, j])
     return h
-
-
-# ---------------------------------------------------------------------------------------------
-# persisted artifacts
-
-
-def header_metadata(header: dict[str, Any]) -> dict[bytes, bytes]:
-    """Parquet schema metadata recording an artifact's header."""
-    return {HEADER_KEY: json.dumps(header, sort_keys=True).encode()}
-
-
-def check_header(found: dict[str, Any] | None, expected: dict[str, Any], where: str | Path) -> None:
-    """Raise ``ArtifactMismatch`` naming the differing fields unless ``found == expected``."""
-    if found == expected:
-        return
-    if found is None:
-        raise ArtifactMismatch(f"{where}: has no artifact header; it was not written by this version "
-                               "of refinery. Delete it (or the stage's _work folder) to recompute.")
-    diffs = []
-    for key in sorted(set(found) | set(expected)):
-        if found.get(key) != expected.get(key):
-            diffs.append(f"{key}: file has {found.get(key)!r}, expected {expected.get(key)!r}")
-    raise ArtifactMismatch(f"{where}: written with other parameters ({'; '.join(diffs)}); refusing to reuse it. "
-                           "Delete it (or the stage's _work folder) to recompute.")
-
-
-def read_header(path: str | Path) -> dict[str, Any] | None:
-    """The header stored in a Parquet artifact's schema metadata (None if absent)."""
-    meta = pq.read_schema(path).metadata or {}
-    raw = meta.get(HEADER_KEY)
-    return json.loads(raw) if raw is not None else None
-
-
-def write_artifact(table: pa.Table, path: str | Path, header: dict[str, Any], row_group_size: int = 65536) -> None:
-    """Write a Parquet artifact atomically (temporary name, then rename) with ``header`` in
-    its schema metadata. Intermediate files: no checksum, light compression."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    table = table.replace_schema_metadata({**(table.schema.metadata or {}), **header_metadata(header)})
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
-    try:
-        pq.write_table(table, tmp, compression="lz4", row_group_size=row_group_size)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def read_artifact(path: str | Path, header: dict[str, Any], **kwargs) -> pa.Table:
-    """Read a Parquet artifact after checking its header (``ArtifactMismatch`` otherwise)."""
-    check_header(read_header(path), header, path)
-    return pq.read_table(path, **kwargs)

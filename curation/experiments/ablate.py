@@ -52,8 +52,9 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from curation.pipeline.dag import load_dag, parse_dag
-from curation.pipeline.executor import run_dag, stage_files
-from curation.io.shards import Manifest
+from curation.formats.packed import PACK_REPORT
+from curation.pipeline.executor import run_dag
+from curation.pipeline.rundir import RunDir, resolve_corpus
 
 
 class AblateError(ValueError):
@@ -147,7 +148,7 @@ def _log(msg: str) -> None:
 
 def output_shards(run_dir: Path, dag) -> list[str]:
     """Absolute paths of the committed shards of the DAG's output node (non-empty only)."""
-    files = [p for _, p in stage_files(run_dir, dag, dag.output, dag.hashes())]
+    files = [p for _, p in RunDir(run_dir).shard_files(dag, dag.output, dag.hashes())]
     return [p for p in files if pq.ParquetFile(p).metadata.num_rows > 0]
 
 
@@ -178,8 +179,9 @@ def run_decontam(name: str, shards: list[str], cfg: AblateConfig, eval_paths: li
     dag = parse_dag(d, f"<ablate decontam {name}>")
     run_dir = (out / "decontam" / name).resolve()
     run_dag(dag, run_dir, workers=workers, quiet=True, overwrite=True)
-    files = [p for _, p in stage_files(run_dir, dag, "decontaminate", dag.hashes())]
-    entries = Manifest(run_dir, "decontaminate").done(dag.hashes()["decontaminate"])
+    rundir = RunDir(run_dir)
+    files = [p for _, p in rundir.shard_files(dag, "decontaminate", dag.hashes())]
+    entries = rundir.committed("decontaminate", dag.hashes()["decontaminate"])
     dropped = int(sum(int(e.get("rejected_rows", 0) or 0) for e in entries.values()))
     kept = _rows(files)
     return [p for p in files if pq.ParquetFile(p).metadata.num_rows > 0], {"docs_kept": kept, "docs_decontaminated": dropped}
@@ -198,7 +200,7 @@ def run_pack(name: str, docs: list[str], tokenizer: str, cfg: AblateConfig, out:
     dag = parse_dag(d, f"<ablate pack {name}>")
     run_dir = (out / "pack" / name).resolve()
     run_dag(dag, run_dir, workers=workers, quiet=True, overwrite=True)
-    report = json.loads((run_dir / "pack" / "_pack_report.json").read_text())
+    report = RunDir(run_dir).read_report("pack", PACK_REPORT)
     return run_dir / "pack", {"tokens": int(report["tokens"]), "rows": int(report["rows"])}
 
 
@@ -208,14 +210,14 @@ _HEADING = re.compile(r"^ = [^=].* = $")
 def eval_documents(paths: list[str], text_field: str, max_docs: int | None) -> list[str]:
     """Eval documents for the held-out loss: WikiText-style text split at ` = Title = `
     headings, CoNLL-U at ``# newdoc``, JSONL/Parquet rows as they are."""
-    from curation.stages.decontaminate import _base_name, _open_text, read_eval_texts
+    from curation.io.evalsets import base_name, open_text, read_eval_texts
 
     docs: list[str] = []
     for p in paths:
-        base = _base_name(Path(p))
+        base = base_name(Path(p))
         if base.endswith(".conllu"):
             cur: list[str] = []
-            with _open_text(Path(p)) as f:
+            with open_text(Path(p)) as f:
                 for line in f:
                     if line.startswith("# newdoc") and cur:
                         docs.append(" ".join(cur))
@@ -263,7 +265,7 @@ def ensure_tokenizer(cfg: AblateConfig, config_dir: Path, decontam_dirs: list[st
         model_file(path)
         return str(path)
     _log(f"training a {cfg.vocab_size}-token BPE on the decontaminated union of the arms -> {path}")
-    train_tokenizer(decontam_dirs, path, kind="bpe", vocab_size=cfg.vocab_size, progress=False)
+    train_tokenizer(resolve_corpus(decontam_dirs), path, kind="bpe", vocab_size=cfg.vocab_size, progress=False)
     return str(path)
 
 

@@ -1,68 +1,188 @@
-"""What a global stage (dedup, mix, pack...) gets from the executor: its upstream shards, a
-place for intermediate files, bounded parallel Ray tasks, and shard commits."""
+"""What a global stage (dedup, mix, pack, quality keep_top...) gets from the executor: its
+upstream shards, the run directory, and named, resumable phases of bounded Ray tasks.
+
+A global stage's ``run(ctx)`` reads as a list of phases::
+
+    keys = ctx.phase("keys", keys_task, [KeysJob(...) for ...])
+    dups = ctx.phase("partitions", partition_task, [PartitionJob(...) for ...])
+    ctx.phase("apply", apply_task, [ApplyJob(key=..., ...) for ...], commit=True)
+    ctx.write_report(REPORT, {...})
+
+A job is a frozen dataclass (its fields are the task's arguments) and the task returns a small
+JSON-able dict. A phase records each finished job's result in ``_work/HASH/_phases/NAME.jsonl``,
+so a rerun after a kill skips what finished and returns the recorded results; a ``commit``
+phase's tasks return manifest entries, committed as they arrive, and a rerun skips jobs whose
+``key`` is committed. Every phase is timed and records the largest worker peak RSS; both go
+into the stage report. Failures follow ``curation.pipeline.tasks``' rule and raise
+``TasksFailed`` at the end of the phase.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+import json
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Sequence
 
-from curation.io.shards import Manifest
+from curation.formats.manifest import parse_lines
+from curation.io.artifacts import check_header
+from curation.io.files import write_json
+from curation.pipeline.rundir import RunDir
+from curation.pipeline.tasks import Resources, TasksFailed, peak_rss_mb, run_measured
+
+PHASES = "_phases"
 
 
 @dataclass
 class GlobalContext:
-    run_dir: Path
+    rundir: RunDir
     name: str  # the stage's name in the DAG (its output directory)
     params_hash: str
     workers: int
     #: (shard key, absolute parquet path) of every upstream shard, sorted by key
     upstream: list[tuple[str, str]]
+    resources: Resources = field(default_factory=Resources)
     report: Callable[[str, int, int], None] = field(default=lambda phase, done, total: None)
+    #: name -> {jobs, ran, seconds, max_task_seconds, peak_worker_rss_mb}, in the order run
+    phases: dict[str, dict] = field(default_factory=dict)
+
+    @property
+    def run_dir(self) -> Path:
+        return self.rundir.root
 
     @property
     def work_dir(self) -> Path:
-        """Intermediate files (signatures, buckets, Bloom bits), one folder per params hash so a
-        rerun with other parameters never reuses them."""
-        d = self.run_dir / self.name / "_work" / self.params_hash
+        """Intermediate files, one folder per params hash so other parameters never reuse them."""
+        d = self.rundir.work_dir(self.name, self.params_hash)
         d.mkdir(parents=True, exist_ok=True)
         return d
 
     def done_keys(self) -> set[str]:
-        return set(Manifest(self.run_dir, self.name).done(self.params_hash))
+        return set(self.rundir.committed(self.name, self.params_hash))
+
+    def committed(self) -> dict[str, dict]:
+        return self.rundir.committed(self.name, self.params_hash)
 
     def commit(self, entries: list[dict]) -> None:
-        """Record written shards in the stage manifest (driver side, single writer)."""
-        Manifest(self.run_dir, self.name).append(entries)
+        self.rundir.commit(entries)
 
-    def map(self, fn: Callable[..., Any], items: Iterable[tuple], phase: str, **options) -> list[Any]:
-        """Run ``fn(*item)`` as Ray tasks, at most ``workers`` at a time; results in item order."""
-        import ray
+    def check_work_header(self, header: dict) -> None:
+        """``work/header.json`` records what the stage's intermediate files were made with; a
+        run with another header (e.g. a newer algorithm version) refuses them."""
+        f = self.work_dir / "header.json"
+        if f.exists():
+            check_header(json.loads(f.read_text()), header, f)
+        else:
+            write_json(f, header)
 
-        remote = ray.remote(num_cpus=1, max_retries=3, retry_exceptions=True, **options)(fn)
-        items = list(items)
-        results: list[Any] = [None] * len(items)
-        inflight: dict[Any, int] = {}
-        nxt = done = 0
-        while nxt < len(items) or inflight:
-            while nxt < len(items) and len(inflight) < self.workers:
-                inflight[remote.remote(*items[nxt])] = nxt
-                nxt += 1
-            ready, _ = ray.wait(list(inflight), num_returns=1)
-            for ref in ready:
-                results[inflight.pop(ref)] = ray.get(ref)
-                done += 1
-                self.report(phase, done, len(items))
+    def recorded(self, name: str) -> list[Any]:
+        """The results a (non-commit) phase recorded, in job order (this run's and earlier runs')."""
+        log = self.work_dir / PHASES / f"{name}.jsonl"
+        rec = parse_lines(log.read_text().splitlines()) if log.exists() else {}
+        return [rec[k]["result"] for k in sorted(rec, key=int)]
+
+    def phase(self, name: str, fn: Callable[[Any], dict], jobs: Sequence[Any], commit: bool = False,
+              resources: Resources | None = None) -> list[dict]:
+        """Run ``fn(job)`` for every job; results in job order (recorded ones included)."""
+        log = self.work_dir / PHASES / f"{name}.jsonl"
+        if commit:
+            entries = self.committed()
+            done = {i: entries[j.key] for i, j in enumerate(jobs) if j.key in entries}
+        else:
+            recorded = parse_lines(log.read_text().splitlines()) if log.exists() else {}
+            done = {i: recorded[str(i)]["result"] for i in range(len(jobs)) if str(i) in recorded}
+        results: list[Any] = [done.get(i) for i in range(len(jobs))]
+        todo = [i for i in range(len(jobs)) if i not in done]
+        label = f"{self.name}:{name}"
+        finished, pending = len(done), []
+        self.report(label, finished, len(jobs))
+
+        def on_result(k: int, out: Any) -> None:
+            nonlocal finished
+            i = todo[k]
+            results[i] = out
+            if commit:
+                pending.append(out)
+                if len(pending) >= max(1, self.workers):  # batched: one append per few shards
+                    self.commit(pending)
+                    pending.clear()
+            else:
+                log.parent.mkdir(parents=True, exist_ok=True)
+                with open(log, "a") as f:  # keyed like a manifest line, so the same parser reads it
+                    f.write(json.dumps({"shard": str(i), "result": out}, sort_keys=True) + "\n")
+            finished += 1
+            self.report(label, finished, len(jobs))
+
+        try:
+            self._run(label, fn, [jobs[i] for i in todo], False, on_result, resources)
+        finally:
+            if pending:
+                self.commit(pending)
+        self.phases[name]["ran"] = len(todo)
         return results
 
-    def map_and_commit(self, fn: Callable[..., dict], items: list[tuple], phase: str) -> list[dict]:
-        """``map`` in chunks, committing each chunk's manifest entries as soon as it is done, so a
-        killed run keeps the shards it finished (``map`` alone returns only at the very end)."""
-        chunk = max(1, 4 * self.workers)
-        out: list[dict] = []
-        for lo in range(0, len(items), chunk):
-            sub = replace(self, report=lambda p, d, t, lo=lo: self.report(p, lo + d, len(items)))
-            entries = sub.map(fn, items[lo:lo + chunk], phase=phase)
-            self.commit(entries)
-            out += entries
-        return out
+    def _run(self, label: str, fn: Callable[..., Any], jobs: Sequence[Any], star: bool,
+             on_result: Callable[[int, Any], None], resources: Resources | None = None) -> None:
+        """Run jobs with the one failure rule, recording the phase's seconds, its longest task
+        and the largest worker peak RSS under ``label``."""
+        stats = {"jobs": len(jobs), "seconds": 0.0, "max_task_seconds": 0.0, "peak_worker_rss_mb": 0.0}
+        failures: list[str] = []
+        t0 = time.perf_counter()
+
+        def measured(i: int, out: Any, seconds: float, rss: float) -> None:
+            stats["max_task_seconds"] = max(stats["max_task_seconds"], round(seconds, 3))
+            stats["peak_worker_rss_mb"] = max(stats["peak_worker_rss_mb"], round(rss, 1))
+            on_result(i, out)
+
+        run_measured(fn, jobs, self.workers, resources or self.resources, measured,
+                     lambda i, msg: failures.append(f"{label} job {i}: {msg}"), star)
+        stats["seconds"] = round(time.perf_counter() - t0, 3)
+        self.phases[label.split(":", 1)[-1]] = stats
+        if failures:
+            raise TasksFailed(label, failures)
+
+    def map(self, fn: Callable[..., Any], items: Sequence[tuple], phase: str) -> list[Any]:
+        """``fn(*item)`` for every item, unrecorded (for algorithms that keep their own resume
+        markers, like the connected-components steps); results in item order."""
+        results: list[Any] = [None] * len(items)
+        done = 0
+
+        def on_result(i: int, out: Any) -> None:
+            nonlocal done
+            results[i] = out
+            done += 1
+            self.report(phase, done, len(items))
+
+        self._run(phase, fn, list(items), True, on_result)
+        return results
+
+    def map_and_commit(self, fn: Callable[..., dict], items: Sequence[tuple], phase: str) -> None:
+        """``fn(*item)`` for every item, each returning a manifest entry committed as it arrives
+        (batched), so a killed run keeps the shards it finished."""
+        pending: list[dict] = []
+        done = 0
+
+        def on_result(i: int, entry: dict) -> None:
+            nonlocal done
+            pending.append(entry)
+            if len(pending) >= max(1, self.workers):
+                self.commit(pending)
+                pending.clear()
+            done += 1
+            self.report(phase, done, len(items))
+
+        try:
+            self._run(phase, fn, list(items), True, on_result)
+        finally:
+            if pending:
+                self.commit(pending)
+
+    def write_report(self, filename: str, report: dict) -> None:
+        """The stage's report (``RUN/STAGE/filename``), with its phases' timings and memory and
+        the driver's peak RSS added."""
+        full = {"stage": self.name, "params_hash": self.params_hash, **report, "phases": self.phases,
+                "phase_seconds": {k: v["seconds"] for k, v in self.phases.items()},
+                "max_rss_mb": max((v["peak_worker_rss_mb"] for v in self.phases.values()), default=0.0),
+                "driver_peak_rss_mb": round(peak_rss_mb(), 1)}
+        self.rundir.write_report(self.name, filename, full)

@@ -60,16 +60,27 @@ class Dag:
     def upstreams(self, node: str) -> list[str]:
         return self.stages[node].upstreams() if node in self.stages else []
 
-    def downstreams(self, node: str) -> list[str]:
-        return [n for n, s in self.stages.items() if node in s.upstreams()]
+    def _input_hashes(self) -> dict[str, str]:
+        return {name: hashlib.sha256(json.dumps(spec.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:16]
+                for name, spec in self.inputs.items()}
 
     def hashes(self) -> dict[str, str]:
         """params hash per node; a node's hash covers everything upstream of it."""
-        out: dict[str, str] = {}
-        for name, spec in self.inputs.items():
-            out[name] = hashlib.sha256(json.dumps(spec.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:16]
+        out = self._input_hashes()
         for name, st in self.stages.items():
             out[name] = st.params_hash([out[u] for u in st.upstreams()])
+        return out
+
+    def signal_hashes(self) -> dict[str, str]:
+        """Per node, what a row's measured signals depend on: every parameter upstream of it
+        except rule thresholds (``Stage.signals_hash``). A document reaching a stage with the
+        same signal hash as before has the same content, so its stored signals can be reused
+        whatever thresholds upstream filters used to let it through. Global stages see the
+        whole corpus, so theirs is their full params hash."""
+        out = self._input_hashes()
+        full = self.hashes()
+        for name, st in self.stages.items():
+            out[name] = full[name] if st.kind == "global" else st.signals_hash([out[u] for u in st.upstreams()])
         return out
 
     def to_dict(self) -> dict[str, Any]:
@@ -81,9 +92,6 @@ class Dag:
             "output": self.output,
             "batch_size": self.batch_size,
         }
-
-    def fingerprint(self) -> str:
-        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _fmt_loc(prefix: str, loc: tuple) -> str:
@@ -179,7 +187,7 @@ def _toposort(stages: dict[str, Stage], inputs: set[str], where: str) -> list[st
     return order
 
 
-def _roots(dag: Dag, node: str) -> set[str]:
+def roots(dag: Dag, node: str) -> set[str]:
     """The inputs and global stages whose shards flow into ``node`` unchanged in key."""
     if node in dag.inputs:
         return {node}
@@ -188,7 +196,7 @@ def _roots(dag: Dag, node: str) -> set[str]:
         return {node}
     out: set[str] = set()
     for u in st.upstreams():
-        out |= _roots(dag, u)
+        out |= roots(dag, u)
     return out
 
 
@@ -200,7 +208,7 @@ def _check_unions(dag: Dag, where: str) -> None:
             continue
         seen: set[str] = set()
         for u in st.upstreams():
-            r = _roots(dag, u)
+            r = roots(dag, u)
             if r & seen:
                 raise DagError(f"{where}: stages.{name}.inputs: branches share the root {sorted(r & seen)[0]!r}; "
                                "a union joins branches of different inputs")
@@ -217,6 +225,3 @@ def load_dag(path: str | Path) -> Dag:
     except yaml.YAMLError as e:
         raise DagError(f"{path}: invalid YAML: {e}".replace("\n", " ")) from None
     return parse_dag(data, str(path))
-
-
-roots = _roots

@@ -7,30 +7,38 @@ skipped when every shard it would write is already in its stage's manifest with 
 params hash: that is the whole resume story, identical on one machine and on a cluster.
 Outputs depend only on the shard, never on which worker ran it, so any worker count gives
 byte-identical shards.
+
+Measure once, decide cheaply: a stage with rules (the heuristic filters) records the hash of
+its *signal* parameters (thresholds excluded) in each manifest entry. When only thresholds
+changed, the rerun reads the stored rows with their signal columns back and re-decides; rows
+it never saw (a looser upstream rule let more through) are the only ones measured.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
-import shutil
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
-import yaml
 
-from curation.pipeline.dag import Dag, parse_dag, roots
-from curation.pipeline.context import GlobalContext
 from curation.io.inputs import InputShard, plan_input
 from curation.io.read import read_shard
-from curation.io.shards import Manifest, split_kept_rejected, write_stage_shard
+from curation.pipeline.context import GlobalContext
+from curation.pipeline.dag import Dag, parse_dag, roots
 from curation.pipeline.progress import RunProgress
+from curation.pipeline.rundir import RunDir, RunDirError  # noqa: F401  (RunDirError: callers catch it from here)
+from curation.pipeline.tasks import Resources, TasksFailed, run_bounded
+from curation.io.shards import split_kept_rejected
+from curation.stages.base import MapStage
 
-
-class RunDirError(RuntimeError):
-    """The run directory holds another DAG's run (or something else)."""
+#: manifest field: hash of a stage's signal parameters (see ``MapStage.signals_hash``)
+SIGNALS_HASH = "signals_hash"
 
 
 class RunFailed(RuntimeError):
@@ -45,9 +53,19 @@ class RunFailed(RuntimeError):
 class Plan:
     dag: Dag
     hashes: dict[str, str]
+    signal_hashes: dict[str, str]
     input_shards: dict[str, list[InputShard]]
     closures: dict[str, list[str]]  # root -> map/union stages it feeds, in topological order
     materialize_inputs: set[str]
+
+    def writes(self, root: str) -> list[str]:
+        """The nodes whose shards a task of ``root`` writes: the input itself, its map stages."""
+        return ([root] if root in self.dag.inputs else []) + [
+            n for n in self.closures[root] if self.dag.stages[n].kind != "union"]
+
+    def resources(self, root: str) -> Resources:
+        return Resources.most(self.dag.stages[n].resources for n in self.closures[root]
+                              if self.dag.stages[n].kind == "map")
 
 
 def make_plan(dag: Dag) -> Plan:
@@ -59,124 +77,165 @@ def make_plan(dag: Dag) -> Plan:
     # An input is only streamed into the map stages its task runs; when a union or a global
     # stage consumes it directly, its documents must exist as shards.
     materialize = {u for s in dag.stages.values() if s.kind != "map" for u in s.upstreams() if u in dag.inputs}
-    return Plan(dag, dag.hashes(), input_shards, closures, materialize)
-
-
-def stage_files(run_dir: Path, dag: Dag, node: str, hashes: dict[str, str]) -> list[tuple[str, str]]:
-    """(key, absolute path) of the committed shards of ``node`` (unions resolve to their inputs)."""
-    if node in dag.stages and dag.stages[node].kind == "union":
-        out: list[tuple[str, str]] = []
-        for u in dag.stages[node].upstreams():
-            out += stage_files(run_dir, dag, u, hashes)
-        return sorted(out)
-    done = Manifest(run_dir, node).done(hashes[node])
-    return sorted((k, str(run_dir / e["file"])) for k, e in done.items() if e.get("file"))
+    return Plan(dag, dag.hashes(), dag.signal_hashes(), input_shards, closures, materialize)
 
 
 # ---------------------------------------------------------------------------------------------
 # the task (worker)
 
+
+@dataclass(frozen=True)
+class RootJob:
+    """One task: a root shard (an input shard, or a global stage's output shard) and the
+    row-local stages it feeds. ``done`` names stages whose shard for this key is committed with
+    the current params hash: read back from disk when a later stage needs them, not recomputed."""
+
+    dag: dict
+    dag_path: str
+    base_dir: str | None
+    rundir: RunDir
+    root: str
+    key: str
+    shard: InputShard | None  # an input shard to read, or None: the root is a global stage's shard
+    source_path: str | None
+    materialize: bool
+    done: tuple[str, ...] = ()
+
+
 _DAGS: dict[str, Dag] = {}
 _READY: set[tuple[str, str]] = set()
 
 
-def _worker_dag(dag_dict: dict, path: str, base_dir: str | None) -> Dag:
-    import hashlib
-    import json
-
-    fp = hashlib.sha256(json.dumps(dag_dict, sort_keys=True).encode()).hexdigest()
+def _worker_dag(job: RootJob) -> Dag:
+    fp = hashlib.sha256(json.dumps(job.dag, sort_keys=True).encode()).hexdigest()
     if fp not in _DAGS:
-        _DAGS[fp] = parse_dag(dag_dict, path, base_dir)
+        _DAGS[fp] = parse_dag(job.dag, job.dag_path, job.base_dir)
     return _DAGS[fp]
 
 
-def _process(stage, name: str, table: pa.Table, batch_size: int, hash_: str) -> tuple[pa.Table, pa.Table | None]:
+@dataclass
+class _Node:
+    """A node's rows in the task, and the text state that goes with them (None: build lazily)."""
+
+    table: pa.Table
+    text: Any = None
+
+
+def _setup_once(stage: MapStage, name: str, hash_: str) -> None:
     if (name, hash_) not in _READY:  # models, tokenizers: once per worker process
         stage.setup()
         _READY.add((name, hash_))
-    kept_parts, rej_parts = [], []
+
+
+def _process(stage: MapStage, name: str, node: _Node, batch_size: int, hash_: str) -> tuple[_Node, pa.Table | None]:
+    """Measure and decide every batch of ``node``; the kept rows (with their text state) and the
+    rejected rows."""
+    _setup_once(stage, name, hash_)
+    table = node.table
+    kept_parts, rej_parts, texts = [], [], []
     for i in range(0, max(table.num_rows, 1), batch_size):
         batch = table.slice(i, batch_size)
-        res = stage.process(batch)
+        text = node.text.take(np.arange(i, i + batch.num_rows)) if node.text is not None and batch.num_rows else None
+        res = stage.run_batch(batch, text)
         kept, rej = split_kept_rejected(res.table, res.reasons, name)
         kept_parts.append(kept)
+        texts.append(res.text.take(np.flatnonzero(pc.is_null(res.reasons).to_numpy(zero_copy_only=False)))
+                     if res.text is not None and res.reasons is not None else res.text)
         if rej is not None:
             rej_parts.append(rej)
     kept = pa.concat_tables(kept_parts, promote_options="default") if len(kept_parts) > 1 else kept_parts[0]
     rej = pa.concat_tables(rej_parts, promote_options="default") if rej_parts else None
-    return kept.combine_chunks(), (rej.combine_chunks() if rej is not None else None)
+    text = texts[0] if len(texts) == 1 else None  # several batches: the next stage builds its own
+    return _Node(kept.combine_chunks(), text), (rej.combine_chunks() if rej is not None else None)
 
 
-def run_root_task(dag_dict: dict, dag_path: str, base_dir: str | None, run_dir: str, root: str, key: str,
-                  shard: InputShard | None, source_path: str | None, materialize: bool,
-                  done: tuple[str, ...] = ()) -> list[dict]:
-    """Read one root shard and run every row-local stage it feeds. Returns manifest entries.
+def _stored_signals(rundir: RunDir, name: str, key: str, signals_hash: str) -> pa.Table | None:
+    """Every row (kept and rejected) a stage measured for ``key`` with the same signal
+    parameters, rejected rows without their ``stage``/``reason`` columns; None if there are none."""
+    e = rundir.entries(name).get(key)
+    if not e or e.get(SIGNALS_HASH) != signals_hash or (e.get("file") is None and e.get("rows")):
+        return None
+    if not all(rundir.path(f).exists() for f in (e.get("file"), e.get("rejected_file")) if f):
+        return None
+    kept, rej = rundir.read_entry(e)
+    parts = [t for t in (kept, rej.drop_columns(["stage", "reason"]) if rej is not None else None) if t is not None]
+    return pa.concat_tables(parts) if len(parts) > 1 else (parts[0] if parts else None)
 
-    ``done`` names stages whose shard for this key is already committed with the current
-    params hash: they are read back from disk when a later stage needs them, not recomputed
-    (so changing the last filter's threshold does not re-extract HTML).
-    """
-    dag = _worker_dag(dag_dict, dag_path, base_dir)
-    hashes = dag.hashes()
+
+def _redecide(stage: MapStage, name: str, node: _Node, stored: pa.Table, batch_size: int,
+              hash_: str) -> tuple[_Node, pa.Table | None, int]:
+    """Re-decide from stored signal rows; measure only the input rows not among them. Returns
+    the kept node, the rejected rows and how many rows were measured."""
+    ids = node.table.column("id")
+    pos = pc.index_in(ids, value_set=stored.column("id"))
+    have = pc.is_valid(pos)
+    n_missing = node.table.num_rows - pc.sum(have.cast(pa.int64())).as_py() if node.table.num_rows else 0
+    if n_missing:
+        # measure only what was never measured, then put rows back in input order
+        missing = node.table.filter(pc.invert(have))
+        _setup_once(stage, name, hash_)
+        measured = pa.concat_tables([stage.run_batch(missing.slice(i, batch_size), None).table
+                                     for i in range(0, missing.num_rows, batch_size)], promote_options="default")
+        stored = pa.concat_tables([stored.cast(measured.schema), measured])
+        pos = pc.index_in(ids, value_set=stored.column("id"))
+    table = stored.take(pos).combine_chunks()
+    kept, rej = split_kept_rejected(table, stage.decide(table), name)
+    return _Node(kept.combine_chunks()), (rej.combine_chunks() if rej is not None else None), n_missing
+
+
+def run_root_task(job: RootJob) -> list[dict]:
+    """Read one root shard and run every row-local stage it feeds. Returns manifest entries."""
+    dag = _worker_dag(job)
+    hashes, sig = dag.hashes(), dag.signal_hashes()
+    rundir, root, key = job.rundir, job.root, job.key
     entries: list[dict] = []
-    tables: dict[str, pa.Table] = {}
-    done_set = set(done)
+    nodes: dict[str, _Node] = {}
+    done_set = set(job.done)
 
-    def table_of(node: str) -> pa.Table:
-        if node in tables:
-            return tables[node]
-        if node == root and shard is not None and materialize and node in done_set:
-            t = pq.read_table(Path(run_dir) / node / f"{key}.parquet")
-        elif node == root and shard is not None:
-            res = read_shard(shard, dag.inputs[root])
+    def node_of(name: str) -> _Node:
+        if name in nodes:
+            return nodes[name]
+        if name == root and job.shard is not None and job.materialize and name in done_set:
+            n = _Node(pq.read_table(rundir.shard_path(name, key)))
+        elif name == root and job.shard is not None:
+            res = read_shard(job.shard, dag.inputs[root])
             docs, rejects = res.tables()
             rejects = rejects.append_column("stage", pa.array([root] * rejects.num_rows, pa.string()))
-            entries.append(write_stage_shard(run_dir, root, key, docs if materialize else None, rejects,
-                                             docs.num_rows + rejects.num_rows, hashes[root]))
-            t = docs
-        elif node == root:
-            t = pq.read_table(source_path)
-        elif dag.stages[node].kind == "union":
-            t = table_of(next(u for u in dag.stages[node].upstreams() if root in roots(dag, u)))
-        elif node in done_set:
-            t = pq.read_table(Path(run_dir) / node / f"{key}.parquet")
+            entries.append(rundir.write_stage_shard(root, key, docs if job.materialize else None, rejects,
+                                                    docs.num_rows + rejects.num_rows, hashes[root]))
+            n = _Node(docs)
+        elif name == root:
+            n = _Node(pq.read_table(job.source_path))
+        elif dag.stages[name].kind == "union":
+            n = node_of(next(u for u in dag.stages[name].upstreams() if root in roots(dag, u)))
+        elif name in done_set:
+            n = _Node(pq.read_table(rundir.shard_path(name, key)))
         else:
-            st = dag.stages[node]
-            table = table_of(st.input)
-            t, rej = _process(st, node, table, dag.batch_size, hashes[node])
-            entries.append(write_stage_shard(run_dir, node, key, t, rej, table.num_rows, hashes[node]))
-        tables[node] = t
-        return t
+            st = dag.stages[name]
+            up = node_of(st.input)
+            stored = _stored_signals(rundir, name, key, sig[name]) if st.rules else None
+            extra = {SIGNALS_HASH: sig[name]} if st.rules else {}
+            if stored is not None:
+                n, rej, measured = _redecide(st, name, up, stored, dag.batch_size, hashes[name])
+                extra["measured_rows"] = measured
+            else:
+                n, rej = _process(st, name, up, dag.batch_size, hashes[name])
+                if st.rules:
+                    extra["measured_rows"] = up.table.num_rows
+            entries.append(rundir.write_stage_shard(name, key, n.table, rej, up.table.num_rows, hashes[name], **extra))
+        nodes[name] = n
+        return n
 
-    if shard is not None and root not in done_set:
-        table_of(root)
-    for name in dag.stages:
-        st = dag.stages[name]
+    if job.shard is not None and root not in done_set:
+        node_of(root)
+    for name, st in dag.stages.items():
         if st.kind == "map" and name not in done_set and root in roots(dag, name):
-            table_of(name)
+            node_of(name)
     return entries
 
 
 # ---------------------------------------------------------------------------------------------
 # the run (driver)
-
-
-def prepare_run_dir(run_dir: Path, dag: Dag, overwrite: bool) -> None:
-    """Refuse to mix two different DAGs in one run directory unless asked to."""
-    dag_file = run_dir / "dag.yaml"
-    if run_dir.exists() and any(run_dir.iterdir()):
-        if not dag_file.exists():
-            if not overwrite:
-                raise RunDirError(f"{run_dir}: exists and is not a refinery run directory (use --overwrite to reuse it)")
-        else:
-            old = yaml.safe_load(dag_file.read_text())
-            if old != dag.to_dict() and not overwrite:
-                raise RunDirError(f"{run_dir}: holds a run of a different DAG ({old.get('name')!r}); "
-                                  "use another --out, or --overwrite to recompute what changed")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    tmp = run_dir / ".dag.yaml.tmp"
-    tmp.write_text(yaml.safe_dump(dag.to_dict(), sort_keys=False))
-    os.replace(tmp, dag_file)
 
 
 def _init_ray(address: str | None, workers: int) -> None:
@@ -192,76 +251,62 @@ def _init_ray(address: str | None, workers: int) -> None:
                  configure_logging=True, log_to_driver=True)
 
 
-def run_dag(dag: Dag, run_dir: str | Path, workers: int = 2, address: str | None = None,
+def run_dag(dag: Dag, run_dir: str | os.PathLike, workers: int = 2, address: str | None = None,
             overwrite: bool = False, quiet: bool = False) -> dict[str, Any]:
     """Run (or resume) ``dag`` into ``run_dir``. Returns the final progress state."""
-    import ray
-
-    run_dir = Path(run_dir).resolve()
+    rundir = RunDir(run_dir)
     plan = make_plan(dag)  # fails on missing inputs before any Ray work starts
-    prepare_run_dir(run_dir, dag, overwrite)
-    progress = RunProgress(run_dir, dag.name, quiet=quiet)
+    rundir.prepare(dag, overwrite)
+    progress = RunProgress(rundir.root, dag.name, quiet=quiet)
     dag_dict = dag.to_dict()
+    failures: list[str] = []
     try:
         _init_ray(address, workers)
-        remote = ray.remote(num_cpus=1, max_retries=3, retry_exceptions=True)(run_root_task)
-        failures: list[str] = []
 
         def run_tasks(phase: str, jobs: list[tuple[str, str, InputShard | None, str | None]]) -> None:
-            # what a job writes: the input's own entry (counts, read rejections) and its closure
-            stages_of = {root: ([root] if root in dag.inputs else [])
-                         + [n for n in plan.closures[root] if dag.stages[n].kind != "union"]
-                         for root, *_ in jobs}
-            committed = {s: Manifest(run_dir, s).done(plan.hashes[s]) for r in stages_of for s in stages_of[r]}
+            writes = {root: plan.writes(root) for root, *_ in jobs}
+            committed = {s: rundir.committed(s, plan.hashes[s]) for ws in writes.values() for s in ws}
             todo = []
             for root, key, shard, src in jobs:
-                done_stages = tuple(s for s in stages_of[root] if key in committed[s])
-                if len(done_stages) < len(stages_of[root]):
-                    todo.append((root, key, shard, src, done_stages))
-            total, done = len(jobs), len(jobs) - len(todo)
-            progress.phase(phase, done, total)
-            inflight: dict[Any, tuple[str, str]] = {}
-            it = iter(todo)
-            while True:
-                while len(inflight) < workers:
-                    job = next(it, None)
-                    if job is None:
-                        break
-                    root, key, shard, src, done_stages = job
-                    ref = remote.remote(dag_dict, dag.path, dag.base_dir, str(run_dir), root, key, shard, src,
-                                        root in plan.materialize_inputs, done_stages)
-                    inflight[ref] = (root, key)
-                if not inflight:
-                    break
-                ready, _ = ray.wait(list(inflight), num_returns=1)
-                for ref in ready:
-                    root, key = inflight.pop(ref)
-                    try:
-                        entries = ray.get(ref)
-                    except Exception as e:  # after retries: record, go on, fail at the end
-                        failures.append(f"{root}/{key}: {type(e).__name__}: {str(e).splitlines()[-1] if str(e) else ''}")
-                        continue
-                    for e in entries:
-                        Manifest(run_dir, e["stage"]).append([e])
-                        progress.stage_counts(e["stage"], e)
-                    done += 1
-                    progress.phase(phase, done, total)
+                done_stages = tuple(s for s in writes[root] if key in committed[s])
+                if len(done_stages) < len(writes[root]):
+                    todo.append(RootJob(dag_dict, dag.path, dag.base_dir, rundir, root, key, shard, src,
+                                        root in plan.materialize_inputs, done_stages))
+            total, finished = len(jobs), len(jobs) - len(todo)
+            progress.phase(phase, finished, total)
+
+            def on_result(i: int, entries: list[dict]) -> None:
+                nonlocal finished
+                rundir.commit(entries)  # one append per stage for the whole task
+                for e in entries:
+                    progress.stage_counts(e["stage"], e)
+                finished += 1
+                progress.phase(phase, finished, total)
+
+            def on_error(i: int, msg: str) -> None:
+                failures.append(f"{todo[i].root}/{todo[i].key}: {msg}")
+
+            run_bounded(run_root_task, [(j,) for j in todo], workers, [plan.resources(j.root) for j in todo],
+                        on_result, on_error)
 
         # Phase 1: every input shard, with the row-local stages it feeds.
-        jobs = [(name, s.key, s, None) for name, shards in plan.input_shards.items() for s in shards]
-        run_tasks("read+map", jobs)
+        run_tasks("read+map", [(name, s.key, s, None) for name, shards in plan.input_shards.items() for s in shards])
         # Then each global stage, followed by the row-local stages downstream of it.
         for name, st in dag.stages.items():
             if st.kind != "global" or failures:
                 continue
-            upstream = sorted(kf for u in st.upstreams() for kf in stage_files(run_dir, dag, u, plan.hashes))
-            ctx = GlobalContext(run_dir, name, plan.hashes[name], workers, upstream, report=progress.phase)
-            st.run(ctx)
-            jobs = [(name, key, None, path) for key, path in stage_files(run_dir, dag, name, plan.hashes)]
+            upstream = sorted(kf for u in st.upstreams() for kf in rundir.shard_files(dag, u, plan.hashes))
+            ctx = GlobalContext(rundir, name, plan.hashes[name], workers, upstream, st.resources,
+                                report=progress.phase)
+            try:
+                st.run(ctx)
+            except TasksFailed as e:
+                failures += e.failures
+                continue
             if plan.closures[name]:
-                run_tasks(f"{name}+map", jobs)
+                run_tasks(f"{name}+map", [(name, k, None, p) for k, p in rundir.shard_files(dag, name, plan.hashes)])
         for node in list(dag.inputs) + list(dag.stages):
-            Manifest(run_dir, node).compact()
+            rundir.compact(node)
         if failures:
             raise RunFailed(f"{len(failures)} shard(s) failed; rerun the same command to retry them:\n  "
                             + "\n  ".join(failures))
@@ -270,7 +315,3 @@ def run_dag(dag: Dag, run_dir: str | Path, workers: int = 2, address: str | None
         raise
     progress.finish("done")
     return progress.state
-
-
-def clear_run(run_dir: str | Path) -> None:
-    shutil.rmtree(run_dir, ignore_errors=True)

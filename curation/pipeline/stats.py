@@ -10,79 +10,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import duckdb
-import yaml
 
-from curation.pipeline.dag import Dag, parse_dag
-from curation.io.shards import Manifest
-
-
-class RunNotFound(FileNotFoundError):
-    """A path that is not a refinery run directory (no dag.yaml)."""
+from curation.pipeline.dag import Dag
+from curation.pipeline.rundir import RunDir, RunNotFound  # noqa: F401  (RunNotFound: callers catch it from here)
 
 
 def load_run_dag(run_dir: str | Path) -> Dag:
-    p = Path(run_dir) / "dag.yaml"
-    if not p.exists():
-        raise RunNotFound(f"{run_dir}: not a refinery run directory (no dag.yaml)")
-    return parse_dag(yaml.safe_load(p.read_text()), str(p))
-
-
-def _q(s: str) -> str:
-    return "'" + s.replace("'", "''") + "'"
-
-
-def _ident(s: str) -> str:
-    return '"' + s.replace('"', '""') + '"'
+    return RunDir(run_dir).load_dag()
 
 
 def connect(run_dir: str | Path, read_only: bool = True) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB connection with the run's views registered."""
-    run_dir = Path(run_dir).resolve()
-    dag = load_run_dag(run_dir)
-    hashes = dag.hashes()
-    con = duckdb.connect(":memory:")
-    files: dict[str, list[str]] = {}
-    rejected: list[str] = []
-    manifest_rows: list[str] = []
-    for node in list(dag.inputs) + list(dag.stages):
-        if node in dag.stages and dag.stages[node].kind == "union":
-            continue
-        done = Manifest(run_dir, node).done(hashes[node])
-        files[node] = [str(run_dir / e["file"]) for k, e in sorted(done.items()) if e.get("file")]
-        rejected += [str(run_dir / e["rejected_file"]) for k, e in sorted(done.items()) if e.get("rejected_file")]
-        for k, e in sorted(done.items()):
-            manifest_rows.append(
-                f"({_q(node)}, {_q(k)}, {int(e.get('rows_in', 0))}, {int(e.get('rows', 0))}, "
-                f"{int(e.get('rejected_rows', 0))}, {int(e.get('bytes', 0))}, {_q(e.get('sha256') or '')})")
-    for node, st in dag.stages.items():  # unions: their upstreams' files
-        if st.kind == "union":
-            files[node] = sorted(f for u in _leaves(dag, node) for f in files.get(u, []))
-
-    def view(name: str, paths: list[str], empty_sql: str) -> None:
-        if paths:
-            lst = "[" + ", ".join(_q(p) for p in paths) + "]"
-            con.execute(f"create view {_ident(name)} as select * from read_parquet({lst}, union_by_name=true)")
-        else:
-            con.execute(f"create view {_ident(name)} as {empty_sql}")
-
-    empty_docs = "select null::varchar as id, null::varchar as text, null::varchar as source where false"
-    for node, paths in files.items():
-        if paths or node in dag.stages:
-            view(node, paths, empty_docs)
-    view("kept", files.get(dag.output, []), empty_docs)
-    view("rejected", rejected,
-         "select null::varchar as id, null::varchar as source, null::varchar as stage, null::varchar as reason where false")
-    values = ", ".join(manifest_rows) or "(null, null, 0, 0, 0, 0, null)"
-    con.execute("create view manifest as select * from (values " + values +
-                ") t(stage, shard, rows_in, rows, rejected_rows, bytes, sha256) where stage is not null")
-    return con
-
-
-def _leaves(dag: Dag, node: str) -> list[str]:
-    st = dag.stages.get(node)
-    if st is None or st.kind != "union":
-        return [node]
-    return [leaf for u in st.upstreams() for leaf in _leaves(dag, u)]
+    """An in-memory DuckDB connection with the run's views registered (see ``RunDir.connect``)."""
+    return RunDir(run_dir).connect()
 
 
 def stage_table(run_dir: str | Path) -> list[dict]:

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from curation.io.shards import file_sha256
+from curation.io.files import file_sha256
 
 #: fastText's file signature (``FASTTEXT_FILEFORMAT_MAGIC_INT32``) and the versions it loads.
 FASTTEXT_MAGIC = 793712314

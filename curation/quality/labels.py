@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from curation.io.shards import file_sha256
+from curation.io.files import file_sha256
 from curation.quality.classifier import prepare_text
 from curation.quality.teachers import ReferenceTeacher, Teacher, make_teacher, text_key
 

@@ -1,8 +1,8 @@
 """What a stage is: typed parameters (a pydantic model) plus one batch method.
 
 Three kinds:
-- ``MapStage``: row-local. ``process(batch) -> StageResult``. Consecutive map stages fuse
-  into one Ray task per shard (read once, write once).
+- ``MapStage``: row-local. ``process(batch, text=None) -> StageResult``. Consecutive map
+  stages fuse into one Ray task per shard (read once, write once).
 - ``GlobalStage``: needs to see the whole corpus (dedup, mix, pack, corpus quantiles).
   ``run(ctx)`` drives its own Ray phases through a ``GlobalContext``.
 - ``UnionStage``: concatenates several upstreams; writes nothing itself.
@@ -10,21 +10,50 @@ Three kinds:
 A filter never silently drops: ``StageResult.reasons`` holds, per row, ``None`` (kept)
 or a reason string such as ``gopher_quality:mean_word_length``. The executor sends
 rejected rows, with every signal column the stage measured, to ``rejected/STAGE/``.
+
+Text state (``curation.text.state.TextState``): the words, lines and paragraphs of a batch's
+text, computed lazily and at most once, handed from one fused stage to the next instead of
+being split again. A map stage is called as ``stage.run_batch(batch, text)`` (the executor's
+entry point) with the state of ``batch``'s text column or ``None`` (then the stage builds one
+if it needs one); ``StageResult.text`` is the state of ``result.table``'s text (row for row),
+or ``None`` when the stage does not provide one. The executor passes
+``result.text.take(kept_indices)`` to the next stage, together with the kept rows.
+Stages written before text states (``process(self, batch)``) keep working: such a
+``process`` is wrapped when the class is created so that ``process(batch, text)`` ignores
+``text``, and their results carry no state (the next stage builds its own).
+
+Measure once, decide cheaply: a stage with ``rules`` (the heuristic filters, langid)
+separates what it *measures* (signal columns, and for C4 the rewritten text:
+``measure(batch, text) -> (table, text_state)``) from what it *decides* from them
+(``decide(table) -> reasons``: its ``Rule`` table, checked in order, the first violated
+rule giving the reason). ``decide`` reads only the table's columns, so the rows ``run_batch``
+returned, written to Parquet and read back, can be re-decided with other thresholds without
+any text processing. The parameters that only feed rules (thresholds) are left out of
+``signal_params()`` / ``signals_hash()``; everything else (and ``params_hash``) covers them.
+``run_batch`` of a stage with rules returns exactly ``measure`` + ``decide``; ``process`` is
+the same except where a stage documents otherwise (C4's ``process`` puts the original text
+back on the pages it drops, as it always did; its measured rows keep the text C4 would write
+on pages only a threshold drops, so that re-deciding can keep them).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import inspect
 import json
 from abc import abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:  # pragma: no cover
     from curation.pipeline.context import GlobalContext
+    from curation.text.state import TextState
 
 #: Bump when a stage's output for the same parameters changes meaning; part of every params hash.
 ALGORITHM_VERSION = 1
@@ -32,14 +61,199 @@ ALGORITHM_VERSION = 1
 
 @dataclass
 class StageResult:
-    """A processed batch: all rows (with signal columns added) and a drop reason per row."""
+    """A processed batch: all rows (with signal columns added), a drop reason per row and,
+    optionally, the text state of ``table``'s text column (row for row)."""
 
     table: pa.Table
     reasons: pa.Array | None = None  # string array, null = keep; None = keep everything
+    text: TextState | None = None  # None: the next stage builds its own
 
     @classmethod
-    def keep_all(cls, table: pa.Table) -> StageResult:
-        return cls(table, None)
+    def keep_all(cls, table: pa.Table, text: TextState | None = None) -> StageResult:
+        return cls(table, None, text)
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one task of a stage needs, as NeMo Curator's ``Resources``: Ray reserves it, so a
+    node runs only as many tasks as it has CPUs and memory for."""
+
+    cpus: float = 1.0
+    memory_mb: int | None = None
+    gpus: float = 0.0
+
+    def ray_options(self) -> dict[str, Any]:
+        opts: dict[str, Any] = {"num_cpus": self.cpus}
+        if self.memory_mb:
+            opts["memory"] = int(self.memory_mb) * 1024 * 1024
+        if self.gpus:
+            opts["num_gpus"] = self.gpus
+        return opts
+
+    @staticmethod
+    def most(items: Iterable[Resources]) -> Resources:
+        """What a fused task running several stages needs: the most of each."""
+        items = list(items) or [Resources()]
+        mems = [r.memory_mb for r in items if r.memory_mb]
+        return Resources(max(r.cpus for r in items), max(mems) if mems else None, max(r.gpus for r in items))
+
+
+
+# ---------------------------------------------------------------------------------------------
+# Rules: a decision over measured columns
+# ---------------------------------------------------------------------------------------------
+
+#: A letter in any script, as RE2 sees it: on every character Python's Unicode tables know,
+#: the same as Python's ``[^\W\d_]`` (letters and non-decimal numerals such as "½" or "²").
+LETTER_RE2 = r"[\p{L}\p{Nl}\p{No}]"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One drop rule of a stage: ``<stage type>:<name>`` when the signal column(s) fail ``op``.
+
+    - ``name``: the reason's suffix. ``{value}`` in it is replaced by the row's signal value
+      (langid's ``lang={value}``).
+    - ``signal``: the column (or columns) the rule reads in the measured table.
+    - ``op``: the comparison, one of ``OPS`` (``"<"``, ``">"``, ``"outside"``, ...).
+    - ``param``: the stage field (or fields, in the order the op takes them) holding the
+      threshold; ``None`` for a rule without threshold (always checked). A field whose value
+      is ``None`` switches the rule off. A field holding a dict (Gopher's
+      ``top_n_grams: {2: 0.2, ...}``) makes one rule per key, in the dict's order, with
+      ``{n}`` in ``name`` and ``signal`` replaced by the key: the keys decide which signals are
+      measured (they stay in ``signal_params``), the values are the thresholds.
+
+    Comparisons never fire on NaN or null, except where the op says so (``"< or null"``,
+    ``"empty"``, ...).
+    """
+
+    name: str
+    signal: str | tuple[str, ...]
+    op: str
+    param: str | tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.op not in OPS:
+            raise ValueError(f"rule {self.name!r}: unknown op {self.op!r} (one of {', '.join(OPS)})")
+        if len(self.params) != OPS[self.op].n_params:
+            raise ValueError(f"rule {self.name!r}: op {self.op!r} takes {OPS[self.op].n_params} param(s)")
+
+    @property
+    def params(self) -> tuple[str, ...]:
+        return () if self.param is None else (self.param,) if isinstance(self.param, str) else tuple(self.param)
+
+    @property
+    def signals(self) -> tuple[str, ...]:
+        return (self.signal,) if isinstance(self.signal, str) else tuple(self.signal)
+
+    def bind(self, stage: Stage) -> list[BoundRule]:
+        """This rule with the stage's thresholds: one ``BoundRule`` (or one per dict key)."""
+        values = [getattr(stage, p) for p in self.params]
+        keyed = [i for i, v in enumerate(values) if isinstance(v, dict)]
+        if not keyed:
+            return [BoundRule(self.name, self.signals, self.op, tuple(values), self.params)]
+        if len(keyed) > 1:
+            raise ValueError(f"rule {self.name!r}: at most one dict-valued param")
+        k = keyed[0]
+        out = []
+        for key, value in values[k].items():
+            vals = tuple(value if i == k else v for i, v in enumerate(values))
+            names = tuple(f"{p}[{key}]" if i == k else p for i, p in enumerate(self.params))
+            out.append(BoundRule(self.name.replace("{n}", str(key)),
+                                 tuple(s.replace("{n}", str(key)) for s in self.signals), self.op, vals, names))
+        return out
+
+
+@dataclass(frozen=True)
+class BoundRule:
+    """A rule with its thresholds (``values``, one per ``Rule.params``) filled in."""
+
+    name: str
+    signals: tuple[str, ...]
+    op: str
+    values: tuple[Any, ...]
+    params: tuple[str, ...] = ()
+
+    def violated(self, table: pa.Table) -> np.ndarray:
+        """Per row, whether the rule fires (all false when switched off)."""
+        n = table.num_rows
+        op = OPS[self.op]
+        if op.n_params and any(v is None for v in self.values[: op.required]):
+            return np.zeros(n, dtype=bool)
+        missing = [s for s in self.signals if s not in table.column_names]
+        if missing:
+            raise KeyError(f"rule {self.name!r} reads column(s) {missing} the table does not have")
+        return op.check([table.column(s) for s in self.signals], self.values)
+
+    def reasons(self, prefix: str, table: pa.Table) -> pa.Array | None:
+        """Per-row reason strings when the name holds ``{value}``, else None."""
+        if "{value}" not in self.name:
+            return None
+        head, _, tail = self.name.partition("{value}")
+        col = table.column(self.signals[0]).cast(pa.string())
+        return pc.binary_join_element_wise(pa.scalar(prefix + head), col, pa.scalar(tail), "")
+
+
+def _values(col) -> np.ndarray:
+    """A numeric column as numpy (nulls as NaN)."""
+    return col.to_numpy() if isinstance(col, pa.ChunkedArray) else col.to_numpy(zero_copy_only=False)
+
+
+def _flags(arr, null: bool = False) -> np.ndarray:
+    """A boolean Arrow column as numpy, nulls as ``null``."""
+    arr = pc.fill_null(arr, null)
+    return _values(arr).astype(bool)
+
+
+def _cmp(fn, col, value) -> np.ndarray:
+    if value is None:
+        return np.zeros(len(col), dtype=bool)
+    with np.errstate(invalid="ignore"):
+        return np.asarray(fn(_values(col), value), dtype=bool)
+
+
+def _below_unless_zero(cols, v) -> np.ndarray:
+    low = _cmp(np.less, cols[0], v[0])
+    return low & (_values(cols[0]) != 0) if v[1] else low
+
+
+def _blank(cols, v) -> np.ndarray:
+    from curation.text.words import PY_WHITESPACE, re2_class  # noqa: PLC0415 (heavy module, only here)
+
+    return _flags(pc.match_substring_regex(cols[0], f"^[{re2_class(PY_WHITESPACE)}]*$"), null=True)
+
+
+@dataclass(frozen=True)
+class Op:
+    n_params: int
+    check: Any  # (columns, threshold values) -> bool array
+    render: Any  # (param names) -> comparison in words, for docs
+    required: int = 0  # how many leading params switch the rule off when None (default: all)
+
+    def __post_init__(self) -> None:
+        if not self.required:
+            object.__setattr__(self, "required", self.n_params)
+
+
+#: What a ``Rule.op`` can be. ``check`` gets the signal columns and the threshold values.
+OPS: dict[str, Op] = {
+    "<": Op(1, lambda c, v: _cmp(np.less, c[0], v[0]), lambda p: f"< `{p[0]}`"),
+    ">": Op(1, lambda c, v: _cmp(np.greater, c[0], v[0]), lambda p: f"> `{p[0]}`"),
+    # either bound None: that side is off
+    "outside": Op(2, lambda c, v: _cmp(np.less, c[0], v[0]) | _cmp(np.greater, c[0], v[1]),
+                  lambda p: f"outside [`{p[0]}`, `{p[1]}`]", required=0),
+    # FineWeb's line_punct_exclude_zero: with the flag set, 0 passes
+    "< unless 0": Op(2, _below_unless_zero, lambda p: f"< `{p[0]}` (0 passes if `{p[1]}`)", required=1),
+    "< or null": Op(1, lambda c, v: _flags(pc.is_null(c[0])) | _cmp(np.less, c[0], v[0]),
+                    lambda p: f"null or < `{p[0]}`"),
+    "not in": Op(1, lambda c, v: _flags(pc.invert(pc.is_in(c[0], value_set=pa.array(v[0], c[0].type))))
+                 & _flags(pc.is_valid(c[0])), lambda p: f"not in `{p[0]}`"),
+    "empty": Op(0, lambda c, v: _flags(pc.equal(pc.binary_length(c[0]), 0), null=True), lambda p: "null or empty"),
+    "blank": Op(0, _blank, lambda p: "null or only whitespace"),
+    "no letter": Op(0, lambda c, v: ~_flags(pc.match_substring_regex(c[0], LETTER_RE2)), lambda p: "no letter"),
+    "= 0": Op(0, lambda c, v: np.logical_and.reduce([_values(x) == 0 for x in c]), lambda p: "all 0"),
+    "true": Op(0, lambda c, v: _flags(c[0]), lambda p: "true"),
+}
 
 
 class Stage(BaseModel):
@@ -53,6 +267,8 @@ class Stage(BaseModel):
     kind: ClassVar[str] = "map"
     #: what an output row is: a document, or (pack) a training row holding many documents
     output_unit: ClassVar[str] = "docs"
+    #: what one task of this stage needs (Ray reserves it); heavy stages declare more
+    resources: ClassVar[Resources] = Resources()
 
     def upstreams(self) -> list[str]:
         return [self.input] if self.input else []

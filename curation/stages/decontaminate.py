@@ -18,23 +18,18 @@ The eval files' content (sha256) is part of the params hash: a changed eval set 
 
 from __future__ import annotations
 
-import bz2
-import gzip
 import hashlib
-import io
-import json
-import lzma
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from pydantic import Field, PrivateAttr, field_validator
 
 from curation.dedup.bloom import BloomFilter
-from curation.io.shards import cached_file_sha256
+from curation.io.evalsets import base_name, read_eval_texts
+from curation.io.files import cached_file_sha256
 from curation.stages.base import MapStage, StageResult, registry
 
 REASON = "decontaminate:ngram_overlap"
@@ -67,57 +62,6 @@ def ngram_hashes(words: list[str], n: int) -> np.ndarray:
     return h
 
 
-def _open_text(path: Path) -> io.TextIOBase:
-    name = path.name.lower()
-    if name.endswith(".gz"):
-        return io.TextIOWrapper(gzip.open(path), encoding="utf-8", errors="replace")
-    if name.endswith(".xz"):
-        return io.TextIOWrapper(lzma.open(path), encoding="utf-8", errors="replace")
-    if name.endswith(".bz2"):
-        return io.TextIOWrapper(bz2.open(path), encoding="utf-8", errors="replace")
-    if name.endswith(".zst"):
-        import zstandard
-
-        return io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(open(path, "rb")), encoding="utf-8",
-                                errors="replace")
-    return open(path, encoding="utf-8", errors="replace")
-
-
-def _base_name(path: Path) -> str:
-    name = path.name.lower()
-    for ext in (".gz", ".xz", ".bz2", ".zst"):
-        if name.endswith(ext):
-            return name[: -len(ext)]
-    return name
-
-
-def read_eval_texts(path: str | Path, text_field: str = "text") -> Iterator[str]:
-    """Documents of one eval file: JSONL rows' ``text_field``, Parquet's column, CoNLL-U
-    sentences (``# text =``), or non-empty lines of a text file."""
-    path = Path(path)
-    base = _base_name(path)
-    if base.endswith(".parquet"):
-        t = pq.read_table(path, columns=[text_field])
-        yield from (x for x in t.column(text_field).to_pylist() if x)
-        return
-    with _open_text(path) as f:
-        if base.endswith((".jsonl", ".json", ".ndjson")):
-            for line in f:
-                line = line.strip()
-                if line:
-                    v = json.loads(line).get(text_field)
-                    if v:
-                        yield str(v)
-        elif base.endswith(".conllu"):
-            for line in f:
-                if line.startswith("# text ="):
-                    yield line[len("# text ="):].strip()
-        else:
-            for line in f:
-                if line.strip():
-                    yield line.rstrip("\n")
-
-
 def eval_ngram_hashes(paths: list[str], n: int, text_field: str = "text") -> np.ndarray:
     """Unique n-gram hashes of a whole eval set.
 
@@ -125,7 +69,7 @@ def eval_ngram_hashes(paths: list[str], n: int, text_field: str = "text") -> np.
     JSONL / Parquet / CoNLL-U documents stay separate."""
     parts = []
     for p in paths:
-        base = _base_name(Path(p))
+        base = base_name(Path(p))
         if base.endswith((".parquet", ".jsonl", ".json", ".ndjson", ".conllu")):
             for doc in read_eval_texts(p, text_field):
                 parts.append(ngram_hashes(normalise_words(doc), n))

@@ -36,10 +36,9 @@ per-phase seconds and docs/s, and peak worker RSS.
 from __future__ import annotations
 
 import json
-import resource
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -48,8 +47,8 @@ import pyarrow.parquet as pq
 from pydantic import Field, model_validator
 
 from curation.dedup.components import connected_components, edge_header, read_labels, symmetric, write_edges
-from curation.pipeline.context import GlobalContext
-from curation.io.shards import Manifest, split_kept_rejected, write_stage_shard
+from curation.io.files import safe_names, write_json
+from curation.io.shards import split_kept_rejected
 from curation.dedup.minhash import (
     MINHASH_VERSION,
     MinHasher,
@@ -60,8 +59,11 @@ from curation.dedup.minhash import (
     shingle_sets,
     write_artifact,
 )
-from curation.stages.base import GlobalStage, registry
-from curation.stages.dedup_exact import check_work_header, shard_names, write_json
+if TYPE_CHECKING:  # pragma: no cover
+    from curation.pipeline.context import GlobalContext
+    from curation.pipeline.rundir import RunDir
+
+from curation.stages.base import GlobalStage, Resources, registry
 
 #: Bump when buckets, edges or the choice of keepers change for the same parameters.
 MINHASH_DEDUP_VERSION = 1
@@ -114,10 +116,6 @@ def candidate_edges(band: np.ndarray, bucket: np.ndarray, doc: np.ndarray, all_p
     u, v = u[o], v[o]
     first = np.r_[True, (u[1:] != u[:-1]) | (v[1:] != v[:-1])]
     return u[first].astype(np.int64), v[first].astype(np.int64)
-
-
-def _rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
 def _sig_table(doc: np.ndarray, sig: np.ndarray, n: np.ndarray, quality: np.ndarray | None) -> pa.Table:
@@ -178,7 +176,7 @@ def signature_task(path: str, first_doc: int, sig_out: str, bucket_out: str, has
     write_artifact(sigs, sig_out, header, row_group_size=8192)
     write_artifact(buckets, bucket_out, header, row_group_size=65536)
     return {"docs": table.num_rows, "bucket_rows": buckets.num_rows, "seconds": time.perf_counter() - t0,
-            "rss_mb": _rss_mb()}
+            }
 
 
 def _verify(u: np.ndarray, v: np.ndarray, paths: list[str], doc_offsets: np.ndarray, ngram: int,
@@ -214,7 +212,7 @@ def candidate_task(p: int, bucket_files: list[str], cc_root: str, partitions: in
     s, d = symmetric(u, v)
     write_edges(Path(cc_root) / "s000", p, s, d, partitions, cc_head)
     stats = {"partition": p, "bucket_rows": rows, "candidate_edges": candidates, "edges": int(len(u)),
-             "seconds": time.perf_counter() - t0, "rss_mb": _rss_mb()}
+             "seconds": time.perf_counter() - t0}
     marker = Path(cc_root) / "s000" / "_candidates" / f"from-{p:04d}.json"
     marker.parent.mkdir(parents=True, exist_ok=True)
     write_json(marker, stats)
@@ -233,7 +231,7 @@ def cluster_quality_task(sig_file: str, lo: int, hi: int, label_files: list[str]
                      "quality": pa.array(q, pa.float64())})
     rows = rows.take(pc.sort_indices(rows, [("part", "ascending"), ("component", "ascending"), ("doc", "ascending")]))
     write_artifact(rows, out, header)
-    return {"rows": rows.num_rows, "rss_mb": _rss_mb()}
+    return {"rows": rows.num_rows}
 
 
 def keeper_task(q: int, files: list[str], out: str, header: dict) -> dict:
@@ -251,10 +249,10 @@ def keeper_task(q: int, files: list[str], out: str, header: dict) -> dict:
         first = np.r_[True, c[1:] != c[:-1]]
         keepers = np.sort(doc[order][first])
     write_artifact(pa.table({"doc": pa.array(keepers, pa.int64())}), out, header)
-    return {"components": int(len(keepers)), "rss_mb": _rss_mb()}
+    return {"components": int(len(keepers))}
 
 
-def apply_task(run_dir: str, stage: str, params_hash: str, key: str, path: str, lo: int, hi: int,
+def apply_task(run_dir: RunDir, stage: str, params_hash: str, key: str, path: str, lo: int, hi: int,
                label_files: list[str], keeper_files: list[str] | None, header: dict, cc_head: dict) -> dict:
     """Phase 5 for one upstream shard: ``dup_cluster`` on every row, non-keepers rejected."""
     table = pq.read_table(path)
@@ -278,7 +276,7 @@ def apply_task(run_dir: str, stage: str, params_hash: str, key: str, path: str, 
     reasons = pc.if_else(pa.array(kept), pa.scalar(None, pa.string()), reasons)
     table = table.append_column("dup_cluster", ids)
     kept_t, rejected = split_kept_rejected(table, reasons, stage)
-    return write_stage_shard(run_dir, stage, key, kept_t, rejected, table.num_rows, params_hash)
+    return run_dir.write_stage_shard(stage, key, kept_t, rejected, table.num_rows, params_hash)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -300,6 +298,8 @@ class MinHashDedup(GlobalStage):
     """
 
     type: Literal["minhash_dedup"] = "minhash_dedup"
+    #: a candidates or components task holds a partition's buckets or edges
+    resources: ClassVar[Resources] = Resources(cpus=1, memory_mb=1536)
     ngram: int = Field(default=5, ge=1, le=64)
     num_perm: int = Field(default=128, ge=2, le=1024)
     threshold: float = Field(default=0.8, gt=0, lt=1)
@@ -341,10 +341,10 @@ class MinHashDedup(GlobalStage):
     def run(self, ctx: GlobalContext) -> None:
         keys = [k for k, _ in ctx.upstream]
         paths = [p for _, p in ctx.upstream]
-        names = shard_names(keys)
+        names = safe_names(keys)
         work = ctx.work_dir
         header = self.header()
-        check_work_header(work, header)
+        ctx.check_work_header(header)
         cc_head = edge_header(header)
         P = self.partitions
         b, r = self.band_rows()
@@ -353,8 +353,7 @@ class MinHashDedup(GlobalStage):
         total_docs = int(offsets[-1])
         done = ctx.done_keys()
         todo_out = [i for i, k in enumerate(keys) if k not in done]
-        report_path = ctx.run_dir / ctx.name / REPORT
-        if not todo_out and report_path.exists():
+        if not todo_out and ctx.rundir.read_report(ctx.name, REPORT) is not None:
             return
         if self.keep == "highest_quality":
             missing = [p for p in paths if "quality" not in pq.read_schema(p).names]
@@ -380,7 +379,7 @@ class MinHashDedup(GlobalStage):
         hasher = self.hasher()
         items = [(paths[i], int(offsets[i]), sig_files[i], bucket_files[i], hasher, b, r, P,
                   self.keep == "highest_quality", header) for i in todo]
-        sig_stats = timed("signatures", lambda: ctx.map(signature_task, items, phase=f"{ctx.name}:signatures"),
+        timed("signatures", lambda: ctx.map(signature_task, items, phase=f"{ctx.name}:signatures"),
                           sum(counts[i] for i in todo))
 
         # phase 2: candidate edges, per partition
@@ -412,15 +411,15 @@ class MinHashDedup(GlobalStage):
             timed("keepers", lambda: ctx.map(keeper_task, items, phase=f"{ctx.name}:keepers"), total_docs)
 
         # phase 5: apply, per shard
-        items = [(str(ctx.run_dir), ctx.name, ctx.params_hash, keys[i], paths[i], int(offsets[i]), int(offsets[i + 1]),
+        items = [(ctx.rundir, ctx.name, ctx.params_hash, keys[i], paths[i], int(offsets[i]), int(offsets[i + 1]),
                   comp.label_files, keeper_files, header, cc_head) for i in todo_out]
         timed("apply", lambda: ctx.map_and_commit(apply_task, items, f"{ctx.name}:apply"),
               sum(counts[i] for i in todo_out))
 
-        entries = Manifest(ctx.run_dir, ctx.name).done(ctx.params_hash)
+        entries = ctx.committed()
         removed = sum(int(entries[k].get("rejected_rows", 0)) for k in keys if k in entries)
         report = {
-            "stage": ctx.name, "params_hash": ctx.params_hash, "header": header, "bands": b, "rows": r,
+            "header": header, "bands": b, "rows": r,
             "documents": total_docs, "removed": removed, "kept": total_docs - removed,
             "bucket_rows": sum(c["bucket_rows"] for c in cand),
             "candidate_edges": sum(c["candidate_edges"] for c in cand),
@@ -428,8 +427,6 @@ class MinHashDedup(GlobalStage):
             "largest_task_bucket_rows": max((c["bucket_rows"] for c in cand), default=0),
             "components": {"steps": comp.steps, "input_directed_edges": comp.input_edges,
                            "largest_task_edges": comp.max_task_edges, "per_step": comp.per_step},
-            "phases": phases,
-            "max_rss_mb": max([comp.max_rss_mb] + [s["rss_mb"] for s in sig_stats]
-                              + [c["rss_mb"] for c in cand]),
+            "phase_docs": phases,
         }
-        write_json(report_path, report)
+        ctx.write_report(REPORT, report)

@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import math
-import os
 import shutil
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -31,8 +29,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import Field, model_validator
 
-from curation.pipeline.context import GlobalContext
-from curation.io.shards import split_kept_rejected, write_parquet, write_stage_shard
+from curation.io.files import write_parquet
+from curation.io.shards import split_kept_rejected
+if TYPE_CHECKING:  # pragma: no cover
+    from curation.pipeline.context import GlobalContext
+    from curation.pipeline.rundir import RunDir
+
 from curation.stages.base import GlobalStage, registry
 
 REPORT = "_mix_report.json"
@@ -158,7 +160,7 @@ def _copy_ids(ids: list[str], epochs: np.ndarray) -> list[str]:
     return [i if e == 0 else f"{i}#epoch{e}" for i, e in zip(ids, epochs.tolist())]
 
 
-def scatter_shard(run_dir: str, stage: str, params_hash: str, key: str, path: str, frag_dir: str,
+def scatter_shard(run_dir: RunDir, stage: str, params_hash: str, key: str, path: str, frag_dir: str,
                   rows: np.ndarray, epochs: np.ndarray, ranks: np.ndarray, rows_per_shard: int,
                   rej_rows: np.ndarray, rej_reasons: list[str]) -> dict:
     """Phase 2, one upstream shard: write its copies into per-output-shard fragments and its
@@ -178,20 +180,20 @@ def scatter_shard(run_dir: str, stage: str, params_hash: str, key: str, path: st
     for r, why in zip(rej_rows.tolist(), rej_reasons):
         reasons[r] = why
     _, rejected = split_kept_rejected(table, pa.array(reasons, pa.string()), stage)
-    entry = write_stage_shard(run_dir, stage, key, None, rejected, table.num_rows, params_hash)
+    entry = run_dir.write_stage_shard(stage, key, None, rejected, table.num_rows, params_hash)
     entry["rows"] = 0  # this entry only accounts for input rows; copies are counted by output shards
     (frag / "_scattered").mkdir(parents=True, exist_ok=True)
     (frag / "_scattered" / key).touch()
     return entry
 
 
-def gather_shard(run_dir: str, stage: str, params_hash: str, key: str, frag_dir: str, schema: pa.Schema) -> dict:
+def gather_shard(run_dir: RunDir, stage: str, params_hash: str, key: str, frag_dir: str, schema: pa.Schema) -> dict:
     """Phase 3, one output shard: its fragments, in rank order, as one committed shard."""
     ranked = schema.append(pa.field("_rank", pa.int64()))
     parts = [conform(pq.read_table(f), ranked) for f in sorted(Path(frag_dir).glob("*.parquet"))]
     table = pa.concat_tables(parts).combine_chunks()
     table = table.take(pc.sort_indices(table.column("_rank"))).drop_columns(["_rank"])
-    return write_stage_shard(run_dir, stage, key, table.replace_schema_metadata(schema.metadata), None, 0, params_hash)
+    return run_dir.write_stage_shard(stage, key, table.replace_schema_metadata(schema.metadata), None, 0, params_hash)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -369,12 +371,12 @@ class Mix(GlobalStage):
             # fragments are needed for any output shard still to write
             todo_in = [i for i, k in enumerate(keys)
                        if k not in done or (todo_out and not (scattered / k).exists())]
-            items = [(str(ctx.run_dir), ctx.name, ctx.params_hash, keys[i], paths[i], str(frag_dir),
+            items = [(ctx.rundir, ctx.name, ctx.params_hash, keys[i], paths[i], str(frag_dir),
                       plan["per_shard"][i]["rows"], plan["per_shard"][i]["epochs"], plan["per_shard"][i]["ranks"],
                       self.rows_per_shard, plan["per_shard"][i]["rej_rows"], plan["per_shard"][i]["rej_reasons"])
                      for i in todo_in]
             ctx.map_and_commit(scatter_shard, items, f"{ctx.name}:scatter")
-            items = [(str(ctx.run_dir), ctx.name, ctx.params_hash, k, str(frag_dir / f"{j:05d}"), schema)
+            items = [(ctx.rundir, ctx.name, ctx.params_hash, k, str(frag_dir / f"{j:05d}"), schema)
                      for j, k in todo_out]
             ctx.map_and_commit(gather_shard, items, f"{ctx.name}:gather")
         # fragments are a full copy of the data: drop them once every output shard is committed
@@ -382,11 +384,7 @@ class Mix(GlobalStage):
         shutil.rmtree(work, ignore_errors=True)
         with contextlib.suppress(OSError):  # other parameters still have files there
             work.parent.rmdir()  # _work/
-        report = {"stage": ctx.name, "params_hash": ctx.params_hash, **report}
-        path = ctx.run_dir / ctx.name / REPORT
-        tmp = path.with_name(f".{REPORT}.tmp")
-        tmp.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, path)
+        ctx.write_report(REPORT, report)
 
 
 def _unified_schema(paths: list[str]) -> pa.Schema:

@@ -26,32 +26,25 @@ from __future__ import annotations
 
 import bisect
 import json
-import os
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import Field, field_validator
 
-from curation.pipeline.context import GlobalContext
-from curation.io.shards import write_stage_shard
+if TYPE_CHECKING:  # pragma: no cover
+    from curation.pipeline.context import GlobalContext
+    from curation.pipeline.rundir import RunDir
+
 from curation.stages.base import GlobalStage, registry
-from curation.stages.tokenize import TOKENIZER_METADATA
+from curation.formats.packed import PACK_REPORT, PACKED_SCHEMA, TOKENIZER_METADATA
 from curation.tokenizer.model import Tokenizer, checked_tokenizer_dir, tokenizer_fingerprint
 
-REPORT = "_pack_report.json"
+REPORT = PACK_REPORT
 ROW_GROUP_ROWS = 256
 
-PACKED_SCHEMA = pa.schema([
-    pa.field("input_ids", pa.list_(pa.int32())),
-    pa.field("doc_lens", pa.list_(pa.int32())),
-    pa.field("doc_ids", pa.list_(pa.string())),
-    pa.field("source", pa.string()),
-    pa.field("source_tokens", pa.string()),
-    pa.field("quality", pa.float64()),
-])
 
 
 class PackError(ValueError):
@@ -235,7 +228,7 @@ def _read_rows(path: str, lo: int, hi: int, columns: list[str]) -> pa.Table:
     return t.slice(lo - first, hi - lo)
 
 
-def pack_task(run_dir: str, stage: str, params_hash: str, key: str, segments: list[tuple[str, int, int]],
+def pack_task(run_dir: RunDir, stage: str, params_hash: str, key: str, segments: list[tuple[str, int, int]],
               seq_len: int, algorithm: str, pad_id: int, shuffle_seed: tuple[int, int] | None = None) -> dict:
     """One window: read its documents, pack them, write one shard. Returns its manifest entry.
     ``shuffle_seed`` (seed, window): permute the window's rows with it."""
@@ -257,7 +250,7 @@ def pack_task(run_dir: str, stage: str, params_hash: str, key: str, segments: li
         # best-fit emits rows largest pieces first (long web pages, then packed short math...):
         # a reader going through a shard in order should not see sources in blocks
         packed = packed.take(np.random.default_rng(list(shuffle_seed)).permutation(packed.num_rows))
-    entry = write_stage_shard(run_dir, stage, key, packed, None, table.num_rows, params_hash, row_group_size=ROW_GROUP_ROWS)
+    entry = run_dir.write_stage_shard(stage, key, packed, None, table.num_rows, params_hash, row_group_size=ROW_GROUP_ROWS)
     entry["pack"] = stats
     return entry
 
@@ -339,22 +332,16 @@ class Pack(GlobalStage):
         pad_id = self.resolve_pad_id(paths) if windows else (self.pad_id or 0)
         keys = [f"{ctx.name}-{w:05d}" for w in range(len(windows))]
         done = ctx.done_keys()
-        items = [(str(ctx.run_dir), ctx.name, ctx.params_hash, k, windows[w], self.seq_len, self.algorithm, pad_id,
+        items = [(ctx.rundir, ctx.name, ctx.params_hash, k, windows[w], self.seq_len, self.algorithm, pad_id,
                   (self.seed, w) if self.shuffle_rows else None)
                  for w, k in enumerate(keys) if k not in done]
         ctx.map_and_commit(pack_task, items, f"{ctx.name}:pack")
-        from curation.io.shards import Manifest
-
-        entries = Manifest(ctx.run_dir, ctx.name).done(ctx.params_hash)
+        entries = ctx.committed()
         stats = [entries[k]["pack"] for k in keys if k in entries]
         report = summarize(stats, self.seq_len)
-        report.update(stage=ctx.name, params_hash=ctx.params_hash, algorithm=self.algorithm, seq_len=self.seq_len,
-                      window=self.window, pad_id=pad_id, shards=len(keys))
-        path = ctx.run_dir / ctx.name / REPORT
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{REPORT}.tmp")
-        tmp.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, path)
+        report.update(algorithm=self.algorithm, seq_len=self.seq_len, window=self.window, pad_id=pad_id,
+                      shards=len(keys))
+        ctx.write_report(REPORT, report)
 
 
 def summarize(stats: list[dict], seq_len: int) -> dict:

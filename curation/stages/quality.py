@@ -18,9 +18,8 @@ with ``quality.model: cannot load 'PATH': why``.
 
 from __future__ import annotations
 
-import json
 import os
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -28,8 +27,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from curation.pipeline.context import GlobalContext
-from curation.io.shards import split_kept_rejected, write_parquet, write_stage_shard
+from curation.io.files import write_parquet
+from curation.io.shards import split_kept_rejected
+if TYPE_CHECKING:  # pragma: no cover
+    from curation.pipeline.context import GlobalContext
+    from curation.pipeline.rundir import RunDir
+
 from curation.stages.base import GlobalStage, StageResult, registry
 
 REPORT = "_quality_report.json"
@@ -76,7 +79,7 @@ def score_shard(path: str, model: str, positive_label: str | None, out: str) -> 
     return {"pid": os.getpid(), "loads": int(LOADS[os.path.realpath(model)]), "rows": len(scores)}
 
 
-def cut_shard(run_dir: str, stage: str, params_hash: str, key: str, path: str, scores_path: str,
+def cut_shard(run_dir: RunDir, stage: str, params_hash: str, key: str, path: str, scores_path: str,
               threshold: float, boundary: tuple[str, str, int] | None) -> dict:
     """Phase 2, one upstream shard: kept rows (score above the cut, or tied and not after the
     boundary document) and rejected rows, written and returned as a manifest entry."""
@@ -92,7 +95,7 @@ def cut_shard(run_dir: str, stage: str, params_hash: str, key: str, path: str, s
     reasons = np.where(keep, None, np.where(has, "quality:below_top_fraction", "quality:no_text"))
     out = _with_quality(table, scores)
     kept, rejected = split_kept_rejected(out, pa.array(reasons.tolist(), pa.string()), stage)
-    return write_stage_shard(run_dir, stage, key, kept, rejected, table.num_rows, params_hash)
+    return run_dir.write_stage_shard(stage, key, kept, rejected, table.num_rows, params_hash)
 
 
 @registry.register("quality")
@@ -186,18 +189,15 @@ class QualityScore(GlobalStage):
             tied.sort()
             boundary = tied[need - 1]
         done = ctx.done_keys()
-        items = [(str(ctx.run_dir), ctx.name, ctx.params_hash, key, paths[key], str(score_dir / f"{key}.parquet"),
+        items = [(ctx.rundir, ctx.name, ctx.params_hash, key, paths[key], str(score_dir / f"{key}.parquet"),
                   threshold, boundary) for key in keys if key not in done]
         ctx.map_and_commit(cut_shard, items, f"{ctx.name}:cut")
         loads: dict[str, int] = {}
         for f in facts:
             loads[str(f["pid"])] = max(loads.get(str(f["pid"]), 0), f["loads"])
-        report = {"stage": ctx.name, "params_hash": ctx.params_hash, "documents": n, "with_text": int(len(valid)),
+        report = {"documents": n, "with_text": int(len(valid)),
                   "keep_top": self.keep_top, "kept": k, "kept_share": (k / n) if n else 0.0,
                   "threshold": threshold if k > 0 else None,
                   "boundary": list(boundary) if boundary else None,
                   "model_loads_per_worker_process": loads}
-        path = ctx.run_dir / ctx.name / REPORT
-        tmp = path.with_name(f".{REPORT}.tmp")
-        tmp.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
-        os.replace(tmp, path)
+        ctx.write_report(REPORT, report)

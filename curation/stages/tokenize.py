@@ -10,11 +10,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import PrivateAttr, field_validator
 
+from curation.formats.packed import TOKENIZER_METADATA
 from curation.stages.base import MapStage, StageResult, registry
 from curation.tokenizer.model import Tokenizer, checked_tokenizer_dir, load_cached, tokenizer_fingerprint
 
 #: Schema metadata key on tokenized shards: which tokenizer made ``input_ids`` (pack reads pad_id).
-TOKENIZER_METADATA = b"refinery.tokenizer"
 
 
 def int32_lists(arrays: list[np.ndarray]) -> pa.ListArray:

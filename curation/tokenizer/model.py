@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from curation.io.shards import file_sha256
+from curation.io.files import file_sha256, write_bytes
 
 EOS = "<|endoftext|>"
 PAD = "<|pad|>"
@@ -48,38 +48,6 @@ class TokenizerError(ValueError):
 # the training corpus: Parquet shards of a stage, or any list of files
 
 
-def _stage_shards(path: Path) -> list[tuple[str, str | None]] | None:
-    """Committed shards of ``RUN/STAGE`` when ``RUN`` is a run directory (unions resolve to their
-    branches); None when ``path`` is not a stage of a run."""
-    dag_file = path.parent / "dag.yaml"
-    if not dag_file.exists():
-        return None
-    import yaml
-
-    from curation.pipeline.dag import parse_dag
-    from curation.pipeline.executor import stage_files
-    from curation.io.shards import Manifest
-
-    dag = parse_dag(yaml.safe_load(dag_file.read_text()), str(dag_file))
-    if path.name not in dag.inputs and path.name not in dag.stages:
-        return None
-    hashes = dag.hashes()
-    files = stage_files(path.parent, dag, path.name, hashes)
-    shas: dict[str, str | None] = {}
-    for node in {path.name} | {u for u in _union_leaves(dag, path.name)}:
-        for e in Manifest(path.parent, node).done(hashes.get(node, "")).values():
-            if e.get("file"):
-                shas[str((path.parent / e["file"]).resolve())] = e.get("sha256")
-    return [(f, shas.get(str(Path(f).resolve()))) for _, f in files]
-
-
-def _union_leaves(dag, node: str) -> list[str]:
-    st = dag.stages.get(node)
-    if st is None or st.kind != "union":
-        return [node]
-    return [leaf for u in st.upstreams() for leaf in _union_leaves(dag, u)]
-
-
 @dataclass
 class ParquetCorpus:
     """Parquet files to stream text from, with the sha256 of each (from the stage manifest when
@@ -90,18 +58,14 @@ class ParquetCorpus:
 
     @classmethod
     def resolve(cls, paths: str | Path | Sequence[str | Path]) -> ParquetCorpus:
-        """``RUN/STAGE`` (its committed shards), a folder (its ``*.parquet``), a glob, or files."""
+        """A folder (its ``*.parquet``), a glob, or files. A run's ``RUN/STAGE`` (its committed
+        shards, unions resolved) is ``curation.pipeline.rundir.resolve_corpus``'s job."""
         if isinstance(paths, (str, Path)):
             paths = [paths]
         found: list[tuple[str, str | None]] = []
         for raw in paths:
             p = Path(raw)
-            shards = _stage_shards(p) if not p.is_file() else None
-            if shards is not None:
-                if not shards:
-                    raise TokenizerError(f"{raw}: stage has no committed shards (run the pipeline first)")
-                found += shards
-            elif p.is_dir():
+            if p.is_dir():
                 files = sorted(str(f) for f in p.glob("*.parquet") if not f.name.startswith("."))
                 if not files:
                     raise TokenizerError(f"{raw}: no .parquet files in this folder")
@@ -245,7 +209,7 @@ def train_tokenizer(inputs: str | Path | Sequence[str | Path], out: str | Path, 
         raise TokenizerError(f"kind: {kind!r} is not one of {sorted(MODEL_FILES)}")
     if vocab_size < 300:
         raise TokenizerError(f"vocab_size: {vocab_size} is too small (byte-level needs 256 + specials)")
-    corpus = ParquetCorpus.resolve(inputs)
+    corpus = inputs if isinstance(inputs, ParquetCorpus) else ParquetCorpus.resolve(inputs)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     seen = _Seen()
@@ -261,7 +225,7 @@ def train_tokenizer(inputs: str | Path | Sequence[str | Path], out: str | Path, 
     # Model first, card last (both atomically): a directory with a card is a complete tokenizer.
     for name in (*MODEL_FILES.values(), CARD):
         (out / name).unlink(missing_ok=True)
-    _write_atomic(out / MODEL_FILES[kind], model)
+    write_bytes(out / MODEL_FILES[kind], model)
     tok = Tokenizer.load(out, require_card=False)
     card = {
         "kind": kind,
@@ -287,15 +251,9 @@ def train_tokenizer(inputs: str | Path | Sequence[str | Path], out: str | Path, 
         },
         "versions": _versions(),
     }
-    _write_atomic(out / CARD, (json.dumps(card, indent=2, sort_keys=True) + "\n").encode())
+    write_bytes(out / CARD, (json.dumps(card, indent=2, sort_keys=True) + "\n").encode())
     tok.card = card
     return tok
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ def _langs(batch: pa.RecordBatch) -> list[str]:
 def fertility(tok: Tokenizer, inputs: str | Path | Sequence[str | Path], max_docs: int | None = None) -> list[dict]:
     """Per (source, lang): docs, words, bytes, tokens, tokens/word, bytes/token. Streams the
     shards in record batches; ``max_docs`` stops early (a sample is enough for fertility)."""
-    corpus = ParquetCorpus.resolve(inputs)
+    corpus = inputs if isinstance(inputs, ParquetCorpus) else ParquetCorpus.resolve(inputs)
     acc: dict[tuple[str, str], list[int]] = {}
     seen = 0
     for batch in corpus.iter_batches(["text", "source", "lang", "meta"]):

@@ -177,7 +177,7 @@ def run_one(corpus: str, workers: int, partitions: int, out_json: str) -> None:
 
     import curation.stages  # noqa: F401
     from curation.pipeline.context import GlobalContext
-    from curation.io.shards import Manifest
+    from curation.pipeline.rundir import RunDir
     from curation.stages.dedup_exact import ExactDedup
     from curation.stages.dedup_minhash import MinHashDedup
 
@@ -191,15 +191,15 @@ def run_one(corpus: str, workers: int, partitions: int, out_json: str) -> None:
         with TreeRSS() as rss:
             exact = ExactDedup(input="corpus", partitions=partitions,
                                bloom={"expected_items": n, "false_positive_rate": 1e-6})
-            ctx = GlobalContext(root / "run", "exact", exact.params_hash(["c"]), workers, upstream)
+            ctx = GlobalContext(RunDir(root / "run"), "exact", exact.params_hash(["c"]), workers, upstream)
             t1 = time.perf_counter()
             exact.run(ctx)
             res["exact_s"] = time.perf_counter() - t1
             res["exact"] = json.loads((root / "run" / "exact" / "_bloom_report.json").read_text())
-            done = Manifest(root / "run", "exact").done(ctx.params_hash)
+            done = RunDir(root / "run").committed("exact", ctx.params_hash)
             up2 = sorted((k, str(root / "run" / e["file"])) for k, e in done.items())
             near = MinHashDedup(input="exact", partitions=partitions)
-            ctx2 = GlobalContext(root / "run", "near", near.params_hash(["e"]), workers, up2)
+            ctx2 = GlobalContext(RunDir(root / "run"), "near", near.params_hash(["e"]), workers, up2)
             t1 = time.perf_counter()
             near.run(ctx2)
             res["near_s"] = time.perf_counter() - t1
@@ -273,7 +273,7 @@ def quality(workers: int) -> None:
             up.append((f"q-{s}", str(p)))
         ray.init(num_cpus=workers, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
         stage = MinHashDedup(input="q", threshold=0.8, num_perm=128, ngram=5, partitions=8)
-        ctx = GlobalContext(root / "run", "near", stage.params_hash(["q"]), workers, up)
+        ctx = GlobalContext(RunDir(root / "run"), "near", stage.params_hash(["q"]), workers, up)
         stage.run(ctx)
         ray.shutdown()
         rej = pq.read_table(list((root / "run" / "rejected" / "near").glob("*.parquet"))).column("id").to_pylist() \
