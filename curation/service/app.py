@@ -26,6 +26,7 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Redirect
 from pydantic import BaseModel, ConfigDict
 from starlette.requests import HTTPConnection
 
+from curation.pipeline.rundir import RunDir
 from curation.service.auth import COOKIE, PathPolicy, TokenAuth, load_token
 from curation.service.runs import RunConflict, RunManager, RunMissing, SubmitError, SUBMITTED_FILE
 from curation.service.sql_guard import SqlRejected, run_select
@@ -160,12 +161,13 @@ class StatsCache:
 
     @staticmethod
     def _key(run_dir: Path) -> tuple:
-        def mtime(name: str) -> int | None:
+        def mtime(path: Path) -> int | None:
             try:
-                return (run_dir / name).stat().st_mtime_ns
+                return path.stat().st_mtime_ns
             except OSError:
                 return None
-        return (str(run_dir), mtime("progress.json"), mtime("dag.yaml"))
+        rd = RunDir(run_dir)
+        return (str(run_dir), mtime(rd.progress_file), mtime(rd.dag_file))
 
     def get(self, run_dir: Path) -> bytes:
         key = self._key(run_dir)
@@ -437,7 +439,7 @@ def create_app(runs_dir: str | Path, token: str, address: str | None = None,
         """The DAG as submitted and as run (inputs pinned to resolved files, defaults filled in)."""
         d = runs.run_dir(run_id)
         read = lambda p: p.read_text() if p.exists() else None  # noqa: E731
-        return {"submitted": read(d / SUBMITTED_FILE), "resolved": read(d / "dag.yaml")}
+        return {"submitted": read(d / SUBMITTED_FILE), "resolved": read(RunDir(d).dag_file)}
 
     @app.post("/runs/{run_id}/cancel", response_model=RunDetail, tags=["runs"])
     def cancel_run(run_id: str):

@@ -36,6 +36,7 @@ from typing import Any
 
 import yaml
 
+from curation.pipeline.rundir import RunDir
 from curation.service.auth import PathDenied, PathPolicy, walk_strings
 
 SERVICE_FILE = "service.json"
@@ -325,14 +326,14 @@ class RunManager:
         if not RUN_ID.match(run_id or ""):
             raise RunMissing(run_id)
         d = self.runs_dir / run_id
-        if not ((d / SERVICE_FILE).exists() or (d / "dag.yaml").exists()):
+        if not ((d / SERVICE_FILE).exists() or (RunDir(d).dag_file).exists()):
             raise RunMissing(run_id)
         return d
 
     def _run_ids(self) -> list[str]:
         out = []
         for d in self.runs_dir.iterdir():
-            if d.is_dir() and RUN_ID.match(d.name) and ((d / SERVICE_FILE).exists() or (d / "dag.yaml").exists()):
+            if d.is_dir() and RUN_ID.match(d.name) and ((d / SERVICE_FILE).exists() or (RunDir(d).dag_file).exists()):
                 out.append(d.name)
         return out
 
@@ -395,7 +396,7 @@ class RunManager:
     def describe(self, run_id: str, detail: bool = True) -> dict[str, Any]:
         """What a client sees of one run: state, progress, timings (and per-stage counters)."""
         d = self.run_dir(run_id)
-        progress = _read_json(d / "progress.json")
+        progress = _read_json(RunDir(d).progress_file)
         with self._lock:  # service.json is rewritten under the lock (launch, reap): read it there too
             meta = self._meta(run_id)
             state, error = self._derive(run_id, meta, progress)
@@ -444,7 +445,7 @@ class RunManager:
     def _node_order(self, d: Path) -> list[str]:
         """Inputs then stages, as in dag.yaml. Cached by mtime: parsing the YAML is most of
         the cost of a run description."""
-        p = d / "dag.yaml"
+        p = RunDir(d).dag_file
         try:
             mtime = p.stat().st_mtime_ns
         except OSError:
@@ -480,7 +481,7 @@ class RunManager:
         d = self.runs_dir / rid
         d.mkdir(parents=True)
         # dag.yaml as `refinery run` itself would write it, so the run accepts this directory
-        (d / "dag.yaml").write_text(yaml.safe_dump(dag.to_dict(), sort_keys=False))
+        RunDir(d).write_dag(dag)
         (d / SUBMITTED_FILE).write_text(text)
         now = time.time()
         with self._lock:
@@ -498,7 +499,7 @@ class RunManager:
             meta = self._meta(run_id)
             if not meta:
                 raise RunConflict(f"run {run_id} was not started by the service; stop it where it runs")
-            state, _ = self._derive(run_id, meta, _read_json(self.runs_dir / run_id / "progress.json"))
+            state, _ = self._derive(run_id, meta, _read_json(RunDir(self.runs_dir / run_id).progress_file))
             if state not in ACTIVE_STATES:
                 raise RunConflict(f"run {run_id} is {state}; only queued or running runs can be cancelled")
             meta.update(state="cancelled", cancelled_at=time.time())
@@ -546,7 +547,7 @@ class RunManager:
             meta = self._meta(run_id)
             if not meta:
                 raise RunConflict(f"run {run_id} was not started by the service; resume it with `refinery run`")
-            state, _ = self._derive(run_id, meta, _read_json(d / "progress.json"))
+            state, _ = self._derive(run_id, meta, _read_json(RunDir(d).progress_file))
             if state not in ("failed", "cancelled"):
                 raise RunConflict(f"run {run_id} is {state}; only failed or cancelled runs can be resumed")
             if self._alive(run_id, meta):
@@ -580,7 +581,7 @@ class RunManager:
 
     def command(self, run_id: str) -> list[str]:
         d = self.runs_dir / run_id
-        cmd = [self.python, "-m", "curation.cli", "run", str(d / "dag.yaml"), "--out", str(d), "-q"]
+        cmd = [self.python, "-m", "curation.cli", "run", str(RunDir(d).dag_file), "--out", str(d), "-q"]
         if self.address:
             cmd += ["--address", self.address]
         return cmd
