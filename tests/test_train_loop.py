@@ -119,7 +119,7 @@ def test_a_spike_repeated_on_the_next_batch_is_taken():
     """Skipping leaves the model as it is: when the next batch spikes too, the guard takes the
     step (clipped) instead of skipping until it stops the run. Non-finite losses still skip."""
     from training.config import GuardConfig
-    from training.train import Guard
+    from training.guard import Guard
 
     guard = Guard(GuardConfig(spike_factor=10, min_history=3, max_consecutive_skips=3))
     for g in (1.0, 0.9, 1.1):

@@ -7,8 +7,10 @@ A checkpoint is a directory ``step_00001000/``:
                 its own shards, so a checkpoint written by 2 FSDP2 ranks loads on 1 process
                 (or 8) and vice versa. ``get_state_dict`` / ``set_state_dict`` hide whether
                 the model is plain, DDP or FSDP2.
-- ``meta.json`` step, data state (a few integers + fingerprint), LR schedule, phase plan,
-                config snapshot, lineage.
+- ``meta.json`` step, world size, and the ``state_dict()`` of every training-state component
+                it is handed, under the component's name (data position, LR schedule,
+                phase plan, guard, token counters), plus descriptive fields (config
+                snapshot, reason, lineage).
 - ``rng.pt``    rank 0's torch / numpy / python RNG states.
 
 Everything is written into ``.tmp-step_...`` and renamed into place by rank 0 once every
@@ -24,6 +26,7 @@ import random
 import shutil
 import warnings
 from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -34,6 +37,14 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from training.parallel import DistEnv, barrier, broadcast_object
 
 LATEST = "latest"
+
+
+class Stateful(Protocol):
+    """Training state besides model and optimizer; its state is JSON (it goes to meta.json)."""
+
+    def state_dict(self) -> Any: ...
+
+    def load_state_dict(self, state: Any) -> None: ...
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -57,8 +68,12 @@ class Checkpointer:
         if env.is_main:
             self.dir.mkdir(parents=True, exist_ok=True)
 
-    def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, meta: dict) -> Path:
-        """Collective: every rank must call it. Returns the final checkpoint path."""
+    def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, components: dict[str, Stateful], info: dict | None = None) -> Path:
+        """Collective: every rank must call it. Returns the final checkpoint path.
+
+        meta.json holds each component's state under its name, and ``info`` (descriptive
+        fields nothing restores from).
+        """
         name = f"step_{step:08d}"
         final, tmp = self.dir / name, self.dir / f".tmp-{name}"
         if self.env.is_main:
@@ -74,7 +89,9 @@ class Checkpointer:
             if torch.cuda.is_available():
                 rng["cuda"] = torch.cuda.get_rng_state_all()
             torch.save(rng, tmp / "rng.pt")
-            _write_atomic(tmp / "meta.json", json.dumps({**meta, "step": step}, indent=1, sort_keys=True))
+            meta = {**(info or {}), **{key: c.state_dict() for key, c in components.items()}}
+            meta.update(step=step, world_size=self.env.world)
+            _write_atomic(tmp / "meta.json", json.dumps(meta, indent=1, sort_keys=True))
         barrier(self.env)  # every rank's shards are on disk before the rename makes them visible
         if self.env.is_main:
             if final.exists():  # the same step saved again (e.g. after a resume): replace it
@@ -125,8 +142,10 @@ def resolve(path: str | Path) -> Path:
     raise FileNotFoundError(f"{path}: not a checkpoint (no meta.json) and no 'latest' pointer")
 
 
-def load(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None, env: DistEnv) -> dict:
-    """Load model (+ optimizer) state into an already wrapped model; returns meta.json.
+def load(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None, env: DistEnv, components: dict[str, Stateful] | None = None) -> dict:
+    """Load model (+ optimizer) state into an already wrapped model, and each component's
+    state from meta.json (a component the checkpoint has no state for keeps its own: it was
+    written before that component existed). Returns meta.json.
 
     Collective. Works whatever the world size was when the checkpoint was written.
     """
@@ -146,4 +165,8 @@ def load(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | 
     random.setstate(rng["python"])
     if "cuda" in rng and torch.cuda.is_available() and len(rng["cuda"]) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(rng["cuda"])
-    return broadcast_object(json.loads((path / "meta.json").read_text()), env)
+    meta = broadcast_object(json.loads((path / "meta.json").read_text()), env)
+    for name, component in (components or {}).items():
+        if name in meta:
+            component.load_state_dict(meta[name])
+    return meta

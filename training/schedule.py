@@ -3,7 +3,8 @@
 - ``LRSchedule``: piecewise LR made of segments (constant / linear / cosine / 1-sqrt) with a
   linear warm-up on top. Built from the whole-run schedule (cosine or WSD) or from the
   phases' own LR segments.
-- ``plan_phases``: mixture phases resolved to step ranges and normalised source weights.
+- ``plan_phases``: mixture phases resolved to step ranges and normalised source weights
+  (``Phases``).
 - ``MixturePattern``: per-source row counts as arithmetic. Weights are quantised once to
   integers summing to ``PERIOD``; a fixed interleaving of that many slots (Webster /
   Sainte-Lague order, so every source is spread evenly) repeats forever. Position p of a
@@ -16,7 +17,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -72,6 +73,10 @@ class LRSchedule:
     def state_dict(self) -> dict:
         return {"warmup_steps": self.warmup_steps, "segments": [s.__dict__ for s in self.segments]}
 
+    def load_state_dict(self, state: dict) -> None:
+        self.segments = [Segment(**s) for s in state["segments"]]
+        self.warmup_steps = state["warmup_steps"]
+
 
 @dataclass(frozen=True)
 class PhasePlan:
@@ -89,7 +94,17 @@ class PhasePlan:
         return self.end - self.start
 
 
-def plan_phases(cfg: TrainConfig, source_rows: dict[str, int]) -> list[PhasePlan]:
+class Phases(list[PhasePlan]):
+    """The run's phase plans in step order; a checkpoint stores them (as ``plans``)."""
+
+    def state_dict(self) -> list[dict]:
+        return [asdict(p) for p in self]
+
+    def load_state_dict(self, state: list[dict]) -> None:
+        self[:] = [PhasePlan(**p) for p in state]
+
+
+def plan_phases(cfg: TrainConfig, source_rows: dict[str, int]) -> Phases:
     """Resolve phases (or the single implicit one) to step ranges and weights.
 
     A token budget becomes ``ceil(tokens / (global_batch * seq_len))`` steps. ``mix: null``
@@ -100,7 +115,7 @@ def plan_phases(cfg: TrainConfig, source_rows: dict[str, int]) -> list[PhasePlan
     phases = cfg.phases
     if not phases:
         steps = cfg.train.steps or math.ceil(cfg.train.tokens / tokens_per_step)
-        return [PhasePlan("main", 0, steps, _normalise(natural, source_rows, "main"))]
+        return Phases([PhasePlan("main", 0, steps, _normalise(natural, source_rows, "main"))])
     plans, start = [], 0
     for p in phases:
         steps = p.steps or math.ceil(p.tokens / tokens_per_step)
@@ -109,7 +124,7 @@ def plan_phases(cfg: TrainConfig, source_rows: dict[str, int]) -> list[PhasePlan
         lr_end = p.lr.end_factor if p.lr else None
         plans.append(PhasePlan(p.name, start, start + steps, weights, lr_shape, lr_end))
         start += steps
-    return plans
+    return Phases(plans)
 
 
 def _normalise(weights: dict[str, float], source_rows: dict[str, int], phase: str) -> dict[str, float]:
@@ -153,7 +168,7 @@ def branch_anneal(
     mix: dict[str, float],
     steps: int,
     source_rows: dict[str, int],
-) -> tuple[list[PhasePlan], LRSchedule]:
+) -> tuple[Phases, LRSchedule]:
     """Branch an annealing phase off a (stable-phase) checkpoint at ``at_step``.
 
     The phases are cut at ``at_step`` (so the data that was already consumed stays
@@ -172,7 +187,7 @@ def branch_anneal(
     ]
     segments.append(Segment(at_step, at_step + steps, cfg.anneal.shape, lr_start, cfg.optim.lr * cfg.anneal.end_factor))
     # The warm-up ramp only ever touches steps before the branch point, never the anneal.
-    return kept + [anneal], LRSchedule(segments, min(schedule.warmup_steps, at_step))
+    return Phases(kept + [anneal]), LRSchedule(segments, min(schedule.warmup_steps, at_step))
 
 
 def seq_len_at(cfg: TrainConfig, step: int) -> int:

@@ -16,6 +16,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from curation.formats.packed import PACKED_SCHEMA
+
 EOS = 1
 
 
@@ -81,14 +83,9 @@ def write_packed(
     for source in sorted(rows_per_source):
         rows += make_rows(source, rows_per_source[source], seq_len, vocab, rng, pad_id, pad_prob)
     rows = [rows[i] for i in rng.permutation(len(rows))]
-    fields = [
-        pa.field("input_ids", pa.list_(pa.int32())),
-        pa.field("doc_lens", pa.list_(pa.int32())),
-        pa.field("source", pa.string()),
-    ]
-    if quality:
-        fields.append(pa.field("quality", pa.float64()))
-    fields.append(pa.field("source_tokens", pa.string()))
+    # The pack stage's own columns and types; synthetic documents have no ids (no doc_ids).
+    names = ["input_ids", "doc_lens", "source"] + (["quality"] if quality else []) + ["source_tokens"]
+    fields = [PACKED_SCHEMA.field(n) for n in names]
     schema = pa.schema(fields)
     lines = []
     for n, a in enumerate(range(0, len(rows), rows_per_shard)):

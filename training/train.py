@@ -15,20 +15,18 @@ depend on the world size or on how rows are split into micro-batches.
 from __future__ import annotations
 
 import contextlib
-import math
 import sys
 import time
-from collections import deque
-from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from training import checkpoint as ckpt
-from training.config import ConfigError, GuardConfig, TrainConfig, load_config
-from training.data import IGNORE, DataChangedError, DataError, DataOrder, EvalData, PackedDataset, Prefetcher, build_step, check_resume
+from training.config import ConfigError, TrainConfig, load_config
+from training.counters import TokenCounts, Window
+from training.data import IGNORE, DataChangedError, DataError, DataOrder, EvalData, PackedDataset, Prefetcher, build_step
+from training.guard import Guard
 from training.metrics import MetricsLogger, peak_flops
 from training.model import Transformer, flops_per_token
 from training.parallel import (
@@ -42,61 +40,11 @@ from training.parallel import (
     strategy_for,
     uses_fsdp,
 )
-from training.schedule import LRSchedule, PhasePlan, Segment, branch_anneal, build_lr_schedule, plan_phases, seq_len_at
+from training.resume import anneal_record, find_resume_point, resolve_plan
+from training.schedule import seq_len_at
 
 #: Exit code when the guard rails stop a run (too many consecutive skipped steps).
 EXIT_GUARD_STOP = 3
-
-
-class Guard:
-    """Skip a step whose loss is not finite or whose grad norm spikes above
-    ``spike_factor`` x the running median of recent accepted steps.
-
-    A spike repeated on the next ``max_spike_skips`` batches is taken (clipped) instead:
-    skipping leaves the model where it is, so when every new batch spikes the cause is the
-    model state, not a batch, and only an update can move it (seen on the demo: one bad
-    update, then 5 spiking batches in a row and a stopped run). OLMo-core's skip-step
-    optimizer gets the same effect by keeping skipped steps in its rolling statistics.
-    """
-
-    def __init__(self, cfg: GuardConfig, state: dict | None = None):
-        self.cfg = cfg
-        self.history: deque[float] = deque((state or {}).get("history", []), maxlen=cfg.window)
-        self.consecutive = (state or {}).get("consecutive", 0)
-        self.spikes = (state or {}).get("spikes", 0)  # grad-norm spikes skipped in a row
-        self.note: str | None = None  # why the last verdict took a spiking step
-
-    def verdict(self, loss: float, grad_norm: float) -> str | None:
-        """None to take the step, else the reason to skip it."""
-        self.note = None
-        if not math.isfinite(loss):
-            return f"non-finite loss ({loss})"
-        if not math.isfinite(grad_norm):
-            return f"non-finite grad norm ({grad_norm})"
-        if len(self.history) >= self.cfg.min_history:
-            median = float(np.median(self.history))
-            if grad_norm > self.cfg.spike_factor * median:
-                spike = f"grad-norm spike ({grad_norm:.3g} > {self.cfg.spike_factor} x median {median:.3g})"
-                if self.spikes >= self.cfg.max_spike_skips:
-                    self.note = (f"{spike} after {self.spikes} skipped spike(s) in a row: the model moved, not "
-                                 f"one batch; step taken with the gradient clipped")
-                    return None
-                self.spikes += 1
-                return spike
-        return None
-
-    def accept(self, grad_norm: float) -> None:
-        self.history.append(grad_norm)
-        self.consecutive = 0
-        self.spikes = 0
-
-    def reject(self) -> bool:
-        """Count a skip; True when the run must stop."""
-        self.consecutive += 1
-        return self.consecutive >= self.cfg.max_consecutive_skips
-
-    def state(self) -> dict:
-        return {"history": list(self.history), "consecutive": self.consecutive, "spikes": self.spikes}
 
 
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
@@ -111,18 +59,6 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.devi
     return torch.optim.AdamW(
         groups, lr=cfg.optim.lr, betas=cfg.optim.betas, eps=cfg.optim.eps, fused=device.type == "cuda"
     )
-
-
-def _plans_to_json(plans: list[PhasePlan]) -> list[dict]:
-    return [asdict(p) for p in plans]
-
-
-def _plans_from_json(items: list[dict]) -> list[PhasePlan]:
-    return [PhasePlan(**p) for p in items]
-
-
-def _schedule_from_json(state: dict) -> LRSchedule:
-    return LRSchedule([Segment(**s) for s in state["segments"]], state["warmup_steps"])
 
 
 def parse_mix(text: str) -> dict[str, float]:
@@ -164,47 +100,14 @@ class Trainer:
         if curriculum != "none" and not self.dataset.has_quality:
             self.notes.append("curriculum asked for but the shards have no 'quality' column: using a plain shuffle")
             curriculum = "none"
-        source_rows = self.dataset.source_rows()
 
+        # Where the run starts and the plan from there. Is the checkpoint's data order still
+        # this data's? That is checked first: the answer decides which plan applies.
         self.checkpointer = ckpt.Checkpointer(cfg.checkpoint.dir or self.run_dir / "checkpoints", cfg.checkpoint.keep, env)
-        resume_path, self.branch = self._resume_point(resume, anneal_from)
-        meta = ckpt.read_meta(resume_path) if resume_path else None
-        data_changed = False
-        if meta is not None:  # before anything else: is this still the same data order?
-            data_changed = check_resume(meta["data"], self.dataset, cfg.seed, gb, cfg.data.allow_data_change)
-
-        # The phase plan and LR schedule: from the config, or from an anneal branch.
-        try:
-            plans = plan_phases(cfg, source_rows)
-        except ValueError as err:  # e.g. a mix names a source the data does not have
-            raise ConfigError(f"phases: {err}") from None
-        schedule = build_lr_schedule(cfg, plans)
-        if meta is not None and "anneal" in meta:  # resuming an anneal branch: its plan is authoritative
-            plans, schedule = _plans_from_json(meta["plans"]), _schedule_from_json(meta["schedule"])
-        elif meta is not None and meta["plans"] != _plans_to_json(plans) and not (self.branch or data_changed):
-            # (with allowed new data the natural mix weights legitimately move)
-            brief = lambda ps: [(p["name"], p["start"], p["end"], p["weights"]) for p in ps]  # noqa: E731
-            raise ConfigError(
-                f"{cfg.run_dir}: the phases/steps in the config differ from the checkpoint's plan "
-                f"(checkpoint {brief(meta['plans'])}, config {brief(_plans_to_json(plans))}); "
-                "the LR schedule and data order would change under the run. "
-                "Branch with --anneal-from, or use a new run_dir"
-            )
-        if self.branch:
-            if not mix:
-                raise ConfigError("an anneal branch needs the annealing mix (--mix SOURCE=WEIGHT,...)")
-            plans, schedule = _plans_from_json(meta["plans"]), _schedule_from_json(meta["schedule"])
-            steps = cfg.anneal.steps or (
-                math.ceil(cfg.anneal.tokens / (gb * cfg.data.seq_len)) if cfg.anneal.tokens else None
-            )
-            if steps is None:
-                raise ConfigError("an anneal branch needs a length: set anneal.steps or anneal.tokens (e.g. --set anneal.steps=200)")
-            try:
-                plans, schedule = branch_anneal(cfg, plans, schedule, meta["step"], mix, steps, source_rows)
-            except ValueError as err:
-                raise ConfigError(f"--mix: {err}") from None
-        self.plans, self.schedule = plans, schedule
-        self.order = DataOrder(self.dataset, plans, cfg.seed, gb, curriculum, cfg.data.curriculum.buckets)
+        point = find_resume_point(self.checkpointer, resume, anneal_from)
+        data_changed = point.check_data(self.dataset, cfg)
+        self.plans, self.schedule = resolve_plan(cfg, point, self.dataset.source_rows(), data_changed, mix)
+        self.order = DataOrder(self.dataset, self.plans, cfg.seed, gb, curriculum, cfg.data.curriculum.buckets)
 
         # Same seed on every rank: identical initial weights before any sharding. Under FSDP2
         # the model stays in host memory: fully_shard moves each block to the device as it
@@ -223,23 +126,17 @@ class Trainer:
             else contextlib.nullcontext()
         )
 
-        self.start_step, guard_state = 0, None
-        self.tokens_by_source = np.zeros(len(self.dataset.sources), dtype=np.float64)
-        self.content_tokens: dict[str, int] = {}
-        if meta is not None:
-            ckpt.load(resume_path, self.model, self.optimizer, env)
-            self.start_step = meta["step"]
-            if not self.branch:
-                guard_state = meta.get("guard")
-            seen = meta.get("tokens_by_source", {})
-            self.tokens_by_source = np.array([seen.get(s, 0) for s in self.dataset.sources], dtype=np.float64)
-            self.content_tokens = dict(meta.get("content_tokens_by_source", {}))
-        self.lineage = {"resumed_from": str(resume_path) if resume_path else None}
-        if self.branch:
-            self.lineage = {"anneal_from": str(resume_path), "at_step": self.start_step, "mix": mix}
-        elif meta is not None and "anneal" in meta:
-            self.lineage = {**meta["anneal"], "resumed_from": str(resume_path)}
-        self.guard = Guard(cfg.guard, guard_state)
+        # The training state besides model and optimizer, by its key in a checkpoint's meta.
+        self.guard = Guard(cfg.guard)
+        self.tokens = TokenCounts(self.dataset.sources)  # non-padding tokens, by the row's source
+        self.content_tokens = TokenCounts()  # by the documents' own sources (rows' source_tokens)
+        self.components = {
+            "data": self.order, "plans": self.plans, "schedule": self.schedule, "guard": self.guard,
+            "tokens_by_source": self.tokens, "content_tokens_by_source": self.content_tokens,
+        }
+        if point.path is not None:
+            ckpt.load(point.path, self.model, self.optimizer, env, point.restored(self.components))
+        self.start_step, self.lineage = point.step, point.lineage(mix)
 
         total = self.order.total_steps
         self.end_step = min(total, cfg.train.stop_at_step) if cfg.train.stop_at_step else total
@@ -253,24 +150,6 @@ class Trainer:
                 cfg.data.document_mask, cfg.data.pad_id, cfg.model.vocab_size,
             )
         self.peak = peak_flops(env.device)
-
-    def _resume_point(self, resume: str | None, anneal_from: str | None) -> tuple[Path | None, bool]:
-        """(checkpoint to load, whether it starts a new anneal branch)."""
-        own = self.checkpointer.latest()
-        if resume in ("never", "none"):
-            if own is not None:
-                raise ConfigError(f"{self.checkpointer.dir} already has checkpoints; resume or pick a new run_dir")
-            resume = None
-        elif resume not in (None, "auto"):
-            return ckpt.resolve(resume), False
-        elif own is not None:  # auto: continue this run (also a preempted anneal branch)
-            return own, False
-        if anneal_from:
-            parent = ckpt.resolve(anneal_from)
-            if parent.parent.resolve() == self.checkpointer.dir.resolve():
-                raise ConfigError("an anneal branch needs its own run_dir (e.g. --set run_dir=runs/NAME-anneal)")
-            return parent, True
-        return None, False
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -333,20 +212,10 @@ class Trainer:
 
     def save(self, step: int, reason: str) -> Path:
         """Checkpoint after ``step`` completed steps (collective)."""
-        meta = {
-            "data": self.order.state(step),
-            "schedule": self.schedule.state_dict(),
-            "plans": _plans_to_json(self.plans),
-            "guard": self.guard.state(),
-            "tokens_by_source": {s: float(n) for s, n in zip(self.dataset.sources, self.tokens_by_source)},
-            "content_tokens_by_source": self.content_tokens,
-            "world_size": self.env.world,
-            "config": self.cfg.model_dump(mode="json"),
-            "reason": reason,
-        }
-        if "anneal_from" in self.lineage or "at_step" in self.lineage:
-            meta["anneal"] = {k: v for k, v in self.lineage.items() if k != "resumed_from"}
-        path = self.checkpointer.save(step, self.model, self.optimizer, meta)
+        info = {"config": self.cfg.model_dump(mode="json"), "reason": reason}
+        if (anneal := anneal_record(self.lineage)) is not None:
+            info["anneal"] = anneal
+        path = self.checkpointer.save(step, self.model, self.optimizer, self.components, info)
         # Logged under the last completed step (like train records), so a resume from this
         # checkpoint keeps the event when it trims records of steps it will redo.
         self.metrics.log({"kind": "event", "step": step - 1, "event": "checkpoint", "message": f"checkpoint {path.name} ({reason})"})
@@ -387,7 +256,7 @@ class Trainer:
             return 0
 
         prefetch = Prefetcher(self._make_step, self.start_step, self.end_step, cfg.data.prefetch)
-        window = _Window(len(self.dataset.sources))
+        window = Window(len(self.dataset.sources))
         code = 0
         try:
             for step in range(self.start_step, self.end_step):
@@ -398,8 +267,6 @@ class Trainer:
                 t_end = time.perf_counter()
                 m.rows(step, batch.row_ids)
                 window.add(batch, loss, grad_norm, reason, t_data - t0, t_end - t0)
-                for k, v in batch.content_tokens.items():
-                    window.content[k] = window.content.get(k, 0) + v
 
                 stop = False
                 if self.guard.note is not None:
@@ -410,9 +277,10 @@ class Trainer:
                     m.log({"kind": "event", "step": step, "event": "skip", "loss": loss, "grad_norm": grad_norm,
                            "message": f"skipped step {step}: {reason} ({self.guard.consecutive} in a row)"})
                 done = step + 1
+                self.order.step = done  # the data position a checkpoint records
                 if done % cfg.metrics.every == 0 or done == self.end_step or stop:
                     self._log_window(step, window)
-                    window = _Window(len(self.dataset.sources))
+                    window = Window(len(self.dataset.sources))
                 else:
                     m.progress(done)
                 if self.eval_data is not None and (done % cfg.eval.every == 0 or done == self.end_step):
@@ -433,18 +301,17 @@ class Trainer:
             m.close()
         return code
 
-    def _log_window(self, step: int, w: _Window) -> None:
+    def _log_window(self, step: int, w: Window) -> None:
         env = self.env
         # One collective for every per-interval counter: tokens by source, then wall times.
         stats = torch.tensor(list(w.by_source) + [w.data_time, w.step_time], dtype=torch.float64, device=env.device)
         stats = all_reduce_sum(stats, env).cpu().numpy()
-        by_source = stats[:-2]
-        self.tokens_by_source += by_source
+        by_source = {s: float(n) for s, n in zip(self.dataset.sources, stats[:-2])}
+        self.tokens.add(by_source)
         content = self._gather_content(w.content)
-        for k, v in content.items():
-            self.content_tokens[k] = self.content_tokens.get(k, 0) + v
+        self.content_tokens.add(content)
         data_time, step_time = stats[-2] / env.world, stats[-1] / env.world
-        tokens = float(by_source.sum())
+        tokens = float(stats[:-2].sum())
         tps = tokens / max(step_time, 1e-9)
         flops = flops_per_token(self.cfg.model, w.seq_len, self.n_matmul) * tps
         phase = self.plans[self.order.phase_index(step)].name
@@ -456,35 +323,10 @@ class Trainer:
             "tokens": tokens, "tokens_per_s": tps,
             "mfu": (flops / (self.peak * env.world)) if self.peak else None,
             "data_wait_frac": data_time / max(step_time, 1e-9),
-            "tokens_by_source": {s: float(n) for s, n in zip(self.dataset.sources, by_source)},
-            "tokens_seen_by_source": {s: float(n) for s, n in zip(self.dataset.sources, self.tokens_by_source)},
+            "tokens_by_source": by_source,
+            "tokens_seen_by_source": self.tokens.state_dict(),
             "content_tokens_by_source": content,
         })
-
-
-class _Window:
-    """Counters of one logging interval (this rank)."""
-
-    def __init__(self, n_sources: int):
-        self.by_source = np.zeros(n_sources, dtype=np.float64)
-        self.content: dict[str, int] = {}
-        self.loss_sum = self.data_time = self.step_time = 0.0
-        self.steps = self.accepted = self.skipped = 0
-        self.last_loss = self.last_grad_norm = float("nan")
-        self.seq_len = 0
-
-    def add(self, batch, loss: float, grad_norm: float, reason: str | None, data_time: float, step_time: float) -> None:
-        self.by_source += batch.source_tokens
-        self.steps += 1
-        self.seq_len = batch.seq_len
-        self.last_loss, self.last_grad_norm = loss, grad_norm
-        self.data_time += data_time
-        self.step_time += step_time
-        if reason is None:
-            self.accepted += 1
-            self.loss_sum += loss
-        else:
-            self.skipped += 1
 
 
 def run(cfg: TrainConfig, resume: str | None = None, anneal_from: str | None = None, mix: dict[str, float] | None = None) -> int:

@@ -134,10 +134,10 @@ class QualityScore(GlobalStage):
         return self
 
     def params(self) -> dict[str, Any]:
-        from curation.stages.langid import model_fingerprint
+        from curation.io.files import cached_file_sha256
 
         p = super().params()
-        p["model"] = {"sha256": model_fingerprint(self.model)}
+        p["model"] = {"sha256": cached_file_sha256(self.model)}  # retraining changes the hash, moving does not
         return p
 
     def setup(self) -> None:

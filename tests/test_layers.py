@@ -1,0 +1,137 @@
+"""The code's shape, checked: imports only go down the layers of ARCHITECTURE.md, no stage
+imports another stage, no import cycle, and the trainer never imports curation beyond the
+on-disk formats. Imports under ``if TYPE_CHECKING:`` are annotations, not dependencies."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: layer of each package (a module may import its own layer or lower ones, except as noted)
+LAYERS = {
+    "curation.formats": 0,
+    "curation.io": 1, "curation.text": 1, "curation.dedup": 1, "curation.quality": 1, "curation.tokenizer": 1,
+    "curation.stages": 2,
+    "curation.pipeline": 3,
+    "curation.experiments": 4, "curation.service": 4, "curation.cli": 4,
+}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg in ("curation", "training"):
+        for f in (REPO / pkg).rglob("*.py"):
+            parts = list(f.relative_to(REPO).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = f
+    return out
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    t = node.test
+    return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
+
+
+def _imports(path: Path, module: str, known: dict[str, Path]) -> set[str]:
+    """Project modules ``module`` imports (anywhere in the file, TYPE_CHECKING blocks excluded)."""
+    tree = ast.parse(path.read_text())
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                for sub in child.orelse:
+                    visit(sub)
+                continue
+            if isinstance(child, ast.Import):
+                found.update(a.name for a in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.module and child.level == 0:
+                found.add(child.module)
+                found.update(f"{child.module}.{a.name}" for a in child.names)
+            visit(child)
+
+    visit(tree)
+    return {m for m in found if m in known and m != module}
+
+
+def _layer(module: str) -> tuple[str, int] | None:
+    best = None
+    for pkg, rank in LAYERS.items():
+        if module == pkg or module.startswith(pkg + "."):
+            if best is None or len(pkg) > len(best[0]):
+                best = (pkg, rank)
+    return best
+
+
+def _graph() -> dict[str, set[str]]:
+    known = _modules()
+    return {m: _imports(f, m, known) for m, f in known.items()}
+
+
+def test_imports_only_go_down_the_layers():
+    bad = []
+    for mod, deps in _graph().items():
+        me = _layer(mod)
+        if me is None:
+            continue
+        for d in deps:
+            if d.startswith("training"):
+                if not mod.startswith(("curation.cli", "curation.experiments")):
+                    bad.append(f"{mod} -> {d} (only the CLI and experiments drive the trainer)")
+                continue
+            other = _layer(d)
+            if other and other[1] > me[1]:
+                bad.append(f"{mod} ({me[0]}) -> {d} ({other[0]}): imports upward")
+    assert not bad, "\n".join(sorted(bad))
+
+
+def test_no_stage_imports_another_stage():
+    bad = [f"{mod} -> {d}" for mod, deps in _graph().items() if mod.startswith("curation.stages.")
+           for d in deps if d.startswith("curation.stages.") and d not in ("curation.stages.base",)
+           and not mod.endswith("__init__") and mod != "curation.stages"]
+    assert not bad, "\n".join(sorted(bad))
+
+
+def test_training_imports_only_the_curation_formats():
+    bad = [f"{mod} -> {d}" for mod, deps in _graph().items() if mod.startswith("training")
+           for d in deps if d.startswith("curation") and not d.startswith("curation.formats")]
+    assert not bad, "\n".join(sorted(bad))
+
+
+def test_no_import_cycle():
+    graph = _graph()
+    # a package's __init__ that re-exports its modules is not a cycle through its children
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[str] = []
+
+    def dfs(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for d in sorted(graph.get(m, ())):
+            if m.startswith(d + ".") or d.startswith(m + "."):
+                continue  # parent package <-> its own module
+            if state.get(d) == 1:
+                cycles.append(" -> ".join(stack[stack.index(d):] + [d]))
+            elif d not in state:
+                dfs(d)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            dfs(m)
+    assert not cycles, "\n".join(cycles)
+
+
+def test_the_checker_sees_a_violation(tmp_path):
+    """The walk above really finds imports (so a clean result means something)."""
+    f = tmp_path / "m.py"
+    f.write_text("from typing import TYPE_CHECKING\nimport curation.pipeline.dag\n"
+                 "if TYPE_CHECKING:\n    from curation.pipeline.rundir import RunDir\n"
+                 "def f():\n    from curation.stages.base import Stage\n")
+    known = {"curation.pipeline.dag": f, "curation.pipeline.rundir": f, "curation.stages.base": f}
+    assert _imports(f, "x", known) == {"curation.pipeline.dag", "curation.stages.base"}

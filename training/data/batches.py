@@ -1,0 +1,160 @@
+"""Turning rows into model inputs: micro-batches, loss targets, per-step token counts, and
+the background thread that prepares each step's batch ahead of the loop."""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from training.attention import doc_ids_from_lens, positions_from_doc_ids
+from training.data.shards import DataError, PackedDataset, RowBatch
+
+IGNORE = -100  # target id the loss ignores (padding, cross-document predictions)
+
+
+@dataclass
+class MicroBatch:
+    """One forward/backward: (b, T) inputs and targets (IGNORE where no loss), masking inputs."""
+
+    inputs: torch.Tensor
+    targets: torch.Tensor
+    doc_ids: torch.Tensor | None
+    positions: torch.Tensor | None
+
+    def to(self, device: torch.device) -> MicroBatch:
+        nb = device.type == "cuda"
+        move = lambda t: None if t is None else t.to(device, non_blocking=nb)  # noqa: E731
+        return MicroBatch(move(self.inputs), move(self.targets), move(self.doc_ids), move(self.positions))
+
+
+@dataclass
+class StepBatch:
+    """Everything one rank needs for one optimizer step."""
+
+    step: int
+    micro: list[MicroBatch]
+    row_ids: np.ndarray
+    n_tokens: int  # tokens that carry loss on this rank
+    source_tokens: np.ndarray  # (n_sources,) non-padding tokens by the row's source
+    content_tokens: dict[str, int] = field(default_factory=dict)  # from the rows' source_tokens JSON
+    seq_len: int = 0
+
+
+def build_micro_batches(
+    rows: RowBatch,
+    seq_len: int,
+    cur_len: int,
+    micro_rows: int,
+    document_mask: bool,
+    vocab_size: int | None = None,
+) -> tuple[list[MicroBatch], int, np.ndarray]:
+    """Rows of ``seq_len + 1`` tokens -> micro-batches of ``micro_rows`` rows.
+
+    Targets are the next token; they are IGNORE on padding and, with document masking, on
+    the first token of the next document (the model cannot see anything it depends on).
+    With ``cur_len < seq_len`` (sequence-length warm-up) every row is cut into
+    ``seq_len / cur_len`` sequences; positions restart in every piece.
+    Returns (micro-batches, tokens with loss, non-padding tokens per row).
+    """
+    ids = rows.ids
+    n = len(ids)
+    if ids.shape[1] != seq_len + 1:
+        raise DataError(f"packed rows have {ids.shape[1]} tokens, but data.seq_len + 1 = {seq_len + 1}")
+    if vocab_size is not None and n and ids.max() >= vocab_size:
+        raise DataError(f"token id {int(ids.max())} >= model.vocab_size {vocab_size}: the tokenizer and the model disagree")
+    nonpad = np.array([int(np.sum(d)) for d in rows.doc_lens], dtype=np.int64)
+    if (nonpad > seq_len + 1).any():
+        raise DataError(f"doc_lens sum to {int(nonpad.max())} > row length {seq_len + 1}")
+    docs = doc_ids_from_lens(rows.doc_lens, seq_len + 1)
+    inputs, targets = ids[:, :-1].copy(), ids[:, 1:].copy()
+    valid = np.arange(1, seq_len + 1)[None, :] < nonpad[:, None]
+    if document_mask:
+        valid &= docs[:, 1:] == docs[:, :-1]
+    targets[~valid] = IGNORE
+    n_tokens = int(valid.sum())
+    pieces = seq_len // cur_len
+    shape = (n * pieces, cur_len)
+    inputs, targets = inputs.reshape(shape), targets.reshape(shape)
+    doc_ids = positions = None
+    if document_mask:
+        doc_ids = docs[:, :-1].reshape(shape)
+        positions = positions_from_doc_ids(doc_ids)
+    out = []
+    step = micro_rows * pieces
+    for a in range(0, n * pieces, step):
+        out.append(
+            MicroBatch(
+                torch.from_numpy(inputs[a : a + step]),
+                torch.from_numpy(targets[a : a + step]),
+                None if doc_ids is None else torch.from_numpy(doc_ids[a : a + step]),
+                None if positions is None else torch.from_numpy(positions[a : a + step]),
+            )
+        )
+    return out, n_tokens, np.minimum(nonpad, seq_len)
+
+
+def build_step(
+    dataset: PackedDataset,
+    row_ids: np.ndarray,
+    step: int,
+    seq_len: int,
+    cur_len: int,
+    micro_rows: int,
+    document_mask: bool,
+    pad_id: int,
+    vocab_size: int | None,
+) -> StepBatch:
+    """Read this rank's rows for ``step`` and prepare its micro-batches and token counts."""
+    rows = dataset.read_rows(row_ids, pad_id)
+    micro, n_tokens, row_tokens = build_micro_batches(rows, seq_len, cur_len, micro_rows, document_mask, vocab_size)
+    by_source = np.bincount(dataset.row_source[row_ids], weights=row_tokens, minlength=len(dataset.sources))
+    content: dict[str, int] = {}
+    for st in rows.source_tokens:
+        if st:
+            for k, v in json.loads(st).items():
+                content[k] = content.get(k, 0) + int(v)
+    return StepBatch(step, micro, row_ids, n_tokens, by_source.astype(np.int64), content, cur_len)
+
+
+class Prefetcher:
+    """Prepares steps ``[start, end)`` on a background thread, ``depth`` steps ahead.
+
+    ``make(step) -> StepBatch`` runs on the thread (numpy and pyarrow release the GIL for
+    the heavy parts). An exception on the thread is re-raised by ``get``.
+    """
+
+    def __init__(self, make, start: int, end: int, depth: int):
+        self._make, self._q = make, queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(start, end), daemon=True, name="prefetch")
+        self._thread.start()
+
+    def _run(self, start: int, end: int) -> None:
+        try:
+            for step in range(start, end):
+                item = self._make(step)
+                while not self._stop.is_set():
+                    try:
+                        self._q.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if self._stop.is_set():
+                    return
+        except BaseException as err:  # surfaced to the training thread by get()
+            self._q.put(err)
+
+    def get(self) -> StepBatch:
+        item = self._q.get()
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
