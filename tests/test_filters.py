@@ -30,6 +30,7 @@ from curation.stages.filters import (
     GopherRepetitionFilter,
 )
 from curation.text import words as text_signals
+from curation.text.state import TextState
 from curation.text.words import (PUNCTUATION, TERMINAL_PUNCTUATION, count_py_words, split_lines,
                                           split_newlines, split_words)
 
@@ -363,14 +364,19 @@ def test_words_per_document_with_slices_and_nulls():
     assert words.lengths.tolist() == [3, 3, 5, 5, 4, 1, 4, 2, 1]
 
 
-def test_words_reused_for_the_documents_a_previous_stage_kept():
+def test_words_reused_for_the_documents_a_previous_stage_kept(monkeypatch):
     texts = [d["text"] for d in REAL[:60]] + [REAL[0]["text"]]  # with a duplicate
-    first = split_words(pa.array(texts))
+    state = TextState(pa.array(texts))
+    first = state.words
     first.hash, first.lengths  # measurements made by the previous stage travel along
-    kept = [t for i, t in enumerate(texts) if i % 3 != 1]
-    reused = split_words(pa.array(kept))
-    text_signals._LAST_SPLIT.remember(None, None)  # forget: split from scratch
-    fresh = split_words(pa.array(kept))
+    keep = [i for i in range(len(texts)) if i % 3 != 1]
+    kept = [texts[i] for i in keep]
+    calls = []
+    real_split = text_signals.split_words
+    monkeypatch.setattr(text_signals, "split_words", lambda t, **kw: calls.append(len(t)) or real_split(t, **kw))
+    reused = state.take(keep).words  # the state the next stage gets: nothing split again
+    assert calls == [] and "hash" in reused.__dict__ and "lengths" in reused.__dict__
+    fresh = split_words(pa.array(kept))  # split from scratch
     assert reused.values().to_pylist() == fresh.values().to_pylist()
     assert reused.offsets.tolist() == fresh.offsets.tolist()
     for name in ("lengths", "symbol", "alpha", "punct", "ender"):
@@ -382,20 +388,24 @@ def test_words_reused_for_the_documents_a_previous_stage_kept():
 
     assert np.array_equal(partition(reused.hash), partition(fresh.hash))
     one_changed = kept[:5] + [kept[5] + " and more words."] + kept[6:]
-    assert split_words(pa.array(one_changed)).counts[5] == fresh.counts[5] + 4
+    assert TextState(pa.array(one_changed)).word_counts()[5] == fresh.counts[5] + 4
+    # the rows of the subset in any order, repeated: still the words of those texts
+    order = [len(kept) - 1, 0, 3, 3]
+    again = state.take(keep).take(order).words
+    assert again.values().to_pylist() == split_words(pa.array([kept[i] for i in order])).values().to_pylist()
 
 
 def test_c4_after_a_splitting_filter_takes_line_words_from_the_documents(monkeypatch):
     """C4 after a filter that split the documents reads each line's words from the
     documents' words (citation-free lines) and must give exactly what splitting gives."""
     texts = [d["text"] for d in REAL] + [WIKI + "\nIt was a hit.[1] Critics agreed [12] at once. Then more came."]
-    text_signals._LAST_SPLIT.remember(None, None)
     fresh = C4QualityFilter().process(batch(texts))
-    split_words(pa.array(texts))  # what the filter before C4 does
+    state = TextState.of(batch(texts))
+    state.words  # what the filter before C4 does: it passes its text state on
     calls = []
     real_split = text_signals.split_words
     monkeypatch.setattr(text_signals, "split_words", lambda t, **kw: calls.append(len(t)) or real_split(t, **kw))
-    reused = C4QualityFilter().process(batch(texts))
+    reused = C4QualityFilter().process(batch(texts), state)
     assert reused.table.equals(fresh.table) and reused.reasons.equals(fresh.reasons)
     assert len(calls) == 1 and 0 < calls[0] < 10  # only the lines whose citations were cut
 
@@ -403,25 +413,29 @@ def test_c4_after_a_splitting_filter_takes_line_words_from_the_documents(monkeyp
 def test_fineweb_after_c4_counts_words_without_splitting_again(monkeypatch):
     texts = [d["text"] for d in REAL]
     res = C4QualityFilter().process(batch(texts))
-    kept = res.table.filter(res.reasons.is_null())  # what the next stage sees
+    keep = np.flatnonzero(res.reasons.is_null().to_numpy(zero_copy_only=False))
+    kept = res.table.take(keep)  # what the next stage sees, with C4's text state for those rows
+    state = res.text.take(keep)
     assert 0 < kept.num_rows < len(texts)
     out = kept.column("text").combine_chunks()
     calls = []
     real_split = text_signals.split_words
     monkeypatch.setattr(text_signals, "split_words", lambda t, **kw: calls.append(len(t)) or real_split(t, **kw))
-    known = text_signals.word_counts(out)
+    known = state.word_counts()
     assert calls == []  # C4 told it the counts of every text it wrote
-    text_signals._KNOWN_COUNTS.keys = None
     assert known.tolist() == real_split(out).counts.tolist()
-    # FineWeb's signals are the same either way
-    text_signals.remember_word_counts(out, known)
-    cached = FineWebQualityFilter().process(pa.table({"id": kept.column("id"), "text": out})).table
-    text_signals._KNOWN_COUNTS.keys = None
-    fresh = FineWebQualityFilter().process(pa.table({"id": kept.column("id"), "text": out})).table
-    assert cached.equals(fresh)
-    # a changed text is not taken for a known one
-    text_signals.remember_word_counts(out, known)
-    assert text_signals.word_counts(pa.array([out[0].as_py() + " two more"]))[0] == known[0] + 2
+    # FineWeb's signals are the same either way, and it splits nothing when given the state
+    table = pa.table({"id": kept.column("id"), "text": out})
+    cached = FineWebQualityFilter().process(table, state).table
+    assert calls == []
+    fresh = FineWebQualityFilter().process(table).table
+    assert calls and cached.equals(fresh)
+    # a changed text is not taken for a known one: a new text has a new state, and a stage
+    # refuses a state that is not its batch's text
+    changed = pa.array([out[0].as_py() + " two more"])
+    assert TextState(changed).word_counts()[0] == known[0] + 2
+    with pytest.raises(ValueError, match="not its text"):
+        FineWebQualityFilter().process(pa.table({"id": ["x"], "text": changed}), state.take([0]))
 
 
 @pytest.mark.parametrize("split,reference", [

@@ -98,7 +98,6 @@ class Resources:
         return Resources(max(r.cpus for r in items), max(mems) if mems else None, max(r.gpus for r in items))
 
 
-
 # ---------------------------------------------------------------------------------------------
 # Rules: a decision over measured columns
 # ---------------------------------------------------------------------------------------------
@@ -228,10 +227,10 @@ class Op:
     n_params: int
     check: Any  # (columns, threshold values) -> bool array
     render: Any  # (param names) -> comparison in words, for docs
-    required: int = 0  # how many leading params switch the rule off when None (default: all)
+    required: int | None = None  # how many leading params switch the rule off when None (None: all)
 
     def __post_init__(self) -> None:
-        if not self.required:
+        if self.required is None:
             object.__setattr__(self, "required", self.n_params)
 
 
@@ -269,6 +268,8 @@ class Stage(BaseModel):
     output_unit: ClassVar[str] = "docs"
     #: what one task of this stage needs (Ray reserves it); heavy stages declare more
     resources: ClassVar[Resources] = Resources()
+    #: the stage's drop rules in the order they are checked (see ``Rule``, ``MapStage.decide``)
+    rules: ClassVar[tuple[Rule, ...]] = ()
 
     def upstreams(self) -> list[str]:
         return [self.input] if self.input else []
@@ -285,16 +286,130 @@ class Stage(BaseModel):
         )
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
+    def signal_params(self) -> dict[str, Any]:
+        """``params()`` without the thresholds: every field a rule reads its threshold from is
+        left out, except that a dict-valued one (n-gram size -> threshold) keeps its keys,
+        which decide what is measured."""
+        p = self.params()
+        for field in dict.fromkeys(f for rule in self.rules for f in rule.params):
+            value = getattr(self, field)
+            if isinstance(value, dict):
+                p[field] = sorted(value)
+            else:
+                p.pop(field, None)
+        return p
+
+    def signals_hash(self, upstream_hashes: list[str]) -> str:
+        """Hash of the signal parameters, algorithm version and upstream (signal) hashes: what
+        the measured rows depend on. Unchanged when only thresholds change; then stored
+        measured rows can be re-decided instead of measured again."""
+        payload = json.dumps(
+            {"signals": self.signal_params(), "version": ALGORITHM_VERSION, "upstream": upstream_hashes},
+            sort_keys=True,
+        )
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
     def setup(self) -> None:
         """Load models etc. Called once per worker process before the first batch."""
 
 
+def _accepts_text(fn) -> bool:
+    """Whether a ``process`` function takes the ``text`` argument (or any keyword)."""
+    params = inspect.signature(fn).parameters.values()
+    return any(p.name == "text" or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL) for p in params)
+
+
 class MapStage(Stage):
+    """Row-local stage. Either override ``process`` (a transform, or a filter with its own
+    logic), or declare ``rules`` and implement ``measure``: then ``process`` and
+    ``run_batch`` are ``measure`` followed by ``decide``.
+
+    A subclass whose ``process`` takes only ``batch`` (written before text states) is
+    adapted when the class is created: its ``process(batch, text)`` ignores ``text``.
+    """
+
     kind: ClassVar[str] = "map"
 
-    @abstractmethod
-    def process(self, batch: pa.Table) -> StageResult:
-        """Transform one batch of documents; return all rows plus a drop reason per row."""
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        own = cls.__dict__.get("process")
+        if own is not None and not _accepts_text(own):
+            @functools.wraps(own)
+            def process(self, batch: pa.Table, text: TextState | None = None) -> StageResult:
+                return own(self, batch)
+
+            del process.__wrapped__  # its signature is this one
+            cls.process = process
+        for rule in cls.rules:
+            for field in rule.params:
+                if field not in cls.model_fields:
+                    raise TypeError(f"{cls.__name__}: rule {rule.name!r} names {field!r}, not a field")
+
+    def process(self, batch: pa.Table, text: TextState | None = None) -> StageResult:
+        """Transform one batch of documents; return all rows plus a drop reason per row.
+
+        ``text``: the state of ``batch``'s text column, or None. The default (stages with
+        ``rules``) is ``measure`` then ``decide``."""
+        if type(self).measure is MapStage.measure:
+            raise NotImplementedError(f"{type(self).__name__} implements neither process nor measure")
+        table, state = self.measure(batch, text)
+        return StageResult(table, self.decide(table), state)
+
+    def run_batch(self, batch: pa.Table, text: TextState | None = None) -> StageResult:
+        """What the executor calls on every batch. For a stage with rules: ``measure`` then
+        ``decide``, so that ``decide`` applies to ``result.table`` as stored (re-deciding it
+        later with other thresholds gives what measuring afresh would). Otherwise
+        ``process(batch, text)``."""
+        if type(self).measure is not MapStage.measure:
+            table, state = self.measure(batch, text)
+            return StageResult(table, self.decide(table), state)
+        return self.process(batch, text)
+
+    def measure(self, batch: pa.Table, text: TextState | None = None) -> tuple[pa.Table, TextState | None]:
+        """The batch with this stage's signal columns (every row, nothing dropped), and the
+        state of the returned table's text. Must not depend on thresholds (rule params)."""
+        raise NotImplementedError(f"{type(self).__name__} has no measure step")
+
+    def text_state(self, batch: pa.Table, text: TextState | None = None, column: str = "text") -> TextState:
+        """``text`` checked against ``batch`` (same rows and bytes), or a new state of its text."""
+        from curation.text.state import TextState  # noqa: PLC0415 (the text layer loads compiled code)
+
+        return TextState.of(batch, column) if text is None else text.check(batch, column)
+
+    def bound_rules(self) -> list[BoundRule]:
+        """The rules with this stage's thresholds, in order (dict params expanded)."""
+        return [b for rule in self.rules for b in rule.bind(self)]
+
+    def decide(self, table: pa.Table) -> pa.Array | None:
+        """Per row, ``<type>:<rule>`` of the first rule violated (in order), or null; None when
+        the stage has no rules. Reads only ``table``'s columns: no text is split or scanned
+        (``empty``/``blank``/``no letter`` look at the text column itself)."""
+        if not self.rules:
+            return None
+        n = table.num_rows
+        bound = self.bound_rules()
+        code = np.full(n, -1, dtype=np.int64)
+        for i, rule in enumerate(bound):
+            code[(code < 0) & rule.violated(table)] = i
+        names = pa.array([f"{self.type}:{r.name}" for r in bound] or [""], pa.string())
+        reasons = names.take(pa.array(code, mask=code < 0))
+        for i, rule in enumerate(bound):
+            if "{value}" in rule.name and (code == i).any():
+                reasons = pc.if_else(pa.array(code == i), rule.reasons(f"{self.type}:", table), reasons)
+        return reasons.combine_chunks() if isinstance(reasons, pa.ChunkedArray) else reasons
+
+    @classmethod
+    def rules_markdown(cls, header: bool = True) -> str:
+        """The stage's rules as Markdown table rows: reason, signal column(s), comparison,
+        default threshold (dict params expanded with their default keys)."""
+        stage = cls.model_construct()
+        lines = ["| reason | signal | drops when | default |", "|---|---|---|---|"] if header else []
+        for rule in stage.bound_rules():
+            signals = ", ".join(f"`{s}`" for s in rule.signals)
+            default = ", ".join("off" if v is None else f"`{v}`" for v in rule.values) or "—"
+            lines.append(f"| `{stage.type}:{rule.name}` | {signals} | {OPS[rule.op].render(rule.params)} | {default} |")
+        return "\n".join(lines)
 
 
 class GlobalStage(Stage):

@@ -5,6 +5,18 @@ as columns, and drops a document with the first rule it violates, in datatrove's
 ``<stage type>:<rule>``. Defaults are the published thresholds, which are also datatrove's
 defaults; ``None`` switches a rule off.
 
+Measure, then decide: each stage's ``measure`` writes its signal columns (and C4 its
+rewritten text); its ``rules`` table (class attribute, see ``curation.stages.base.Rule``)
+says which column is compared with which threshold field, in the order rules are checked.
+``decide`` applies that table to the measured columns only, so stored rows can be re-decided
+with other thresholds without splitting anything. Thresholds are not signal parameters;
+everything else (stop words, n-gram sizes, C4's line rules, FineWeb's short-line length and
+stop chars) is. ``GopherQualityFilter.rules_markdown()`` etc. render the tables for docs.
+
+Text state: the stages take the batch's ``TextState`` (``curation.text.state``) and split
+words and lines through it, so a fused chain splits each document once; C4 returns the state
+of the text it rewrote, with the word counts of its kept lines already filled in.
+
 Known differences from datatrove (on the benchmark's 4,581 real documents the keep/drop
 decisions of repetition -> quality -> C4 agree 100%; see ``tests/benchmarks/bench_pipeline.py``):
 
@@ -24,15 +36,17 @@ decisions of repetition -> quality -> C4 agree 100%; see ``tests/benchmarks/benc
 from __future__ import annotations
 
 from abc import abstractmethod
+from typing import ClassVar
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import Field, field_validator
 
+from curation.stages.base import MapStage, Rule, StageResult, registry
 from curation.text import words as ts
-from curation.stages.base import MapStage, StageResult, registry
 from curation.text.repetition import repetition_chars
+from curation.text.state import TextState
 
 #: Gopher's stop words (Rae et al. 2021, appendix A1).
 GOPHER_STOP_WORDS = ["the", "be", "to", "of", "and", "that", "have", "with"]
@@ -57,39 +71,16 @@ def _with_columns(table: pa.Table, columns: dict[str, np.ndarray | pa.Array]) ->
     return table
 
 
-def _first_reason(stage: str, n: int, rules: list[tuple[str, np.ndarray]]) -> pa.Array:
-    """Per row, ``stage:rule`` of the first violated rule in order, or null."""
-    code = np.full(n, -1, dtype=np.int64)
-    for i, (_, violated) in enumerate(rules):
-        code[(code < 0) & violated] = i
-    names = pa.array([f"{stage}:{name}" for name, _ in rules] or [""], pa.string())
-    return names.take(pa.array(code, mask=code < 0))
-
-
-def _lt(values: np.ndarray, threshold: float | None) -> np.ndarray:
-    """``values < threshold``, all false when the rule is off (NaN never violates)."""
-    if threshold is None:
-        return np.zeros(len(values), dtype=bool)
-    return values < threshold
-
-
-def _gt(values: np.ndarray, threshold: float | None) -> np.ndarray:
-    if threshold is None:
-        return np.zeros(len(values), dtype=bool)
-    return values > threshold
-
-
 class _FilterStage(MapStage):
-    """Common shape: ``signals(texts) -> (columns, rules)``, then reasons."""
+    """Common shape: ``signals(text) -> columns`` appended to the batch; text unchanged."""
 
     @abstractmethod
-    def signals(self, texts: pa.Array) -> tuple[dict[str, np.ndarray], list[tuple[str, np.ndarray]]]:
-        """Signal columns and ``(rule, violated)`` pairs in the order rules are checked."""
+    def signals(self, text: TextState) -> dict[str, np.ndarray]:
+        """Signal columns of the batch whose text state is ``text``."""
 
-    def process(self, batch: pa.Table) -> StageResult:
-        texts = ts.text_column(batch)
-        columns, rules = self.signals(texts)
-        return StageResult(_with_columns(batch, columns), _first_reason(self.type, len(texts), rules))
+    def measure(self, batch: pa.Table, text: TextState | None = None) -> tuple[pa.Table, TextState]:
+        text = self.text_state(batch, text)
+        return _with_columns(batch, self.signals(text)), text
 
 
 @registry.register("gopher_quality")
@@ -118,9 +109,24 @@ class GopherQualityFilter(_FilterStage):
     min_stop_words: int | None = Field(2, ge=0)
     stop_words: list[str] = Field(default_factory=lambda: list(GOPHER_STOP_WORDS))
 
-    def signals(self, texts):
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule("empty", "text", "empty"),
+        Rule("too_few_words", "gopher_n_words", "<", "min_doc_words"),
+        Rule("too_many_words", "gopher_n_words", ">", "max_doc_words"),
+        Rule("mean_word_length", "gopher_mean_word_length", "outside", ("min_avg_word_length", "max_avg_word_length")),
+        Rule("symbol_word_ratio", "gopher_symbol_word_ratio", ">", "max_symbol_word_ratio"),
+        # datatrove compares the ellipsis ratio with the symbol threshold too
+        Rule("ellipsis_word_ratio", "gopher_ellipsis_word_ratio", ">", "max_symbol_word_ratio"),
+        Rule("bullet_lines_frac", "gopher_bullet_lines_frac", ">", "max_bullet_lines_ratio"),
+        Rule("ellipsis_lines_frac", "gopher_ellipsis_lines_frac", ">", "max_ellipsis_lines_ratio"),
+        Rule("alpha_words_frac", "gopher_alpha_words_frac", "<", "min_alpha_words_ratio"),
+        Rule("stop_words", "gopher_stop_words", "<", "min_stop_words"),
+    )
+
+    def signals(self, text):
+        texts = text.texts
         n = len(texts)
-        words = ts.split_words(texts)
+        words = text.words
         doc = words.doc
         n_words = words.counts
         real = ~words.symbol
@@ -131,7 +137,7 @@ class GopherQualityFilter(_FilterStage):
             mean_len = np.where(n_real > 0, real_chars / np.maximum(n_real, 1), np.nan)
         hashes = ts._np(pc.count_substring(texts, "#"))
         ellipses = ts._np(pc.count_substring(texts, "...")) + ts._np(pc.count_substring(texts, "…"))
-        lines = ts.split_lines(texts)
+        lines = text.lines
         ws = ts.re2_class(ts.PY_WHITESPACE)
         bullet = ts._mask(pc.match_substring_regex(lines.values, f"^[{ws}]*[•\\-]"))
         ell_end = ts._mask(pc.match_substring_regex(lines.values, f"(?:\\.\\.\\.|…)[{ws}]*$"))
@@ -142,7 +148,7 @@ class GopherQualityFilter(_FilterStage):
         k = len(self.stop_words) + 1
         key = np.unique(doc[has_stop] * k + stop_idx[has_stop])
         n_stop = np.bincount(key // k, minlength=n)
-        columns = {
+        return {
             "gopher_n_words": n_real,
             "gopher_mean_word_length": mean_len,
             "gopher_symbol_word_ratio": ts.safe_div(hashes, n_words),
@@ -152,21 +158,6 @@ class GopherQualityFilter(_FilterStage):
             "gopher_alpha_words_frac": ts.safe_div(np.bincount(doc[words.alpha], minlength=n), n_words),
             "gopher_stop_words": n_stop,
         }
-        c = columns
-        rules = [
-            ("empty", ts._np(pc.binary_length(texts)) == 0),
-            ("too_few_words", _lt(n_real, self.min_doc_words)),
-            ("too_many_words", _gt(n_real, self.max_doc_words)),
-            ("mean_word_length", _lt(mean_len, self.min_avg_word_length)
-             | _gt(mean_len, self.max_avg_word_length)),
-            ("symbol_word_ratio", _gt(c["gopher_symbol_word_ratio"], self.max_symbol_word_ratio)),
-            ("ellipsis_word_ratio", _gt(c["gopher_ellipsis_word_ratio"], self.max_symbol_word_ratio)),
-            ("bullet_lines_frac", _gt(c["gopher_bullet_lines_frac"], self.max_bullet_lines_ratio)),
-            ("ellipsis_lines_frac", _gt(c["gopher_ellipsis_lines_frac"], self.max_ellipsis_lines_ratio)),
-            ("alpha_words_frac", _lt(c["gopher_alpha_words_frac"], self.min_alpha_words_ratio)),
-            ("stop_words", _lt(n_stop, self.min_stop_words)),
-        ]
-        return columns, rules
 
 
 def _ngram_thresholds(value: dict[int, float]) -> dict[int, float]:
@@ -203,12 +194,24 @@ class GopherRepetitionFilter(_FilterStage):
 
     _check_ngrams = field_validator("top_n_grams", "dup_n_grams")(_ngram_thresholds)
 
-    def signals(self, texts):
-        n = len(texts)
-        text_len = ts._np(pc.utf8_length(texts)).astype(np.int64)
-        paragraphs = ts.split_newlines(ts.strip(texts), min_run=2)
+    #: The n-gram rules are one per key of ``top_n_grams`` / ``dup_n_grams`` (``{n}``): the
+    #: sizes are signal parameters (they decide which columns exist), the values thresholds.
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule("empty", "text", "empty"),
+        Rule("dup_para_frac", "gopher_dup_para_frac", ">", "dup_para_frac"),
+        Rule("dup_para_char_frac", "gopher_dup_para_char_frac", ">", "dup_para_char_frac"),
+        Rule("dup_line_frac", "gopher_dup_line_frac", ">", "dup_line_frac"),
+        Rule("dup_line_char_frac", "gopher_dup_line_char_frac", ">", "dup_line_char_frac"),
+        Rule("top_{n}_gram", "gopher_top_{n}_gram_frac", ">", "top_n_grams"),
+        Rule("dup_{n}_gram", "gopher_dup_{n}_gram_frac", ">", "dup_n_grams"),
+    )
+
+    def signals(self, text):
+        n = len(text)
+        text_len = text.char_lengths
+        paragraphs = text.paragraphs
         para_dups, para_chars = ts.duplicate_stats(paragraphs)
-        lines = ts.split_newlines(texts)
+        lines = text.newlines()
         line_dups, line_chars = ts.duplicate_stats(lines)
         columns = {
             "gopher_dup_para_frac": ts.safe_div(para_dups, paragraphs.counts),
@@ -216,29 +219,19 @@ class GopherRepetitionFilter(_FilterStage):
             "gopher_dup_line_frac": ts.safe_div(line_dups, lines.counts),
             "gopher_dup_line_char_frac": ts.safe_div(line_chars, text_len),
         }
-        c = columns
-        rules = [
-            ("empty", text_len == 0),
-            ("dup_para_frac", _gt(c["gopher_dup_para_frac"], self.dup_para_frac)),
-            ("dup_para_char_frac", _gt(c["gopher_dup_para_char_frac"], self.dup_para_char_frac)),
-            ("dup_line_frac", _gt(c["gopher_dup_line_frac"], self.dup_line_frac)),
-            ("dup_line_char_frac", _gt(c["gopher_dup_line_char_frac"], self.dup_line_char_frac)),
-        ]
         sizes = set(self.top_n_grams) | set(self.dup_n_grams)
         top = dup = np.zeros((n, 1), np.int64)
         if sizes:
-            words = ts.split_words(texts)
+            words = text.words
             top, dup = repetition_chars(words.hash, words.lengths.astype(np.int64), words.offsets, min(sizes),
                                         max(sizes))
         top = {size: ts.safe_div(top[:, size], text_len) for size in self.top_n_grams}
         dup = {size: ts.safe_div(dup[:, size], text_len) for size in self.dup_n_grams}
-        for size, frac in self.top_n_grams.items():
+        for size in self.top_n_grams:
             columns[f"gopher_top_{size}_gram_frac"] = top[size]
-            rules.append((f"top_{size}_gram", _gt(top[size], frac)))
-        for size, frac in self.dup_n_grams.items():
+        for size in self.dup_n_grams:
             columns[f"gopher_dup_{size}_gram_frac"] = dup[size]
-            rules.append((f"dup_{size}_gram", _gt(dup[size], frac)))
-        return columns, rules
+        return columns
 
 
 @registry.register("c4_quality")
@@ -252,7 +245,16 @@ class C4QualityFilter(MapStage):
     contains "lorem ipsum" or "{", or when the kept lines hold fewer than
     ``min_num_sentences`` sentences. Kept pages get the kept lines as their text; dropped
     pages keep their original text. Signals: ``c4_lines_kept``, ``c4_lines_removed``,
-    ``c4_n_sentences``.
+    ``c4_n_sentences`` (always counted, also when ``min_num_sentences`` is None),
+    ``c4_lorem_ipsum`` / ``c4_curly_bracket`` (bool: the first surviving line that drops the
+    page says "lorem ipsum" / holds a "{").
+
+    The line rules change the text, so their parameters are signal parameters; the page rules
+    are ``rules`` over the stored columns. Only ``min_num_sentences`` is a threshold: the
+    measured rows (``measure``, ``run_batch``) hold the kept lines as ``text`` on every page
+    not dropped by a line (lorem ipsum, curly bracket), including pages that too few
+    sentences drop, so that re-deciding with a lower minimum keeps them with the right text;
+    ``process`` puts the original text back on every dropped page, as before.
     """
 
     type: str = "c4_quality"
@@ -268,10 +270,29 @@ class C4QualityFilter(MapStage):
     filter_policy: bool = True
     policy_phrases: list[str] = Field(default_factory=lambda: list(C4_POLICY_PHRASES))
 
-    def process(self, batch: pa.Table) -> StageResult:
-        texts = ts.text_column(batch)
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule("empty", ("c4_lines_kept", "c4_lines_removed"), "= 0"),  # no line at all: ""
+        Rule("lorem_ipsum", "c4_lorem_ipsum", "true"),
+        Rule("curly_bracket", "c4_curly_bracket", "true"),
+        Rule("too_few_sentences", "c4_n_sentences", "<", "min_num_sentences"),
+    )
+
+    def process(self, batch: pa.Table, text: TextState | None = None) -> StageResult:
+        """``measure`` and ``decide``, then dropped pages get their original text back."""
+        text = self.text_state(batch, text)
+        res = self.run_batch(batch, text)
+        keep = ts._mask(pc.is_null(res.reasons))
+        measured = res.table.column("text").combine_chunks()
+        out_text = pc.if_else(pa.array(keep), measured, text.texts)
+        table = res.table.set_column(res.table.schema.get_field_index("text"), "text", out_text)
+        counts = np.where(keep, res.text.known_word_counts(), text.known_word_counts())
+        return StageResult(table, res.reasons, TextState(out_text, word_counts=counts))
+
+    def measure(self, batch: pa.Table, text: TextState | None = None) -> tuple[pa.Table, TextState]:
+        text = self.text_state(batch, text)
+        texts = text.texts
         n = len(texts)
-        lines = ts.split_lines(texts)
+        lines = text.lines
         raw = ts.strip(lines.values)
         false = np.zeros(len(raw), dtype=bool)
         too_long = false.copy()
@@ -335,49 +356,43 @@ class C4QualityFilter(MapStage):
         kept_lines = ts.Segments.from_counts(
             line.filter(pa.array(kept)), np.bincount(lines.doc[kept], minlength=n))
         n_kept = kept_lines.counts
-        line_words, line_sents = self._kept_line_words(texts, lines, raw, line, kept)
-        if self.min_num_sentences is not None:
-            n_sent = np.bincount(kept_lines.doc, weights=line_sents, minlength=n).astype(np.int64)
-        else:
-            n_sent = np.zeros(n, dtype=np.int64)
+        line_words, line_sents = self._kept_line_words(text, lines, raw, line, kept)
+        n_sent = np.bincount(kept_lines.doc, weights=line_sents, minlength=n).astype(np.int64)
 
         has_drop = first_drop >= 0
         reason_lorem = np.zeros(n, dtype=bool)
         reason_lorem[has_drop] = page_lorem[first_drop[has_drop]]
-        rules = [
-            ("empty", ts._np(pc.binary_length(texts)) == 0),
-            ("lorem_ipsum", reason_lorem),
-            ("curly_bracket", has_drop & ~reason_lorem),
-            ("too_few_sentences", _lt(n_sent, self.min_num_sentences)),
-        ]
-        reasons = _first_reason(self.type, n, rules)
         new_text = ts.strip(pc.binary_join(kept_lines.to_lists(), pa.scalar("\n", line.type)))
-        keep = pa.array(ts._mask(pc.is_null(reasons)))
-        out_text = pc.if_else(keep, new_text, texts)
+        # A page a line drops keeps its text whatever the thresholds; every other page holds
+        # the kept lines (``process`` restores the original text where ``decide`` drops).
+        out_text = pc.if_else(pa.array(~has_drop), new_text, texts)
         # Words never cross a line break, so the kept lines' words are the new text's words:
         # a FineWeb stage after this one counts them without splitting again.
-        ts.remember_word_counts(new_text, np.bincount(kept_lines.doc, weights=line_words, minlength=n))
+        new_counts = np.bincount(kept_lines.doc, weights=line_words, minlength=n).astype(np.int64)
+        state = TextState(out_text, word_counts=np.where(has_drop, text.known_word_counts(), new_counts))
         table = batch.set_column(batch.schema.get_field_index("text"), "text", out_text)
         table = _with_columns(table, {
             "c4_lines_kept": n_kept,
             "c4_lines_removed": lines.counts - n_kept,
             "c4_n_sentences": n_sent,
+            "c4_lorem_ipsum": reason_lorem,
+            "c4_curly_bracket": has_drop & ~reason_lorem,
         })
-        return StageResult(table, reasons)
+        return table, state
 
     @staticmethod
-    def _kept_line_words(texts: pa.Array, lines: ts.Segments, raw: pa.Array, line: pa.Array,
+    def _kept_line_words(text: TextState, lines: ts.Segments, raw: pa.Array, line: pa.Array,
                          kept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Words and sentences of each kept line (stripped, citations removed).
 
         Words never cross a line break, so when the documents' words are at hand (the filter
-        before this one split them) a line the citation rule left alone takes the words in
-        its byte range; only the other lines are split."""
+        before this one split them and passed its text state on) a line the citation rule
+        left alone takes the words in its byte range; only the other lines are split."""
         kept_idx = np.flatnonzero(kept)
         n_words = np.zeros(len(kept_idx), np.int64)
         n_sents = np.zeros(len(kept_idx), np.int64)
         fresh = np.ones(len(kept_idx), dtype=bool)
-        doc_words = ts.reused_words(texts) if len(kept_idx) else None
+        doc_words = text.words if len(kept_idx) and text.has_words else None
         if doc_words is not None:
             same = ts._np(pc.binary_length(line)) == ts._np(pc.binary_length(raw))
             use = same[kept_idx]
@@ -417,9 +432,17 @@ class FineWebQualityFilter(_FilterStage):
     char_duplicates_ratio: float | None = Field(0.01, ge=0)
     new_line_ratio: float | None = Field(0.3, ge=0)
 
-    def signals(self, texts):
-        n = len(texts)
-        lines = ts.split_newlines(texts, runs=False)
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule("empty", "text", "blank"),  # no non-blank line
+        Rule("line_punct_frac", "fineweb_line_punct_frac", "< unless 0", ("line_punct_thr", "line_punct_exclude_zero")),
+        Rule("short_line_frac", "fineweb_short_line_frac", ">", "short_line_thr"),
+        Rule("char_dup_frac", "fineweb_char_dup_frac", ">", "char_duplicates_ratio"),
+        Rule("newline_per_word", "fineweb_newline_per_word", ">", "new_line_ratio"),
+    )
+
+    def signals(self, text):
+        texts = text.texts
+        lines = text.newlines(runs=False)
         nonblank = ts._mask(pc.greater(pc.binary_length(ts.strip(lines.values)), 0))
         lines = lines.select(nonblank)
         n_lines = lines.counts
@@ -431,22 +454,10 @@ class FineWebQualityFilter(_FilterStage):
         _, dup_chars = ts.duplicate_stats(lines, lengths)
         newlines = ts._np(pc.count_substring(texts, "\n")).astype(np.int64)
         chars = ts._np(pc.utf8_length(texts)).astype(np.int64) - newlines
-        n_words = ts.word_counts(texts)
-        columns = {
+        n_words = text.word_counts()
+        return {
             "fineweb_line_punct_frac": punct_frac,
             "fineweb_short_line_frac": short_frac,
             "fineweb_char_dup_frac": ts.safe_div(dup_chars, chars),
             "fineweb_newline_per_word": ts.safe_div(newlines, n_words),
         }
-        c = columns
-        punct_low = _lt(punct_frac, self.line_punct_thr)
-        if self.line_punct_exclude_zero:
-            punct_low &= punct_frac != 0
-        rules = [
-            ("empty", n_lines == 0),
-            ("line_punct_frac", punct_low),
-            ("short_line_frac", _gt(short_frac, self.short_line_thr)),
-            ("char_dup_frac", _gt(c["fineweb_char_dup_frac"], self.char_duplicates_ratio)),
-            ("newline_per_word", _gt(c["fineweb_newline_per_word"], self.new_line_ratio)),
-        ]
-        return columns, rules

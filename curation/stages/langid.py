@@ -17,14 +17,18 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pydantic import Field, PrivateAttr, field_validator
 
-from curation.io.shards import cached_file_sha256
-from curation.stages.base import MapStage, StageResult, registry
+from curation.io.files import cached_file_sha256
+from curation.stages.base import LETTER_RE2, MapStage, Rule, registry
+
+if TYPE_CHECKING:  # pragma: no cover
+    from curation.text.state import TextState
 
 # ISO 639-3 -> 639-1 for the 184 languages that have a two-letter code (from Debian's
 # iso-codes, iso_639-3.json), packed as "aaraa abkab ...": three letters, then two.
@@ -54,8 +58,8 @@ _INDIVIDUAL_TO_MACRO = {
 # Withdrawn two-letter codes still emitted by CLD2 and older tools.
 _LEGACY = {"iw": "he", "in": "id", "ji": "yi", "jw": "jv", "mo": "ro"}
 
-# A letter in any script: digits, punctuation and symbols alone carry no language.
-_LETTER = re.compile(r"[^\W\d_]")
+# A letter in any script: digits, punctuation and symbols alone carry no language. Found
+# with RE2 (``base.LETTER_RE2``): Python's ``[^\W\d_]`` on every character it knows.
 # C0/C1 control characters: CLD2 rejects U+0080..U+009F (mojibake of windows-1252 quotes,
 # common in crawled text) as "invalid UTF-8"; they carry no language either.
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
@@ -167,6 +171,9 @@ class LanguageId(MapStage):
     ``min_score``, also when no language was found), ``langid:lang=xx`` (a confident language
     outside ``keep``). ``keep`` omitted keeps every language; ``min_score: 0`` keeps every
     document that has text. ``keep`` accepts ISO 639-1 or 639-3 codes (``en``, ``eng``).
+
+    ``min_score`` and ``keep`` are thresholds (``rules``): stored rows re-decide from ``lang``
+    and ``lang_score`` without running the detector again.
     """
 
     type: Literal["langid"] = "langid"
@@ -206,38 +213,40 @@ class LanguageId(MapStage):
     def setup(self) -> None:
         self._detector = detector_for(self.model)
 
-    def process(self, batch: pa.Table) -> StageResult:
+    #: ``lang_score`` and ``lang`` are stored, so the thresholds re-decide without detecting
+    #: again; ``no_text`` looks for a letter in the (unchanged) text column.
+    rules: ClassVar[tuple[Rule, ...]] = (
+        Rule("no_text", "text", "no letter"),
+        Rule("low_score", "lang_score", "< or null", "min_score"),  # null: no language found
+        Rule("lang={value}", "lang", "not in", "keep"),
+    )
+
+    def measure(self, batch: pa.Table, text: TextState | None = None) -> tuple[pa.Table, TextState | None]:
+        """Adds ``lang`` and ``lang_score``; the text (and its state) is unchanged."""
         if "text" not in batch.column_names:
             raise ValueError(f"langid: input has no 'text' column (columns: {batch.column_names})")
+        if text is not None:
+            text = self.text_state(batch, text)
         if self._detector is None:
             self.setup()
-        texts = batch.column("text").to_pylist()
-        n = len(texts)
-        has_text = [t is not None and _LETTER.search(t) is not None for t in texts]
-        todo = [i for i in range(n) if has_text[i]]
+        col = batch.column("text")
+        n = len(col)
+        has_text = pc.fill_null(pc.match_substring_regex(col, LETTER_RE2), False).to_numpy(zero_copy_only=False)
+        todo = np.flatnonzero(has_text)
         codes: list[str | None] = [None] * n
         scores = np.zeros(n, np.float32)
-        if todo:
-            got_codes, got_scores = self._detector.detect([texts[i] for i in todo])
-            idx = np.asarray(todo, np.int64)
-            scores[idx] = got_scores
-            for i, c in zip(todo, got_codes):
+        if len(todo):
+            got_codes, got_scores = self._detector.detect(col.take(pa.array(todo)).to_pylist())
+            scores[todo] = got_scores
+            for i, c in zip(todo.tolist(), got_codes):
                 codes[i] = c
-        keep = set(self.keep) if self.keep else None
-        reasons: list[str | None] = []
-        for i in range(n):
-            if not has_text[i]:
-                reasons.append("langid:no_text")
-            elif codes[i] is None or scores[i] < self.min_score:
-                reasons.append("langid:low_score")
-            elif keep is not None and codes[i] not in keep:
-                reasons.append(f"langid:lang={codes[i]}")
-            else:
-                reasons.append(None)
         table = batch.drop_columns([c for c in ("lang", "lang_score") if c in batch.column_names])
         table = table.append_column("lang", pa.array(codes, pa.string()))
         # no language found: null score, not 0 (a measurement that was not made)
         mask = np.array([c is None for c in codes], bool)
         table = table.append_column("lang_score", pa.array(scores, pa.float32(), mask=mask))
-        r = pa.array(reasons, pa.string())
-        return StageResult(table, r if r.null_count < n else None)
+        return table, text
+
+    def decide(self, table: pa.Table) -> pa.Array | None:
+        r = super().decide(table)
+        return r if r is not None and r.null_count < len(r) else None

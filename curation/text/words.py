@@ -30,7 +30,6 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import xxhash
 
 from curation.text import kernels as tk
 
@@ -866,107 +865,19 @@ def split_words(texts: pa.Array, special_cases: bool = True) -> Words:
     """English words of every text, split like spaCy's rule tokenizer (whitespace dropped).
 
     This reproduces ``datatrove.utils.text.split_into_words(text, "en")`` (spaCy's
-    ``blank("en")`` tokenizer) up to rare special cases.
+    ``blank("en")`` tokenizer) up to rare special cases. Every call splits: to split a batch
+    once and hand the words to the next stage, use ``curation.text.state.TextState``.
     """
     n_docs = len(texts)
     b, doff, buf, base = _text_bytes(texts)
     B = len(b)
     z = np.zeros(0, np.int64)
     if B == 0:
-        return Words(z, np.zeros(n_docs + 1, np.int64), z, z, b, b, buf, base)
-    if special_cases:
-        keys = _doc_keys(b, doff)
-        again = _LAST_SPLIT.reuse(keys, b, doff, buf, base)
-        if again is not None:
-            return again
-    words = _split_words(b, doff, buf, base, special_cases)
+        words = Words(z, np.zeros(n_docs + 1, np.int64), z, z, b, b, buf, base)
+    else:
+        words = _split_words(b, doff, buf, base, special_cases)
     words._doff = doff
-    if special_cases:
-        _LAST_SPLIT.remember(keys, words)
     return words
-
-
-def reused_words(texts: pa.Array) -> Words | None:
-    """The words of these texts if the previous split in this process already covered them
-    (a stage after a filter that split the same documents), else None; never splits."""
-    b, doff, buf, base = _text_bytes(texts)
-    if not len(b):
-        return None
-    return _LAST_SPLIT.reuse(_doc_keys(b, doff), b, doff, buf, base)
-
-
-class _LastSplit:
-    """The last batch's words, kept so that the next stage of a fused chain of filters,
-    which sees the documents the previous one kept, does not split them again."""
-
-    def __init__(self):
-        self.keys: np.ndarray | None = None
-        self.words: Words | None = None
-
-    def remember(self, keys: np.ndarray, words: Words) -> None:
-        self.keys, self.words = keys, words
-
-    def reuse(self, keys: np.ndarray, b, doff, buf, base) -> Words | None:
-        if self.words is None:
-            return None
-        docs = _find_texts(self.keys, np.diff(self.words._doff), keys, np.diff(doff))
-        return None if docs is None else self.words.take_docs(docs, b, doff, buf, base)
-
-
-def _find_texts(known_keys, known_lengths, keys, lengths) -> np.ndarray | None:
-    """Where each text is among the known ones, or None if any is not. A text is its 64-bit
-    hash of the bytes (``_doc_keys``) plus its byte length."""
-    if known_keys is None or not len(known_keys) or not len(keys):
-        return None
-    order = np.argsort(known_keys, kind="stable")
-    at = order[np.minimum(np.searchsorted(known_keys[order], keys), len(order) - 1)]
-    if not ((known_keys[at] == keys) & (known_lengths[at] == lengths)).all():
-        return None
-    return at
-
-
-_LAST_SPLIT = _LastSplit()
-
-
-class _KnownCounts:
-    """Word counts of texts a stage produced from words it had already split: C4 splits the
-    lines it keeps, so FineWeb after it need not split C4's output again. Looked up by a
-    64-bit hash of each text's bytes plus its byte length."""
-
-    def __init__(self):
-        self.keys: np.ndarray | None = None
-
-    def remember(self, texts: pa.Array, counts: np.ndarray) -> None:
-        b, doff, _, _ = _text_bytes(texts)
-        self.keys, self.lengths, self.counts = _doc_keys(b, doff), np.diff(doff), np.asarray(counts)
-
-    def lookup(self, b: np.ndarray, doff: np.ndarray) -> np.ndarray | None:
-        if self.keys is None or len(doff) < 2:
-            return None
-        at = _find_texts(self.keys, self.lengths, _doc_keys(b, doff), np.diff(doff))
-        return None if at is None else self.counts[at].astype(np.int64)
-
-
-_KNOWN_COUNTS = _KnownCounts()
-
-
-def word_counts(texts: pa.Array) -> np.ndarray:
-    """``split_words(texts).counts``, without splitting texts whose counts are known."""
-    b, doff, _, _ = _text_bytes(texts)
-    known = _KNOWN_COUNTS.lookup(b, doff)
-    return known if known is not None else split_words(texts).counts
-
-
-def remember_word_counts(texts: pa.Array, counts: np.ndarray) -> None:
-    """Tell ``word_counts`` how many words these texts have (the caller split them)."""
-    _KNOWN_COUNTS.remember(texts, counts)
-
-
-def _doc_keys(b: np.ndarray, doff: np.ndarray) -> np.ndarray:
-    """A 64-bit hash of each text's bytes (one C call per text)."""
-    view = memoryview(b)
-    return np.array([xxhash.xxh3_64_intdigest(view[a:e]) for a, e in zip(doff[:-1].tolist(), doff[1:].tolist())],
-                    dtype=np.uint64)
 
 
 def _split_words(b, doff, buf, base, special_cases: bool) -> Words:

@@ -1,0 +1,165 @@
+"""``TextState``: one batch's text and what has been measured on it, passed between stages.
+
+A fused chain of filters (repetition -> quality -> C4 -> FineWeb) looks at the same documents
+one after the other. Splitting words is the expensive part, so the split made by one stage
+is handed to the next explicitly, instead of through hidden per-process memos:
+
+- a ``TextState`` is built from one text array (``TextState(texts)`` or
+  ``TextState.of(batch)``) and computes words, lines and paragraphs lazily, each at most
+  once (``words``, ``word_counts()``, ``lines``, ``newlines()``, ``paragraphs``, ...);
+- ``take(indices)`` is the state of a subset of rows (what the executor passes to the next
+  stage: the rows a filter kept): words already split, with every per-word measurement
+  already made, move along (spans are shifted, nothing is split again); known word counts
+  too;
+- a stage that rewrites the text (C4 removes lines) returns a new state for its new text,
+  seeded with the per-document word counts it already knows (``TextState(new, word_counts=...)``);
+  a count of ``-1`` means unknown (only those documents are split when counts are asked for).
+
+A state belongs to exactly one text array: stages check that a state they are given has the
+batch's row count and byte count (``check``), and ``take`` must get the same indices the
+table got.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from curation.text import words as ts
+
+
+def _as_text_array(texts: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """One string array, nulls as ``""`` (what ``words.text_column`` gives)."""
+    arr = texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts
+    if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
+        arr = arr.cast(pa.string())
+    return pc.fill_null(arr, "") if arr.null_count else arr
+
+
+class TextState:
+    """Text of one batch plus its splits, each computed on first use (see module docstring)."""
+
+    def __init__(self, texts: pa.Array | pa.ChunkedArray, word_counts: np.ndarray | None = None):
+        self.texts: pa.Array = _as_text_array(texts)
+        self._words: ts.Words | None = None
+        self._counts: np.ndarray | None = None
+        if word_counts is not None:
+            counts = np.asarray(word_counts).astype(np.int64)
+            if counts.shape != (len(self.texts),):
+                raise ValueError(f"word_counts: {counts.shape[0]} counts for {len(self.texts)} texts")
+            self._counts = counts
+        self._cache: dict = {}
+
+    @classmethod
+    def of(cls, batch: pa.Table, column: str = "text") -> TextState:
+        """The state of a table's text column."""
+        return cls(ts.text_column(batch, column))
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def __repr__(self) -> str:
+        done = [k if isinstance(k, str) else k[0] for k in self._cache] + (["words"] if self._words else [])
+        return f"TextState({len(self)} texts, computed: {', '.join(done) or 'nothing'})"
+
+    def check(self, batch: pa.Table, column: str = "text") -> TextState:
+        """Raise unless this state can be the state of ``batch``'s text (same number of rows and
+        of bytes: a cheap guard against passing a state along with the wrong rows)."""
+        if len(self) != batch.num_rows:
+            raise ValueError(f"text state of {len(self)} rows given with a batch of {batch.num_rows}")
+        col = batch.column(column)
+        got = pc.sum(pc.binary_length(col)).as_py() or 0
+        mine = pc.sum(pc.binary_length(self.texts)).as_py() or 0
+        if got != mine:
+            raise ValueError(f"text state holds {mine} bytes of text, the batch {got}: not its text")
+        return self
+
+    # -- words ---------------------------------------------------------------------------
+
+    @property
+    def words(self) -> ts.Words:
+        """spaCy-style English words of every text (``words.split_words``), split once."""
+        if self._words is None:
+            self._words = ts.split_words(self.texts)
+        return self._words
+
+    @property
+    def has_words(self) -> bool:
+        """Whether the words are already split (reading them then costs nothing)."""
+        return self._words is not None
+
+    def known_word_counts(self) -> np.ndarray:
+        """Words per text where known without splitting, ``-1`` elsewhere."""
+        if self._words is not None:
+            return self._words.counts
+        if self._counts is not None:
+            return self._counts
+        return np.full(len(self), -1, np.int64)
+
+    def word_counts(self) -> np.ndarray:
+        """``split_words(texts).counts``, splitting only the texts whose count is not known."""
+        if self._words is not None:
+            return self._words.counts
+        if self._counts is None:
+            return self.words.counts
+        unknown = np.flatnonzero(self._counts < 0)
+        if len(unknown):
+            if len(unknown) == len(self):
+                return self.words.counts
+            counts = self._counts.copy()
+            counts[unknown] = ts.split_words(self.texts.take(pa.array(unknown))).counts
+            self._counts = counts
+        return self._counts
+
+    # -- lines and paragraphs ------------------------------------------------------------
+
+    def _cached(self, key, make):
+        if key not in self._cache:
+            self._cache[key] = make()
+        return self._cache[key]
+
+    @property
+    def lines(self) -> ts.Segments:
+        """``str.splitlines()`` of every text (``words.split_lines``)."""
+        return self._cached("lines", lambda: ts.split_lines(self.texts))
+
+    def newlines(self, min_run: int = 1, runs: bool = True) -> ts.Segments:
+        """``re.split("\\n+")`` / ``text.split("\\n")`` of every text (``words.split_newlines``)."""
+        return self._cached(("newlines", min_run, runs), lambda: ts.split_newlines(self.texts, min_run, runs))
+
+    @property
+    def stripped(self) -> pa.Array:
+        """``str.strip()`` of every text."""
+        return self._cached("stripped", lambda: ts.strip(self.texts))
+
+    @property
+    def paragraphs(self) -> ts.Segments:
+        """Paragraphs: the stripped text split at runs of two or more newlines."""
+        return self._cached("paragraphs", lambda: ts.split_newlines(self.stripped, min_run=2))
+
+    @property
+    def char_lengths(self) -> np.ndarray:
+        """Code points per text (``len``)."""
+        return self._cached("char_lengths", lambda: ts._np(pc.utf8_length(self.texts)).astype(np.int64))
+
+    @property
+    def byte_lengths(self) -> np.ndarray:
+        return self._cached("byte_lengths", lambda: ts._np(pc.binary_length(self.texts)).astype(np.int64))
+
+    # -- subsets and new texts -----------------------------------------------------------
+
+    def take(self, indices) -> TextState:
+        """The state of these rows (in this order, repeats allowed): the words already split
+        move along with their measurements, and so do known word counts; lines and the rest
+        are recomputed on demand (they are cheap)."""
+        idx = np.asarray(indices.to_numpy(zero_copy_only=False) if isinstance(indices, (pa.Array, pa.ChunkedArray))
+                         else indices, dtype=np.int64).reshape(-1)
+        texts = self.texts.take(pa.array(idx, pa.int64()))
+        out = TextState(texts)
+        if self._words is not None:
+            b, doff, buf, base = ts._text_bytes(texts)
+            out._words = self._words.take_docs(idx, b, doff, buf, base)
+        elif self._counts is not None:
+            out._counts = self._counts[idx]
+        return out
