@@ -32,6 +32,7 @@ from curation.pipeline.rundir import RunDir
 from curation.pipeline.tasks import Resources, TasksFailed, peak_rss_mb, run_measured
 
 PHASES = "_phases"
+PHASES_REPORT = "_phases.json"
 
 
 @dataclass
@@ -178,11 +179,14 @@ class GlobalContext:
             if pending:
                 self.commit(pending)
 
-    def write_report(self, filename: str, report: dict) -> None:
-        """The stage's report (``RUN/STAGE/filename``), with its phases' timings and memory and
-        the driver's peak RSS added."""
-        full = {"stage": self.name, "params_hash": self.params_hash, **report, "phases": self.phases,
-                "phase_seconds": {k: v["seconds"] for k, v in self.phases.items()},
-                "max_rss_mb": max((v["peak_worker_rss_mb"] for v in self.phases.values()), default=0.0),
-                "driver_peak_rss_mb": round(peak_rss_mb(), 1)}
-        self.rundir.write_report(self.name, filename, full)
+    def write_report(self, filename: str, report: dict, timings: bool = False) -> None:
+        """The stage's report (``RUN/STAGE/filename``). Phase timings, worker and driver peak RSS
+        always go to ``RUN/STAGE/_phases.json``; with ``timings`` they are in the report too
+        (otherwise the report is a pure function of the inputs: same run, same bytes)."""
+        measured = {"phases": self.phases, "phase_seconds": {k: v["seconds"] for k, v in self.phases.items()},
+                    "max_rss_mb": max((v["peak_worker_rss_mb"] for v in self.phases.values()), default=0.0),
+                    "driver_peak_rss_mb": round(peak_rss_mb(), 1)}
+        self.rundir.write_report(self.name, PHASES_REPORT, {"stage": self.name, "params_hash": self.params_hash,
+                                                            **measured})
+        self.rundir.write_report(self.name, filename, {"stage": self.name, "params_hash": self.params_hash, **report,
+                                                       **(measured if timings else {})})

@@ -314,4 +314,4 @@ class ExactDedup(GlobalStage):
             "fill_ratio": (sum(p["fill_ratio"] * p["m"] for p in parts) / m) if parts else 0.0,
             "predicted_false_positive_rate": max((p["predicted_false_positive_rate"] for p in parts), default=0.0),
             "measured_false_positive_rate": max((p["measured_false_positive_rate"] for p in parts), default=0.0),
-            "per_partition": parts})
+            "per_partition": parts}, timings=True)

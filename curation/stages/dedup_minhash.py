@@ -429,4 +429,4 @@ class MinHashDedup(GlobalStage):
                            "largest_task_edges": comp.max_task_edges, "per_step": comp.per_step},
             "phase_docs": phases,
         }
-        ctx.write_report(REPORT, report)
+        ctx.write_report(REPORT, report, timings=True)
