@@ -142,7 +142,8 @@ def tokenizer_report_cmd(
     from curation.tokenizer.report import tokenizer_report
 
     try:
-        tokenizer_report(tokenizer, resolve_corpus(inputs), max_docs=max_docs)
+        tokenizer_report(tokenizer, inputs if len(inputs) > 1 else inputs[0], max_docs=max_docs,
+                         corpus=resolve_corpus(inputs))
     except (TokenizerError, FileNotFoundError) as e:
         _fail(str(e))
 

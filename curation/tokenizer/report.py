@@ -99,15 +99,17 @@ def plot_fertility(rows: list[dict], title: str, out_png: str | Path) -> Path:
 
 
 def tokenizer_report(tokenizer_dir: str | Path, inputs: str | Path | Sequence[str | Path],
-                     out_png: str | Path | None = None, max_docs: int | None = None, console=None) -> list[dict]:
+                     out_png: str | Path | None = None, max_docs: int | None = None, console=None,
+                     corpus: ParquetCorpus | None = None) -> list[dict]:
     """Fertility of the tokenizer in ``tokenizer_dir`` on ``inputs`` (``RUN/STAGE``, folders,
     globs or Parquet files): prints a rich table, writes a PNG bar chart (default
-    ``TOKENIZER_DIR/fertility-<input name>.png``) and a JSON of the same rows next to it."""
+    ``TOKENIZER_DIR/fertility-<input name>.png``) and a JSON of the same rows next to it.
+    ``corpus``: the files ``inputs`` stand for, when the caller resolved them (a run's stage)."""
     from rich.console import Console
     from rich.table import Table
 
     tok = Tokenizer.load(tokenizer_dir)
-    rows = fertility(tok, inputs, max_docs)
+    rows = fertility(tok, corpus if corpus is not None else inputs, max_docs)
     name = Path(inputs if isinstance(inputs, (str, Path)) else inputs[0]).name.replace("*", "_") or "data"
     out_png = Path(out_png) if out_png else Path(tokenizer_dir) / f"fertility-{name}.png"
     title = f"{tok.kind} vocab {tok.vocab_size} ({tok.fingerprint[:12]}) on {name}"
