@@ -31,7 +31,7 @@ from curation.formats.documents import DOC_SCHEMA, HTML_SCHEMA
 from curation.stages import extract as ex
 
 EXTRACT = DATA / "extract"
-SHARED = Path(os.environ.get("REFINERY_SHARED_DATA", "/work/shared/data"))
+SHARED = Path(os.environ.get("REFINERY_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 ENGINES = ["resiliparse", "trafilatura"]
 DEFAULT = ex.Extract.model_fields["engine"].default
 
@@ -121,7 +121,7 @@ def aeb_full():
     tar = SHARED / "html/article_extraction_benchmark_pages.tar.xz"
     gt = SHARED / "html/article_extraction_benchmark_ground-truth.json.gz"
     if not (tar.exists() and gt.exists()):
-        pytest.skip(f"shared data not found under {SHARED} (set REFINERY_SHARED_DATA)")
+        pytest.skip(f"shared data not found under {SHARED} (set REFINERY_DATA)")
     htmls, gold = _load_pages(tar, gt)
     assert len(gold) == 181
     f1 = {e: mean_prf(ex.ENGINES[e], htmls, gold)[2] for e in ENGINES}

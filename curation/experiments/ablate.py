@@ -53,6 +53,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from curation.pipeline.dag import load_dag, parse_dag
 from curation.formats.packed import PACK_REPORT
+from curation.io import datapaths
 from curation.pipeline.executor import run_dag
 from curation.pipeline.rundir import RunDir, resolve_corpus
 
@@ -130,8 +131,12 @@ def load_ablate_config(path: str | Path) -> AblateConfig:
 
 
 def _resolve(path: str, config_dir: Path) -> str:
-    """Relative paths: from the CWD if they exist there, else from the config's folder."""
-    p = Path(path).expanduser()
+    """``${REFINERY_DATA}`` expanded; relative paths from the CWD if they exist there, else from
+    the config's folder."""
+    try:
+        p = Path(datapaths.expand(path)).expanduser()
+    except datapaths.DataPathError as e:
+        raise AblateError(f"{path}: {e}") from None
     if p.is_absolute() or p.exists():
         return str(p.resolve())
     q = (config_dir / p)

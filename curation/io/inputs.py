@@ -10,6 +10,8 @@ from typing import Literal
 import fsspec
 from pydantic import BaseModel, ConfigDict, Field
 
+from curation.io import datapaths
+
 MiB = 1 << 20
 
 
@@ -56,6 +58,10 @@ def expand_paths(name: str, spec: InputSpec, base_dir: str | None = None) -> lis
     """Expand globs (local or any fsspec URL) to a sorted list of (path, size); fail if none."""
     found: dict[str, int] = {}
     for pattern in spec.paths:
+        try:
+            pattern = datapaths.expand(pattern)
+        except datapaths.DataPathError as e:
+            raise InputError(f"inputs.{name}.paths: {e}") from None
         if base_dir and "://" not in pattern and not posixpath.isabs(pattern):
             pattern = posixpath.join(base_dir, pattern)
         fs, _, _ = fsspec.get_fs_token_paths(pattern)

@@ -44,7 +44,7 @@ from collections import defaultdict  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Callable  # noqa: E402
 
-SHARED_DATA = Path(os.environ.get("REFINERY_SHARED_DATA", "/work/shared/data"))
+SHARED_DATA = Path(os.environ.get("REFINERY_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 REPO = Path(__file__).resolve().parents[2]
-SHARED = Path("/work/shared/data") if Path("/work/shared/data").exists() else REPO.parent / "shared" / "data"
+SHARED = Path(os.environ.get("REFINERY_DATA", REPO.parent / "shared" / "data"))
 sys.path.insert(0, str(REPO))
 
 

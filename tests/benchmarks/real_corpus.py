@@ -11,7 +11,7 @@ import os
 import re
 from pathlib import Path
 
-SHARED_DATA = Path(os.environ.get("REFINERY_SHARED_DATA", "/work/shared/data"))
+SHARED_DATA = Path(os.environ.get("REFINERY_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
 
 
 def jsonl_gz(path: Path):

@@ -1,6 +1,6 @@
 """Rebuild the near-duplicate fixtures of this folder from real documents.
 
-    .venv/bin/python tests/data/dedup/build_fixtures.py [--shared /work/shared/data]
+    .venv/bin/python tests/data/dedup/build_fixtures.py [--shared ../shared/data]
 
 - ``dclm_docs_150.jsonl.gz``: 150 real Common Crawl documents (``{id, text}``), the first
   150 of DCLM's ``majority_data.jsonl`` with 80 to 1,200 words (ids keep the line number).
@@ -162,7 +162,7 @@ def score_removals(group_of: dict[str, str], removed: set[str]) -> dict[str, flo
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shared", default="/work/shared/data")
+    ap.add_argument("--shared", default=str(Path(__file__).resolve().parents[4] / "shared" / "data"))
     args = ap.parse_args()
     src = Path(args.shared) / "jsonl" / "dclm_majority_data.jsonl.gz"
     docs = []
