@@ -83,6 +83,18 @@ CONFIGS = {
 }
 LANG_CONFIGS = {"langid": LanguageId(keep=["en"]), "langid_all": LanguageId(min_score=0.9)}
 
+#: Gopher quality's signal columns: the same whatever the thresholds (what measure-once relies on)
+_GOPHER_COLUMNS = {'text': '7a2cbde18c449537',
+    'gopher_n_words': '4cbe0d2120c14e4e',
+    'gopher_mean_word_length': 'f39ea2cb7d179ed5',
+    'gopher_symbol_word_ratio': '7662a991cee64d79',
+    'gopher_ellipsis_word_ratio': 'b7224cbceb2443cd',
+    'gopher_bullet_lines_frac': '9b68f9938e030b62',
+    'gopher_ellipsis_lines_frac': '9ba5718a91b28759',
+    'gopher_alpha_words_frac': '74bb328f32bbf682',
+    'gopher_stop_words': 'f02eb818b08f5384'
+}
+
 #: What ``process`` gave before this change (``reasons``: sha256 of the JSON list of reasons
 #: per row, first 16 hex digits; ``columns``: the same of each column's values).
 OLD = {'gopher_quality': {'reasons': '630a417cf404a3e6',
@@ -91,30 +103,14 @@ OLD = {'gopher_quality': {'reasons': '630a417cf404a3e6',
                                'gopher_quality:empty': 2,
                                'gopher_quality:stop_words': 3,
                                'gopher_quality:too_few_words': 9},
-                    'columns': {'text': '7a2cbde18c449537',
-                                'gopher_n_words': '4cbe0d2120c14e4e',
-                                'gopher_mean_word_length': 'f39ea2cb7d179ed5',
-                                'gopher_symbol_word_ratio': '7662a991cee64d79',
-                                'gopher_ellipsis_word_ratio': 'b7224cbceb2443cd',
-                                'gopher_bullet_lines_frac': '9b68f9938e030b62',
-                                'gopher_ellipsis_lines_frac': '9ba5718a91b28759',
-                                'gopher_alpha_words_frac': '74bb328f32bbf682',
-                                'gopher_stop_words': 'f02eb818b08f5384'}},
+                    'columns': _GOPHER_COLUMNS},
  'gopher_quality_loose': {'reasons': 'bd5fa8cf9f3dda4d',
                           'counts': {'gopher_quality:alpha_words_frac': 26,
                                      'gopher_quality:ellipsis_word_ratio': 9,
                                      'gopher_quality:empty': 2,
                                      'gopher_quality:mean_word_length': 3,
                                      'gopher_quality:too_few_words': 4},
-                          'columns': {'text': '7a2cbde18c449537',
-                                      'gopher_n_words': '4cbe0d2120c14e4e',
-                                      'gopher_mean_word_length': 'f39ea2cb7d179ed5',
-                                      'gopher_symbol_word_ratio': '7662a991cee64d79',
-                                      'gopher_ellipsis_word_ratio': 'b7224cbceb2443cd',
-                                      'gopher_bullet_lines_frac': '9b68f9938e030b62',
-                                      'gopher_ellipsis_lines_frac': '9ba5718a91b28759',
-                                      'gopher_alpha_words_frac': '74bb328f32bbf682',
-                                      'gopher_stop_words': 'f02eb818b08f5384'}},
+                          'columns': _GOPHER_COLUMNS},
  'gopher_repetition': {'reasons': '09ba96fedba81a6a',
                        'counts': {'gopher_repetition:dup_line_frac': 6,
                                   'gopher_repetition:empty': 2,
