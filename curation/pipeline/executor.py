@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -115,10 +116,21 @@ def _worker_dag(job: RootJob) -> Dag:
 
 @dataclass
 class _Node:
-    """A node's rows in the task, and the text state that goes with them (None: build lazily)."""
+    """A node's rows in the task, as the batches a stage produced them in, each with the text
+    state that goes with it (None: the next stage builds its own). The next fused stage takes
+    these same batches, so words split upstream are reused whatever the shard's size."""
 
-    table: pa.Table
-    text: Any = None
+    batches: list[tuple[pa.Table, Any]]
+
+    @classmethod
+    def of(cls, table: pa.Table, batch_size: int) -> _Node:
+        return cls([(table.slice(i, batch_size), None) for i in range(0, max(table.num_rows, 1), batch_size)])
+
+    @cached_property
+    def table(self) -> pa.Table:
+        parts = [t for t, _ in self.batches]
+        t = pa.concat_tables(parts, promote_options="default") if len(parts) > 1 else parts[0]
+        return t.combine_chunks()
 
 
 def _setup_once(stage: MapStage, name: str, hash_: str) -> None:
@@ -127,26 +139,23 @@ def _setup_once(stage: MapStage, name: str, hash_: str) -> None:
         _READY.add((name, hash_))
 
 
-def _process(stage: MapStage, name: str, node: _Node, batch_size: int, hash_: str) -> tuple[_Node, pa.Table | None]:
-    """Measure and decide every batch of ``node``; the kept rows (with their text state) and the
-    rejected rows."""
+def _process(stage: MapStage, name: str, node: _Node, hash_: str) -> tuple[_Node, pa.Table | None]:
+    """Measure and decide every batch of ``node``; the kept rows (batch by batch, with their
+    text state) and the rejected rows."""
     _setup_once(stage, name, hash_)
-    table = node.table
-    kept_parts, rej_parts, texts = [], [], []
-    for i in range(0, max(table.num_rows, 1), batch_size):
-        batch = table.slice(i, batch_size)
-        text = node.text.take(np.arange(i, i + batch.num_rows)) if node.text is not None and batch.num_rows else None
-        res = stage.run_batch(batch, text)
+    kept_batches, rej_parts = [], []
+    for batch, text in node.batches:
+        res = stage.run_batch(batch, text if batch.num_rows else None)
         kept, rej = split_kept_rejected(res.table, res.reasons, name)
-        kept_parts.append(kept)
-        texts.append(res.text.take(np.flatnonzero(pc.is_null(res.reasons).to_numpy(zero_copy_only=False)))
-                     if res.text is not None and res.reasons is not None else res.text)
+        if res.text is not None and res.reasons is not None:
+            kept_text = res.text.take(np.flatnonzero(pc.is_null(res.reasons).to_numpy(zero_copy_only=False)))
+        else:
+            kept_text = res.text
+        kept_batches.append((kept, kept_text))
         if rej is not None:
             rej_parts.append(rej)
-    kept = pa.concat_tables(kept_parts, promote_options="default") if len(kept_parts) > 1 else kept_parts[0]
     rej = pa.concat_tables(rej_parts, promote_options="default") if rej_parts else None
-    text = texts[0] if len(texts) == 1 else None  # several batches: the next stage builds its own
-    return _Node(kept.combine_chunks(), text), (rej.combine_chunks() if rej is not None else None)
+    return _Node(kept_batches), (rej.combine_chunks() if rej is not None else None)
 
 
 def _stored_signals(rundir: RunDir, name: str, key: str, signals_hash: str) -> pa.Table | None:
@@ -180,7 +189,7 @@ def _redecide(stage: MapStage, name: str, node: _Node, stored: pa.Table, batch_s
         pos = pc.index_in(ids, value_set=stored.column("id"))
     table = stored.take(pos).combine_chunks()
     kept, rej = split_kept_rejected(table, stage.decide(table), name)
-    return _Node(kept.combine_chunks()), (rej.combine_chunks() if rej is not None else None), n_missing
+    return _Node.of(kept.combine_chunks(), batch_size), (rej.combine_chunks() if rej is not None else None), n_missing
 
 
 def run_root_task(job: RootJob) -> list[dict]:
@@ -196,20 +205,20 @@ def run_root_task(job: RootJob) -> list[dict]:
         if name in nodes:
             return nodes[name]
         if name == root and job.shard is not None and job.materialize and name in done_set:
-            n = _Node(pq.read_table(rundir.shard_path(name, key)))
+            n = _Node.of(pq.read_table(rundir.shard_path(name, key)), dag.batch_size)
         elif name == root and job.shard is not None:
             res = read_shard(job.shard, dag.inputs[root])
             docs, rejects = res.tables()
             rejects = rejects.append_column("stage", pa.array([root] * rejects.num_rows, pa.string()))
             entries.append(rundir.write_stage_shard(root, key, docs if job.materialize else None, rejects,
                                                     docs.num_rows + rejects.num_rows, hashes[root]))
-            n = _Node(docs)
+            n = _Node.of(docs, dag.batch_size)
         elif name == root:
-            n = _Node(pq.read_table(job.source_path))
+            n = _Node.of(pq.read_table(job.source_path), dag.batch_size)
         elif dag.stages[name].kind == "union":
             n = node_of(next(u for u in dag.stages[name].upstreams() if root in roots(dag, u)))
         elif name in done_set:
-            n = _Node(pq.read_table(rundir.shard_path(name, key)))
+            n = _Node.of(pq.read_table(rundir.shard_path(name, key)), dag.batch_size)
         else:
             st = dag.stages[name]
             up = node_of(st.input)
@@ -219,7 +228,7 @@ def run_root_task(job: RootJob) -> list[dict]:
                 n, rej, measured = _redecide(st, name, up, stored, dag.batch_size, hashes[name])
                 extra["measured_rows"] = measured
             else:
-                n, rej = _process(st, name, up, dag.batch_size, hashes[name])
+                n, rej = _process(st, name, up, hashes[name])
                 if st.rules:
                     extra["measured_rows"] = up.table.num_rows
             entries.append(rundir.write_stage_shard(name, key, n.table, rej, up.table.num_rows, hashes[name], **extra))

@@ -121,6 +121,7 @@ def _our_shard(task: tuple[str, str]) -> list[tuple[str, str | None]]:
     Stages run as the executor runs them: over batches, each stage on what the previous
     one kept. Returns (id, reason) for every document, reason None when kept.
     """
+    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.json as pj
@@ -135,17 +136,24 @@ def _our_shard(task: tuple[str, str]) -> list[tuple[str, str | None]]:
     table = table.append_column("url", pa.array([""] * n)).append_column("meta", pa.array(["{}"] * n))
     outcome: list[tuple[str, str | None]] = []
     rejected = []
-    for stage in (GopherRepetitionFilter(), GopherQualityFilter(), C4QualityFilter(), FineWebQualityFilter()):
-        kept_parts = []
-        for i in range(0, max(table.num_rows, 1), BATCH_SIZE):
-            res = stage.process(table.slice(i, BATCH_SIZE))
+    stages = (GopherRepetitionFilter(), GopherQualityFilter(), C4QualityFilter(), FineWebQualityFilter())
+    kept_all = []
+    for i in range(0, max(n, 1), BATCH_SIZE):
+        # one batch through the chain, each stage handed the previous one's text state (words
+        # split once), as the executor's fused task does
+        batch, text = table.slice(i, BATCH_SIZE), None
+        for stage in stages:
+            res = stage.process(batch, text)
             drop = pc.is_valid(res.reasons)
-            kept_parts.append(res.table.filter(pc.invert(drop)))
+            keep = pc.invert(drop)
             rej = res.table.filter(drop)
             rej = rej.append_column("reason", res.reasons.filter(drop))
             rejected.append(rej.select(["id", "text", "reason"]))
             outcome += zip(rej.column("id").to_pylist(), rej.column("reason").to_pylist())
-        table = pa.concat_tables(kept_parts, promote_options="default")
+            batch = res.table.filter(keep)
+            text = res.text.take(np.flatnonzero(keep.to_numpy(zero_copy_only=False))) if res.text is not None else None
+        kept_all.append(batch)
+    table = pa.concat_tables(kept_all, promote_options="default")
     outcome += [(i, None) for i in table.column("id").to_pylist()]
     name = Path(src).stem
     pq.write_table(table, Path(out_dir) / f"{name}.parquet")
