@@ -101,6 +101,9 @@ class RootJob:
     source_path: str | None
     materialize: bool
     done: tuple[str, ...] = ()
+    #: stage -> this key's manifest entry made with the stage's current signals hash (read once
+    #: on the driver: a task never reads a whole manifest)
+    signals: tuple[tuple[str, dict], ...] = ()
 
 
 _DAGS: dict[str, Dag] = {}
@@ -158,11 +161,11 @@ def _process(stage: MapStage, name: str, node: _Node, hash_: str) -> tuple[_Node
     return _Node(kept_batches), (rej.combine_chunks() if rej is not None else None)
 
 
-def _stored_signals(rundir: RunDir, name: str, key: str, signals_hash: str) -> pa.Table | None:
-    """Every row (kept and rejected) a stage measured for ``key`` with the same signal
-    parameters, rejected rows without their ``stage``/``reason`` columns; None if there are none."""
-    e = rundir.entries(name).get(key)
-    if not e or e.get(SIGNALS_HASH) != signals_hash or (e.get("file") is None and e.get("rows")):
+def _stored_signals(rundir: RunDir, e: dict | None) -> pa.Table | None:
+    """Every row (kept and rejected) a stage measured for a shard with the same signal
+    parameters (entry ``e``), rejected rows without their ``stage``/``reason`` columns; None if
+    there are none."""
+    if not e or (e.get("file") is None and e.get("rows")):
         return None
     if not all(rundir.path(f).exists() for f in (e.get("file"), e.get("rejected_file")) if f):
         return None
@@ -200,6 +203,7 @@ def run_root_task(job: RootJob) -> list[dict]:
     entries: list[dict] = []
     nodes: dict[str, _Node] = {}
     done_set = set(job.done)
+    signals = dict(job.signals)
 
     def node_of(name: str) -> _Node:
         if name in nodes:
@@ -222,7 +226,7 @@ def run_root_task(job: RootJob) -> list[dict]:
         else:
             st = dag.stages[name]
             up = node_of(st.input)
-            stored = _stored_signals(rundir, name, key, sig[name]) if st.rules else None
+            stored = _stored_signals(rundir, signals.get(name)) if st.rules else None
             extra = {SIGNALS_HASH: sig[name]} if st.rules else {}
             if stored is not None:
                 n, rej, measured = _redecide(st, name, up, stored, dag.batch_size, hashes[name])
@@ -275,12 +279,16 @@ def run_dag(dag: Dag, run_dir: str | os.PathLike, workers: int = 2, address: str
         def run_tasks(phase: str, jobs: list[tuple[str, str, InputShard | None, str | None]]) -> None:
             writes = {root: plan.writes(root) for root, *_ in jobs}
             committed = {s: rundir.committed(s, plan.hashes[s]) for ws in writes.values() for s in ws}
+            # entries whose signals can be re-decided: same signals hash, other params hash
+            redecide = {s: {k: e for k, e in rundir.entries(s).items() if e.get(SIGNALS_HASH) == plan.signal_hashes[s]}
+                        for ws in writes.values() for s in ws if s in dag.stages and dag.stages[s].rules}
             todo = []
             for root, key, shard, src in jobs:
                 done_stages = tuple(s for s in writes[root] if key in committed[s])
                 if len(done_stages) < len(writes[root]):
+                    stored = tuple((s, redecide[s][key]) for s in writes[root] if key in redecide.get(s, {}))
                     todo.append(RootJob(dag_dict, dag.path, dag.base_dir, rundir, root, key, shard, src,
-                                        root in plan.materialize_inputs, done_stages))
+                                        root in plan.materialize_inputs, done_stages, stored))
             total, finished = len(jobs), len(jobs) - len(todo)
             progress.phase(phase, finished, total)
 
