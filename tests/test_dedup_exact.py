@@ -272,13 +272,13 @@ def test_paragraph_level_removes_lines_seen_earlier_in_id_order(tmp_path, ray_se
 
 
 def _keys_file(path: Path, hashes: np.ndarray, hashes2: np.ndarray, header: dict) -> str:
-    from curation.dedup.minhash import write_artifact
+    from curation.io.artifacts import write_partitioned
 
     n = len(hashes)
-    write_artifact(pa.table({"part": pa.array(np.zeros(n, np.int32)), "id": pa.array([f"d{i:08d}" for i in range(n)]),
-                             "shard": pa.array(np.zeros(n, np.int32)), "row": pa.array(np.arange(n, dtype=np.int32)),
-                             "para": pa.array(np.full(n, -1, np.int32)), "hash": pa.array(hashes),
-                             "hash2": pa.array(hashes2)}), path, header)
+    write_partitioned(pa.table({"id": pa.array([f"d{i:08d}" for i in range(n)]),
+                                "shard": pa.array(np.zeros(n, np.int32)), "row": pa.array(np.arange(n, dtype=np.int32)),
+                                "para": pa.array(np.full(n, -1, np.int32)), "hash": pa.array(hashes),
+                                "hash2": pa.array(hashes2)}), np.zeros(n, np.int32), path, header)
     return str(path)
 
 

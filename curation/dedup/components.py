@@ -4,7 +4,9 @@ over hash-partitioned edge files, one Ray task per partition per round.
 
 Nodes are int64 (document indexes). Every edge file lives under ``root``::
 
-    root/s000/to-0003/from-0007.parquet   edges sent by task 7 to partition 3 for step 0
+    root/s000/from-0007.parquet           edges sent by task 7 for step 0, sorted by receiving
+                                          partition (row groups indexed by partition: each
+                                          receiver reads only its own byte ranges)
     root/s000/_done/from-0007.json        task 7 finished step 0 (its statistics)
     root/labels/s004/part-0003.parquet    (node, component) of partition 3's nodes, written
                                           at a large-star step where partition 3 was stars
@@ -42,9 +44,10 @@ import numpy as np
 import pyarrow as pa
 
 from curation.dedup.minhash import mix64, read_artifact, write_artifact
+from curation.io.artifacts import read_partition, write_partitioned
 
 CC_ALGORITHM = "connected-components-large-small-star"
-CC_VERSION = 1
+CC_VERSION = 2  # 2: one edge file per sender, indexed by receiving partition
 
 #: ``mapper(fn, items, phase) -> results in item order``: ``GlobalContext.map`` or a plain loop.
 Mapper = Callable[[Callable[..., Any], list[tuple], str], list[Any]]
@@ -87,27 +90,25 @@ def _dedupe(src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def write_edges(step_dir: str | Path, sender: int, src: np.ndarray, dst: np.ndarray, partitions: int,
                 header: dict[str, Any]) -> int:
-    """Send directed edges to the partition of their ``src``: one file per destination.
+    """Send directed edges to the partition of their ``src``: one file per sender, its rows
+    grouped by receiving partition (so a step writes ``partitions`` files, not their square).
     Returns the number of edges written."""
-    step_dir = Path(step_dir)
     if len(src) == 0:
         return 0
     part = node_partition(src, partitions)
     order = np.argsort(part, kind="stable")
-    part, src, dst = part[order], src[order], dst[order]
-    bounds = np.flatnonzero(np.r_[True, part[1:] != part[:-1], True])
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
-        t = pa.Table.from_arrays([pa.array(src[lo:hi]), pa.array(dst[lo:hi])], schema=_EDGE_SCHEMA)
-        write_artifact(t, step_dir / f"to-{int(part[lo]):04d}" / f"from-{sender:04d}.parquet", header)
+    t = pa.Table.from_arrays([pa.array(src[order]), pa.array(dst[order])], schema=_EDGE_SCHEMA)
+    write_partitioned(t, part[order], Path(step_dir) / f"from-{sender:04d}.parquet", header)
     return int(len(src))
 
 
 def read_edges(step_dir: str | Path, partition: int, header: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-    """All edges sent to ``partition`` for a step, header-checked."""
-    files = sorted((Path(step_dir) / f"to-{partition:04d}").glob("from-*.parquet"))
-    if not files:
+    """All edges sent to ``partition`` for a step, header-checked: its row groups of every
+    sender's file."""
+    files = sorted(Path(step_dir).glob("from-*.parquet"))
+    tables = [t for t in (read_partition(f, partition, header) for f in files) if t.num_rows]
+    if not tables:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    tables = [read_artifact(f, header) for f in files]
     t = pa.concat_tables(tables)
     return (t.column("src").to_numpy().astype(np.int64, copy=False),
             t.column("dst").to_numpy().astype(np.int64, copy=False))

@@ -62,3 +62,54 @@ def read_artifact(path: str | Path, header: dict[str, Any], **kwargs) -> pa.Tabl
     """Read a Parquet artifact after checking its header (``ArtifactMismatch`` otherwise)."""
     check_header(read_header(path), header, path)
     return pq.read_table(path, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# partitioned artifacts: the map side of a shuffle writes one file per task, the reduce side
+# reads only its own row groups of each.
+
+PARTITIONS_KEY = b"refinery.partitions"
+
+
+def write_partitioned(table: pa.Table, part: "np.ndarray", path: str | Path, header: dict[str, Any],
+                      max_rows: int = 65536) -> None:
+    """Write ``table`` (rows already sorted by ``part``, a non-decreasing int array) with row
+    groups cut at partition boundaries and an index ``partition -> [first, end)`` row groups in
+    the schema metadata, so a reducer reads its byte ranges and nothing else."""
+    import numpy as np
+
+    part = np.asarray(part)
+    if len(part) and np.any(part[1:] < part[:-1]):
+        raise ValueError("write_partitioned: rows must be sorted by partition")
+    bounds = np.flatnonzero(np.r_[True, part[1:] != part[:-1], True]) if len(part) else np.zeros(1, np.int64)
+    index, slices, rg = [], [], 0
+    for lo, hi in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
+        n_groups = -(-(hi - lo) // max_rows)
+        index.append([int(part[lo]), rg, rg + n_groups])
+        slices.append((lo, hi))
+        rg += n_groups
+    meta = {**(table.schema.metadata or {}), **header_metadata(header), PARTITIONS_KEY: json.dumps(index).encode()}
+    schema = table.schema.with_metadata(meta)
+    with atomic_path(path) as tmp:
+        with pq.ParquetWriter(tmp, schema, compression="lz4") as w:
+            for lo, hi in slices:
+                w.write_table(table.slice(lo, hi - lo).replace_schema_metadata(meta), row_group_size=max_rows)
+
+
+def read_partition(path: str | Path, partition: int, header: dict[str, Any],
+                   columns: list[str] | None = None) -> pa.Table:
+    """The rows of ``partition`` in a file written by ``write_partitioned`` (header-checked):
+    only that partition's row groups are read."""
+    pf = pq.ParquetFile(path)
+    meta = pf.schema_arrow.metadata or {}
+    raw = meta.get(HEADER_KEY)
+    check_header(json.loads(raw) if raw is not None else None, header, path)
+    if PARTITIONS_KEY not in meta:
+        raise ArtifactMismatch(f"{path}: not a partitioned artifact (no partition index)")
+    for p, lo, hi in json.loads(meta[PARTITIONS_KEY]):
+        if p == partition:
+            return pf.read_row_groups(list(range(lo, hi)), columns=columns)
+    schema = pf.schema_arrow
+    if columns is not None:
+        schema = pa.schema([schema.field(c) for c in columns])
+    return schema.empty_table()

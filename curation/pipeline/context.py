@@ -68,13 +68,15 @@ class GlobalContext:
     def commit(self, entries: list[dict]) -> None:
         self.rundir.commit(entries)
 
-    def check_work_header(self, header: dict) -> None:
+    def check_work_header(self, header: dict, create: bool = True) -> None:
         """``work/header.json`` records what the stage's intermediate files were made with; a
-        run with another header (e.g. a newer algorithm version) refuses them."""
-        f = self.work_dir / "header.json"
+        run with another header (e.g. a newer algorithm version) refuses them. ``create=False``
+        only checks (a finished stage whose work folder is gone has nothing to check)."""
+        f = self.rundir.work_dir(self.name, self.params_hash) / "header.json"
         if f.exists():
             check_header(json.loads(f.read_text()), header, f)
-        else:
+        elif create:
+            f.parent.mkdir(parents=True, exist_ok=True)
             write_json(f, header)
 
     def recorded(self, name: str) -> list[Any]:

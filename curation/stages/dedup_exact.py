@@ -16,7 +16,7 @@ Phases (``GlobalContext.phase``: resumable, timed; results never depend on the w
    duplicates exactly (sorted keys; the copy with the lowest ``id`` survives). Keys an earlier
    dump's filter holds (``against``) are duplicates too. The partition's Bloom filter is built
    for its actual count of distinct keys (``bloom.expected_items`` split over the partitions
-   is only the floor) and saved to ``_work/<params>/bloom/part-NNNNN.bloom`` for a later
+   is only the floor) and saved to ``RUN/STAGE/_bloom/part-NNNNN.bloom`` for a later
    dump's ``against``.
 3. apply (one task per upstream shard): drop duplicate documents (``exact_dedup:duplicate``)
    or remove duplicate paragraphs, dropping documents left without text
@@ -45,6 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from curation.dedup.bloom import BloomFilter
 from curation.dedup.exact import PARAGRAPH_SEPARATOR, drop_paragraphs, duplicate_keys, filter_health, key_partition, text_keys
 from curation.dedup.minhash import NORMALIZATION, read_artifact, write_artifact
+from curation.io.artifacts import read_partition, write_partitioned
 from curation.io.files import safe_names
 from curation.io.shards import split_kept_rejected
 from curation.stages.base import GlobalStage, Resources, registry
@@ -54,8 +55,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from curation.pipeline.rundir import RunDir
 
 #: Bump when keys or the choice of duplicates change for the same parameters.
-EXACT_VERSION = 2
+EXACT_VERSION = 3  # 3: key files indexed by partition
 REPORT = "_bloom_report.json"
+#: the run's Bloom filters, one per partition: kept with the stage's output (not in ``_work``)
+#: for a later run's ``against``
+BLOOM_DIR = "_bloom"
 REASON_DUPLICATE = "exact_dedup:duplicate"
 REASON_EMPTY = "exact_dedup:empty_after_paragraph_dedup"
 _HASH_BATCH = 2048  # documents normalised at once: peak memory is ~15 bytes per text byte of a batch
@@ -106,12 +110,13 @@ def keys_task(job: KeysJob) -> dict:
         rows, para, h, h2 = text_keys(batch.column("text").combine_chunks(), job.level, job.seed)
         rows = rows + lo
         parts.append(pa.table({
-            "part": pa.array(key_partition(h, job.partitions)), "id": table.column("id").take(pa.array(rows)),
+            "part": pa.array(key_partition(h, job.partitions), pa.int32()),
+            "id": table.column("id").take(pa.array(rows)),
             "shard": pa.array(np.full(len(rows), job.shard, np.int32)), "row": pa.array(rows),
             "para": pa.array(para), "hash": pa.array(h), "hash2": pa.array(h2)}))
     keys = pa.concat_tables(parts) if parts else pa.table({k: pa.array([], t) for k, t in _EMPTY_KEYS.items()})
     keys = keys.take(pc.sort_indices(keys, [("part", "ascending"), ("row", "ascending"), ("para", "ascending")]))
-    write_artifact(keys, job.out, job.header, row_group_size=16384)
+    write_partitioned(keys.drop_columns(["part"]), keys.column("part").to_numpy(), job.out, job.header)
     return {"shard": job.shard, "keys": keys.num_rows, "rows": table.num_rows}
 
 
@@ -151,8 +156,8 @@ def _against_seen(job: PartitionJob, h: np.ndarray) -> tuple[np.ndarray, list[di
 
 def partition_task(job: PartitionJob) -> dict:
     """Phase 2 for one partition: its duplicate keys, decided exactly, and its Bloom filter."""
-    tables = [read_artifact(f, job.header, columns=["id", "shard", "row", "para", "hash", "hash2"],
-                            filters=[("part", "=", job.p)]) for f in job.key_files]
+    tables = [read_partition(f, job.p, job.header, columns=["id", "shard", "row", "para", "hash", "hash2"])
+              for f in job.key_files]
     keys = pa.concat_tables(tables) if tables else pa.table({k: pa.array([], t) for k, t in _EMPTY_KEYS.items()
                                                               if k != "part"})
     in_run = duplicate_keys(keys)
@@ -282,12 +287,15 @@ class ExactDedup(GlobalStage):
         keys = [k for k, _ in ctx.upstream]
         paths = [p for _, p in ctx.upstream]
         header = self.header()
+        ctx.check_work_header(header, create=False)
+        bloom_dir = ctx.rundir.stage_dir(ctx.name) / BLOOM_DIR
+        if not set(keys) - ctx.done_keys() and ctx.rundir.read_report(ctx.name, REPORT) is not None:
+            return
         work = ctx.work_dir
         ctx.check_work_header(header)
         P = self.partitions
         key_files = tuple(str(work / "keys" / f"{n}.parquet") for n in safe_names(keys))
         dup_files = tuple(str(work / "dups" / f"part-{p:05d}.parquet") for p in range(P))
-        bloom_dir = work / "bloom"
         if set(keys) - ctx.done_keys():
             against = [tuple(self.against_files(p)) for p in range(P)]  # fail before any work
             ctx.phase("keys", keys_task, [KeysJob(paths[i], i, key_files[i], self.level, P, self.seed, header)

@@ -35,8 +35,7 @@ per-phase seconds and docs/s, and peak worker RSS.
 
 from __future__ import annotations
 
-import json
-import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
@@ -47,7 +46,8 @@ import pyarrow.parquet as pq
 from pydantic import Field, model_validator
 
 from curation.dedup.components import connected_components, edge_header, read_labels, symmetric, write_edges
-from curation.io.files import safe_names, write_json
+from curation.io.artifacts import read_partition, write_partitioned
+from curation.io.files import safe_names
 from curation.io.shards import split_kept_rejected
 from curation.dedup.minhash import (
     MINHASH_VERSION,
@@ -66,7 +66,7 @@ if TYPE_CHECKING:  # pragma: no cover
 from curation.stages.base import GlobalStage, Resources, registry
 
 #: Bump when buckets, edges or the choice of keepers change for the same parameters.
-MINHASH_DEDUP_VERSION = 1
+MINHASH_DEDUP_VERSION = 2  # 2: bucket files indexed by partition
 REPORT = "_minhash_report.json"
 REASON_PREFIX = "minhash_dedup:cluster="
 _SIG_BATCH = 4096  # documents per signature batch: bounds a task's working memory
@@ -137,109 +137,166 @@ def read_signatures(path: str | Path, header: dict) -> tuple[np.ndarray, np.ndar
 
 
 # ---------------------------------------------------------------------------------------------
-# Ray tasks
+# jobs and tasks (run in Ray workers)
 
 
-def signature_task(path: str, first_doc: int, sig_out: str, bucket_out: str, hasher: MinHasher, bands: int,
-                   rows: int, partitions: int, with_quality: bool, header: dict) -> dict:
-    """Phase 1 for one upstream shard."""
-    t0 = time.perf_counter()
-    cols = ["text"] + (["quality"] if with_quality else [])
-    table = pq.read_table(path, columns=cols)
-    sig_parts, bucket_parts = [], []
-    for lo in range(0, table.num_rows, _SIG_BATCH):
-        batch = table.slice(lo, _SIG_BATCH)
-        sig, n = hasher.signatures(batch.column("text").combine_chunks())
-        doc = np.arange(first_doc + lo, first_doc + lo + batch.num_rows, dtype=np.int64)
+@dataclass(frozen=True)
+class SignatureJob:
+    path: str
+    first_doc: int
+    sig_out: str
+    bucket_out: str
+    hasher: MinHasher
+    bands: int
+    rows: int
+    partitions: int
+    with_quality: bool
+    header: dict
+
+
+def signature_task(job: SignatureJob) -> dict:
+    """Phase 1 for one upstream shard: its signatures, and its bucket rows in one file indexed
+    by partition (each candidates task reads only its own row groups)."""
+    cols = ["text"] + (["quality"] if job.with_quality else [])
+    pf = pq.ParquetFile(job.path)
+    sig_parts, bucket_parts, parts = [], [], []
+    lo = 0
+    for batch in pf.iter_batches(batch_size=_SIG_BATCH, columns=cols):
+        sig, n = job.hasher.signatures(batch.column("text"))
+        doc = np.arange(job.first_doc + lo, job.first_doc + lo + batch.num_rows, dtype=np.int64)
+        lo += batch.num_rows
         q = None
-        if with_quality:
-            q = pc.fill_null(batch.column("quality").combine_chunks().cast(pa.float64()), float("nan")).to_numpy(
-                zero_copy_only=False)
+        if job.with_quality:
+            q = pc.fill_null(batch.column("quality").cast(pa.float64()), float("nan")).to_numpy(zero_copy_only=False)
         sig_parts.append(_sig_table(doc, sig, n, q))
         has = n > 0  # a document without words has no shingles: it never collides
-        bh = band_hashes(sig[has], bands, rows, hasher.seed)
-        d = np.repeat(doc[has], bands)
-        flat = bh.ravel()
+        flat = band_hashes(sig[has], job.bands, job.rows, job.hasher.seed).ravel()
+        parts.append(bucket_partition(flat, job.partitions))
         bucket_parts.append(pa.table({
-            "part": pa.array(bucket_partition(flat, partitions)),
-            "band": pa.array(np.tile(np.arange(bands, dtype=np.int32), int(has.sum()))),
-            "bucket": pa.array(flat), "doc": pa.array(d)}))
-    k = hasher.num_perm
+            "band": pa.array(np.tile(np.arange(job.bands, dtype=np.int32), int(has.sum()))),
+            "bucket": pa.array(flat), "doc": pa.array(np.repeat(doc[has], job.bands))}))
+    k = job.hasher.num_perm
     sigs = pa.concat_tables(sig_parts) if sig_parts else _sig_table(
         np.zeros(0, np.int64), np.zeros((0, k), np.uint32), np.zeros(0, np.int64),
-        np.zeros(0) if with_quality else None)
-    buckets = pa.concat_tables(bucket_parts) if bucket_parts else pa.table({
-        "part": pa.array([], pa.int32()), "band": pa.array([], pa.int32()), "bucket": pa.array([], pa.uint64()),
-        "doc": pa.array([], pa.int64())})
-    buckets = buckets.take(pc.sort_indices(buckets, [("part", "ascending"), ("band", "ascending"),
-                                                     ("bucket", "ascending"), ("doc", "ascending")]))
-    write_artifact(sigs, sig_out, header, row_group_size=8192)
-    write_artifact(buckets, bucket_out, header, row_group_size=65536)
-    return {"docs": table.num_rows, "bucket_rows": buckets.num_rows, "seconds": time.perf_counter() - t0,
-            }
+        np.zeros(0) if job.with_quality else None)
+    buckets = pa.concat_tables(bucket_parts) if bucket_parts else _EMPTY_BUCKETS
+    part = np.concatenate(parts) if parts else np.zeros(0, np.int32)
+    order = np.lexsort((buckets.column("doc").to_numpy(), buckets.column("bucket").to_numpy(),
+                        buckets.column("band").to_numpy(), part))
+    write_artifact(sigs, job.sig_out, job.header, row_group_size=8192)
+    write_partitioned(buckets.take(pa.array(order)), part[order], job.bucket_out, job.header)
+    return {"docs": lo, "bucket_rows": buckets.num_rows}
 
 
-def _verify(u: np.ndarray, v: np.ndarray, paths: list[str], doc_offsets: np.ndarray, ngram: int,
-            threshold: float) -> np.ndarray:
-    """Which candidate edges reach ``threshold`` in true shingle Jaccard (texts re-read)."""
+_EMPTY_BUCKETS = pa.table({"band": pa.array([], pa.int32()), "bucket": pa.array([], pa.uint64()),
+                           "doc": pa.array([], pa.int64())})
+
+
+def take_rows(path: str, rows: np.ndarray, column: str) -> pa.Array:
+    """``column`` at sorted ``rows`` of a Parquet file, decoding only the row groups that hold them."""
+    pf = pq.ParquetFile(path)
+    sizes = np.array([pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)], np.int64)
+    starts = np.r_[0, np.cumsum(sizes)]
+    groups = np.unique(np.searchsorted(starts, rows, side="right") - 1)
+    if not len(groups):
+        return pa.array([], pf.schema_arrow.field(column).type)
+    t = pf.read_row_groups(groups.tolist(), columns=[column])
+    local = np.concatenate([np.arange(starts[g], starts[g + 1]) for g in groups])  # file rows of ``t``
+    return t.column(column).take(pa.array(np.searchsorted(local, rows))).combine_chunks()
+
+
+@dataclass(frozen=True)
+class Verify:
+    """What ``verify_jaccard`` needs to recompute a candidate edge's true Jaccard."""
+
+    paths: tuple[str, ...]
+    doc_offsets: tuple[int, ...]
+    ngram: int
+    threshold: float
+
+
+def _verify(u: np.ndarray, v: np.ndarray, spec: Verify) -> np.ndarray:
+    """Which candidate edges reach the threshold in true shingle Jaccard (only the row groups
+    holding the edges' documents are re-read)."""
+    offsets = np.asarray(spec.doc_offsets)
     docs = np.unique(np.r_[u, v])
-    shard = np.searchsorted(doc_offsets, docs, side="right") - 1
+    shard = np.searchsorted(offsets, docs, side="right") - 1
     sets: dict[int, np.ndarray] = {}
     for s in np.unique(shard).tolist():
         mine = docs[shard == s]
-        texts = pq.read_table(paths[s], columns=["text"]).column("text").take(pa.array(mine - doc_offsets[s]))
-        for d, sh in zip(mine.tolist(), shingle_sets(texts.combine_chunks(), ngram)):
+        texts = take_rows(spec.paths[s], mine - offsets[s], "text")
+        for d, sh in zip(mine.tolist(), shingle_sets(texts, spec.ngram)):
             sets[d] = sh
-    return np.array([jaccard(sets[a], sets[b]) >= threshold for a, b in zip(u.tolist(), v.tolist())], dtype=bool)
+    return np.array([jaccard(sets[a], sets[b]) >= spec.threshold for a, b in zip(u.tolist(), v.tolist())], dtype=bool)
 
 
-def candidate_task(p: int, bucket_files: list[str], cc_root: str, partitions: int, header: dict, cc_head: dict,
-                   verify: dict | None) -> dict:
+@dataclass(frozen=True)
+class CandidatesJob:
+    p: int
+    bucket_files: tuple[str, ...]
+    cc_root: str
+    partitions: int
+    header: dict
+    cc_head: dict
+    verify: Verify | None
+
+
+def candidate_task(job: CandidatesJob) -> dict:
     """Phase 2 for one partition: its buckets' star edges, sent to step 0 of the components."""
-    t0 = time.perf_counter()
-    parts = [read_artifact(f, header, columns=["band", "bucket", "doc"], filters=[("part", "=", p)])
-             for f in bucket_files]
-    t = pa.concat_tables(parts) if parts else None
-    rows = t.num_rows if t is not None else 0
-    if rows:
+    parts = [read_partition(f, job.p, job.header, columns=["band", "bucket", "doc"]) for f in job.bucket_files]
+    t = pa.concat_tables(parts) if parts else _EMPTY_BUCKETS
+    if t.num_rows:
         u, v = candidate_edges(t.column("band").to_numpy(), t.column("bucket").to_numpy(), t.column("doc").to_numpy())
     else:
         u = v = np.zeros(0, np.int64)
     candidates = len(u)
-    if verify is not None and len(u):
-        ok = _verify(u, v, verify["paths"], np.asarray(verify["doc_offsets"]), verify["ngram"], verify["threshold"])
+    if job.verify is not None and len(u):
+        ok = _verify(u, v, job.verify)
         u, v = u[ok], v[ok]
     s, d = symmetric(u, v)
-    write_edges(Path(cc_root) / "s000", p, s, d, partitions, cc_head)
-    stats = {"partition": p, "bucket_rows": rows, "candidate_edges": candidates, "edges": int(len(u)),
-             "seconds": time.perf_counter() - t0}
-    marker = Path(cc_root) / "s000" / "_candidates" / f"from-{p:04d}.json"
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    write_json(marker, stats)
-    return stats
+    write_edges(Path(job.cc_root) / "s000", job.p, s, d, job.partitions, job.cc_head)
+    return {"partition": job.p, "bucket_rows": t.num_rows, "candidate_edges": candidates, "edges": int(len(u))}
 
 
-def cluster_quality_task(sig_file: str, lo: int, hi: int, label_files: list[str], out: str, partitions: int,
-                         header: dict, cc_head: dict) -> dict:
-    """Phase 4a for one shard: (component, doc, quality) of its clustered docs, by partition."""
-    nodes, comps = read_labels(label_files, cc_head, lo, hi)
-    t = read_artifact(sig_file, header, columns=["doc", "quality"])
-    q = t.column("quality").to_numpy(zero_copy_only=False)[nodes - lo] if len(nodes) else np.zeros(0)
-    rows = pa.table({"part": pa.array(bucket_partition(comps.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15),
-                                                       partitions)),
-                     "component": pa.array(comps, pa.int64()), "doc": pa.array(nodes, pa.int64()),
-                     "quality": pa.array(q, pa.float64())})
-    rows = rows.take(pc.sort_indices(rows, [("part", "ascending"), ("component", "ascending"), ("doc", "ascending")]))
-    write_artifact(rows, out, header)
+@dataclass(frozen=True)
+class ClusterQualityJob:
+    sig_file: str
+    lo: int
+    hi: int
+    label_files: tuple[str, ...]
+    out: str
+    partitions: int
+    header: dict
+    cc_head: dict
+
+
+def cluster_quality_task(job: ClusterQualityJob) -> dict:
+    """Phase 4a for one shard: (component, doc, quality) of its clustered docs, in one file
+    indexed by the component's partition."""
+    nodes, comps = read_labels(list(job.label_files), job.cc_head, job.lo, job.hi)
+    t = read_artifact(job.sig_file, job.header, columns=["doc", "quality"])
+    q = t.column("quality").to_numpy(zero_copy_only=False)[nodes - job.lo] if len(nodes) else np.zeros(0)
+    part = bucket_partition(comps.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15), job.partitions)
+    order = np.lexsort((nodes, comps, part))
+    rows = pa.table({"component": pa.array(comps[order], pa.int64()), "doc": pa.array(nodes[order], pa.int64()),
+                     "quality": pa.array(q[order], pa.float64())})
+    write_partitioned(rows, part[order], job.out, job.header)
     return {"rows": rows.num_rows}
 
 
-def keeper_task(q: int, files: list[str], out: str, header: dict) -> dict:
+@dataclass(frozen=True)
+class KeeperJob:
+    q: int
+    files: tuple[str, ...]
+    out: str
+    header: dict
+
+
+def keeper_task(job: KeeperJob) -> dict:
     """Phase 4b for one partition: the keeper of each of its components (highest quality,
     then smallest doc index; a missing quality ranks lowest)."""
-    parts = [read_artifact(f, header, columns=["component", "doc", "quality"], filters=[("part", "=", q)])
-             for f in files]
-    t = pa.concat_tables(parts)
+    t = pa.concat_tables([read_partition(f, job.q, job.header, columns=["component", "doc", "quality"])
+                          for f in job.files])
     comp, doc = t.column("component").to_numpy(), t.column("doc").to_numpy()
     qual = np.nan_to_num(t.column("quality").to_numpy(zero_copy_only=False), nan=-np.inf)
     keepers = np.zeros(0, np.int64)
@@ -248,25 +305,39 @@ def keeper_task(q: int, files: list[str], out: str, header: dict) -> dict:
         c = comp[order]
         first = np.r_[True, c[1:] != c[:-1]]
         keepers = np.sort(doc[order][first])
-    write_artifact(pa.table({"doc": pa.array(keepers, pa.int64())}), out, header)
+    write_artifact(pa.table({"doc": pa.array(keepers, pa.int64())}), job.out, job.header)
     return {"components": int(len(keepers))}
 
 
-def apply_task(run_dir: RunDir, stage: str, params_hash: str, key: str, path: str, lo: int, hi: int,
-               label_files: list[str], keeper_files: list[str] | None, header: dict, cc_head: dict) -> dict:
+@dataclass(frozen=True)
+class ApplyJob:
+    rundir: RunDir
+    stage: str
+    params_hash: str
+    key: str
+    path: str
+    lo: int
+    hi: int
+    label_files: tuple[str, ...]
+    keeper_files: tuple[str, ...] | None
+    header: dict
+    cc_head: dict
+
+
+def apply_task(job: ApplyJob) -> dict:
     """Phase 5 for one upstream shard: ``dup_cluster`` on every row, non-keepers rejected."""
-    table = pq.read_table(path)
+    lo, hi = job.lo, job.hi
+    table = pq.read_table(job.path)
     own = np.arange(lo, hi, dtype=np.int64)
     cluster = own.copy()
-    nodes, comps = read_labels(label_files, cc_head, lo, hi)
+    nodes, comps = read_labels(list(job.label_files), job.cc_head, lo, hi)
     cluster[nodes - lo] = comps
-    if keeper_files is None:
+    if job.keeper_files is None:
         kept = cluster == own
     else:
-        keepers = [read_artifact(f, header, filters=[("doc", ">=", lo), ("doc", "<", hi)]).column("doc").to_numpy()
-                   for f in keeper_files]
         is_keeper = np.zeros(hi - lo, dtype=bool)
-        for k in keepers:
+        for f in job.keeper_files:
+            k = read_artifact(f, job.header, filters=[("doc", ">=", lo), ("doc", "<", hi)]).column("doc").to_numpy()
             is_keeper[k - lo] = True
         in_cluster = np.zeros(hi - lo, dtype=bool)
         in_cluster[nodes - lo] = True
@@ -275,8 +346,8 @@ def apply_task(run_dir: RunDir, stage: str, params_hash: str, key: str, path: st
     reasons = pc.binary_join_element_wise(pa.scalar(REASON_PREFIX), pc.cast(ids, pa.string()), "")
     reasons = pc.if_else(pa.array(kept), pa.scalar(None, pa.string()), reasons)
     table = table.append_column("dup_cluster", ids)
-    kept_t, rejected = split_kept_rejected(table, reasons, stage)
-    return run_dir.write_stage_shard(stage, key, kept_t, rejected, table.num_rows, params_hash)
+    kept_t, rejected = split_kept_rejected(table, reasons, job.stage)
+    return job.rundir.write_stage_shard(job.stage, job.key, kept_t, rejected, table.num_rows, job.params_hash)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -341,84 +412,53 @@ class MinHashDedup(GlobalStage):
     def run(self, ctx: GlobalContext) -> None:
         keys = [k for k, _ in ctx.upstream]
         paths = [p for _, p in ctx.upstream]
-        names = safe_names(keys)
-        work = ctx.work_dir
-        header = self.header()
-        ctx.check_work_header(header)
-        cc_head = edge_header(header)
-        P = self.partitions
-        b, r = self.band_rows()
-        counts = [pq.ParquetFile(p).metadata.num_rows for p in paths]
-        offsets = np.r_[0, np.cumsum(counts)].astype(np.int64)
-        total_docs = int(offsets[-1])
-        done = ctx.done_keys()
-        todo_out = [i for i, k in enumerate(keys) if k not in done]
-        if not todo_out and ctx.rundir.read_report(ctx.name, REPORT) is not None:
+        ctx.check_work_header(self.header(), create=False)
+        if not set(keys) - ctx.done_keys() and ctx.rundir.read_report(ctx.name, REPORT) is not None:
             return
         if self.keep == "highest_quality":
             missing = [p for p in paths if "quality" not in pq.read_schema(p).names]
             if missing:
                 raise ValueError(f"{ctx.name}: keep: highest_quality needs a 'quality' column, which {missing[0]} "
                                  "lacks; put a quality stage upstream or use keep: first")
+        names, work, header, P = safe_names(keys), ctx.work_dir, self.header(), self.partitions
+        ctx.check_work_header(header)
+        cc_head, (b, r) = edge_header(header), self.band_rows()
+        offsets = np.r_[0, np.cumsum([pq.ParquetFile(p).metadata.num_rows for p in paths])].astype(np.int64)
         sig_files = [str(work / "signatures" / f"{n}.parquet") for n in names]
-        bucket_files = [str(work / "buckets" / f"{n}.parquet") for n in names]
+        bucket_files = tuple(str(work / "buckets" / f"{n}.parquet") for n in names)
         cc_root = work / "cc"
-        phases: dict[str, dict] = {}
+        with_quality = self.keep == "highest_quality"
 
-        def timed(name: str, fn, docs: int | None = None):
-            t0 = time.perf_counter()
-            out = fn()
-            dt = time.perf_counter() - t0
-            phases[name] = {"seconds": round(dt, 3)}
-            if docs is not None and dt > 0:
-                phases[name]["docs_per_s"] = round(docs / dt, 1)
-            return out
-
-        # phase 1: signatures and buckets, per shard
-        todo = [i for i in range(len(paths)) if not (Path(sig_files[i]).exists() and Path(bucket_files[i]).exists())]
-        hasher = self.hasher()
-        items = [(paths[i], int(offsets[i]), sig_files[i], bucket_files[i], hasher, b, r, P,
-                  self.keep == "highest_quality", header) for i in todo]
-        timed("signatures", lambda: ctx.map(signature_task, items, phase=f"{ctx.name}:signatures"),
-                          sum(counts[i] for i in todo))
-
-        # phase 2: candidate edges, per partition
-        marker = cc_root / "s000" / "_candidates"
-        todo_p = [p for p in range(P) if not (marker / f"from-{p:04d}.json").exists()]
-        verify = ({"paths": paths, "doc_offsets": offsets.tolist(), "ngram": self.ngram, "threshold": self.threshold}
+        ctx.phase("signatures", signature_task, [
+            SignatureJob(paths[i], int(offsets[i]), sig_files[i], bucket_files[i], self.hasher(), b, r, P,
+                         with_quality, header) for i in range(len(paths))])
+        verify = (Verify(tuple(paths), tuple(offsets.tolist()), self.ngram, self.threshold)
                   if self.verify_jaccard else None)
-        items = [(p, bucket_files, str(cc_root), P, header, cc_head, verify) for p in todo_p]
-        timed("candidates", lambda: ctx.map(candidate_task, items, phase=f"{ctx.name}:candidates"), total_docs)
-        cand = [json.loads((marker / f"from-{p:04d}.json").read_text()) for p in range(P)]
-
-        # phase 3: connected components
-        def mapper(fn, its, phase):
-            return ctx.map(fn, its, phase=phase)
-
-        comp = timed("components", lambda: connected_components(mapper, cc_root, P, cc_head,
-                                                                phase=f"{ctx.name}:components"), total_docs)
-
-        # phase 4: keepers (highest quality only)
+        cand = ctx.phase("candidates", candidate_task, [
+            CandidatesJob(p, bucket_files, str(cc_root), P, header, cc_head, verify) for p in range(P)])
+        # the components algorithm keeps its own per-step markers, so it resumes mid-way
+        comp = connected_components(lambda fn, items, phase: ctx.map(fn, items, phase), cc_root, P, cc_head,
+                                    phase=f"{ctx.name}:components")
+        labels = tuple(comp.label_files)
         keeper_files = None
-        if self.keep == "highest_quality":
-            cq_files = [str(work / "cluster_quality" / f"{n}.parquet") for n in names]
-            keeper_files = [str(work / "keepers" / f"part-{q:04d}.parquet") for q in range(P)]
-            items = [(sig_files[i], int(offsets[i]), int(offsets[i + 1]), comp.label_files, cq_files[i], P, header,
-                      cc_head) for i in range(len(paths)) if not Path(cq_files[i]).exists()]
-            timed("cluster_quality", lambda: ctx.map(cluster_quality_task, items, phase=f"{ctx.name}:quality"),
-                  total_docs)
-            items = [(q, cq_files, keeper_files[q], header) for q in range(P) if not Path(keeper_files[q]).exists()]
-            timed("keepers", lambda: ctx.map(keeper_task, items, phase=f"{ctx.name}:keepers"), total_docs)
+        if with_quality:
+            cq_files = tuple(str(work / "cluster_quality" / f"{n}.parquet") for n in names)
+            keeper_files = tuple(str(work / "keepers" / f"part-{q:04d}.parquet") for q in range(P))
+            ctx.phase("cluster_quality", cluster_quality_task, [
+                ClusterQualityJob(sig_files[i], int(offsets[i]), int(offsets[i + 1]), labels, cq_files[i], P,
+                                  header, cc_head) for i in range(len(paths))])
+            ctx.phase("keepers", keeper_task, [KeeperJob(q, cq_files, keeper_files[q], header) for q in range(P)])
+        ctx.phase("apply", apply_task, [
+            ApplyJob(ctx.rundir, ctx.name, ctx.params_hash, keys[i], paths[i], int(offsets[i]), int(offsets[i + 1]),
+                     labels, keeper_files, header, cc_head) for i in range(len(paths))], commit=True)
+        self._write_report(ctx, keys, int(offsets[-1]), cand, comp, header)
 
-        # phase 5: apply, per shard
-        items = [(ctx.rundir, ctx.name, ctx.params_hash, keys[i], paths[i], int(offsets[i]), int(offsets[i + 1]),
-                  comp.label_files, keeper_files, header, cc_head) for i in todo_out]
-        timed("apply", lambda: ctx.map_and_commit(apply_task, items, f"{ctx.name}:apply"),
-              sum(counts[i] for i in todo_out))
-
+    def _write_report(self, ctx: GlobalContext, keys: list[str], total_docs: int, cand: list[dict],
+                      comp: Any, header: dict) -> None:
         entries = ctx.committed()
         removed = sum(int(entries[k].get("rejected_rows", 0)) for k in keys if k in entries)
-        report = {
+        b, r = self.band_rows()
+        ctx.write_report(REPORT, {
             "header": header, "bands": b, "rows": r,
             "documents": total_docs, "removed": removed, "kept": total_docs - removed,
             "bucket_rows": sum(c["bucket_rows"] for c in cand),
@@ -427,6 +467,5 @@ class MinHashDedup(GlobalStage):
             "largest_task_bucket_rows": max((c["bucket_rows"] for c in cand), default=0),
             "components": {"steps": comp.steps, "input_directed_edges": comp.input_edges,
                            "largest_task_edges": comp.max_task_edges, "per_step": comp.per_step},
-            "phase_docs": phases,
-        }
-        ctx.write_report(REPORT, report, timings=True)
+            "docs_per_s": {k: round(total_docs / v["seconds"], 1) for k, v in ctx.phases.items() if v["seconds"] > 0},
+        }, timings=True)

@@ -227,7 +227,7 @@ def print_size(r: dict) -> None:
     print(f"minhash_dedup {r['near_s']:7.1f} s  {ne['documents'] / r['near_s']:9,.0f} docs/s   removed {ne['removed']:,} "
           f"(b={ne['bands']}, r={ne['rows']})")
     for ph, s in ne["phases"].items():
-        print(f"   {ph:12s} {s['seconds']:7.1f} s  {s.get('docs_per_s', 0):9,.0f} docs/s")
+        print(f"   {ph:12s} {s['seconds']:7.1f} s  {ne['docs_per_s'].get(ph, 0):9,.0f} docs/s")
     c = ne["components"]
     print(f"   candidate edges {ne['candidate_edges']:,}; components: {c['steps']} star steps; "
           f"largest edge set one task held {c['largest_task_edges']:,} of {c['input_directed_edges']:,} directed edges "
