@@ -23,7 +23,7 @@ from curation.quality.classifier import (LOADS, FastTextScorer, ModelLoadError, 
 from curation.quality.labels import POSITIVE, label_documents, quality_label, read_documents, top_bottom
 from curation.quality.teachers import (CallableTeacher, PerplexityTeacher, ReferenceTeacher, TeacherError,
                                        prose_line_share)
-from curation.stages.quality import QualityScore
+from curation.stages.quality import QualityScore, QualityTop
 
 CRAWL = DATA / "quality" / "crawl_sample.jsonl.gz"
 REFERENCE = DATA / "quality" / "reference_sample.jsonl.gz"
@@ -200,9 +200,11 @@ def test_min_score_stage_and_no_text(trained):
     assert q[5:8] == [None, None, None] and reasons[5:8] == ["quality:no_text"] * 3
     assert all(0.0 <= x <= 1.0 for x in q[:5] + q[8:])
     assert all((r == "quality:low_score") == (x < 0.5) for r, x in zip(reasons[:5] + reasons[8:], q[:5] + q[8:]))
-    assert QualityScore(type="quality", model=str(trained), keep_top=0.3).kind == "global"
+    # keep_top is the other stage (a corpus-level cut): `type: quality` + keep_top reads as it
+    assert QualityScore.variant({"keep_top": 0.3}) is QualityTop
+    assert QualityTop(type="quality", model=str(trained), keep_top=0.3).kind == "global"
     with pytest.raises(ValidationError, match="not both"):
-        QualityScore(type="quality", model=str(trained), keep_top=0.3, min_score=0.5)
+        QualityTop(type="quality", model=str(trained), keep_top=0.3, min_score=0.5)
 
 
 def test_missing_or_corrupt_model_is_a_clear_error(tmp_path, trained):
@@ -282,3 +284,29 @@ def test_keep_top_keeps_the_exact_fraction(trained, tmp_path, ray_session, worke
         assert json.loads(ref.read_text()) == hashes
     else:
         ref.write_text(json.dumps(hashes))
+
+
+def test_keep_top_with_a_tiny_gather_cap_refines_and_keeps_the_same_shards(trained, tmp_path, monkeypatch,
+                                                                          ray_session):
+    """The driver never gathers more than the cap of scores: with a cap of 0 it refines the
+    chosen histogram bin byte by byte, and the shards are byte-identical to the default run."""
+    from curation.pipeline.dag import parse_dag
+    from curation.pipeline.executor import run_dag
+    from curation.stages import quality
+
+    spec = {"name": "quality-top",
+            "inputs": {"docs": {"format": "jsonl", "paths": [str(CRAWL), str(REFERENCE)], "source": "web",
+                                "split_bytes": 40_000}},
+            "stages": {"quality": {"type": "quality_top", "model": str(trained), "keep_top": 0.3}}}
+    runs, default = {}, quality.GATHER_CAP
+    for cap in (default, 0):
+        monkeypatch.setattr(quality, "GATHER_CAP", cap)
+        run = tmp_path / f"cap{cap}"
+        run_dag(parse_dag(spec, "quality-top.yaml", base_dir=str(REPO)), run, workers=2, quiet=True)
+        runs[cap] = run
+    phases = json.loads((runs[0] / "quality" / "_phases.json").read_text())["phases"]
+    assert "refine1" in phases and "refine1" not in json.loads(
+        (runs[default] / "quality" / "_phases.json").read_text())["phases"]
+    assert _shard_hashes(runs[0], "quality") == _shard_hashes(runs[default], "quality")
+    report = json.loads((runs[0] / "quality" / "_quality_report.json").read_text())
+    assert report["kept"] == 114

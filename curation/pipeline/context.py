@@ -181,6 +181,14 @@ class GlobalContext:
             if pending:
                 self.commit(pending)
 
+    def finish(self, keep_work: bool = False) -> None:
+        """After the stage committed: record its work folder's size in ``_phases.json`` and
+        remove the folder unless ``keep_work``."""
+        work = self.rundir.remove_work(self.name, self.params_hash, keep=keep_work)
+        report = self.rundir.read_report(self.name, PHASES_REPORT) or {"stage": self.name,
+                                                                          "params_hash": self.params_hash}
+        self.rundir.write_report(self.name, PHASES_REPORT, {**report, "work": work})
+
     def write_report(self, filename: str, report: dict, timings: bool = False) -> None:
         """The stage's report (``RUN/STAGE/filename``). Phase timings, worker and driver peak RSS
         always go to ``RUN/STAGE/_phases.json``; with ``timings`` they are in the report too

@@ -150,7 +150,7 @@ def parse_dag(data: Any, path: str = "<dag>", base_dir: str | None = None) -> Da
                 raise DagError(f"{where}: stages.{name}.input: missing (several inputs; say which one)")
             params["input"] = prev
         try:
-            stages[name] = cls.model_validate(params)
+            stages[name] = cls.variant(params).model_validate(params)
         except ValidationError as e:
             raise DagError(f"{where}: {_first_error(e, f'stages.{name}')}") from None
         prev = name

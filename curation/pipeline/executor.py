@@ -320,6 +320,7 @@ def run_dag(dag: Dag, run_dir: str | os.PathLike, workers: int = 2, address: str
             except TasksFailed as e:
                 failures += e.failures
                 continue
+            ctx.finish(keep_work=st.keep_work)
             if plan.closures[name]:
                 run_tasks(f"{name}+map", [(name, k, None, p) for k, p in rundir.shard_files(dag, name, plan.hashes)])
         for node in list(dag.inputs) + list(dag.stages):

@@ -19,8 +19,10 @@ so it travels to Ray tasks as is.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -219,6 +221,17 @@ class RunDir:
         """A global stage's intermediate files, one folder per params hash so a rerun with other
         parameters never reuses them."""
         return self.stage_dir(stage) / WORK / params_hash
+
+    def remove_work(self, stage: str, params_hash: str, keep: bool = False) -> dict:
+        """Size of a global stage's work folder (files, bytes), then (unless ``keep``) remove it."""
+        d = self.work_dir(stage, params_hash)
+        files = [p for p in d.rglob("*") if p.is_file()] if d.exists() else []
+        out = {"files": len(files), "bytes": sum(p.stat().st_size for p in files), "removed": not keep}
+        if not keep and d.exists():
+            shutil.rmtree(d)
+            with contextlib.suppress(OSError):
+                d.parent.rmdir()  # ``_work`` itself, when no other params' folder is left
+        return out
 
     # -- views ----------------------------------------------------------------------------
 

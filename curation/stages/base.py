@@ -274,9 +274,15 @@ class Stage(BaseModel):
     def upstreams(self) -> list[str]:
         return [self.input] if self.input else []
 
+    @classmethod
+    def variant(cls, params: dict[str, Any]) -> type[Stage]:
+        """The class a DAG entry of this ``type`` is read as (a type may stand for two stages
+        whose kinds differ, e.g. ``quality`` with ``keep_top``)."""
+        return cls
+
     def params(self) -> dict[str, Any]:
         """The parameters that define this stage's output (everything but the wiring)."""
-        return self.model_dump(mode="json", exclude={"input", "inputs"})
+        return self.model_dump(mode="json", exclude={"input", "inputs", "keep_work"})
 
     def params_hash(self, upstream_hashes: list[str]) -> str:
         """Hash of parameters, algorithm version and upstream hashes: changes when output would."""
@@ -414,6 +420,10 @@ class MapStage(Stage):
 
 class GlobalStage(Stage):
     kind: ClassVar[str] = "global"
+
+    #: keep the intermediate files (``RUN/STAGE/_work``) after the stage commits (for
+    #: debugging); by default they are removed, their size recorded in ``_phases.json``
+    keep_work: bool = False
 
     @abstractmethod
     def run(self, ctx: GlobalContext) -> None:

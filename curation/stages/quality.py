@@ -1,14 +1,12 @@
-"""Model-based quality: adds ``quality`` = P(high quality) from a fastText classifier trained
-with ``refinery quality train`` (see ``curation/quality/``), and keeps documents by it.
+"""Model-based quality: ``quality`` = P(high quality) from a fastText classifier trained with
+``refinery quality train`` (see ``curation/quality/``), and two stages that keep documents by it.
 
-- ``min_score: 0.5`` keeps documents scoring at least 0.5: a row-local map stage.
-- ``keep_top: 0.3`` keeps the best 30% of the whole corpus: a corpus-level quantile, so a
-  global stage in two phases. Phase 1 (one Ray task per upstream shard) scores every document
-  and writes the scores to the stage's work directory. The driver then finds the exact cut:
-  the k-th best score (k = round(keep_top * documents)), and, among documents tied with it,
-  the first by (id, shard, row) — so exactly k documents are kept, on any number of workers.
-  Phase 2 (one task per shard) writes kept rows and rejected rows (``quality:below_top_fraction``).
-- neither: only measure (every document kept, ``quality`` added).
+- ``quality`` (row-local, fuses): adds the score; with ``min_score: 0.5`` drops documents
+  scoring below 0.5 (``quality:low_score``).
+- ``quality_top`` (global; also written ``type: quality`` with ``keep_top``): keeps exactly
+  the best ``keep_top`` fraction of the whole corpus, ties broken by (id, shard, row), on any
+  number of workers, from merged per-shard histograms (``curation.quality.topk``): no score
+  list is ever gathered on the driver. Rejected rows: ``quality:below_top_fraction``.
 
 Documents without text (empty, whitespace) get a null ``quality`` and ``quality:no_text``; with
 ``keep_top`` they rank last. The model is loaded once per worker process (a per-process cache
@@ -19,21 +17,23 @@ with ``quality.model: cannot load 'PATH': why``.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, field_validator, model_validator
 
-from curation.io.files import write_parquet
+from curation.io.files import safe_names, write_parquet
+from curation.quality.topk import GATHER_CAP, LEVELS, Prefix, choose_bin, cut, score_keys
 from curation.io.shards import split_kept_rejected
 if TYPE_CHECKING:  # pragma: no cover
     from curation.pipeline.context import GlobalContext
     from curation.pipeline.rundir import RunDir
 
-from curation.stages.base import GlobalStage, StageResult, registry
+from curation.stages.base import GlobalStage, MapStage, Stage, StageResult, registry
 
 REPORT = "_quality_report.json"
 
@@ -66,11 +66,11 @@ def _with_quality(table: pa.Table, scores: np.ndarray) -> pa.Table:
 
 
 # ---------------------------------------------------------------------------------------------
-# Ray tasks of the keep_top phases
+# jobs and tasks of quality_top (run in Ray workers)
 
 
 def score_shard(path: str, model: str, positive_label: str | None, out: str) -> dict:
-    """Phase 1, one upstream shard: its scores (row order) to ``out``; loads-per-process facts."""
+    """One upstream shard's scores (row order) to ``out``; loads-per-process facts."""
     from curation.quality.classifier import LOADS
 
     table = pq.read_table(path, columns=["text"])
@@ -79,46 +79,97 @@ def score_shard(path: str, model: str, positive_label: str | None, out: str) -> 
     return {"pid": os.getpid(), "loads": int(LOADS[os.path.realpath(model)]), "rows": len(scores)}
 
 
-def cut_shard(run_dir: RunDir, stage: str, params_hash: str, key: str, path: str, scores_path: str,
-              threshold: float, boundary: tuple[str, str, int] | None) -> dict:
-    """Phase 2, one upstream shard: kept rows (score above the cut, or tied and not after the
-    boundary document) and rejected rows, written and returned as a manifest entry."""
-    table = pq.read_table(path)
-    scores = pq.read_table(scores_path).column("quality").to_numpy(zero_copy_only=False).astype(np.float32)
+def _scores(path: str) -> np.ndarray:
+    return pq.read_table(path).column("quality").to_numpy(zero_copy_only=False).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class ScoreJob:
+    path: str
+    model: str
+    positive_label: str | None
+    out: str
+
+
+def score_task(job: ScoreJob) -> dict:
+    """Phase ``score``: a shard's scores to the work folder; the histogram of their top key byte."""
+    facts = score_shard(job.path, job.model, job.positive_label, job.out)
+    s = _scores(job.out)
+    valid = s[~np.isnan(s)]
+    return {**facts, "with_text": int(len(valid)), "histogram": Prefix().histogram(score_keys(valid)).tolist()}
+
+
+@dataclass(frozen=True)
+class RefineJob:
+    scores: str
+    prefix: Prefix
+
+
+def refine_task(job: RefineJob) -> list[int]:
+    """Phase ``refineN``: the histogram of the next key byte among a shard's scores whose key
+    starts with ``prefix``."""
+    s = _scores(job.scores)
+    return job.prefix.histogram(score_keys(s[~np.isnan(s)])).tolist()
+
+
+@dataclass(frozen=True)
+class GatherJob:
+    path: str
+    key: str
+    scores: str
+    prefix: Prefix
+
+
+def gather_task(job: GatherJob) -> list[list]:
+    """Phase ``gather``: (score, id, shard, row) of a shard's documents in the final bin."""
+    s = _scores(job.scores)
+    rows = np.flatnonzero(~np.isnan(s))
+    rows = rows[job.prefix.matches(score_keys(s[rows]))]
+    if not len(rows):
+        return []
+    ids = pq.read_table(job.path, columns=["id"]).column("id").take(pa.array(rows)).to_pylist()
+    return [[float(s[r]), str(i), job.key, int(r)] for r, i in zip(rows.tolist(), ids)]
+
+
+@dataclass(frozen=True)
+class CutJob:
+    rundir: RunDir
+    stage: str
+    params_hash: str
+    key: str
+    path: str
+    scores: str
+    threshold: float
+    boundary: tuple[str, str, int] | None
+
+
+def cut_task(job: CutJob) -> dict:
+    """Phase ``cut``, one upstream shard: kept rows (score above the cut, or tied and not after
+    the boundary document) and rejected rows, written and returned as a manifest entry."""
+    table = pq.read_table(job.path)
+    scores = _scores(job.scores)
     has = ~np.isnan(scores)
-    keep = has & (scores > threshold)
-    tied = np.flatnonzero(has & (scores == threshold))
-    if len(tied) and boundary is not None:
+    keep = has & (scores > job.threshold)
+    tied = np.flatnonzero(has & (scores == job.threshold))
+    if len(tied) and job.boundary is not None:
         ids = table.column("id").take(pa.array(tied)).to_pylist()
         for j, doc_id in zip(tied.tolist(), ids):
-            keep[j] = (str(doc_id), key, j) <= boundary
+            keep[j] = (str(doc_id), job.key, j) <= job.boundary
     reasons = np.where(keep, None, np.where(has, "quality:below_top_fraction", "quality:no_text"))
     out = _with_quality(table, scores)
-    kept, rejected = split_kept_rejected(out, pa.array(reasons.tolist(), pa.string()), stage)
-    return run_dir.write_stage_shard(stage, key, kept, rejected, table.num_rows, params_hash)
+    kept, rejected = split_kept_rejected(out, pa.array(reasons.tolist(), pa.string()), job.stage)
+    return job.rundir.write_stage_shard(job.stage, job.key, kept, rejected, table.num_rows, job.params_hash)
 
 
-@registry.register("quality")
-class QualityScore(GlobalStage):
-    """Score documents with a fastText quality classifier; keep by ``min_score`` or ``keep_top``.
+# ---------------------------------------------------------------------------------------------
+# the stages
 
-    ``model``: the ``.bin`` written by ``refinery quality train`` (its card beside it names
-    the positive label). ``min_score`` (0..1): a row-local threshold. ``keep_top`` (0..1]:
-    the exact top fraction of the corpus (a global stage). Give at most one of them.
-    """
 
-    type: Literal["quality"] = "quality"
+class _Model(BaseModel):
+    """The classifier both quality stages load (validated: a bad path fails the DAG)."""
+
     model: str
-    min_score: float | None = Field(default=None, ge=0.0, le=1.0)
-    keep_top: float | None = Field(default=None, gt=0.0, le=1.0)
     positive_label: str | None = None
-
-    _scorer_ready: bool = PrivateAttr(default=False)
-
-    @property
-    def kind(self) -> str:  # type: ignore[override]
-        # A corpus quantile needs every score first; a threshold is row-local and fuses.
-        return "global" if self.keep_top is not None else "map"
 
     @field_validator("model")
     @classmethod
@@ -127,26 +178,38 @@ class QualityScore(GlobalStage):
 
         return checked_model_path(v)
 
-    @model_validator(mode="after")
-    def _one_rule(self) -> QualityScore:
-        if self.min_score is not None and self.keep_top is not None:
-            raise ValueError("give min_score or keep_top, not both")
-        return self
-
     def params(self) -> dict[str, Any]:
         from curation.io.files import cached_file_sha256
 
-        p = super().params()
+        p = super().params()  # type: ignore[misc]
         p["model"] = {"sha256": cached_file_sha256(self.model)}  # retraining changes the hash, moving does not
         return p
+
+
+@registry.register("quality")
+class QualityScore(_Model, MapStage):
+    """Score documents with a fastText quality classifier (adds ``quality``); with
+    ``min_score`` (0..1) drop those below it. Row-local: fuses with its neighbours.
+
+    ``model``: the ``.bin`` written by ``refinery quality train`` (its card beside it names
+    the positive label). ``type: quality`` with ``keep_top`` is read as ``quality_top``.
+    """
+
+    type: Literal["quality"] = "quality"
+    min_score: float | None = Field(default=None, ge=0.0, le=1.0)
+
+    _scorer_ready: bool = PrivateAttr(default=False)
+
+    @classmethod
+    def variant(cls, params: dict[str, Any]) -> type[Stage]:
+        # a corpus quantile needs every score first: the global stage
+        return QualityTop if params.get("keep_top") is not None else cls
 
     def setup(self) -> None:
         from curation.quality.classifier import load_scorer
 
         load_scorer(self.model, "quality.model", self.positive_label)  # fails early, caches
         self._scorer_ready = True
-
-    # -- map mode ------------------------------------------------------------------------------
 
     def process(self, batch: pa.Table) -> StageResult:
         if not self._scorer_ready:
@@ -159,45 +222,64 @@ class QualityScore(GlobalStage):
         reasons = np.where(~has, "quality:no_text", np.where(low, "quality:low_score", None))
         return StageResult(table, pa.array(reasons.tolist(), pa.string()))
 
-    # -- keep_top mode -------------------------------------------------------------------------
+
+@registry.register("quality_top")
+class QualityTop(_Model, GlobalStage):
+    """Keep exactly the best ``keep_top`` (0..1] fraction of the whole corpus by quality score
+    (``round(keep_top * documents)``, ties at the cut broken by id), on any number of workers.
+    Documents without text score null, rank last and are rejected as ``quality:no_text``.
+
+    Phases: ``score`` (per shard: scores to the work folder, a histogram of their top key
+    byte), ``refineN`` (per shard, only while the chosen bin is large: the next byte's
+    histogram), ``gather`` (per shard: the few documents in the final bin), ``cut`` (per
+    shard: write kept and rejected rows). See ``curation.quality.topk``.
+    """
+
+    type: Literal["quality_top", "quality"] = "quality_top"
+    keep_top: float = Field(gt=0.0, le=1.0)
+    min_score: float | None = Field(default=None, exclude=True)  # accepted so "not both" is said clearly
+
+    @model_validator(mode="after")
+    def _one_rule(self) -> QualityTop:
+        if self.min_score is not None:
+            raise ValueError("give min_score or keep_top, not both")
+        return self
 
     def run(self, ctx: GlobalContext) -> None:
+        from curation.quality.classifier import load_scorer
 
-        self.setup()  # a bad model fails on the driver, before any task starts
+        load_scorer(self.model, "quality.model", self.positive_label)  # a bad model fails here, before any task
         keys = [k for k, _ in ctx.upstream]
         paths = dict(ctx.upstream)
-        score_dir = ctx.work_dir / "scores"
-        todo = [(paths[k], self.model, self.positive_label, str(score_dir / f"{k}.parquet"))
-                for k in keys if not (score_dir / f"{k}.parquet").exists()]
-        facts = ctx.map(score_shard, todo, phase=f"{ctx.name}:score") if todo else []
-        all_scores = [pq.read_table(score_dir / f"{k}.parquet").column("quality").to_numpy(zero_copy_only=False)
-                      for k in keys]
-        flat = np.concatenate(all_scores).astype(np.float32) if all_scores else np.zeros(0, np.float32)
-        n = len(flat)
-        valid = flat[~np.isnan(flat)]
-        k = min(int(round(self.keep_top * n)), len(valid))
+        if not set(keys) - ctx.done_keys() and ctx.rundir.read_report(ctx.name, REPORT) is not None:
+            return
+        sdir = ctx.work_dir / "scores"
+        scores = {k: str(sdir / f"{n}.parquet") for k, n in zip(keys, safe_names(keys))}
+        facts = ctx.phase("score", score_task, [ScoreJob(paths[k], self.model, self.positive_label, scores[k])
+                                                 for k in keys])
+        n = sum(f["rows"] for f in facts)
+        with_text = sum(f["with_text"] for f in facts)
+        k = min(int(round(self.keep_top * n)), with_text)
         threshold, boundary = float("inf"), None
         if k > 0:
-            threshold = float(np.partition(valid, len(valid) - k)[len(valid) - k])  # k-th largest
-            need = k - int((valid > threshold).sum())
-            tied: list[tuple[str, str, int]] = []
-            for key, s in zip(keys, all_scores):
-                rows = np.flatnonzero(s.astype(np.float32) == np.float32(threshold))
-                if len(rows):
-                    ids = pq.read_table(paths[key], columns=["id"]).column("id").take(pa.array(rows)).to_pylist()
-                    tied += [(str(i), key, int(r)) for i, r in zip(ids, rows.tolist())]
-            tied.sort()
-            boundary = tied[need - 1]
-        done = ctx.done_keys()
-        items = [(ctx.rundir, ctx.name, ctx.params_hash, key, paths[key], str(score_dir / f"{key}.parquet"),
-                  threshold, boundary) for key in keys if key not in done]
-        ctx.map_and_commit(cut_shard, items, f"{ctx.name}:cut")
+            hist = np.sum([f["histogram"] for f in facts], axis=0)
+            prefix, need = Prefix(), k
+            while True:
+                b, above = choose_bin(hist, need)
+                prefix, need = prefix.extend(b), need - above
+                if hist[b] <= GATHER_CAP or prefix.level == LEVELS:
+                    break
+                hist = np.sum(ctx.phase(f"refine{prefix.level}", refine_task,
+                                        [RefineJob(scores[key], prefix) for key in keys]), axis=0)
+            found = ctx.phase("gather", gather_task, [GatherJob(paths[key], key, scores[key], prefix) for key in keys])
+            threshold, bnd = cut([tuple(c) for part in found for c in part], need)
+            boundary = tuple(bnd)
+        ctx.phase("cut", cut_task, [CutJob(ctx.rundir, ctx.name, ctx.params_hash, key, paths[key], scores[key],
+                                           threshold, boundary) for key in keys], commit=True)
         loads: dict[str, int] = {}
         for f in facts:
             loads[str(f["pid"])] = max(loads.get(str(f["pid"]), 0), f["loads"])
-        report = {"documents": n, "with_text": int(len(valid)),
-                  "keep_top": self.keep_top, "kept": k, "kept_share": (k / n) if n else 0.0,
-                  "threshold": threshold if k > 0 else None,
-                  "boundary": list(boundary) if boundary else None,
-                  "model_loads_per_worker_process": loads}
-        ctx.write_report(REPORT, report)
+        ctx.write_report(REPORT, {"documents": n, "with_text": with_text, "keep_top": self.keep_top, "kept": k,
+                                  "kept_share": (k / n) if n else 0.0, "threshold": threshold if k > 0 else None,
+                                  "boundary": list(boundary) if boundary else None,
+                                  "model_loads_per_worker_process": loads})

@@ -1,0 +1,67 @@
+"""Exact top-k of a score column spread over many shards, without gathering the scores.
+
+Each score in [0, 1] gets a monotone 32-bit key, ``floor(score * 2^32)``. Shards send
+256-bin histograms of one key byte at a time (top byte first, then the next byte among the
+keys that share the chosen prefix...), the driver adds them and follows the bin holding the
+k-th largest score. Once the chosen bin holds at most ``gather_cap`` scores (or all four
+bytes are fixed), the shards send those few (score, id, row) triples and the driver sorts
+them: exactly k documents are kept, ties at the cut broken by (id, shard, row). Memory on
+the driver: a few 256-bin histograms plus at most ``gather_cap`` triples (more only when more
+documents than that have the very same key — a massive tie)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+BINS = 256
+LEVELS = 4  # bytes of the key
+GATHER_CAP = 100_000
+
+
+def score_keys(scores: np.ndarray) -> np.ndarray:
+    """Monotone uint32 key per finite score in [0, 1] (NaN rows must be removed first)."""
+    k = np.floor(np.clip(scores.astype(np.float64), 0.0, 1.0) * 2.0 ** 32)
+    return np.minimum(k, 2.0 ** 32 - 1).astype(np.uint64)
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """The key bytes fixed so far (``level`` bytes, high first)."""
+
+    level: int = 0
+    value: int = 0
+
+    def matches(self, keys: np.ndarray) -> np.ndarray:
+        if self.level == 0:
+            return np.ones(len(keys), bool)
+        return (keys >> np.uint64(8 * (LEVELS - self.level))) == np.uint64(self.value)
+
+    def histogram(self, keys: np.ndarray) -> np.ndarray:
+        """Counts of the next key byte among ``keys`` with this prefix."""
+        sub = keys[self.matches(keys)] >> np.uint64(8 * (LEVELS - self.level - 1))
+        return np.bincount((sub & np.uint64(BINS - 1)).astype(np.int64), minlength=BINS)
+
+    def extend(self, byte: int) -> Prefix:
+        return Prefix(self.level + 1, (self.value << 8) | byte)
+
+
+def choose_bin(counts: np.ndarray, k: int) -> tuple[int, int]:
+    """(bin holding the k-th largest, number of scores in higher bins); ``1 <= k <= counts.sum()``."""
+    above = np.cumsum(counts[::-1])  # above[i]: scores in the top i+1 bins
+    i = int(np.searchsorted(above, k))  # first top-(i+1) block reaching k
+    b = BINS - 1 - i
+    return b, int(above[i] - counts[b])
+
+
+def cut(candidates: list[tuple[float, str, str, int]], need: int) -> tuple[float, tuple[str, str, int]]:
+    """From the (score, id, shard, row) of every document in the final bin, the ``need``-th
+    best by score then (id, shard, row): returns (threshold score, boundary (id, shard, row)).
+    A document is kept iff its score > threshold, or == threshold and (id, shard, row) <=
+    boundary."""
+    ranked = sorted(candidates, key=lambda c: (-c[0], c[1], c[2], c[3]))
+    threshold = ranked[need - 1][0]
+    tied = [c for c in ranked[:need] if c[0] == threshold]
+    last = tied[-1]
+    return threshold, (last[1], last[2], last[3])
