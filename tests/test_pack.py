@@ -211,3 +211,24 @@ def test_pad_id_comes_from_param_tokenizer_or_shard_metadata(tmp_path):
     pq.write_table(pa.table({"id": ["a"], "text": ["x"]}), tmp_path / "y.parquet")
     with pytest.raises(PackError, match="no input_ids column"):
         Pack().windows([str(tmp_path / "y.parquet")])
+
+
+def test_every_packed_row_holds_one_source_and_windows_cut_the_global_order(run2, tmp_path):
+    """per_source (the default): each row's tokens come from one source, so the trainer can mix
+    by tokens exactly. Windows are the global document order cut every ``window`` documents."""
+    packed = _read_dir(run2 / "pack", "pack-*.parquet")
+    per_row = [json.loads(x) for x in packed.column("source_tokens").to_pylist()]
+    assert all(len(p) == 1 for p in per_row) and {next(iter(p)) for p in per_row} == set(packed.column("source").to_pylist())
+    assert len(set(packed.column("source").to_pylist())) >= 2
+    counts = [3, 0, 7, 1, 12]
+    paths = []
+    for i, n in enumerate(counts):
+        p = tmp_path / f"s{i}.parquet"
+        pq.write_table(pa.table({"id": [f"{i}-{j}" for j in range(n)], "input_ids": int32_lists(
+            [np.arange(3, dtype=np.int32)] * n)}, schema=pa.schema([("id", pa.string()), ("input_ids", pa.list_(pa.int32()))])), p)
+        paths.append(str(p))
+    for window in (1, 4, 5, 23, 100):
+        got = Pack(type="pack", window=window, pad_id=0).windows(paths)
+        flat = [(p, r) for p, n in zip(paths, counts) for r in range(n)]
+        expect = [flat[i:i + window] for i in range(0, len(flat), window)]
+        assert [[(p, r) for p, lo, hi in w for r in range(lo, hi)] for w in got] == expect

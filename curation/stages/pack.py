@@ -15,7 +15,7 @@ largest piece first. Each row::
     input_ids     list<int32>  exactly seq_len + 1 tokens, padding (pad_id) at the end
     doc_lens      list<int32>  length of each piece in the row, in order (sum = non-padding)
     doc_ids       list<string> "<document id>@<piece>/<pieces>" of each piece
-    source        string       the source with most tokens in the row
+    source        string       the row's source (the only one with per_source, else the majority)
     source_tokens string       JSON {source: tokens}
     quality       double       token-weighted mean document quality (null without a quality column)
 
@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import Field, field_validator
 
@@ -228,12 +229,39 @@ def _read_rows(path: str, lo: int, hi: int, columns: list[str]) -> pa.Table:
     return t.slice(lo - first, hi - lo)
 
 
-def pack_task(run_dir: RunDir, stage: str, params_hash: str, key: str, segments: list[tuple[str, int, int]],
-              seq_len: int, algorithm: str, pad_id: int, shuffle_seed: tuple[int, int] | None = None) -> dict:
-    """One window: read its documents, pack them, write one shard. Returns its manifest entry.
-    ``shuffle_seed`` (seed, window): permute the window's rows with it."""
+def pack_by_source(table: pa.Table, seq_len: int, algorithm: str, pad_id: int) -> tuple[pa.Table, dict]:
+    """``pack_window`` on each source's documents of the window apart (sources in name order),
+    so every row holds one source's tokens: the trainer can then mix sources by exact token
+    counts. Costs at most one partly filled row per source per window."""
+    if "source" not in table.column_names or table.num_rows == 0:
+        return pack_window(table, seq_len, algorithm, pad_id)
+    src = pc.fill_null(table.column("source"), "-")
+    outs, stats = [], []
+    for s in sorted(pc.unique(src).to_pylist()):
+        out, st = pack_window(table.filter(pc.equal(src, s)), seq_len, algorithm, pad_id)
+        outs.append(out)
+        stats.append(st)
+    return pa.concat_tables(outs).combine_chunks(), {k: sum(st[k] for st in stats) for k in stats[0]}
+
+
+@dataclass(frozen=True)
+class PackJob:
+    rundir: RunDir
+    stage: str
+    params_hash: str
+    key: str
+    segments: tuple[tuple[str, int, int], ...]
+    seq_len: int
+    algorithm: str
+    pad_id: int
+    per_source: bool
+    shuffle_seed: tuple[int, int] | None = None  # (seed, window): permute the window's rows with it
+
+
+def pack_task(job: PackJob) -> dict:
+    """One window: read its documents, pack them, write one shard. Returns its manifest entry."""
     cols = ["id", "source", "input_ids", "quality"]
-    parts = [_read_rows(p, lo, hi, cols) for p, lo, hi in segments]
+    parts = [_read_rows(p, lo, hi, cols) for p, lo, hi in job.segments]
     has_q = any("quality" in t.column_names for t in parts)
     parts = [t if not has_q or "quality" in t.column_names else t.append_column("quality", pa.nulls(t.num_rows, pa.float64()))
              for t in parts]
@@ -245,12 +273,14 @@ def pack_task(run_dir: RunDir, stage: str, params_hash: str, key: str, segments:
             parts[i] = parts[i].set_column(parts[i].schema.get_field_index("input_ids"), "input_ids",
                                            t.column("input_ids").cast(pa.list_(pa.int32())))
     table = pa.concat_tables(parts).combine_chunks()
-    packed, stats = pack_window(table, seq_len, algorithm, pad_id)
-    if shuffle_seed is not None and packed.num_rows:
+    pack = pack_by_source if job.per_source else pack_window
+    packed, stats = pack(table, job.seq_len, job.algorithm, job.pad_id)
+    if job.shuffle_seed is not None and packed.num_rows:
         # best-fit emits rows largest pieces first (long web pages, then packed short math...):
         # a reader going through a shard in order should not see sources in blocks
-        packed = packed.take(np.random.default_rng(list(shuffle_seed)).permutation(packed.num_rows))
-    entry = run_dir.write_stage_shard(stage, key, packed, None, table.num_rows, params_hash, row_group_size=ROW_GROUP_ROWS)
+        packed = packed.take(np.random.default_rng(list(job.shuffle_seed)).permutation(packed.num_rows))
+    entry = job.rundir.write_stage_shard(job.stage, job.key, packed, None, table.num_rows, job.params_hash,
+                                         row_group_size=ROW_GROUP_ROWS)
     entry["pack"] = stats
     return entry
 
@@ -268,7 +298,7 @@ class Pack(GlobalStage):
     ``pad_id``, else the pad id of ``tokenizer`` (a tokenizer directory), else the one recorded
     in the upstream shards' metadata by the tokenize stage. ``shuffle_rows`` permutes the rows of
     each window (seeded by ``seed`` and the window's number), since best-fit emits them sorted by
-    their largest piece.
+    their largest piece. ``per_source`` (default) packs each source apart: one source per row.
     """
 
     type: Literal["pack"] = "pack"
@@ -280,6 +310,10 @@ class Pack(GlobalStage):
     tokenizer: str | None = None
     shuffle_rows: bool = True
     seed: int = Field(default=0, ge=0)
+    #: pack each source's documents apart within a window: every row holds one source, so the
+    #: trainer's phases realise token shares exactly (False: rows mix sources, ``source`` is the
+    #: majority)
+    per_source: bool = True
 
     @field_validator("tokenizer")
     @classmethod
@@ -306,23 +340,23 @@ class Pack(GlobalStage):
         raise PackError("pack: no pad id: set pad_id or tokenizer, or pack the output of a tokenize stage")
 
     def windows(self, paths: list[str]) -> list[list[tuple[str, int, int]]]:
-        """The documents of each window as (file, first row, end row) segments."""
-        counts = []
+        """The documents of each window as (file, first row, end row) segments: one pass over
+        the shards' row counts (from their footers), windows and shards advanced together."""
+        if paths and "input_ids" not in pq.read_schema(paths[0]).names:
+            raise PackError(f"pack: {paths[0]} has no input_ids column; put a tokenize stage before pack")
+        out: list[list[tuple[str, int, int]]] = []
+        segs: list[tuple[str, int, int]] = []
+        room = self.window
         for p in paths:
-            pf = pq.ParquetFile(p)
-            if "input_ids" not in pf.schema_arrow.names:
-                raise PackError(f"pack: {p} has no input_ids column; put a tokenize stage before pack")
-            counts.append(pf.metadata.num_rows)
-        starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        total = int(starts[-1])
-        out = []
-        for lo in range(0, total, self.window):
-            hi = min(total, lo + self.window)
-            segs = []
-            for i, p in enumerate(paths):
-                a, b = max(lo, int(starts[i])), min(hi, int(starts[i + 1]))
-                if a < b:
-                    segs.append((p, a - int(starts[i]), b - int(starts[i])))
+            n, lo = pq.ParquetFile(p).metadata.num_rows, 0
+            while lo < n:
+                take = min(room, n - lo)
+                segs.append((p, lo, lo + take))
+                lo, room = lo + take, room - take
+                if room == 0:
+                    out.append(segs)
+                    segs, room = [], self.window
+        if segs:
             out.append(segs)
         return out
 
@@ -331,11 +365,10 @@ class Pack(GlobalStage):
         windows = self.windows(paths)
         pad_id = self.resolve_pad_id(paths) if windows else (self.pad_id or 0)
         keys = [f"{ctx.name}-{w:05d}" for w in range(len(windows))]
-        done = ctx.done_keys()
-        items = [(ctx.rundir, ctx.name, ctx.params_hash, k, windows[w], self.seq_len, self.algorithm, pad_id,
-                  (self.seed, w) if self.shuffle_rows else None)
-                 for w, k in enumerate(keys) if k not in done]
-        ctx.map_and_commit(pack_task, items, f"{ctx.name}:pack")
+        ctx.phase("pack", pack_task, [
+            PackJob(ctx.rundir, ctx.name, ctx.params_hash, k, tuple(windows[w]), self.seq_len, self.algorithm,
+                    pad_id, self.per_source, (self.seed, w) if self.shuffle_rows else None)
+            for w, k in enumerate(keys)], commit=True)
         entries = ctx.committed()
         stats = [entries[k]["pack"] for k in keys if k in entries]
         report = summarize(stats, self.seq_len)
