@@ -86,8 +86,12 @@ class GlobalContext:
         return [rec[k]["result"] for k in sorted(rec, key=int)]
 
     def phase(self, name: str, fn: Callable[[Any], dict], jobs: Sequence[Any], commit: bool = False,
-              resources: Resources | None = None) -> list[dict]:
-        """Run ``fn(job)`` for every job; results in job order (recorded ones included)."""
+              resources: Resources | None = None, fold: Callable[[Any, Any], Any] | None = None,
+              init: Any = None) -> Any:
+        """Run ``fn(job)`` for every job; results in job order (recorded ones included). With
+        ``fold``, results are not kept: ``fold(acc, result)`` from ``init`` as they arrive (in
+        any order; fold must not depend on it), and the accumulator is returned — the driver
+        then holds one value, not one per task (histograms merged, say)."""
         log = self.work_dir / PHASES / f"{name}.jsonl"
         if commit:
             entries = self.committed()
@@ -95,16 +99,26 @@ class GlobalContext:
         else:
             recorded = parse_lines(log.read_text().splitlines()) if log.exists() else {}
             done = {i: recorded[str(i)]["result"] for i in range(len(jobs)) if str(i) in recorded}
-        results: list[Any] = [done.get(i) for i in range(len(jobs))]
+        acc = init
+        if fold is not None:
+            for i in sorted(done):
+                acc = fold(acc, done[i])
+            results: list[Any] = []
+        else:
+            results = [done.get(i) for i in range(len(jobs))]
         todo = [i for i in range(len(jobs)) if i not in done]
         label = f"{self.name}:{name}"
         finished, pending = len(done), []
+        done = {}
         self.report(label, finished, len(jobs))
 
         def on_result(k: int, out: Any) -> None:
-            nonlocal finished
+            nonlocal finished, acc
             i = todo[k]
-            results[i] = out
+            if fold is not None:
+                acc = fold(acc, out)
+            else:
+                results[i] = out
             if commit:
                 pending.append(out)
                 if len(pending) >= max(1, self.workers):  # batched: one append per few shards
@@ -123,7 +137,7 @@ class GlobalContext:
             if pending:
                 self.commit(pending)
         self.phases[name]["ran"] = len(todo)
-        return results
+        return acc if fold is not None else results
 
     def _run(self, label: str, fn: Callable[..., Any], jobs: Sequence[Any], star: bool,
              on_result: Callable[[int, Any], None], resources: Resources | None = None) -> None:

@@ -1,26 +1,28 @@
 """Mix sources to target token shares: subsample large ones, upsample small ones (whole epochs
-plus a seeded partial epoch, at most ``max_epochs``), interleave so every prefix has the mix.
+plus a partial one, at most ``max_epochs``), interleave so every prefix is near the mix.
 
-Phases (all deterministic under ``seed``, independent of the worker count):
+Nothing per document is planned on the driver (``curation.sampling.mixture``). Phases, all
+deterministic under ``seed`` and independent of the worker count:
 
-1. plan (driver): read only ``source`` and ``num_tokens`` of every upstream shard; choose, per
-   source, which documents are copied how many times; give every copy a rank in the output.
-2. scatter (one Ray task per upstream shard): read the shard's full rows once, write each copy
-   into a fragment of the output shard its rank falls in, and the unselected rows to
-   ``rejected/STAGE/<shard>.parquet`` (reason ``mix:subsampled``).
-3. gather (one Ray task per output shard): concatenate its fragments, sort by rank, write
-   ``STAGE/<STAGE>-00000.parquet`` ... and commit.
+1. count (one task per upstream shard): documents and tokens per source, and a histogram of the
+   documents' keys ``u = hash(seed, source, id)`` by their top digit, merged as they arrive.
+2. refineN (only while a source's cut bin is large): the next digit's histogram in that bin.
+3. cut (one task per shard): the few documents of each source's final bin; the driver then
+   fixes each source's partial-epoch cut ``(u, id)``: a document's copies are a function of
+   (seed, source, id, cut) alone.
+4. scatter (one task per upstream shard): write each copy (ids ``...#epochN`` after the first)
+   with its position into one file per shard, indexed by output shard; unselected rows to
+   ``rejected/STAGE/<shard>.parquet`` (``mix:subsampled``, ``mix:not_in_weights``).
+5. gather (one task per output shard): its row groups of every scatter file, sorted by position,
+   written as ``STAGE/<STAGE>-00000.parquet``... Files written: upstream + output shards.
 
 ``RUN/STAGE/_mix_report.json`` lists, per source, the target and the realised tokens.
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import math
-import shutil
-from pathlib import Path
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -29,8 +31,24 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pydantic import Field, model_validator
 
-from curation.io.files import write_parquet
+from curation.io.artifacts import read_partition, write_partitioned
+from curation.io.files import safe_names
 from curation.io.shards import split_kept_rejected
+from curation.sampling.mixture import (
+    BINS,
+    GATHER_CAP,
+    LEVELS,
+    Cut,
+    Prefix,
+    choose_bin,
+    doc_keys,
+    emission_positions,
+    final_cut,
+    first_fit,
+    histogram,
+    source_targets,
+)
+
 if TYPE_CHECKING:  # pragma: no cover
     from curation.pipeline.context import GlobalContext
     from curation.pipeline.rundir import RunDir
@@ -38,110 +56,11 @@ if TYPE_CHECKING:  # pragma: no cover
 from curation.stages.base import GlobalStage, registry
 
 REPORT = "_mix_report.json"
+MIX_VERSION = 2  # 2: per-document choice from (seed, source, id); positions per shard
 
 
 class MixError(ValueError):
     """Weights that do not match the data (a weighted source with no documents...)."""
-
-
-# ---------------------------------------------------------------------------------------------
-# planning: pure functions over numpy arrays (unit-tested without Ray)
-
-
-def source_targets(available: dict[str, int], weights: dict[str, float], total: float,
-                   max_epochs: float) -> dict[str, float]:
-    """Target tokens per source: ``w * total``, capped at ``max_epochs`` epochs of the source;
-    what a capped source cannot give is redistributed over the others in proportion to their
-    weights (repeatedly, as they may hit their cap in turn)."""
-    wsum = sum(w for s, w in weights.items() if w > 0)
-    w = {s: weights.get(s, 0.0) / wsum for s in available}
-    cap = {s: max_epochs * available[s] for s in available}
-    target = {s: w[s] * total for s in available}
-    capped: set[str] = set()
-    while True:
-        over = [s for s in available if s not in capped and target[s] > cap[s]]
-        if not over:
-            return target
-        for s in over:
-            capped.add(s)
-            target[s] = cap[s]
-        free = [s for s in available if s not in capped and w[s] > 0]
-        free_w = sum(w[s] for s in free)
-        if not free or free_w <= 0:
-            return target
-        rest = total - sum(target[s] for s in capped)
-        for s in free:
-            target[s] = rest * w[s] / free_w
-
-
-def _source_rng(seed: int, source: str) -> np.random.Generator:
-    # per-source stream: adding a source to the mix does not reshuffle the others
-    salt = int.from_bytes(hashlib.sha256(source.encode()).digest()[:8], "little")
-    return np.random.default_rng(np.random.SeedSequence([seed & 0xFFFFFFFFFFFFFFFF, salt]))
-
-
-def select_copies(tokens: np.ndarray, target: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Which documents (indices into ``tokens``) to emit, in emission order, and the epoch of
-    each copy: whole epochs (each a fresh permutation) while the target allows, then a partial
-    epoch: a random permutation taken while it fits, the remaining gap filled first-fit from
-    the rest of that permutation (so the realised total lands within one small document of
-    the target)."""
-    n = len(tokens)
-    avail = int(tokens.sum())
-    if n == 0 or avail == 0 or target <= 0:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    full = int(target // avail)
-    rem = target - full * avail
-    idx_parts, ep_parts = [], []
-    for e in range(full):
-        idx_parts.append(rng.permutation(n))
-        ep_parts.append(np.full(n, e, np.int64))
-    if rem > 0:
-        perm = rng.permutation(n)
-        cum = np.cumsum(tokens[perm])
-        k = int(np.searchsorted(cum, rem, side="right"))
-        take = [perm[:k]]
-        gap = rem - (int(cum[k - 1]) if k else 0)
-        rest = perm[k:]
-        smallest = int(tokens[rest].min()) if len(rest) else 0
-        if len(rest) and gap >= smallest:
-            extra = []
-            for j, t in zip(rest.tolist(), tokens[rest].tolist()):
-                if t <= gap:
-                    extra.append(j)
-                    gap -= t
-                    if gap < smallest:
-                        break
-            take.append(np.asarray(extra, np.int64))
-        part = np.concatenate(take).astype(np.int64)
-        idx_parts.append(part)
-        ep_parts.append(np.full(len(part), full, np.int64))
-    return np.concatenate(idx_parts), np.concatenate(ep_parts)
-
-
-def interleave(per_source: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Merge sources' copy sequences (token counts, in emission order) so that any prefix holds
-    each source in proportion to its total: copy j of a source sits at position
-    (tokens before it + half its own) / source total; ties by source then order.
-    Returns (source index, position within source) of each output row, in output order."""
-    pos, src, seq = [], [], []
-    for s, toks in enumerate(per_source):
-        if len(toks) == 0:
-            continue
-        t = toks.astype(np.float64)
-        cum = np.cumsum(t)
-        pos.append((cum - t / 2) / cum[-1])
-        src.append(np.full(len(t), s, np.int64))
-        seq.append(np.arange(len(t), dtype=np.int64))
-    if not pos:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    pos_a, src_a, seq_a = np.concatenate(pos), np.concatenate(src), np.concatenate(seq)
-    order = np.lexsort((seq_a, src_a, pos_a))
-    return src_a[order], seq_a[order]
-
-
-# ---------------------------------------------------------------------------------------------
-# Ray tasks
 
 
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -160,60 +79,210 @@ def _copy_ids(ids: list[str], epochs: np.ndarray) -> list[str]:
     return [i if e == 0 else f"{i}#epoch{e}" for i, e in zip(ids, epochs.tolist())]
 
 
-def scatter_shard(run_dir: RunDir, stage: str, params_hash: str, key: str, path: str, frag_dir: str,
-                  rows: np.ndarray, epochs: np.ndarray, ranks: np.ndarray, rows_per_shard: int,
-                  rej_rows: np.ndarray, rej_reasons: list[str]) -> dict:
-    """Phase 2, one upstream shard: write its copies into per-output-shard fragments and its
-    unselected rows to rejected/. Returns the shard's manifest entry (counts, rejections)."""
-    table = pq.read_table(path)
-    frag = Path(frag_dir)
-    if len(rows):
-        copies = table.take(pa.array(rows))
-        ids = _copy_ids(copies.column("id").to_pylist(), epochs)
-        copies = copies.set_column(copies.schema.get_field_index("id"), "id", pa.array(ids, pa.string()))
-        copies = copies.append_column("_rank", pa.array(ranks, pa.int64()))
-        out = ranks // rows_per_shard
-        bounds = np.flatnonzero(np.diff(out)) + 1  # ranks are sorted: fragments are runs
-        for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(out)]):
-            write_parquet(copies.slice(int(lo), int(hi - lo)), frag / f"{int(out[lo]):05d}" / f"{key}.parquet")
-    reasons = [None] * table.num_rows
-    for r, why in zip(rej_rows.tolist(), rej_reasons):
-        reasons[r] = why
-    _, rejected = split_kept_rejected(table, pa.array(reasons, pa.string()), stage)
-    entry = run_dir.write_stage_shard(stage, key, None, rejected, table.num_rows, params_hash)
-    entry["rows"] = 0  # this entry only accounts for input rows; copies are counted by output shards
-    (frag / "_scattered").mkdir(parents=True, exist_ok=True)
-    (frag / "_scattered" / key).touch()
-    return entry
-
-
-def gather_shard(run_dir: RunDir, stage: str, params_hash: str, key: str, frag_dir: str, schema: pa.Schema) -> dict:
-    """Phase 3, one output shard: its fragments, in rank order, as one committed shard."""
-    ranked = schema.append(pa.field("_rank", pa.int64()))
-    parts = [conform(pq.read_table(f), ranked) for f in sorted(Path(frag_dir).glob("*.parquet"))]
-    table = pa.concat_tables(parts).combine_chunks()
-    table = table.take(pc.sort_indices(table.column("_rank"))).drop_columns(["_rank"])
-    return run_dir.write_stage_shard(stage, key, table.replace_schema_metadata(schema.metadata), None, 0, params_hash)
-
-
-# ---------------------------------------------------------------------------------------------
-# the stage
-
-
-def _plan_columns(path: str) -> tuple[pa.Array, np.ndarray]:
+def _doc_columns(path: str) -> tuple[list[str], list[str], np.ndarray]:
+    """(ids, sources, tokens) of a shard: the only columns the choice depends on."""
     pf = pq.ParquetFile(path)
     names = pf.schema_arrow.names
     if "source" not in names:
         raise MixError(f"mix: {path} has no 'source' column")
     if "num_tokens" in names:
-        t = pf.read(columns=["source", "num_tokens"])
+        t = pf.read(columns=["id", "source", "num_tokens"])
         tokens = t.column("num_tokens").to_numpy(zero_copy_only=False)
     elif "input_ids" in names:
-        t = pf.read(columns=["source", "input_ids"])
+        t = pf.read(columns=["id", "source", "input_ids"])
         tokens = pc.list_value_length(t.column("input_ids")).to_numpy(zero_copy_only=False)
     else:
         raise MixError(f"mix: {path} has neither num_tokens nor input_ids; put a tokenize stage before mix")
-    return t.column("source").combine_chunks().cast(pa.string()), np.nan_to_num(tokens.astype(np.float64)).astype(np.int64)
+    src = pc.fill_null(t.column("source").cast(pa.string()), "-").to_pylist()
+    ids = [str(i) for i in t.column("id").to_pylist()]
+    return ids, src, np.nan_to_num(tokens.astype(np.float64)).astype(np.int64)
+
+
+def _by_source(sources: list[str]) -> dict[str, np.ndarray]:
+    arr = pa.array(sources, pa.string()).dictionary_encode()
+    codes = arr.indices.to_numpy(zero_copy_only=False)
+    return {s: np.flatnonzero(codes == c) for c, s in enumerate(arr.dictionary.to_pylist())}
+
+
+@dataclass(frozen=True)
+class CountJob:
+    path: str
+    seed: int
+
+
+def count_task(job: CountJob) -> dict:
+    """Phase ``count``: per source, documents, tokens and the top-digit histogram of ``u``."""
+    ids, src, tokens = _doc_columns(job.path)
+    out = {}
+    for s, rows in _by_source(src).items():
+        u = doc_keys(job.seed, s, [ids[r] for r in rows])
+        docs, toks = histogram(u, tokens[rows], Prefix())
+        out[s] = {"docs": len(rows), "tokens": int(tokens[rows].sum()), "hist": [docs, toks]}
+    return out
+
+
+@dataclass(frozen=True)
+class RefineJob:
+    path: str
+    seed: int
+    prefixes: tuple[tuple[str, Prefix], ...]  # (source, prefix) of each source still refining
+
+
+def refine_task(job: RefineJob) -> dict:
+    """Phase ``refineN``: per refining source, the next digit's histogram inside its prefix."""
+    ids, src, tokens = _doc_columns(job.path)
+    groups = _by_source(src)
+    out = {}
+    for s, prefix in job.prefixes:
+        rows = groups.get(s, np.zeros(0, np.int64))
+        docs, toks = histogram(doc_keys(job.seed, s, [ids[r] for r in rows]), tokens[rows], prefix)
+        out[s] = [docs, toks]
+    return out
+
+
+def cut_task(job: RefineJob) -> dict:
+    """Phase ``cut``: (u, id, tokens) of every document inside each source's final prefix."""
+    ids, src, tokens = _doc_columns(job.path)
+    groups = _by_source(src)
+    out = {}
+    for s, prefix in job.prefixes:
+        rows = groups.get(s, np.zeros(0, np.int64))
+        u = doc_keys(job.seed, s, [ids[r] for r in rows])
+        m = np.flatnonzero(prefix.matches(u))
+        out[s] = [[int(u[j]), ids[rows[j]], int(tokens[rows[j]])] for j in m.tolist()]
+    return out
+
+
+FILL_PER_SHARD = 1000  # candidates a shard sends per fill round
+
+
+@dataclass(frozen=True)
+class FillJob:
+    path: str
+    seed: int
+    #: (source, cut, lower bound (u, id) or None, largest tokens that can still fit)
+    asks: tuple[tuple[str, Cut, tuple[int, str] | None, int], ...]
+
+
+def fill_task(job: FillJob) -> dict:
+    """Phase ``fillN``: per source, the first ``FILL_PER_SHARD`` documents after the cut (and
+    after the bound) in (u, id) order that are small enough to fit the gap."""
+    ids, src, tokens = _doc_columns(job.path)
+    groups = _by_source(src)
+    out = {}
+    for s, cut, bound, most in job.asks:
+        rows = groups.get(s, np.zeros(0, np.int64))
+        sid = [ids[r] for r in rows]
+        u = doc_keys(job.seed, s, sid)
+        m = np.flatnonzero(cut.after(u, sid, bound) & (tokens[rows] <= most))
+        cands = sorted((int(u[j]), sid[j], int(tokens[rows[j]])) for j in m.tolist())
+        out[s] = {"candidates": [list(c) for c in cands[:FILL_PER_SHARD]], "more": len(cands) > FILL_PER_SHARD}
+    return out
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What every task needs to know a source's copies: whole epochs and the partial cut."""
+
+    full: int
+    cut: Cut
+    weighted: bool
+
+
+@dataclass(frozen=True)
+class ScatterJob:
+    rundir: RunDir
+    stage: str
+    params_hash: str
+    key: str
+    shard: int
+    path: str
+    out: str
+    seed: int
+    choices: tuple[tuple[str, Choice], ...]
+    out_shards: int
+
+
+def scatter_task(job: ScatterJob) -> dict:
+    """Phase ``scatter``, one upstream shard: its copies with their positions, in one file
+    indexed by output shard; its unselected rows to rejected/. Returns its manifest entry."""
+    table = pq.read_table(job.path)
+    ids, src, tokens = _doc_columns(job.path)
+    choices = dict(job.choices)
+    reasons = np.full(table.num_rows, None, dtype=object)
+    rows_l, epochs_l, pos_l = [], [], []
+    for s, rows in _by_source(src).items():
+        ch = choices.get(s, Choice(0, Cut(None), False))
+        if not ch.weighted:
+            reasons[rows] = "mix:not_in_weights"
+            continue
+        sid = [ids[r] for r in rows]
+        u = doc_keys(job.seed, s, sid)
+        copies = ch.full + ch.cut.selected(u, sid).astype(np.int64)
+        reasons[rows[copies == 0]] = "mix:subsampled"
+        doc, epoch, pos = emission_positions(u, tokens[rows], copies, job.seed)
+        rows_l.append(rows[doc])
+        epochs_l.append(epoch)
+        pos_l.append(pos)
+    rows = np.concatenate(rows_l) if rows_l else np.zeros(0, np.int64)
+    epochs = np.concatenate(epochs_l) if epochs_l else np.zeros(0, np.int64)
+    pos = np.concatenate(pos_l) if pos_l else np.zeros(0)
+    part = np.minimum((pos * job.out_shards).astype(np.int64), job.out_shards - 1)
+    order = np.lexsort((np.arange(len(rows)), pos, part))
+    copies = table.take(pa.array(rows[order], pa.int64()))
+    copies = copies.set_column(copies.schema.get_field_index("id"), "id",
+                               pa.array(_copy_ids(copies.column("id").to_pylist(), epochs[order]), pa.string()))
+    copies = copies.append_column("_pos", pa.array(pos[order], pa.float64()))
+    copies = copies.append_column("_shard", pa.array(np.full(len(rows), job.shard, np.int64)))
+    copies = copies.append_column("_seq", pa.array(np.arange(len(rows), dtype=np.int64)))
+    write_partitioned(copies, part[order], job.out, {"algorithm": "mix-scatter", "version": MIX_VERSION},
+                      max_rows=16384)
+    _, rejected = split_kept_rejected(table, pa.array(reasons.tolist(), pa.string()), job.stage)
+    entry = job.rundir.write_stage_shard(job.stage, job.key, None, rejected, table.num_rows, job.params_hash)
+    entry["rows"] = 0  # this entry only accounts for input rows; copies are counted by output shards
+    return entry
+
+
+@dataclass(frozen=True)
+class GatherJob:
+    rundir: RunDir
+    stage: str
+    params_hash: str
+    key: str
+    j: int
+    files: tuple[str, ...]
+    schema: pa.Schema
+
+
+def gather_task(job: GatherJob) -> dict:
+    """Phase ``gather``, one output shard: its row groups of every scatter file, by position."""
+    extra = [pa.field("_pos", pa.float64()), pa.field("_shard", pa.int64()), pa.field("_seq", pa.int64())]
+    ranked = pa.schema(list(job.schema) + extra)
+    head = {"algorithm": "mix-scatter", "version": MIX_VERSION}
+    parts = [conform(read_partition(f, job.j, head), ranked) for f in job.files]
+    table = pa.concat_tables(parts).combine_chunks() if parts else ranked.empty_table()
+    table = table.take(pc.sort_indices(table, [("_pos", "ascending"), ("_shard", "ascending"), ("_seq", "ascending")]))
+    table = table.drop_columns(["_pos", "_shard", "_seq"]).replace_schema_metadata(job.schema.metadata)
+    return job.rundir.write_stage_shard(job.stage, job.key, table, None, 0, job.params_hash)
+
+
+def _merge(acc: dict | None, out: dict) -> dict:
+    """Fold of count results: per source, docs and tokens summed, histograms added."""
+    acc = acc or {}
+    for s, r in out.items():
+        a = acc.setdefault(s, {"docs": 0, "tokens": 0, "hist": [[0] * BINS, [0] * BINS]})
+        a["docs"] += r["docs"]
+        a["tokens"] += r["tokens"]
+        a["hist"] = [[x + y for x, y in zip(a["hist"][k], r["hist"][k])] for k in range(2)]
+    return acc
+
+
+def _merge_hists(acc: dict | None, out: dict) -> dict:
+    acc = acc or {}
+    for s, h in out.items():
+        a = acc.setdefault(s, [[0] * BINS, [0] * BINS])
+        acc[s] = [[x + y for x, y in zip(a[k], h[k])] for k in range(2)]
+    return acc
 
 
 @registry.register("mix")
@@ -262,129 +331,126 @@ class Mix(GlobalStage):
         z = sum(raw.values())
         return {s: w / z for s, w in raw.items()}
 
-    def plan(self, shards: list[str]) -> dict[str, Any]:
-        """Choose the copies. Returns per-shard (rows, epochs, ranks), rejections and a report."""
-        srcs, toks, shard_of, row_of = [], [], [], []
-        for i, path in enumerate(shards):
-            s, t = _plan_columns(path)
-            srcs.append(s)
-            toks.append(t)
-            shard_of.append(np.full(len(t), i, np.int64))
-            row_of.append(np.arange(len(t), dtype=np.int64))
-        if not toks:
-            raise MixError("mix: upstream has no shards")
-        source_arr = pa.chunked_array(srcs, pa.string()).fill_null("-").combine_chunks().dictionary_encode()
-        names = source_arr.dictionary.to_pylist()
-        code_raw = source_arr.indices.to_numpy(zero_copy_only=False)
-        order = sorted(range(len(names)), key=lambda j: names[j])  # sources by name: stable codes
-        remap = np.empty(len(names), np.int64)
-        remap[order] = np.arange(len(names))
-        names = [names[j] for j in order]
-        code = remap[code_raw] if len(code_raw) else code_raw.astype(np.int64)
-        tokens = np.concatenate(toks)
-        shard_of, row_of = np.concatenate(shard_of), np.concatenate(row_of)
+    def _cuts(self, ctx: GlobalContext, paths: list[str], counts: dict, rem: dict[str, int]) -> dict:
+        """Per source with a partial epoch: its cut, and the documents and tokens it takes."""
+        state = {s: {"prefix": Prefix(), "budget": r, "docs": 0, "tokens": 0, "hist": counts[s]["hist"]}
+                 for s, r in rem.items() if r > 0}
+        active = dict(state)
+        while True:
+            for s, st in list(active.items()):
+                docs, toks = (np.asarray(h, np.int64) for h in st["hist"])
+                b, below = choose_bin(toks, st["budget"])
+                st["prefix"], st["budget"] = st["prefix"].extend(b), st["budget"] - below
+                st["tokens"] += below
+                st["docs"] += int(docs[:b].sum())
+                if docs[b] <= GATHER_CAP or st["prefix"].level == LEVELS:
+                    del active[s]
+            if not active:
+                break
+            level = next(iter(active.values()))["prefix"].level
+            prefixes = tuple((s, st["prefix"]) for s, st in sorted(active.items()))
+            hists = ctx.phase(f"refine{level}", refine_task, [RefineJob(p, self.seed, prefixes) for p in paths],
+                              fold=_merge_hists)
+            for s in active:
+                active[s]["hist"] = hists[s]
+        out = {}
+        if state:
+            prefixes = tuple((s, st["prefix"]) for s, st in sorted(state.items()))
+            found: dict[str, list] = ctx.phase("cut", cut_task, [RefineJob(p, self.seed, prefixes) for p in paths],
+                                               fold=lambda acc, r: {s: (acc or {}).get(s, []) + v for s, v in r.items()})
+            for s, st in state.items():
+                cut, taken = final_cut([tuple(c) for c in found.get(s, [])], st["budget"])
+                n_taken = sum(1 for c in found.get(s, []) if cut.u is None or (c[0], c[1]) < (cut.u, cut.id))
+                out[s] = {"cut": cut, "docs": st["docs"] + n_taken, "tokens": st["tokens"] + taken,
+                          "gap": st["budget"] - taken}
+            self._fill(ctx, paths, out)
+        return out
 
-        members = [np.flatnonzero(code == c) for c in range(len(names))]
-        available = {s: int(tokens[m].sum()) for s, m in zip(names, members)}
-        if not sum(available.values()):
-            raise MixError(f"mix: upstream has no tokens ({len(shards)} shards, {len(tokens)} documents)")
-        weights = self.resolve_weights(available)
-        targets = source_targets(available, weights, self.total_tokens, self.max_epochs)
-
-        seqs_doc, seqs_ep, seqs_tok = [], [], []
-        rejected: list[tuple[np.ndarray, str]] = []
-        report_sources: dict[str, dict] = {}
-        for c, s in enumerate(names):
-            m = members[c]
-            if weights[s] == 0:
-                idx, ep = np.zeros(0, np.int64), np.zeros(0, np.int64)
-            else:
-                idx, ep = select_copies(tokens[m], targets[s], _source_rng(self.seed, s))
-            docs = m[idx]
-            seqs_doc.append(docs)
-            seqs_ep.append(ep)
-            seqs_tok.append(tokens[docs])
-            unused = np.setdiff1d(m, docs, assume_unique=False)
-            if len(unused):
-                rejected.append((unused, "mix:subsampled" if weights[s] > 0 else "mix:not_in_weights"))
-            report_sources[s] = {
-                "weight": weights[s], "available_docs": int(len(m)), "available_tokens": available[s],
-                "target_tokens": targets[s], "realised_tokens": int(tokens[docs].sum()),
-                "copies": int(len(docs)), "docs_used": int(len(np.unique(docs))),
-                "docs_rejected": int(len(unused)),
-                "epochs": (int(tokens[docs].sum()) / available[s]) if available[s] else 0.0,
-                "capped": bool(targets[s] < weights[s] * self.total_tokens - 1e-6),
-            }
-        out_src, out_seq = interleave(seqs_tok)
-        # output row -> (upstream doc, epoch)
-        g_doc = np.empty(len(out_src), np.int64)
-        g_ep = np.empty(len(out_src), np.int64)
-        for c in range(len(names)):
-            sel = out_src == c
-            g_doc[sel] = seqs_doc[c][out_seq[sel]]
-            g_ep[sel] = seqs_ep[c][out_seq[sel]]
-        rank = np.arange(len(g_doc), dtype=np.int64)
-
-        per_shard = []
-        g_shard = shard_of[g_doc]
-        by_shard = np.argsort(g_shard, kind="stable")  # within a shard: rank order
-        bounds = np.searchsorted(g_shard[by_shard], np.arange(len(shards) + 1))
-        rej_idx = np.concatenate([r for r, _ in rejected]) if rejected else np.zeros(0, np.int64)
-        rej_why = np.concatenate([np.full(len(r), w, object) for r, w in rejected]) if rejected else np.zeros(0, object)
-        rej_order = np.argsort(rej_idx, kind="stable")
-        rej_idx, rej_why = rej_idx[rej_order], rej_why[rej_order]
-        rej_bounds = np.searchsorted(shard_of[rej_idx], np.arange(len(shards) + 1))
-        for i in range(len(shards)):
-            sel = by_shard[bounds[i]:bounds[i + 1]]
-            ridx = rej_idx[rej_bounds[i]:rej_bounds[i + 1]]
-            per_shard.append({
-                "rows": row_of[g_doc[sel]], "epochs": g_ep[sel], "ranks": rank[sel],
-                "rej_rows": row_of[ridx], "rej_reasons": list(rej_why[rej_bounds[i]:rej_bounds[i + 1]]),
-            })
-        realised_total = sum(r["realised_tokens"] for r in report_sources.values())
-        target_total = sum(targets.values())
-        for s, r in report_sources.items():
-            r["target_share"] = targets[s] / target_total if target_total else 0.0
-            r["realised_share"] = r["realised_tokens"] / realised_total if realised_total else 0.0
-        report = {"total_tokens_requested": self.total_tokens, "target_tokens": target_total,
-                  "realised_tokens": realised_total, "rows": int(len(g_doc)),
-                  "shards": math.ceil(len(g_doc) / self.rows_per_shard), "seed": self.seed,
-                  "max_epochs": self.max_epochs, "sources": report_sources}
-        return {"per_shard": per_shard, "report": report}
+    def _fill(self, ctx: GlobalContext, paths: list[str], cuts: dict) -> None:
+        """First-fit the gap each cut leaves with the documents after it, in (u, id) order, in
+        rounds of at most ``FILL_PER_SHARD`` candidates per shard."""
+        bound: dict[str, tuple[int, str] | None] = {s: None for s, c in cuts.items() if c["cut"].u is not None}
+        extra: dict[str, list] = {s: [] for s in bound}
+        for r in range(10_000):
+            asks = tuple((s, cuts[s]["cut"], bound[s], cuts[s]["gap"]) for s in sorted(bound) if cuts[s]["gap"] > 0)
+            if not asks:
+                break
+            got = ctx.phase(f"fill{r}", fill_task, [FillJob(p, self.seed, asks) for p in paths],
+                            fold=lambda acc, res: [*(acc or []), res])
+            for s, _, _, _ in asks:
+                parts = [g[s] for g in got if s in g]
+                # a shard that sent a full list may hold more before the others' later candidates
+                end = min((tuple(p["candidates"][-1][:2]) for p in parts if p["more"]), default=None)
+                cands = [tuple(c) for p in parts for c in p["candidates"]]
+                taken, tok, gap, again = first_fit(cands, cuts[s]["gap"], end)
+                extra[s] += taken
+                cuts[s]["tokens"] += tok
+                cuts[s]["docs"] += len(taken)
+                cuts[s]["gap"] = gap
+                if again:
+                    bound[s] = end
+                else:
+                    del bound[s]
+        for s, e in extra.items():
+            c = cuts[s]["cut"]
+            cuts[s]["cut"] = Cut(c.u, c.id, tuple(sorted(e)))
 
     # -- running -------------------------------------------------------------------------------
 
     def run(self, ctx: GlobalContext) -> None:
         keys = [k for k, _ in ctx.upstream]
         paths = [p for _, p in ctx.upstream]
-        ctx.report(f"{ctx.name}:plan", 0, 1)
-        plan = self.plan(paths)
-        ctx.report(f"{ctx.name}:plan", 1, 1)
-        report = plan["report"]
-        out_keys = [f"{ctx.name}-{k:05d}" for k in range(report["shards"])]
-        done = ctx.done_keys()
-        frag_dir = ctx.work_dir / "fragments"
-        if not (set(keys) | set(out_keys)) <= done:
-            schema = _unified_schema(paths)
-            scattered = frag_dir / "_scattered"
-            todo_out = [(j, k) for j, k in enumerate(out_keys) if k not in done]
-            # fragments are needed for any output shard still to write
-            todo_in = [i for i, k in enumerate(keys)
-                       if k not in done or (todo_out and not (scattered / k).exists())]
-            items = [(ctx.rundir, ctx.name, ctx.params_hash, keys[i], paths[i], str(frag_dir),
-                      plan["per_shard"][i]["rows"], plan["per_shard"][i]["epochs"], plan["per_shard"][i]["ranks"],
-                      self.rows_per_shard, plan["per_shard"][i]["rej_rows"], plan["per_shard"][i]["rej_reasons"])
-                     for i in todo_in]
-            ctx.map_and_commit(scatter_shard, items, f"{ctx.name}:scatter")
-            items = [(ctx.rundir, ctx.name, ctx.params_hash, k, str(frag_dir / f"{j:05d}"), schema)
-                     for j, k in todo_out]
-            ctx.map_and_commit(gather_shard, items, f"{ctx.name}:gather")
-        # fragments are a full copy of the data: drop them once every output shard is committed
-        work = frag_dir.parent  # (ctx.work_dir would create it again)
-        shutil.rmtree(work, ignore_errors=True)
-        with contextlib.suppress(OSError):  # other parameters still have files there
-            work.parent.rmdir()  # _work/
+        if not paths:
+            raise MixError("mix: upstream has no shards")
+        if not set(keys) - ctx.done_keys() and ctx.rundir.read_report(ctx.name, REPORT) is not None:
+            return
+        counts = ctx.phase("count", count_task, [CountJob(p, self.seed) for p in paths], fold=_merge)
+        names = sorted(counts)
+        available = {s: counts[s]["tokens"] for s in names}
+        if not sum(available.values()):
+            raise MixError(f"mix: upstream has no tokens ({len(paths)} shards, "
+                           f"{sum(c['docs'] for c in counts.values())} documents)")
+        weights = self.resolve_weights(available)
+        targets = source_targets(available, weights, self.total_tokens, self.max_epochs)
+        full = {s: int(targets[s] // available[s]) if weights[s] > 0 and available[s] else 0 for s in names}
+        rem = {s: int(round(targets[s] - full[s] * available[s])) if weights[s] > 0 else 0 for s in names}
+        rem = {s: min(r, available[s] - 1) if available[s] else 0 for s, r in rem.items()}
+        cuts = self._cuts(ctx, paths, counts, rem)
+        choices = {s: Choice(full[s], cuts[s]["cut"] if s in cuts else Cut(None), weights[s] > 0) for s in names}
+        report = self._report(counts, weights, targets, full, cuts)
+        n_out = max(1, math.ceil(report["rows"] / self.rows_per_shard))
+        report["shards"] = n_out
+        out_keys = [f"{ctx.name}-{j:05d}" for j in range(n_out)]
+        scatter = tuple(str(ctx.work_dir / "scatter" / f"{n}.parquet") for n in safe_names(keys))
+        ctx.phase("scatter", scatter_task, [
+            ScatterJob(ctx.rundir, ctx.name, ctx.params_hash, keys[i], i, paths[i], scatter[i], self.seed,
+                       tuple(sorted(choices.items())), n_out) for i in range(len(paths))], commit=True)
+        schema = _unified_schema(paths)
+        ctx.phase("gather", gather_task, [GatherJob(ctx.rundir, ctx.name, ctx.params_hash, out_keys[j], j, scatter,
+                                                    schema) for j in range(n_out)], commit=True)
         ctx.write_report(REPORT, report)
+
+    def _report(self, counts: dict, weights: dict, targets: dict, full: dict, cuts: dict) -> dict:
+        sources = {}
+        for s in sorted(counts):
+            docs, tokens = counts[s]["docs"], counts[s]["tokens"]
+            part = cuts.get(s, {"docs": 0, "tokens": 0})
+            realised = full[s] * tokens + part["tokens"]
+            used = docs if full[s] > 0 else part["docs"]
+            sources[s] = {
+                "weight": weights[s], "available_docs": docs, "available_tokens": tokens,
+                "target_tokens": targets[s], "realised_tokens": int(realised),
+                "copies": int(full[s] * docs + part["docs"]), "docs_used": int(used),
+                "docs_rejected": int(docs - used), "epochs": realised / tokens if tokens else 0.0,
+                "capped": bool(targets[s] < weights[s] * self.total_tokens - 1e-6)}
+        realised_total = sum(r["realised_tokens"] for r in sources.values())
+        target_total = sum(targets.values())
+        for s, r in sources.items():
+            r["target_share"] = targets[s] / target_total if target_total else 0.0
+            r["realised_share"] = r["realised_tokens"] / realised_total if realised_total else 0.0
+        return {"total_tokens_requested": self.total_tokens, "target_tokens": target_total,
+                "realised_tokens": realised_total, "rows": int(sum(r["copies"] for r in sources.values())),
+                "seed": self.seed, "max_epochs": self.max_epochs, "sources": sources}
 
 
 def _unified_schema(paths: list[str]) -> pa.Schema:
