@@ -136,7 +136,7 @@ class GlobalContext:
         finally:
             if pending:
                 self.commit(pending)
-        self.phases[name]["ran"] = len(todo)
+        self.phases[name].update(jobs=len(jobs), ran=len(todo))
         return acc if fold is not None else results
 
     def _run(self, label: str, fn: Callable[..., Any], jobs: Sequence[Any], star: bool,
