@@ -27,7 +27,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, Field, PrivateAttr, field_validator, model_validator
 
 from curation.io.files import safe_names, write_parquet
-from curation.quality.topk import GATHER_CAP, LEVELS, Prefix, choose_bin, cut, score_keys
+from curation.quality.topk import BINS, GATHER_CAP, LEVELS, Prefix, choose_bin, cut, score_keys
 from curation.io.shards import split_kept_rejected
 if TYPE_CHECKING:  # pragma: no cover
     from curation.pipeline.context import GlobalContext
@@ -93,10 +93,25 @@ class ScoreJob:
 
 def score_task(job: ScoreJob) -> dict:
     """Phase ``score``: a shard's scores to the work folder; the histogram of their top key byte."""
-    facts = score_shard(job.path, job.model, job.positive_label, job.out)
+    if job.model is None:  # the upstream's precomputed column
+        col = pq.read_table(job.path, columns=["quality"]).column("quality").cast(pa.float32())
+        write_parquet(pa.table({"quality": col}), job.out)
+        facts = {"pid": os.getpid(), "loads": 0, "rows": len(col)}
+    else:
+        facts = score_shard(job.path, job.model, job.positive_label, job.out)
     s = _scores(job.out)
     valid = s[~np.isnan(s)]
     return {**facts, "with_text": int(len(valid)), "histogram": Prefix().histogram(score_keys(valid)).tolist()}
+
+
+def _merge_scores(acc: dict | None, f: dict) -> dict:
+    """Fold of score results: counts and histograms added, model loads per worker process."""
+    acc["rows"] += f["rows"]
+    acc["with_text"] += f["with_text"]
+    acc["histogram"] = [a + b for a, b in zip(acc["histogram"], f["histogram"])]
+    if f["loads"]:
+        acc["loads"][str(f["pid"])] = max(acc["loads"].get(str(f["pid"]), 0), f["loads"])
+    return acc
 
 
 @dataclass(frozen=True)
@@ -168,21 +183,22 @@ def cut_task(job: CutJob) -> dict:
 class _Model(BaseModel):
     """The classifier both quality stages load (validated: a bad path fails the DAG)."""
 
-    model: str
+    model: str | None = None
     positive_label: str | None = None
 
     @field_validator("model")
     @classmethod
-    def _model_loadable(cls, v: str) -> str:
+    def _model_loadable(cls, v: str | None) -> str | None:
         from curation.quality.classifier import checked_model_path
 
-        return checked_model_path(v)
+        return None if v is None else checked_model_path(v)
 
     def params(self) -> dict[str, Any]:
         from curation.io.files import cached_file_sha256
 
         p = super().params()  # type: ignore[misc]
-        p["model"] = {"sha256": cached_file_sha256(self.model)}  # retraining changes the hash, moving does not
+        if self.model is not None:  # retraining changes the hash, moving does not
+            p["model"] = {"sha256": cached_file_sha256(self.model)}
         return p
 
 
@@ -196,6 +212,7 @@ class QualityScore(_Model, MapStage):
     """
 
     type: Literal["quality"] = "quality"
+    model: str
     min_score: float | None = Field(default=None, ge=0.0, le=1.0)
 
     _scorer_ready: bool = PrivateAttr(default=False)
@@ -229,6 +246,9 @@ class QualityTop(_Model, GlobalStage):
     (``round(keep_top * documents)``, ties at the cut broken by id), on any number of workers.
     Documents without text score null, rank last and are rejected as ``quality:no_text``.
 
+    Without ``model``, the upstream's ``quality`` column is the score (e.g. from a ``quality``
+    stage, or computed elsewhere).
+
     Phases: ``score`` (per shard: scores to the work folder, a histogram of their top key
     byte), ``refineN`` (per shard, only while the chosen bin is large: the next byte's
     histogram), ``gather`` (per shard: the few documents in the final bin), ``cut`` (per
@@ -248,7 +268,13 @@ class QualityTop(_Model, GlobalStage):
     def run(self, ctx: GlobalContext) -> None:
         from curation.quality.classifier import load_scorer
 
-        load_scorer(self.model, "quality.model", self.positive_label)  # a bad model fails here, before any task
+        if self.model is not None:  # a bad model fails here, before any task
+            load_scorer(self.model, "quality.model", self.positive_label)
+        else:
+            missing = [p for _, p in ctx.upstream if "quality" not in pq.read_schema(p).names]
+            if missing:
+                raise ValueError(f"{ctx.name}: no model and no 'quality' column in {missing[0]}; give quality_top a "
+                                 "model or put a quality stage upstream")
         keys = [k for k, _ in ctx.upstream]
         paths = dict(ctx.upstream)
         if not set(keys) - ctx.done_keys() and ctx.rundir.read_report(ctx.name, REPORT) is not None:
@@ -256,29 +282,28 @@ class QualityTop(_Model, GlobalStage):
         sdir = ctx.work_dir / "scores"
         scores = {k: str(sdir / f"{n}.parquet") for k, n in zip(keys, safe_names(keys))}
         facts = ctx.phase("score", score_task, [ScoreJob(paths[k], self.model, self.positive_label, scores[k])
-                                                 for k in keys])
-        n = sum(f["rows"] for f in facts)
-        with_text = sum(f["with_text"] for f in facts)
+                                                 for k in keys], fold=_merge_scores,
+                          init={"rows": 0, "with_text": 0, "histogram": [0] * BINS, "loads": {}})
+        n, with_text = facts["rows"], facts["with_text"]
         k = min(int(round(self.keep_top * n)), with_text)
         threshold, boundary = float("inf"), None
         if k > 0:
-            hist = np.sum([f["histogram"] for f in facts], axis=0)
+            hist = np.asarray(facts["histogram"], np.int64)
             prefix, need = Prefix(), k
             while True:
                 b, above = choose_bin(hist, need)
                 prefix, need = prefix.extend(b), need - above
                 if hist[b] <= GATHER_CAP or prefix.level == LEVELS:
                     break
-                hist = np.sum(ctx.phase(f"refine{prefix.level}", refine_task,
-                                        [RefineJob(scores[key], prefix) for key in keys]), axis=0)
-            found = ctx.phase("gather", gather_task, [GatherJob(paths[key], key, scores[key], prefix) for key in keys])
-            threshold, bnd = cut([tuple(c) for part in found for c in part], need)
+                hist = ctx.phase(f"refine{prefix.level}", refine_task, [RefineJob(scores[key], prefix) for key in keys],
+                                 fold=lambda acc, h: np.asarray(h, np.int64) + (0 if acc is None else acc))
+            found = ctx.phase("gather", gather_task, [GatherJob(paths[key], key, scores[key], prefix) for key in keys],
+                              fold=lambda acc, part: (acc or []) + part)
+            threshold, bnd = cut([tuple(c) for c in found], need)
             boundary = tuple(bnd)
         ctx.phase("cut", cut_task, [CutJob(ctx.rundir, ctx.name, ctx.params_hash, key, paths[key], scores[key],
                                            threshold, boundary) for key in keys], commit=True)
-        loads: dict[str, int] = {}
-        for f in facts:
-            loads[str(f["pid"])] = max(loads.get(str(f["pid"]), 0), f["loads"])
+        loads = facts["loads"]
         ctx.write_report(REPORT, {"documents": n, "with_text": with_text, "keep_top": self.keep_top, "kept": k,
                                   "kept_share": (k / n) if n else 0.0, "threshold": threshold if k > 0 else None,
                                   "boundary": list(boundary) if boundary else None,
