@@ -101,7 +101,10 @@ def run_size(n: int, shard_docs: int, workers: int, stages: list[str], out_json:
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:
         root = Path(tmp)
         t0 = time.perf_counter()
-        upstream = write_corpus(root, n, shard_docs)
+        # in another process: the driver's peak RSS is then the stages' alone
+        subprocess.run([sys.executable, __file__, "--gen", str(n), str(root), "--shard-docs", str(shard_docs)],
+                       check=True)
+        upstream = json.loads((root / "upstream.json").read_text())
         res["generate_s"] = time.perf_counter() - t0
         res["upstream_shards"] = len(upstream)
         res["input_bytes"] = sum(Path(p).stat().st_size for _, p in upstream)
@@ -168,7 +171,12 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--stages", nargs="+", default=["exact", "near", "top", "mix", "pack"])
     ap.add_argument("--one", nargs=2, help=argparse.SUPPRESS)  # internal: SIZE OUT_JSON
+    ap.add_argument("--gen", nargs=2, help=argparse.SUPPRESS)  # internal: SIZE DIR
     a = ap.parse_args()
+    if a.gen:
+        up = write_corpus(Path(a.gen[1]), int(a.gen[0]), a.shard_docs)
+        (Path(a.gen[1]) / "upstream.json").write_text(json.dumps(up))
+        return
     if a.one:
         run_size(int(a.one[0]), a.shard_docs, a.workers, a.stages, a.one[1])
         return
