@@ -276,9 +276,14 @@ def pack_task(job: PackJob) -> dict:
     pack = pack_by_source if job.per_source else pack_window
     packed, stats = pack(table, job.seq_len, job.algorithm, job.pad_id)
     if job.shuffle_seed is not None and packed.num_rows:
-        # best-fit emits rows largest pieces first (long web pages, then packed short math...):
-        # a reader going through a shard in order should not see sources in blocks
-        packed = packed.take(np.random.default_rng(list(job.shuffle_seed)).permutation(packed.num_rows))
+        # best-fit emits rows largest pieces first: shuffle them. Per source, only within each
+        # source's run of rows, so row groups stay one source and a trainer reading by row
+        # group under any phase mix decodes only the sources it draws
+        perm = np.random.default_rng(list(job.shuffle_seed)).permutation(packed.num_rows)
+        if job.per_source:
+            src = packed.column("source").to_numpy(zero_copy_only=False)
+            perm = perm[np.argsort(src[perm], kind="stable")]  # sources in order, shuffled inside
+        packed = packed.take(perm)
     entry = job.rundir.write_stage_shard(job.stage, job.key, packed, None, table.num_rows, job.params_hash,
                                          row_group_size=ROW_GROUP_ROWS)
     entry["pack"] = stats
