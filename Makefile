@@ -14,7 +14,9 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "torch==2.13.0" || $(BIN)/python -m pip install -q "torch>=2.5" --index-url https://download.pytorch.org/whl/cpu || true
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	$(BIN)/python -m pip install -q -e ".[dev,export-test]"
+	# the export tests' OLMo-core and Streaming readers: without their pins (see pyproject.toml)
+	$(BIN)/python -m pip install -q --no-deps ai2-olmo-core==3.0.0 mosaicml-streaming==0.13.0 cached-path==1.8.10
 	touch $(STAMP)
 
 # curate the real crawl sample -> train a tokenizer on the result -> tokenize and pack -> train

@@ -13,6 +13,7 @@ REPO = Path(__file__).resolve().parents[1]
 LAYERS = {
     "curation.formats": 0,
     "curation.io": 1, "curation.text": 1, "curation.dedup": 1, "curation.quality": 1, "curation.tokenizer": 1,
+    "curation.export": 1,
     "curation.sampling": 1,
     "curation.stages": 2,
     "curation.pipeline": 3,
