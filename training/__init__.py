@@ -4,17 +4,19 @@ Modules, in reading order:
 
 - ``config``     pydantic models for the YAML config (errors name the file and the field)
 - ``model``      decoder-only transformer (RoPE, RMSNorm, SwiGLU, GQA); no parallelism inside
-- ``attention``  document-masked attention: flash-attn varlen on CUDA, torch SDPA elsewhere
+- ``attention``  document-masked attention backends (flash-attn / torch varlen / FlexAttention on
+                 CUDA, per-document SDPA segments anywhere, dense-mask SDPA) and ``auto``'s choice
 - ``schedule``   LR (cosine / WSD / per-phase segments), sequence-length warm-up, mixture arithmetic
 - ``data``       packed shards -> per-step batches (``shards``, ``order``, ``batches``, ``eval``);
                  the row order is arithmetic, so resume is arithmetic
-- ``parallel``   process groups, DDP / FSDP2, activation checkpointing, gradient sync helpers
+- ``parallel``   process groups, activation checkpointing, compile, FSDP2 (meta-device init shard
+                 by shard), DDP, gradient sync helpers
 - ``guard``      skipping non-finite / spiking steps, stopping a run that keeps skipping
 - ``counters``   per-interval and whole-run token counters
 - ``checkpoint`` atomic, world-size independent checkpoints (torch.distributed.checkpoint) of
                  model, optimizer and the training-state components handed to it
 - ``resume``     where a run starts (fresh, resume, anneal branch) and which plan applies
-- ``metrics``    JSONL (+ TensorBoard if installed), console progress, MFU
+- ``metrics``    JSONL (+ TensorBoard if installed), console progress, MFU (peak FLOP/s table)
 - ``train``      the loop, plus ``main()`` for the CLI and ``python -m training``
 - ``synthetic``  packed shards of learnable synthetic documents (tests, benchmark, drills)
 """

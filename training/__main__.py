@@ -16,8 +16,11 @@ def cli(argv: list[str] | None = None) -> int:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config field, e.g. --set optim.lr=1e-3 (repeatable)")
     p.add_argument("--anneal-from", default=None, metavar="CKPT", help="branch an annealing phase from this stable-phase checkpoint")
     p.add_argument("--mix", default=None, help="annealing mix, e.g. web=0.3,math=0.7")
+    p.add_argument("--peak-flops", type=float, default=None, metavar="FLOPS",
+                   help="peak FLOP/s of one device for MFU, e.g. 989e12 (default: table by GPU name; none on CPU)")
     a = p.parse_args(argv)
-    return main(a.config, a.resume, a.overrides, a.anneal_from, a.mix)
+    overrides = a.overrides + ([f"metrics.peak_flops={a.peak_flops}"] if a.peak_flops is not None else [])
+    return main(a.config, a.resume, overrides, a.anneal_from, a.mix)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,34 @@
-"""Document-masked causal attention.
+"""Document-masked causal attention, and the backends that compute it.
 
 One definition of what may attend to what: every token carries a *document id* (its
 segment inside a packed row; padding is one more segment) and
 
     allowed(q, k) = doc_id[q] == doc_id[k] and k <= q
 
-``document_causal_mask`` materialises exactly that for torch SDPA; ``varlen_cu_seqlens``
-turns the same document ids into the cumulative sequence lengths flash-attn's varlen kernel
-takes (each run of equal ids in a row is one sequence). ``doc_ids=None`` means plain causal
-attention over the whole row (``document_mask: false``).
+Every backend computes exactly that; they differ in what they materialise:
 
-The flash path is used only when flash_attn imports *and* the tensors are on CUDA.
+========  ======  ==================================================================
+backend   device  how
+========  ======  ==================================================================
+flash     CUDA    flash-attn ``flash_attn_varlen_func`` over ``cu_seqlens`` (optional
+                  extra: ``pip install '.[gpu]'``; import guarded)
+varlen    CUDA    torch's own ``torch.nn.attention.varlen.varlen_attn`` (flash kernels
+                  shipped with torch), same ``cu_seqlens``
+flex      CUDA    ``flex_attention`` with a document ``BlockMask`` built from the ids at
+                  block granularity (never a T x T mask); compiled
+segments  any     SDPA (``is_causal``) over each document's segment of the packed rows,
+                  segments gathered into batches of equal *bucketed* length (16, 24, 32,
+                  48, 64, ...), not T: memory linear in T. The scaling path on CPU.
+sdpa      any     SDPA with a dense ``(B, 1, T, T)`` boolean mask: O(B T^2) memory, fine
+                  for short rows (``auto`` uses it only on CUDA without any of the
+                  above, and only up to T = 1024)
+========  ======  ==================================================================
+
+``auto`` (``choose_backend``) never builds the dense mask above ``DENSE_MASK_MAX_T``: on
+CUDA it takes flash, then varlen, then flex, whichever can run (dense SDPA only for short
+rows when none can, else it stops with a message saying what to install); on CPU segments.
+``doc_ids=None`` means plain causal attention over the whole row (``document_mask:
+false``): no mask at all, whatever the backend.
 """
 
 from __future__ import annotations
@@ -22,6 +40,22 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+BACKENDS = ("auto", "flash", "flex", "varlen", "sdpa", "segments")
+
+#: ``auto`` builds a dense (B, 1, T, T) mask only for rows of at most this many tokens.
+DENSE_MASK_MAX_T = 1024
+
+#: FlexAttention's block size (its default): the block mask has (T/128)^2 entries per row.
+FLEX_BLOCK = 128
+
+
+class AttentionUnavailable(RuntimeError):
+    """The attention backend asked for (or any that scales, for ``auto``) cannot run here."""
+
+
+# ---------------------------------------------------------------------------------------
+# What is installed
+
 
 @lru_cache(maxsize=1)
 def _flash_varlen():
@@ -32,19 +66,112 @@ def _flash_varlen():
     return flash_attn_varlen_func
 
 
+@lru_cache(maxsize=1)
+def _torch_varlen():
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except Exception:
+        return None
+    return varlen_attn
+
+
+@lru_cache(maxsize=1)
+def _flex():
+    try:
+        from torch.nn.attention.flex_attention import BlockMask, flex_attention
+    except Exception:
+        return None
+    return flex_attention, BlockMask
+
+
+@lru_cache(maxsize=1)
+def _flex_compiled():
+    # Eager flex_attention materialises the full score matrix; compiled, it is a fused
+    # block-sparse kernel. Compiled once per process (shapes are guarded by dynamo).
+    return torch.compile(_flex()[0], dynamic=False)
+
+
+def _has_triton() -> bool:
+    try:
+        from torch.utils._triton import has_triton
+    except Exception:
+        return False
+    return has_triton()
+
+
 def flash_available() -> bool:
     """True when the flash-attn package imports and CUDA is present."""
     return _flash_varlen() is not None and torch.cuda.is_available()
 
 
-def select_backend(preference: str, device: torch.device) -> str:
-    """``auto`` picks flash on CUDA when flash-attn is installed, SDPA otherwise."""
-    if preference == "sdpa":
-        return "sdpa"
-    usable = device.type == "cuda" and _flash_varlen() is not None
-    if preference == "flash" and not usable:
-        raise RuntimeError("attention backend 'flash' needs the flash-attn package and CUDA tensors")
-    return "flash" if usable else "sdpa"
+def unavailable(backend: str, device: torch.device) -> str | None:
+    """Why ``backend`` cannot train on ``device``; None when it can."""
+    cuda = device.type == "cuda" and torch.cuda.is_available()
+    if backend in ("sdpa", "segments"):
+        return None
+    if backend == "flash":
+        if _flash_varlen() is None:
+            return "flash-attn is not installed (pip install flash-attn, or pip install '.[gpu]')"
+        return None if cuda else "flash-attn runs on CUDA only"
+    if backend == "varlen":
+        if _torch_varlen() is None:
+            return f"torch {torch.__version__} has no torch.nn.attention.varlen.varlen_attn (a newer torch has)"
+        if not cuda:
+            return "torch's varlen_attn runs on CUDA only"
+        if torch.cuda.get_device_capability(device) < (8, 0) or not torch.backends.cuda.is_flash_attention_available():
+            return "torch's varlen_attn needs an sm80+ GPU and a torch built with flash attention"
+        return None
+    if backend == "flex":
+        if _flex() is None:
+            return f"torch {torch.__version__} has no torch.nn.attention.flex_attention"
+        if not cuda:
+            return f"FlexAttention has no CPU backward in torch {torch.__version__} (use segments on CPU)"
+        if not _has_triton():
+            return "FlexAttention needs triton to compile its kernel (pip install triton)"
+        return None
+    raise ValueError(f"unknown attention backend {backend!r}; one of {', '.join(BACKENDS)}")
+
+
+def choose_backend(preference: str, device: torch.device, seq_len: int, document_mask: bool = True) -> tuple[str, str]:
+    """The backend to train with, and why (one line for the run's log).
+
+    An explicit choice is checked and kept (``AttentionUnavailable`` if it cannot run).
+    ``auto``: without document masking plain causal SDPA (no mask at any length); on CUDA
+    flash, varlen, flex in that order, else dense SDPA up to ``DENSE_MASK_MAX_T`` and above
+    it ``AttentionUnavailable`` naming what to install; off CUDA segments.
+    """
+    device = torch.device(device)
+    if preference != "auto":
+        reason = unavailable(preference, device)
+        if reason is not None:
+            raise AttentionUnavailable(f"attention backend {preference!r} cannot run on {device}: {reason}")
+        return preference, "configured"
+    if not document_mask:
+        return "sdpa", "auto: document_mask off, plain causal SDPA (no mask)"
+    if device.type == "cuda":
+        reasons = {}
+        for backend in ("flash", "varlen", "flex"):
+            reasons[backend] = unavailable(backend, device)
+            if reasons[backend] is None:
+                return backend, f"auto: first of flash/varlen/flex that runs on {device}"
+        if seq_len <= DENSE_MASK_MAX_T:
+            return "sdpa", f"auto: seq_len {seq_len} <= {DENSE_MASK_MAX_T}, dense mask (flash/varlen/flex unavailable)"
+        why = "; ".join(f"{b}: {r}" for b, r in reasons.items())
+        raise AttentionUnavailable(
+            f"attention auto: no document-masked attention that scales to seq_len {seq_len} runs on {device} ({why}). "
+            f"Install flash-attn (pip install '.[gpu]') or triton (for flex), or a torch with varlen_attn; or set "
+            f"model.attention explicitly: 'segments' (linear memory, slower) or 'sdpa' (a dense T x T mask)"
+        )
+    # Off CUDA segments at every length: as fast as the dense mask at T = 256 on CPU (bench_train
+    # ratio 1.02 vs 1.01), faster from 1024 up (one forward at 4096: 0.17 s, 28 MiB vs 0.97 s,
+    # 93 MiB; at 8192: 0.5 s, 56 MiB vs 3.6 s, 345 MiB; bench_attention.py).
+    return "segments", f"auto: {device.type}, per-document SDPA (memory linear in T)"
+
+
+@lru_cache(maxsize=64)
+def select_backend(preference: str, device: torch.device, seq_len: int = 0, document_mask: bool = True) -> str:
+    """``choose_backend``'s name only (cached: the model asks on every forward)."""
+    return choose_backend(preference, device, seq_len, document_mask)[0]
 
 
 # ---------------------------------------------------------------------------------------
@@ -80,7 +207,7 @@ def positions_from_doc_ids(doc_ids: np.ndarray) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------
-# The mask, and its varlen equivalent
+# Each backend's description of the same mask
 
 
 def document_causal_mask(doc_ids: torch.Tensor) -> torch.Tensor:
@@ -109,46 +236,158 @@ def varlen_cu_seqlens(doc_ids: torch.Tensor | None, batch: int, length: int, dev
     return cu, max_len
 
 
+def run_ids(doc_ids: torch.Tensor) -> torch.Tensor:
+    """Per row, 0, 1, 2, ... for each run of equal document ids: non-decreasing, and the same
+    segments as ``doc_ids`` (packed documents are contiguous)."""
+    change = torch.zeros_like(doc_ids, dtype=torch.int32)
+    change[:, 1:] = (doc_ids[:, 1:] != doc_ids[:, :-1]).int()
+    return change.cumsum(1, dtype=torch.int32)
+
+
+def document_block_mask(doc_ids: torch.Tensor | None, batch: int, length: int, device, block: int = FLEX_BLOCK):
+    """FlexAttention ``BlockMask`` for document-causal attention, built at block granularity.
+
+    Runs are non-decreasing along a row, so for key block kb before query block qb some
+    pair may attend iff kb's last run is qb's first run, and every pair may iff both blocks
+    lie inside one run (and inside the row). Diagonal blocks are partial (causal inside).
+    Memory: (T / block)^2 per row; ``create_block_mask`` would evaluate the T x T mask.
+    """
+    _, BlockMask = _flex()
+    runs = torch.zeros(batch, length, dtype=torch.int32, device=device) if doc_ids is None else run_ids(doc_ids.to(device))
+    nb = -(-length // block)
+    padded = F.pad(runs, (0, nb * block - length), mode="replicate") if nb * block > length else runs
+    blocks = padded.view(batch, nb, block)
+    first, last = blocks[..., 0], blocks[..., -1]  # runs are sorted: min and max of each block
+    qb = torch.arange(nb, device=device)
+    before = qb[None, :] < qb[:, None]  # [q, k]: key block strictly before query block
+    touch = last[:, None, :] == first[:, :, None]  # [b, q, k]
+    complete = qb < length // block
+    one_run = (first == last) & complete[None]
+    full = before & one_run[:, :, None] & one_run[:, None, :] & (first[:, :, None] == first[:, None, :])
+    partial = ((before & touch) | torch.eye(nb, dtype=torch.bool, device=device)) & ~full
+
+    def ordered(dense: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        dense = dense[:, None].to(torch.int32)  # (B, 1, NQ, NK): one mask for every head
+        order = torch.argsort(dense, dim=-1, descending=True, stable=True)
+        return dense.sum(-1).to(torch.int32), order.to(torch.int32)
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        return (runs[b, q_idx] == runs[b, kv_idx]) & (kv_idx <= q_idx)
+
+    num, idx = ordered(partial)
+    full_num, full_idx = ordered(full)
+    return BlockMask.from_kv_blocks(num, idx, full_num, full_idx, BLOCK_SIZE=block, mask_mod=mask_mod, seq_lengths=(length, length))
+
+
+def bucket_len(n: int) -> int:
+    """The padded length a segment of ``n`` tokens is batched at: 16, 24, 32, 48, 64, 96, ...
+    (at most 1.5x the segment, so the padding costs at most ~2x its attention)."""
+    if n <= 16:
+        return 16
+    p = 1 << (n - 1).bit_length()
+    return 3 * p // 4 if n <= 3 * p // 4 else p
+
+
+@dataclass
+class Segments:
+    """The packed rows' segments grouped by bucketed length, for ``attend``.
+
+    Per bucket of length L: ``index`` (n, L) into the flattened (B*T) tokens, row i holding
+    segment i's tokens and then its last token repeated up to L (causal attention never
+    looks at those copies: they come after every real token of the segment); ``valid`` (n, L)
+    marks the real slots and ``tokens`` lists their token positions, in ``valid``'s order.
+    """
+
+    groups: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]  # (index, valid, tokens)
+
+    @classmethod
+    def build(cls, doc_ids: torch.Tensor, device) -> Segments:
+        ids = doc_ids.cpu().numpy()
+        b, t = ids.shape
+        start = np.ones((b, t), dtype=bool)
+        start[:, 1:] = ids[:, 1:] != ids[:, :-1]
+        starts = np.flatnonzero(start)
+        lens = np.diff(np.append(starts, b * t))
+        buckets = np.array([bucket_len(int(n)) for n in lens])
+        groups = []
+        for size in np.unique(buckets):
+            sel = np.flatnonzero(buckets == size)
+            col = np.arange(size)[None, :]
+            valid = col < lens[sel, None]
+            index = starts[sel, None] + np.minimum(col, lens[sel, None] - 1)
+            groups.append(tuple(torch.from_numpy(x).to(device) for x in (index, valid, index[valid])))
+        return cls(groups)
+
+
 @dataclass
 class AttentionMeta:
     """Built once per batch, shared by every layer: which backend and its mask inputs."""
 
     backend: str
-    mask: torch.Tensor | None = None  # SDPA: (B,1,T,T) bool; None = is_causal
-    cu_seqlens: torch.Tensor | None = None  # flash: int32 (n_seqs + 1,)
+    mask: torch.Tensor | None = None  # sdpa: (B,1,T,T) bool; None = is_causal
+    cu_seqlens: torch.Tensor | None = None  # flash / varlen: int32 (n_seqs + 1,)
     max_seqlen: int = 0
+    block_mask: object = None  # flex: torch.nn.attention.flex_attention.BlockMask
+    segments: Segments | None = None  # segments; None = whole rows (is_causal)
+    kernel: object = None  # flash / varlen / flex: the function (looked up here, not in a compiled block)
 
     @classmethod
     def build(cls, doc_ids: torch.Tensor | None, batch: int, length: int, device: torch.device, backend: str) -> AttentionMeta:
-        if backend == "flash":
+        if backend in ("flash", "varlen"):
             cu, max_len = varlen_cu_seqlens(doc_ids, batch, length, device)
-            return cls("flash", cu_seqlens=cu, max_seqlen=max_len)
+            kernel = _flash_varlen() if backend == "flash" else _torch_varlen()
+            return cls(backend, cu_seqlens=cu, max_seqlen=max_len, kernel=kernel)
+        if backend == "flex":
+            # Compiled on CUDA (a fused block-sparse kernel); eager elsewhere: forward only,
+            # and it materialises the scores (tests).
+            kernel = _flex_compiled() if torch.device(device).type == "cuda" else _flex()[0]
+            return cls("flex", block_mask=document_block_mask(doc_ids, batch, length, device), kernel=kernel)
         if doc_ids is None:
-            return cls("sdpa")
-        return cls("sdpa", mask=document_causal_mask(doc_ids))
+            return cls(backend)
+        if backend == "segments":
+            return cls("segments", segments=Segments.build(doc_ids, device))
+        if backend == "sdpa":
+            return cls("sdpa", mask=document_causal_mask(doc_ids))
+        raise ValueError(f"unknown attention backend {backend!r}")
+
+
+@torch.compiler.disable  # its shapes change with every batch's documents: run it eagerly
+def _attend_segments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seg: Segments) -> torch.Tensor:
+    b, t, h, d = q.shape
+    qf, kf, vf = q.reshape(b * t, h, d), k.reshape(b * t, -1, d), v.reshape(b * t, -1, d)
+    gqa = k.shape[2] != h
+    out = q.new_empty(b * t, h, d)
+    for index, valid, tokens in seg.groups:  # (n, L) -> (n, heads, L, d)
+        qs, ks, vs = qf[index].transpose(1, 2), kf[index].transpose(1, 2), vf[index].transpose(1, 2)
+        o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=gqa)
+        out.index_copy_(0, tokens, o.transpose(1, 2)[valid])
+    return out.view(b, t, h, d)
+
+
+@torch.compiler.disable  # max_seqlen is a Python int that changes with every batch: run it eagerly
+def _attend_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMeta) -> torch.Tensor:
+    b, t, h, d = q.shape
+    args = (q.reshape(b * t, h, d), k.reshape(b * t, k.shape[2], d), v.reshape(b * t, v.shape[2], d),
+            meta.cu_seqlens, meta.cu_seqlens, meta.max_seqlen, meta.max_seqlen)
+    if meta.backend == "flash":
+        out = meta.kernel(*args, dropout_p=0.0, softmax_scale=None, causal=True)
+    else:
+        out = meta.kernel(*args, window_size=(-1, 0), enable_gqa=k.shape[2] != h)  # (-1, 0): causal
+    return out.view(b, t, h, d)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMeta) -> torch.Tensor:
     """Causal (document-masked) attention. q: (B,T,H,D); k, v: (B,T,KV,D) -> (B,T,H,D)."""
     b, t, h, d = q.shape
-    if meta.backend == "flash":
-        flash = _flash_varlen()
-        out = flash(
-            q.reshape(b * t, h, d),
-            k.reshape(b * t, k.shape[2], d),
-            v.reshape(b * t, v.shape[2], d),
-            meta.cu_seqlens,
-            meta.cu_seqlens,
-            meta.max_seqlen,
-            meta.max_seqlen,
-            dropout_p=0.0,
-            softmax_scale=None,
-            causal=True,
-        )
-        return out.view(b, t, h, d)
+    gqa = k.shape[2] != h
+    if meta.backend in ("flash", "varlen"):
+        return _attend_varlen(q, k, v, meta)
+    if meta.segments is not None:
+        return _attend_segments(q, k, v, meta.segments)
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    gqa = k.shape[1] != h  # SDPA repeats the kv heads itself with enable_gqa
-    if meta.mask is None:
+    if meta.backend == "flex":
+        out = meta.kernel(q, k, v, block_mask=meta.block_mask, enable_gqa=gqa)
+    elif meta.mask is None:
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
     else:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=meta.mask, enable_gqa=gqa)

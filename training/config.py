@@ -50,7 +50,9 @@ class ModelConfig(_Strict):
     norm_eps: float = 1e-5
     tie_embeddings: bool = True
     init_std: float = 0.02
-    attention: Literal["auto", "sdpa", "flash"] = "auto"
+    # Document-masked attention backend (training/attention.py). auto: flash > varlen > flex on
+    # CUDA, segments on CPU; never a dense T x T mask above 1024 tokens. The choice is logged.
+    attention: Literal["auto", "flash", "flex", "varlen", "sdpa", "segments"] = "auto"
 
     @model_validator(mode="before")
     @classmethod
@@ -102,7 +104,13 @@ class DataConfig(_Strict):
     tokenizer: str | None = None  # dir or card file; its content joins the data fingerprint
     allow_data_change: bool = False  # resume even if the shard set changed
     prefetch: int = Field(default=4, ge=1)  # steps prepared ahead on a background thread
-    row_group_cache: int = Field(default=32, ge=1)  # decoded row groups kept in memory
+    row_group_cache: int = Field(default=32, ge=1)  # decoded row groups kept (raised to 3 shuffle windows per lane)
+    # Read order (training/data/order.py). blocks: whole row groups, a seeded block permutation
+    # per epoch and a shuffle window of `shuffle_blocks` blocks (bounded reads); rows: a
+    # permutation of rows (one block decode per random row once the data outgrows the cache).
+    order: Literal["blocks", "rows"] = "blocks"
+    shuffle_blocks: int = Field(default=8, ge=1)
+    lanes: int = Field(default=1, ge=1)  # block streams; a multiple of the world size: each rank reads only its own
     curriculum: CurriculumConfig = CurriculumConfig()
     seq_len_warmup: SeqLenWarmupConfig | None = None
 
@@ -191,13 +199,14 @@ class TrainLoopConfig(_Strict):
     stop_at_step: int | None = Field(default=None, gt=0)  # stop early (checkpointing) e.g. for a preemption drill
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int | None = Field(default=None, gt=0)  # torch intra-op threads on CPU
+    compile: bool = False  # torch.compile each transformer block's forward (inside checkpointing / FSDP2 hooks)
 
 
 class ParallelConfig(_Strict):
     """Data parallelism. ``auto``: none for one process, FSDP2 on CUDA, DDP on CPU."""
 
     strategy: Literal["auto", "none", "ddp", "fsdp"] = "auto"
-    activation_checkpointing: bool = False
+    activation_checkpointing: bool = False  # recompute each block's activations in backward
 
 
 class CheckpointConfig(_Strict):
@@ -211,6 +220,9 @@ class MetricsConfig(_Strict):
     tensorboard: bool = True  # only if the tensorboard package is importable
     log_row_ids: bool = False  # every consumed row's global id, per rank (for tests / audits)
     progress: Literal["auto", "rich", "plain", "off"] = "auto"
+    # Peak FLOP/s of one device for MFU; None = the table in training/metrics.py by device
+    # name (CUDA only: on CPU MFU is logged only when this is given). CLI: --peak-flops.
+    peak_flops: float | None = Field(default=None, gt=0)
 
     @model_validator(mode="before")
     @classmethod

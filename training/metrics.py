@@ -18,19 +18,43 @@ from pathlib import Path
 
 import torch
 
-#: Dense bf16 peak FLOP/s per device, by a substring of its name.
-PEAK_FLOPS = {"H100": 989e12, "A100": 312e12}
+#: Dense (no sparsity) bf16 tensor-core peak FLOP/s of one device, by a substring of its CUDA
+#: name; the first match wins, so more specific names come first ("L40S" before "L4").
+PEAK_FLOPS: list[tuple[str, float]] = [
+    ("GB200", 2.5e15),
+    ("B200", 2.25e15),
+    ("H200", 989e12),
+    ("H100 PCIe", 756e12),
+    ("H100 NVL", 835e12),
+    ("H100", 989e12),  # SXM ("NVIDIA H100 80GB HBM3")
+    ("H800", 989e12),
+    ("A100", 312e12),
+    ("A800", 312e12),
+    ("L40S", 362e12),
+    ("L4", 121e12),
+]
 
 
-def peak_flops(device: torch.device) -> float | None:
-    """Peak FLOP/s of the device, or None where MFU is not meaningful (CPU, unknown GPU)."""
+def peak_flops(device: torch.device, override: float | None = None) -> float | None:
+    """Peak FLOP/s of one device for MFU: ``override`` (``metrics.peak_flops`` /
+    ``--peak-flops``) when given; else the table by CUDA device name; else None (CPU, or a GPU
+    not in the table), and MFU is not logged."""
+    if override is not None:
+        return float(override)
     if device.type != "cuda":
         return None
     name = torch.cuda.get_device_name(device)
-    for key, value in PEAK_FLOPS.items():
+    for key, value in PEAK_FLOPS:
         if key in name:
             return value
     return None
+
+
+def mfu(flops_per_token: float, tokens_per_s: float, peak: float | None, devices: int = 1) -> float | None:
+    """Model FLOPs utilisation: achieved model FLOP/s over the devices' peak (None without a peak)."""
+    if not peak:
+        return None
+    return flops_per_token * tokens_per_s / (peak * devices)
 
 
 def truncate_jsonl(path: Path, before_step: int) -> None:

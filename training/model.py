@@ -2,12 +2,15 @@
 
 Llama-style blocks: RMSNorm pre-norm, rotary position embeddings (positions restart at
 each packed document), grouped-query attention, SwiGLU MLP. Embeddings are tied or not.
-Nothing here knows about parallelism: DDP/FSDP2 and activation checkpointing are applied
-from the outside by ``training.parallel`` (torchtitan style).
+Nothing here knows about parallelism: DDP/FSDP2, activation checkpointing and compilation are
+applied from the outside by ``training.parallel`` (torchtitan style). The one concession is
+that weight init can fill just this rank's rows of a sharded weight (``seeded_normal_``), so
+a model built on the meta device is initialised shard by shard.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import torch
@@ -97,15 +100,55 @@ class Block(nn.Module):
         return x + self.feed_forward(self.ffn_norm(x))
 
 
+#: Rows per independently seeded chunk of a weight (any shard boundary costs at most two
+#: partly used chunks).
+INIT_CHUNK_ROWS = 256
+
+
+def _local_rows(p: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """The rows of ``p`` this process holds, and the index of the first: a plain tensor is
+    all of itself; a DTensor (FSDP2 shards dim 0) is this rank's shard."""
+    if not hasattr(p, "to_local"):
+        return p, 0
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    _, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
+    assert all(o == 0 for o in offset[1:]), "only dim-0 sharding is supported"
+    return p.to_local(), offset[0]
+
+
+def seeded_normal_(p: torch.Tensor, std: float, seed: int, name: str) -> None:
+    """Fill ``p`` (or this rank's rows of it) with N(0, std^2). Rows come in chunks of
+    ``INIT_CHUNK_ROWS``, each from a generator seeded by (seed, name, chunk): any rank can
+    draw any rows without drawing the rest, and the full tensor is the same on every layout."""
+    local, row0 = _local_rows(p)
+    if local.numel() == 0:
+        return
+    n = local.shape[0]
+    key = int.from_bytes(hashlib.blake2b(f"{seed}/{name}".encode(), digest_size=5).digest(), "little")
+    gen = torch.Generator(device=local.device)
+    for chunk in range(row0 // INIT_CHUNK_ROWS, (row0 + n - 1) // INIT_CHUNK_ROWS + 1):
+        first = chunk * INIT_CHUNK_ROWS
+        rows = min(INIT_CHUNK_ROWS, p.shape[0] - first)
+        gen.manual_seed((key << 22) + chunk)
+        values = torch.randn((rows, *p.shape[1:]), generator=gen, device=local.device, dtype=local.dtype)
+        lo, hi = max(first, row0), min(first + rows, row0 + n)
+        local[lo - row0 : hi - row0] = values[lo - first : hi - first] * std
+
+
 class Transformer(nn.Module):
     """Token ids (B, T) -> logits (B, T, vocab).
 
     ``doc_ids`` (B, T) int: document id per token; with it attention stays inside each
     document. ``positions`` (B, T) int: RoPE positions (``attention.positions_from_doc_ids``
-    restarts them per document); default 0..T-1.
+    restarts them per document); default 0..T-1. ``cfg.attention`` names the attention
+    backend (``auto`` is resolved per call by ``attention.select_backend``).
+
+    Built under ``torch.device("meta")`` it allocates nothing; ``to_empty`` then
+    ``init_weights()`` materialise it (``training.parallel`` does so after sharding).
     """
 
-    def __init__(self, cfg: ModelConfig, max_seq_len: int):
+    def __init__(self, cfg: ModelConfig, max_seq_len: int, init_seed: int = 0):
         super().__init__()
         self.cfg = cfg
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.d_model)
@@ -114,24 +157,40 @@ class Transformer(nn.Module):
         self.output = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
-        cos, sin = rope_tables(cfg.head_dim, max_seq_len, cfg.rope_theta)
+        self.max_seq_len, self.init_seed = max_seq_len, init_seed
         # Not persistent: derived from the config, so not part of checkpoints.
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
-        self.init_weights()
+        self.register_buffer("rope_cos", torch.empty(max_seq_len, cfg.head_dim // 2), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(max_seq_len, cfg.head_dim // 2), persistent=False)
+        if self.rope_cos.device.type != "meta":  # built under torch.device("meta"): init later
+            self.init_weights()
 
     @torch.no_grad()
     def init_weights(self) -> None:
-        """N(0, init_std) everywhere; residual output projections scaled by 1/sqrt(2*n_layer)
-        (GPT-2) so the residual stream's variance does not grow with depth."""
-        std = self.cfg.init_std
+        """RoPE tables; N(0, init_std) weights, residual output projections scaled by
+        1/sqrt(2*n_layer) (GPT-2) so the residual stream's variance does not grow with depth.
+
+        Every weight is drawn by ``seeded_normal_`` from ``(init_seed, its name)`` only, so the
+        weights are the same whatever the world size, and a rank holding only a shard of a
+        weight (FSDP2, after ``to_empty``) initialises just that shard.
+        """
+        cos, sin = rope_tables(self.cfg.head_dim, self.max_seq_len, self.cfg.rope_theta)
+        self.rope_cos.copy_(cos)
+        self.rope_sin.copy_(sin)
         for name, p in self.named_parameters():
-            if name.endswith("norm.weight"):
+            name = ".".join(part for part in name.split(".") if not part.startswith("_"))  # wrappers' prefixes
+            std = self.init_std_of(name)
+            if std is None:
                 p.fill_(1.0)
-            elif name.endswith(("attention.wo.weight", "feed_forward.w2.weight")):
-                nn.init.normal_(p, 0.0, std / math.sqrt(2 * self.cfg.n_layer))
             else:
-                nn.init.normal_(p, 0.0, std)
+                seeded_normal_(p, std, self.init_seed, name)
+
+    def init_std_of(self, name: str) -> float | None:
+        """The init std of parameter ``name`` (None: a norm scale, initialised to 1)."""
+        if name.endswith("norm.weight"):
+            return None
+        if name.endswith(("attention.wo.weight", "feed_forward.w2.weight")):
+            return self.cfg.init_std / math.sqrt(2 * self.cfg.n_layer)
+        return self.cfg.init_std
 
     def forward(
         self,
@@ -144,7 +203,7 @@ class Transformer(nn.Module):
             cos, sin = self.rope_cos[:t][None, :, None], self.rope_sin[:t][None, :, None]
         else:
             cos, sin = self.rope_cos[positions][:, :, None], self.rope_sin[positions][:, :, None]
-        backend = select_backend(self.cfg.attention, tokens.device)
+        backend = select_backend(self.cfg.attention, tokens.device, t, doc_ids is not None)
         meta = AttentionMeta.build(doc_ids, b, t, tokens.device, backend)
         h = self.tok_embeddings(tokens)
         for layer in self.layers:

@@ -1,8 +1,10 @@
 """Data parallelism, applied from outside the model (torchtitan style).
 
 - ``init_distributed``: one process, or a torchrun process group (gloo on CPU, nccl on CUDA).
-- ``parallelize``: activation checkpointing per block, then DDP or FSDP2
-  (``fully_shard`` on every block, then on the root, over a 1-D device mesh).
+- ``parallelize``: ``torch.compile`` per block, activation checkpointing per block, then
+  FSDP2 (``fully_shard`` on every block, then on the root, over a 1-D device mesh); a model
+  built on the meta device is then materialised and initialised (under FSDP2 each rank only
+  its own shards: no rank ever holds the whole model); DDP last.
 - ``grad_sync``: skip the gradient all-reduce / reduce-scatter on all but the last
   micro-batch of an accumulation.
 - ``clip_grad_norm``: global-norm clipping that returns a plain float for any wrapping.
@@ -81,17 +83,27 @@ def strategy_for(cfg: ParallelConfig, env: DistEnv) -> str:
     return cfg.strategy
 
 
-def parallelize(model: nn.Module, cfg: ParallelConfig, env: DistEnv) -> nn.Module:
-    """Wrap ``model`` (a ``training.model.Transformer``): on ``env.device`` for DDP and a
-    single process; for FSDP2 it may still be in host memory, since ``fully_shard`` moves each
-    module's parameters and buffers to the mesh's device as it shards them."""
+def parallelize(model: nn.Module, cfg: ParallelConfig, env: DistEnv, compile: bool = False) -> nn.Module:
+    """Wrap ``model`` (a ``training.model.Transformer``): compile, activation checkpointing,
+    FSDP2, materialise, DDP.
+
+    ``model`` may live on the meta device (built under ``torch.device("meta")``): it is then
+    moved to ``env.device`` with ``to_empty`` *after* sharding and initialised with its own
+    ``init_weights()``, so under FSDP2 each rank allocates and draws only its shards (the
+    init is per row chunk, so the weights are the same on any world size). A model with real
+    tensors is moved to ``env.device`` (FSDP2: ``fully_shard`` moves each module's shards)."""
+    if compile:
+        # Each block's forward (the blocks share the compiled code): the module call around it
+        # (checkpointing, FSDP2's gather/free hooks) stays eager, and the state-dict keys stay
+        # the plain model's. Attention paths whose shapes change per batch (segments) run
+        # eagerly inside, between two compiled graphs.
+        for block in model.layers:
+            block.forward = torch.compile(block.forward)
     if cfg.activation_checkpointing:
         # Recompute each block's activations in backward; the wrapper keeps state-dict keys.
         for i, block in enumerate(model.layers):
             model.layers[i] = checkpoint_wrapper(block)
     strategy = strategy_for(cfg, env)
-    if strategy == "ddp":
-        return DDP(model, device_ids=[env.local_rank] if env.device.type == "cuda" else None)
     if strategy == "fsdp":
         mesh = init_device_mesh(env.device.type, (env.world,))
         if env.device.type == "cuda":
@@ -104,7 +116,29 @@ def parallelize(model: nn.Module, cfg: ParallelConfig, env: DistEnv) -> nn.Modul
         for block in model.layers:
             fully_shard(block, mesh=mesh, mp_policy=block_mp)
         fully_shard(model, mesh=mesh, mp_policy=mp)
+    if any(t.is_meta for t in [*model.parameters(), *model.buffers()]):
+        tied = _tied_parameters(model)
+        model.to_empty(device=env.device)  # gives each module its own tensor: unties shared weights
+        for (owner, attr), *others in tied:  # re-tie (FSDP2 manages the first holder's parameter)
+            for module, name in others:
+                setattr(module, name, getattr(owner, attr))
+        model.init_weights()
+    elif strategy != "fsdp":
+        model.to(env.device)
+    if strategy == "ddp":
+        return DDP(model, device_ids=[env.local_rank] if env.device.type == "cuda" else None)
     return model
+
+
+def _tied_parameters(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:
+    """Parameters held by more than one module (tied embeddings), as (module, attribute)
+    lists in module order."""
+    holders: dict[int, list[tuple[nn.Module, str]]] = {}
+    for module in model.modules():
+        for name, p in module._parameters.items():
+            if p is not None:
+                holders.setdefault(id(p), []).append((module, name))
+    return [h for h in holders.values() if len(h) > 1]
 
 
 def uses_fsdp(model: nn.Module) -> bool:

@@ -37,12 +37,12 @@ class ResumePoint:
     def step(self) -> int:
         return self.meta["step"] if self.meta is not None else 0
 
-    def check_data(self, dataset: PackedDataset, cfg: TrainConfig) -> bool:
-        """Refuse a data order the checkpoint cannot continue; True when the shard set
-        changed and that was allowed."""
+    def check_data(self, dataset: PackedDataset, cfg: TrainConfig, settings: dict | None = None) -> bool:
+        """Refuse a data order the checkpoint cannot continue (``settings``: the order's,
+        ``DataOrder.settings``); True when the shard set changed and that was allowed."""
         if self.meta is None:
             return False
-        return check_resume(self.meta["data"], dataset, cfg.seed, cfg.train.global_batch, cfg.data.allow_data_change)
+        return check_resume(self.meta["data"], dataset, cfg.seed, cfg.train.global_batch, cfg.data.allow_data_change, settings)
 
     def restored(self, components: dict) -> dict:
         """The components to load from the checkpoint (by meta.json key)."""

@@ -25,9 +25,11 @@ import torch.nn.functional as F
 from training import checkpoint as ckpt
 from training.config import ConfigError, TrainConfig, load_config
 from training.counters import TokenCounts, Window
-from training.data import IGNORE, DataChangedError, DataError, DataOrder, EvalData, PackedDataset, Prefetcher, build_step
+from training.data import (IGNORE, DataChangedError, DataError, DataOrder, EvalData, PackedDataset, Prefetcher, build_step,
+                           order_settings)
 from training.guard import Guard
-from training.metrics import MetricsLogger, peak_flops
+from training.attention import AttentionUnavailable, choose_backend
+from training.metrics import MetricsLogger, mfu, peak_flops
 from training.model import Transformer, flops_per_token
 from training.parallel import (
     DistEnv,
@@ -42,6 +44,7 @@ from training.parallel import (
 )
 from training.resume import anneal_record, find_resume_point, resolve_plan
 from training.schedule import seq_len_at
+from training.trace import TraceWriter
 
 #: Exit code when the guard rails stop a run (too many consecutive skipped steps).
 EXIT_GUARD_STOP = 3
@@ -94,31 +97,43 @@ class Trainer:
             )
         self.accum = gb // (micro * env.world)
 
-        curriculum = cfg.data.curriculum.order
-        self.dataset = PackedDataset(cfg.data.path, cfg.data.tokenizer, cfg.data.row_group_cache, need_quality=curriculum != "none")
+        curriculum, dc = cfg.data.curriculum.order, cfg.data
+        # Decoded blocks kept: at least three shuffle windows per lane this rank reads (sources
+        # walk a lane's windows at their own pace, and wrap their epochs at different steps).
+        cache = max(dc.row_group_cache, 3 * dc.shuffle_blocks * -(-dc.lanes // env.world))
+        self.dataset = PackedDataset(dc.path, dc.tokenizer, cache, need_quality=curriculum != "none")
         self.notes: list[str] = []
         if curriculum != "none" and not self.dataset.has_quality:
             self.notes.append("curriculum asked for but the shards have no 'quality' column: using a plain shuffle")
             curriculum = "none"
+        if curriculum != "none" and dc.order == "blocks":
+            self.notes.append("a quality curriculum orders single rows: reads are per row, not per block")
+        order_kw = dict(order=dc.order, window=dc.shuffle_blocks, lanes=dc.lanes)
 
         # Where the run starts and the plan from there. Is the checkpoint's data order still
         # this data's? That is checked first: the answer decides which plan applies.
         self.checkpointer = ckpt.Checkpointer(cfg.checkpoint.dir or self.run_dir / "checkpoints", cfg.checkpoint.keep, env)
         point = find_resume_point(self.checkpointer, resume, anneal_from)
-        data_changed = point.check_data(self.dataset, cfg)
+        data_changed = point.check_data(self.dataset, cfg, order_settings(dc.order, curriculum, dc.shuffle_blocks, dc.lanes))
         self.plans, self.schedule = resolve_plan(cfg, point, self.dataset.source_rows(), data_changed, mix)
-        self.order = DataOrder(self.dataset, self.plans, cfg.seed, gb, curriculum, cfg.data.curriculum.buckets)
+        self.order = DataOrder(self.dataset, self.plans, cfg.seed, gb, curriculum, cfg.data.curriculum.buckets, **order_kw)
 
-        # Same seed on every rank: identical initial weights before any sharding. Under FSDP2
-        # the model stays in host memory: fully_shard moves each block to the device as it
-        # shards it, so no rank ever holds the whole model on its accelerator.
+        # The attention backend, resolved once for the longest rows (logged at start).
+        try:
+            backend, self.attention_why = choose_backend(cfg.model.attention, env.device, cfg.data.seq_len, cfg.data.document_mask)
+        except AttentionUnavailable as err:
+            raise ConfigError(f"model.attention: {err}") from None
+        self.attention = backend
+        # Built on the meta device (no memory, no init), then sharded, compiled and
+        # initialised by parallelize: under FSDP2 each rank allocates and initialises only its
+        # own shards. The init depends on (seed, parameter name) only: the same weights on
+        # any world size.
         torch.manual_seed(cfg.seed)
-        model = Transformer(cfg.model, cfg.data.seq_len)
-        if strategy_for(cfg.parallel, env) != "fsdp":
-            model = model.to(env.device)
+        with torch.device("meta"):
+            model = Transformer(cfg.model.model_copy(update={"attention": backend}), cfg.data.seq_len, init_seed=cfg.seed)
         self.n_params = model.num_params()
         self.n_matmul = model.num_params(matmul_only=True)
-        self.model = parallelize(model, cfg.parallel, env)
+        self.model = parallelize(model, cfg.parallel, env, compile=cfg.train.compile)
         self.optimizer = build_optimizer(self.model, cfg, env.device)
         self.autocast = (
             torch.autocast("cuda", dtype=torch.bfloat16)
@@ -143,24 +158,28 @@ class Trainer:
         self.metrics = MetricsLogger(
             self.run_dir, env.rank, env.world, total, self.start_step, cfg.metrics.progress, cfg.metrics.tensorboard, cfg.metrics.log_row_ids
         )
+        # Each step's global row ids (rank 0), made durable with every checkpoint: training/trace.py.
+        self.trace = TraceWriter(self.run_dir, self.start_step, self.dataset, enabled=env.rank == 0)
         self.eval_data = None
         if cfg.eval is not None:
             self.eval_data = EvalData(
                 cfg.eval.path, cfg.eval.batches, gb, micro, env.rank, env.world, cfg.data.seq_len,
                 cfg.data.document_mask, cfg.data.pad_id, cfg.model.vocab_size,
             )
-        self.peak = peak_flops(env.device)
+        self.peak = peak_flops(env.device, cfg.metrics.peak_flops)
 
     # -- the loop -------------------------------------------------------------------------
 
     def _make_step(self, step: int):
         """Runs on the prefetch thread: this rank's rows for ``step``, ready to train on."""
         cfg, env = self.cfg, self.env
-        rows = self.order.rank_rows(step, env.rank, env.world)
-        return build_step(
-            self.dataset, rows, step, cfg.data.seq_len, seq_len_at(cfg, step), cfg.train.micro_batch,
+        rows = self.order.step_rows(step)
+        batch = build_step(
+            self.dataset, rows[env.rank :: env.world], step, cfg.data.seq_len, seq_len_at(cfg, step), cfg.train.micro_batch,
             cfg.data.document_mask, cfg.data.pad_id, cfg.model.vocab_size,
         )
+        batch.global_rows = rows
+        return batch
 
     def _loss_sum(self, mb) -> torch.Tensor:
         with self.autocast:
@@ -215,6 +234,7 @@ class Trainer:
         info = {"config": self.cfg.model_dump(mode="json"), "reason": reason}
         if (anneal := anneal_record(self.lineage)) is not None:
             info["anneal"] = anneal
+        self.trace.flush()  # before the checkpoint: every step it covers is traceable
         path = self.checkpointer.save(step, self.model, self.optimizer, self.components, info)
         # Logged under the last completed step (like train records), so a resume from this
         # checkpoint keeps the event when it trims records of steps it will redo.
@@ -244,9 +264,16 @@ class Trainer:
                 f"{self.n_params / 1e6:.2f}M params, world {env.world} ({strategy}), device {env.device}, "
                 f"{self.accum} micro-batch(es) of {cfg.train.micro_batch} rows per rank, "
                 f"steps {self.start_step}->{self.end_step} of {self.order.total_steps}, "
-                f"phases {[(p.name, p.start, p.end) for p in self.plans]}"
+                f"phases {[(p.name, p.start, p.end) for p in self.plans]}, "
+                f"attention {self.attention} ({self.attention_why})"
+                + (", compiled" if cfg.train.compile else "")
+                + (", activation checkpointing" if cfg.parallel.activation_checkpointing else "")
+                + (f", peak {self.peak / 1e12:g} TFLOP/s per device" if self.peak else "")
             ),
             "lineage": self.lineage, "fingerprint": self.dataset.fingerprint,
+            "attention": self.attention, "attention_reason": self.attention_why,
+            "compile": cfg.train.compile, "activation_checkpointing": cfg.parallel.activation_checkpointing,
+            "flops_per_token": flops_per_token(cfg.model, cfg.data.seq_len, self.n_matmul), "peak_flops": self.peak,
         })
         for note in self.notes:
             m.log({"kind": "event", "step": self.start_step, "event": "note", "message": note})
@@ -266,6 +293,7 @@ class Trainer:
                 loss, grad_norm, reason = self.train_step(step, batch)
                 t_end = time.perf_counter()
                 m.rows(step, batch.row_ids)
+                self.trace.add(step, batch.global_rows)
                 window.add(batch, loss, grad_norm, reason, t_data - t0, t_end - t0)
 
                 stop = False
@@ -298,6 +326,7 @@ class Trainer:
                     self.save(done, "end" if done == self.end_step else "periodic")
         finally:
             prefetch.close()
+            self.trace.close()
             m.close()
         return code
 
@@ -313,7 +342,7 @@ class Trainer:
         data_time, step_time = stats[-2] / env.world, stats[-1] / env.world
         tokens = float(stats[:-2].sum())
         tps = tokens / max(step_time, 1e-9)
-        flops = flops_per_token(self.cfg.model, w.seq_len, self.n_matmul) * tps
+        fpt = flops_per_token(self.cfg.model, w.seq_len, self.n_matmul)
         phase = self.plans[self.order.phase_index(step)].name
         self.metrics.log({
             "kind": "train", "step": step, "phase": phase,
@@ -321,8 +350,10 @@ class Trainer:
             "loss_step": w.last_loss, "grad_norm": w.last_grad_norm, "lr": self.schedule(step),
             "seq_len": w.seq_len, "steps": w.steps, "skipped": w.skipped,
             "tokens": tokens, "tokens_per_s": tps,
-            "mfu": (flops / (self.peak * env.world)) if self.peak else None,
+            "mfu": mfu(fpt, tps, self.peak, env.world),
             "data_wait_frac": data_time / max(step_time, 1e-9),
+            # bytes decoded per byte handed to training so far (this rank's reads)
+            "read_amplification": self.dataset.read_stats()["read_amplification"],
             "tokens_by_source": by_source,
             "tokens_seen_by_source": self.tokens.state_dict(),
             "content_tokens_by_source": content,

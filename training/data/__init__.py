@@ -1,14 +1,16 @@
 """Packed shards in, per-step model inputs out.
 
-- ``shards``   the committed shards of a pack directory, fingerprinted; random-access rows
-- ``order``    which rows each step consumes: pure arithmetic, so resume is arithmetic
+- ``shards``   the committed shards of a pack directory (local or any fsspec URL),
+               fingerprinted; rows read block by block, with read accounting
+- ``order``    which rows each step consumes: pure arithmetic (a block permutation per epoch
+               plus a bounded shuffle window), so resume is arithmetic
 - ``batches``  rows -> micro-batches and loss targets, prepared on a background thread
 - ``eval``     the held-out split, prepared once
 """
 
 from training.data.batches import IGNORE, Prefetcher, build_micro_batches, build_step
 from training.data.eval import EvalData, eval_rows
-from training.data.order import DataChangedError, DataOrder, check_resume
+from training.data.order import DataChangedError, DataOrder, check_resume, order_settings
 from training.data.shards import DataError, PackedDataset, RowBatch
 
 __all__ = [

@@ -43,6 +43,7 @@ class StepBatch:
     source_tokens: np.ndarray  # (n_sources,) non-padding tokens by the row's source
     content_tokens: dict[str, int] = field(default_factory=dict)  # from the rows' source_tokens JSON
     seq_len: int = 0
+    global_rows: np.ndarray | None = None  # the whole global batch's row ids (for the step trace)
 
 
 def build_micro_batches(

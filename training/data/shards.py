@@ -1,10 +1,17 @@
-"""A pack directory as random-access rows.
+"""A pack directory as blocks of rows, on a local disk or object storage.
 
 ``PackedDataset`` indexes a pack directory once: the committed shards sorted by file name
 (rows per shard from the stage manifest, or Parquet footers without one), global row ids
-``offset[shard] + row``, each row's ``source`` (and ``quality`` for a curriculum), and a
-fingerprint of the shard set and tokenizer. Rows are read lazily by row group with a small
-LRU.
+``offset[shard] + row``, each row's ``source`` (and ``quality`` for a curriculum), the
+*blocks* (a shard's Parquet row groups: the unit a reader decodes; block ``b`` holds the
+global rows ``block_starts[b]:block_starts[b + 1]``), and a fingerprint of the shard set and
+tokenizer.
+
+The path is a local directory or any fsspec URL (``s3://bucket/run/pack``, ``file://``,
+``memory://``): files are opened through fsspec, so only the row groups asked for are
+fetched. Decoded blocks stay in a small LRU (``row_group_cache``); ``read_stats`` counts
+bytes decoded against bytes handed out, so a data order's read amplification is measured,
+not guessed.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
+import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -23,6 +31,9 @@ import pyarrow.parquet as pq
 
 from curation.formats import manifest as manifest_format
 from curation.formats.packed import PACK_REPORT
+
+#: Columns a training read decodes.
+READ_COLUMNS = ("input_ids", "doc_lens", "source_tokens")
 
 
 class DataError(ValueError):
@@ -34,7 +45,7 @@ class Shard:
     """One committed Parquet shard of a pack directory."""
 
     file: str  # as the manifest names it (or the file name, without a manifest)
-    path: Path
+    path: str  # the path inside the dataset's filesystem
     rows: int
     size: int
 
@@ -54,18 +65,28 @@ def _tokenizer_id(path: str | None) -> str | None:
     return h.hexdigest()
 
 
-def _list_shards(root: Path) -> list[Shard]:
-    manifest = root / manifest_format.MANIFEST
-    if manifest.exists():
+def _join(a: str, b: str) -> str:
+    return a.rstrip("/") + "/" + b
+
+
+def _parent(p: str) -> str:
+    return p.rstrip("/").rsplit("/", 1)[0] if "/" in p.rstrip("/") else p
+
+
+def list_shards(fs: fsspec.AbstractFileSystem, root: str) -> list[Shard]:
+    """The committed shards of the pack directory ``root`` in ``fs``, sorted by file name."""
+    manifest = _join(root, manifest_format.MANIFEST)
+    if fs.exists(manifest):
+        lines = fs.cat_file(manifest).decode().splitlines()
         try:
-            entries = manifest_format.parse_lines(manifest.read_text().splitlines(), str(manifest), strict=True)
+            entries = manifest_format.parse_lines(lines, manifest, strict=True)
         except manifest_format.ManifestError as err:
             raise DataError(str(err)) from None
         # A pack that was re-run with other parameters can leave stale lines behind; its report
         # names the parameters hash of the shards that make up the current output.
-        report = root / PACK_REPORT
-        if report.exists():
-            current = json.loads(report.read_text()).get("params_hash")
+        report = _join(root, PACK_REPORT)
+        if fs.exists(report):
+            current = json.loads(fs.cat_file(report)).get("params_hash")
             if current:
                 entries = {k: e for k, e in entries.items() if e.get("params_hash", current) == current}
         shards = []
@@ -74,16 +95,17 @@ def _list_shards(root: Path) -> list[Shard]:
                 continue  # a shard that committed no rows
             # refinery's stage manifests give paths relative to the run dir (the pack dir's
             # parent: "pack/xxx.parquet"); other writers relative to the pack dir itself.
-            path = next((b / rec["file"] for b in (root, root.parent) if (b / rec["file"]).is_file()), None)
+            path = next((p for p in (_join(root, rec["file"]), _join(_parent(root), rec["file"])) if fs.isfile(p)), None)
             if path is None:
                 raise FileNotFoundError(f"{manifest}: shard {rec['shard']!r} lists {rec['file']}, which is missing")
-            shards.append(Shard(rec["file"], path, int(rec["rows"]), path.stat().st_size))
+            shards.append(Shard(rec["file"], path, int(rec["rows"]), int(fs.size(path))))
     else:
         # No manifest: every Parquet file is taken as committed; row counts from the footers.
-        shards = [
-            Shard(p.name, p, pq.ParquetFile(p).metadata.num_rows, p.stat().st_size)
-            for p in root.glob("*.parquet")
-        ]
+        shards = []
+        for p in fs.glob(_join(root, "*.parquet")):
+            with fs.open(p, "rb") as f:
+                rows = pq.ParquetFile(f).metadata.num_rows
+            shards.append(Shard(p.rstrip("/").rsplit("/", 1)[-1], p, rows, int(fs.size(p))))
     shards = [s for s in shards if s.rows > 0]
     if not shards:
         raise FileNotFoundError(f"{root}: no packed Parquet shards found")
@@ -99,14 +121,26 @@ class RowBatch:
     source_tokens: list[str | None]
 
 
+@dataclass
+class _Block:
+    """One decoded row group."""
+
+    ids: np.ndarray  # (rows, width) in the file's integer type
+    dl_offsets: np.ndarray | None
+    dl_values: np.ndarray | None
+    source_tokens: list | None
+    row_bytes: float  # decoded bytes per row (Arrow buffers of the read columns)
+
+
 class PackedDataset:
-    """A pack directory: shard index, fingerprint, per-row source/quality, lazy row reads."""
+    """A pack directory: shard and block index, fingerprint, per-row source/quality, block reads."""
 
     def __init__(self, path: str | Path, tokenizer: str | None = None, row_group_cache: int = 32, need_quality: bool = False):
-        self.root = Path(path)
-        if not self.root.is_dir():
-            raise FileNotFoundError(f"data path {self.root} is not a directory (expected a pack output dir)")
-        self.shards = _list_shards(self.root)
+        self.path = str(path)
+        self.fs, self.root = fsspec.core.url_to_fs(self.path)
+        if not self.fs.isdir(self.root):
+            raise FileNotFoundError(f"data path {self.path} is not a directory (expected a pack output dir)")
+        self.shards = list_shards(self.fs, self.root)
         counts = np.array([s.rows for s in self.shards], dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(counts)])
         self.num_rows = int(self.offsets[-1])
@@ -115,18 +149,32 @@ class PackedDataset:
             "tokenizer": _tokenizer_id(tokenizer),
         }
         self.fingerprint = hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
-        self._cache_size = row_group_cache
-        self._cache: OrderedDict[tuple[int, int], dict] = OrderedDict()
-        self._files: OrderedDict[int, tuple[pq.ParquetFile, np.ndarray]] = OrderedDict()
+        self.cache_size = row_group_cache
+        self._cache: OrderedDict[int, _Block] = OrderedDict()
+        self._files: OrderedDict[int, tuple] = OrderedDict()
         self._lock = threading.Lock()
-        self._index_columns(need_quality)
+        self.reset_read_stats()
+        self._index(need_quality)
 
-    def _index_columns(self, need_quality: bool) -> None:
-        """Per-row source index (and quality): one narrow column read per shard, once."""
-        codes, quality, names = [], [], {}
+    def url(self, shard: Shard) -> str:
+        """A shard's full URL (``file:///...``, ``s3://...``): what a reader elsewhere opens."""
+        return self.fs.unstrip_protocol(shard.path)
+
+    # -- the index ------------------------------------------------------------------------
+
+    def _index(self, need_quality: bool) -> None:
+        """Blocks, per-row source index (and quality): footers plus one narrow column read per shard."""
+        codes, quality, names, block_rows, block_ref = [], [], {}, [], []
         missing_quality = 0
-        for shard in self.shards:
-            pf = pq.ParquetFile(shard.path)
+        for i, shard in enumerate(self.shards):
+            pf = self._file(i)
+            md = pf.metadata
+            if md.num_rows != shard.rows:
+                raise DataError(f"{shard.file}: the manifest says {shard.rows} rows, the file has {md.num_rows}")
+            for g in range(md.num_row_groups):
+                if md.row_group(g).num_rows:
+                    block_rows.append(md.row_group(g).num_rows)
+                    block_ref.append((i, g))
             schema_names = pf.schema_arrow.names
             if "source" in schema_names:
                 col = pf.read(columns=["source"]).column("source").combine_chunks()
@@ -149,73 +197,113 @@ class PackedDataset:
         remap = np.array([self.sources.index(n) for n in sorted(names, key=names.get)], dtype=np.int32)
         self.row_source = remap[np.concatenate(codes)]
         self.row_quality = np.concatenate(quality)
+        #: global row id of each block's first row, then num_rows
+        self.block_starts = np.concatenate([[0], np.cumsum(block_rows)]).astype(np.int64)
+        self._block_ref = block_ref  # block -> (shard index, row group)
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self._block_ref)
+
+    def block_of(self, rows: np.ndarray) -> np.ndarray:
+        """The block holding each global row."""
+        return np.searchsorted(self.block_starts, rows, side="right") - 1
 
     def source_rows(self) -> dict[str, int]:
         """Rows per source."""
         counts = np.bincount(self.row_source, minlength=len(self.sources))
         return {s: int(n) for s, n in zip(self.sources, counts)}
 
-    def _file(self, shard: int) -> tuple[pq.ParquetFile, np.ndarray]:
-        """Open ParquetFile and the first row of each of its row groups (small LRU of handles)."""
+    # -- reads ----------------------------------------------------------------------------
+
+    def _file(self, shard: int) -> pq.ParquetFile:
+        """An open ParquetFile (small LRU of handles: on object storage opening costs a request)."""
         if shard in self._files:
             self._files.move_to_end(shard)
-            return self._files[shard]
-        pf = pq.ParquetFile(self.shards[shard].path)
-        md = pf.metadata
-        starts = np.cumsum([0] + [md.row_group(i).num_rows for i in range(md.num_row_groups)])
-        self._files[shard] = (pf, starts)
+            return self._files[shard][0]
+        handle = self.fs.open(self.shards[shard].path, "rb")
+        pf = pq.ParquetFile(handle)
+        self._files[shard] = (pf, handle)
         if len(self._files) > 64:
-            self._files.popitem(last=False)
-        return pf, starts
+            _, (_, old) = self._files.popitem(last=False)
+            old.close()
+        return pf
 
-    def _row_group(self, shard: int, rg: int) -> dict:
-        key = (shard, rg)
-        if key in self._cache:
-            self._cache.move_to_end(key)
-            return self._cache[key]
-        pf, _ = self._file(shard)
+    def _block(self, b: int) -> _Block:
+        if b in self._cache:
+            self._cache.move_to_end(b)
+            return self._cache[b]
+        shard, rg = self._block_ref[b]
+        pf = self._file(shard)
         names = pf.schema_arrow.names
-        cols = [c for c in ("input_ids", "doc_lens", "source_tokens") if c in names]
+        cols = [c for c in READ_COLUMNS if c in names]
         table = pf.read_row_group(rg, columns=cols)
         ids = table.column("input_ids").combine_chunks()
         width = np.diff(ids.offsets.to_numpy())
         if len(width) and (width != width[0]).any():
             raise DataError(f"{self.shards[shard].file} row group {rg}: rows have different lengths {sorted(set(width.tolist()))[:5]}")
-        decoded = {
-            "ids": ids.flatten().to_numpy(zero_copy_only=False).astype(np.int64).reshape(len(width), -1),
-        }
+        dl_off = dl_val = st = None
         if "doc_lens" in names:
             dl = table.column("doc_lens").combine_chunks()
-            decoded["dl_offsets"] = dl.offsets.to_numpy()
-            decoded["dl_values"] = dl.flatten().to_numpy(zero_copy_only=False)
+            dl_off, dl_val = dl.offsets.to_numpy(), dl.flatten().to_numpy(zero_copy_only=False)
         if "source_tokens" in names:
-            decoded["source_tokens"] = table.column("source_tokens").to_pylist()
-        self._cache[key] = decoded
-        if len(self._cache) > self._cache_size:
+            st = table.column("source_tokens").to_pylist()
+        md = pf.metadata.row_group(rg)
+        read_idx = [i for i in range(md.num_columns) if md.column(i).path_in_schema.split(".")[0] in cols]
+        self.stats["blocks_decoded"] += 1
+        self.stats["bytes_decoded"] += table.nbytes
+        self.stats["bytes_read"] += sum(md.column(i).total_compressed_size for i in read_idx)
+        block = _Block(
+            ids.flatten().to_numpy(zero_copy_only=False).reshape(len(width), -1),
+            dl_off, dl_val, st, table.nbytes / max(table.num_rows, 1),
+        )
+        self._cache[b] = block
+        if len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
-        return decoded
+        return block
 
     def read_rows(self, rows: np.ndarray, pad_id: int) -> RowBatch:
-        """Read global rows (any order). Thread-safe; row groups are cached."""
+        """Read global rows (any order), block by block. Thread-safe."""
         rows = np.asarray(rows, dtype=np.int64)
-        if len(rows) and (rows.min() < 0 or rows.max() >= self.num_rows):
+        n = len(rows)
+        if n and (rows.min() < 0 or rows.max() >= self.num_rows):
             raise IndexError(f"row id out of range 0..{self.num_rows - 1}")
-        shard_of = np.searchsorted(self.offsets, rows, side="right") - 1
-        local = rows - self.offsets[shard_of]
-        out_ids, out_dl, out_st = [None] * len(rows), [None] * len(rows), [None] * len(rows)
+        blocks = self.block_of(rows)
+        ids = None
+        out_dl: list = [None] * n
+        out_st: list = [None] * n
         with self._lock:
-            for i, (sh, lr) in enumerate(zip(shard_of.tolist(), local.tolist())):
-                _, starts = self._file(sh)
-                rg = int(np.searchsorted(starts, lr, side="right") - 1)
-                dec = self._row_group(sh, rg)
-                j = lr - int(starts[rg])
-                out_ids[i] = dec["ids"][j]
-                if "dl_offsets" in dec:
-                    o = dec["dl_offsets"]
-                    out_dl[i] = dec["dl_values"][o[j] : o[j + 1]]
-                else:  # no doc_lens column: one document up to the trailing padding
-                    nonpad = np.flatnonzero(dec["ids"][j] != pad_id)
-                    out_dl[i] = np.array([nonpad[-1] + 1 if len(nonpad) else 0])
-                out_st[i] = dec["source_tokens"][j] if "source_tokens" in dec else None
-        ids = np.stack(out_ids) if out_ids else np.zeros((0, 0), np.int64)
+            for b in np.unique(blocks).tolist():
+                sel = np.flatnonzero(blocks == b)
+                dec = self._block(b)
+                local = rows[sel] - self.block_starts[b]
+                if ids is None:
+                    ids = np.empty((n, dec.ids.shape[1]), dtype=np.int64)
+                elif dec.ids.shape[1] != ids.shape[1]:
+                    raise DataError(f"packed rows have different lengths ({dec.ids.shape[1]} and {ids.shape[1]} tokens)")
+                ids[sel] = dec.ids[local]
+                for i, j in zip(sel.tolist(), local.tolist()):
+                    if dec.dl_offsets is not None:
+                        out_dl[i] = dec.dl_values[dec.dl_offsets[j] : dec.dl_offsets[j + 1]]
+                    else:  # no doc_lens column: one document up to the trailing padding
+                        nonpad = np.flatnonzero(dec.ids[j] != pad_id)
+                        out_dl[i] = np.array([nonpad[-1] + 1 if len(nonpad) else 0])
+                    out_st[i] = dec.source_tokens[j] if dec.source_tokens is not None else None
+                self.stats["rows_delivered"] += len(sel)
+                self.stats["bytes_delivered"] += dec.row_bytes * len(sel)
+        if ids is None:
+            ids = np.zeros((0, 0), np.int64)
         return RowBatch(ids, out_dl, out_st)
+
+    # -- read accounting ------------------------------------------------------------------
+
+    def reset_read_stats(self) -> None:
+        self.stats = {"blocks_decoded": 0, "bytes_decoded": 0, "bytes_read": 0, "rows_delivered": 0, "bytes_delivered": 0.0}
+
+    def read_stats(self) -> dict:
+        """Counters since the last reset, and ``read_amplification``: bytes decoded per byte
+        handed out (a row decoded once and trained on once: 1.0)."""
+        with self._lock:
+            s = dict(self.stats)
+        s["read_amplification"] = s["bytes_decoded"] / s["bytes_delivered"] if s["bytes_delivered"] else None
+        return s

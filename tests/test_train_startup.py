@@ -1,0 +1,183 @@
+"""Start-up and throughput features: the model built on the meta device and initialised shard
+by shard under FSDP2 (two CPU processes, peak host memory per rank), ``train.compile``,
+activation checkpointing per block, MFU with the peak table or ``--peak-flops``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from train_helpers import REPO, SMALL, records, torchrun, write_config
+from training import metrics
+from training.attention import doc_ids_from_lens, positions_from_doc_ids
+from training.config import ModelConfig, ParallelConfig
+from training.model import Transformer, flops_per_token
+from training.parallel import DistEnv, parallelize
+from training.synthetic import write_packed
+from training.train import main
+
+torch.set_num_threads(1)
+SEQ, VOCAB = 64, 256
+ONE = DistEnv(0, 1, 0, torch.device("cpu"))
+
+
+def batch(length: int = SEQ, rows: int = 2, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, VOCAB, (rows, length + 1), generator=g)
+    lens = [[5, 20, 9, 30], [40, 1, 23]]
+    doc_ids = torch.from_numpy(doc_ids_from_lens(lens[:rows], length))
+    positions = torch.from_numpy(positions_from_doc_ids(doc_ids.numpy()))
+    return tokens[:, :-1], tokens[:, 1:], doc_ids, positions
+
+
+def loss_and_grads(model, tokens, targets, doc_ids, positions):
+    loss = F.cross_entropy(model(tokens, doc_ids, positions).flatten(0, 1), targets.flatten())
+    loss.backward()
+    # Names without the wrappers' prefixes (activation checkpointing adds one).
+    grads = {n.replace("_checkpoint_wrapped_module.", ""): p.grad.clone() for n, p in model.named_parameters()}
+    return loss.item(), grads
+
+
+def built(parallel: ParallelConfig, compile: bool = False, attention: str = "auto") -> torch.nn.Module:
+    """A model the way the trainer builds it: on meta, then parallelize (materialise + init)."""
+    with torch.device("meta"):
+        model = Transformer(ModelConfig(vocab_size=VOCAB, attention=attention, **SMALL), SEQ, init_seed=3)
+    return parallelize(model, parallel, ONE, compile=compile)
+
+
+def test_meta_init_equals_host_init():
+    """Built on the meta device and initialised after ``to_empty`` == built directly: the
+    weights depend on (seed, parameter name) only."""
+    host = Transformer(ModelConfig(vocab_size=VOCAB, **SMALL), SEQ, init_seed=3)
+    meta = built(ParallelConfig())
+    a, b = host.state_dict(), meta.state_dict()
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert torch.equal(host.rope_cos, meta.rope_cos) and torch.equal(host.rope_sin, meta.rope_sin)
+    other = Transformer(ModelConfig(vocab_size=VOCAB, **SMALL), SEQ, init_seed=4)
+    assert not torch.equal(other.layers[0].attention.wq.weight, host.layers[0].attention.wq.weight)
+
+
+@pytest.mark.slow
+def test_fsdp2_meta_init_keeps_each_rank_under_the_full_model(tmp_path):
+    """torchrun, 2 CPU processes (gloo): a ~136M-parameter model (0.54 GB fp32) built on the
+    meta device and initialised shard by shard; each rank's peak host memory during start-up
+    stays near its half, well under the full model (the former host-side init is measured too)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "MALLOC_MMAP_THRESHOLD_": "65536"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           str(REPO / "tests" / "dist_meta_init.py"), str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    mib = 2**20
+    print(f"\n  FSDP2 start-up, 2 ranks, model {ranks[0]['full_model_bytes'] / mib:.0f} MiB fp32:")
+    for r in ranks:
+        print(f"    rank {r['rank']}: shard {r['local_shard_bytes'] / mib:.0f} MiB, peak during start-up: meta init "
+              f"{r['meta_init_peak_bytes'] / mib:.0f} MiB, former host init {r['host_init_peak_bytes'] / mib:.0f} MiB")
+    for r in ranks:
+        assert len(r["checked"]) == 4  # its shards hold exactly the single-process rows
+        assert r["meta_init_peak_bytes"] < 0.65 * r["full_model_bytes"]
+        assert r["host_init_peak_bytes"] > r["full_model_bytes"]  # the measure sees a full model when there is one
+
+
+def test_activation_checkpointing_gives_equal_gradients():
+    tokens, targets, doc_ids, positions = batch()
+    plain = loss_and_grads(built(ParallelConfig()), tokens, targets, doc_ids, positions)
+    ac_model = built(ParallelConfig(activation_checkpointing=True))
+    assert "CheckpointWrapper" in type(ac_model.layers[0]).__name__
+    ac = loss_and_grads(ac_model, tokens, targets, doc_ids, positions)
+    assert plain[0] == ac[0]
+    assert plain[1].keys() == ac[1].keys()
+    for name in plain[1]:
+        torch.testing.assert_close(ac[1][name], plain[1][name], rtol=0, atol=0, msg=name)
+
+
+def config(tmp_path: Path, data: Path, name: str, **sections) -> Path:
+    return write_config(tmp_path, name, {
+        "seed": 0,
+        "model": {"vocab_size": VOCAB, **SMALL},
+        "data": {"path": str(data), "seq_len": SEQ},
+        "train": {"global_batch": 4, "micro_batch": 4, "steps": 3, "threads": 1},
+        "optim": {"lr": 3e-3},
+        "checkpoint": {"every": 1000},
+        "metrics": {"every": 1, "progress": "off", "tensorboard": False},
+    }, **sections)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return write_packed(tmp_path_factory.mktemp("startup") / "pack", {"web": 40, "math": 20}, SEQ, vocab=VOCAB)
+
+
+@pytest.mark.slow
+def test_compile_trains_like_eager(tmp_path, data):
+    """``train.compile: true`` (each block through torch.compile, inductor on CPU): the same
+    losses as eager, and the start record says so."""
+    from torch._dynamo.utils import counters
+
+    assert main(str(config(tmp_path, data, "eager"))) == 0
+    counters.clear()
+    assert main(str(config(tmp_path, data, "compiled", train={"compile": True}))) == 0
+    assert counters["stats"]["unique_graphs"] >= 1  # dynamo did compile the blocks
+    eager, compiled = records(tmp_path / "eager"), records(tmp_path / "compiled")
+    assert len(eager) == len(compiled) == 3
+    for a, b in zip(eager, compiled):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-3)
+    start = records(tmp_path / "compiled", "event")[0]
+    assert start["compile"] is True and "compiled" in start["message"]
+
+
+@pytest.mark.slow
+def test_fsdp2_compiled_checkpointed_two_processes_match_one_eager(tmp_path, data):
+    """torchrun, 2 CPU processes: FSDP2 over the meta-built model, compiled blocks, activation
+    checkpointing, against one eager process with the same global batch."""
+    assert main(str(config(tmp_path, data, "single", train={"micro_batch": 2}))) == 0
+    torchrun(config(tmp_path, data, "fsdp", train={"micro_batch": 2, "compile": True}),
+             "parallel.strategy=fsdp", "parallel.activation_checkpointing=true")
+    one, two = records(tmp_path / "single"), records(tmp_path / "fsdp")
+    assert [r["step"] for r in one] == [r["step"] for r in two] == [0, 1, 2]
+    for a, b in zip(one, two):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4)
+    start = records(tmp_path / "fsdp", "event")[0]["message"]
+    assert "world 2 (fsdp)" in start and "compiled" in start and "activation checkpointing" in start
+
+
+def test_mfu_with_peak_flops_and_the_attention_choice_in_the_metrics(tmp_path, data):
+    """On CPU MFU is logged only with a peak (``--peak-flops``); it is model FLOPs per token x
+    tokens/s / peak. The start record names the attention backend and why."""
+    from training.__main__ import cli
+
+    assert cli([str(config(tmp_path, data, "run")), "--peak-flops", "2e11"]) == 0
+    start = records(tmp_path / "run", "event")[0]
+    assert start["attention"] == "segments" and "attention segments" in start["message"]
+    assert start["peak_flops"] == 2e11
+    n_matmul = Transformer(ModelConfig(vocab_size=VOCAB, **SMALL), SEQ).num_params(matmul_only=True)
+    assert start["flops_per_token"] == flops_per_token(ModelConfig(vocab_size=VOCAB, **SMALL), SEQ, n_matmul)
+    for rec in records(tmp_path / "run"):
+        assert rec["mfu"] == pytest.approx(start["flops_per_token"] * rec["tokens_per_s"] / 2e11)
+        assert 0 < rec["mfu"] < 1
+
+
+def test_peak_table(monkeypatch):
+    cuda = torch.device("cuda")
+    expect = {
+        "NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100 PCIe": 756e12, "NVIDIA H200": 989e12,
+        "NVIDIA A100-SXM4-80GB": 312e12, "NVIDIA L40S": 362e12, "NVIDIA L4": 121e12, "NVIDIA GeForce GTX 1080": None,
+    }
+    for name, peak in expect.items():
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None, name=name: name)
+        assert metrics.peak_flops(cuda) == peak, name
+    assert metrics.peak_flops(cuda, override=1e15) == 1e15
+    assert metrics.peak_flops(torch.device("cpu")) is None
+    assert metrics.peak_flops(torch.device("cpu"), override=5e11) == 5e11
+    assert metrics.mfu(1e9, 1e3, None) is None
+    assert metrics.mfu(1e9, 1e3, 1e13, devices=2) == pytest.approx(0.05)
