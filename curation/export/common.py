@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import uuid
+from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -186,7 +187,7 @@ def write_array(f: HashedFile, arr: np.ndarray) -> None:
         f.write(arr.reshape(-1).view(np.uint8))
 
 
-class Writer:
+class Writer(ABC):
     """One output shard of a format (one upstream shard in, its files out).
 
     ``write_docs`` / ``write_rows`` take batches in order; ``close`` returns the files written,
@@ -207,14 +208,16 @@ class Writer:
         self._open.append(f)
         return f
 
+    @abstractmethod
     def write_docs(self, docs: Docs) -> None:
-        raise NotImplementedError
+        """Append documents (token arrays with their boundaries) to the open files."""
 
     def write_rows(self, rows: Rows) -> None:
         self.write_docs(rows.docs())
 
+    @abstractmethod
     def close(self) -> list[dict[str, Any]]:
-        raise NotImplementedError
+        """Finish the files (indexes, headers); return their records (name, bytes, sha256)."""
 
     def extra(self) -> dict[str, Any]:
         return {}

@@ -5,15 +5,15 @@ A global stage's ``run(ctx)`` reads as a list of phases::
 
     keys = ctx.phase("keys", keys_task, [KeysJob(...) for ...])
     dups = ctx.phase("partitions", partition_task, [PartitionJob(...) for ...])
-    ctx.phase("apply", apply_task, [ApplyJob(key=..., ...) for ...], commit=True)
+    ctx.phase("apply", apply_task, [ApplyJob(out=ctx.output(key), ...) for ...], commit=True)
     ctx.write_report(REPORT, {...})
 
 A job is a frozen dataclass (its fields are the task's arguments) and the task returns a small
 JSON-able dict. A phase records each finished job's result in ``_work/HASH/_phases/NAME.jsonl``,
 so a rerun after a kill skips what finished and returns the recorded results; a ``commit``
-phase's tasks return manifest entries, committed as they arrive, and a rerun skips jobs whose
-``key`` is committed. Every phase is timed and records the largest worker peak RSS; both go
-into the stage report. Failures follow ``curation.pipeline.tasks``' rule and raise
+phase's jobs carry ``out = ctx.output(key)``; their tasks write through it and return manifest
+entries, committed as they arrive, and a rerun skips jobs whose ``out.key`` is committed.
+Every phase is timed and records the largest worker peak RSS; both go into ``_phases.json``. Failures follow ``curation.pipeline.tasks``' rule and raise
 ``TasksFailed`` at the end of the phase.
 """
 
@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 from curation.formats.manifest import parse_lines
 from curation.io.artifacts import check_header
 from curation.io.files import write_json
-from curation.pipeline.rundir import RunDir
+from curation.pipeline.rundir import RunDir, ShardOutput
 from curation.pipeline.tasks import Resources, TasksFailed, peak_rss_mb, run_measured
 
 PHASES = "_phases"
@@ -58,6 +58,10 @@ class GlobalContext:
         d = self.rundir.work_dir(self.name, self.params_hash)
         d.mkdir(parents=True, exist_ok=True)
         return d
+
+    def output(self, key: str) -> ShardOutput:
+        """The output shard ``key`` of this stage, for a commit phase's job (``job.out``)."""
+        return ShardOutput(self.rundir, self.name, self.params_hash, key)
 
     def done_keys(self) -> set[str]:
         return set(self.rundir.committed(self.name, self.params_hash))
@@ -95,7 +99,7 @@ class GlobalContext:
         log = self.work_dir / PHASES / f"{name}.jsonl"
         if commit:
             entries = self.committed()
-            done = {i: entries[j.key] for i, j in enumerate(jobs) if j.key in entries}
+            done = {i: entries[j.out.key] for i, j in enumerate(jobs) if j.out.key in entries}
         else:
             recorded = parse_lines(log.read_text().splitlines()) if log.exists() else {}
             done = {i: recorded[str(i)]["result"] for i in range(len(jobs)) if str(i) in recorded}

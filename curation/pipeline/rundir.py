@@ -23,6 +23,7 @@ import contextlib
 import json
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +50,21 @@ ROW_GROUP_ROWS = 1024
 
 class RunNotFound(FileNotFoundError):
     """A path that is not a refinery run directory (no dag.yaml)."""
+
+
+@dataclass(frozen=True)
+class ShardOutput:
+    """Where one task of a global stage writes its output shard: handed to the task in its job
+    (picklable), so a stage writes shards without knowing the run directory's layout."""
+
+    rundir: RunDir
+    stage: str
+    params_hash: str
+    key: str
+
+    def write(self, kept: pa.Table | None, rejected: pa.Table | None, rows_in: int, **kwargs: Any) -> dict:
+        """Write the shard (and its rejections); return its manifest entry."""
+        return self.rundir.write_stage_shard(self.stage, self.key, kept, rejected, rows_in, self.params_hash, **kwargs)
 
 
 class RunDirError(RuntimeError):

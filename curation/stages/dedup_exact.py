@@ -52,7 +52,7 @@ from curation.stages.base import GlobalStage, Resources, registry
 
 if TYPE_CHECKING:  # pragma: no cover
     from curation.pipeline.context import GlobalContext
-    from curation.pipeline.rundir import RunDir
+    from curation.pipeline.rundir import ShardOutput
 
 #: Bump when keys or the choice of duplicates change for the same parameters.
 EXACT_VERSION = 3  # 3: key files indexed by partition
@@ -184,10 +184,7 @@ def partition_task(job: PartitionJob) -> dict:
 
 @dataclass(frozen=True)
 class ApplyJob:
-    rundir: RunDir
-    stage: str
-    params_hash: str
-    key: str
+    out: ShardOutput
     path: str
     shard: int
     dup_files: tuple[str, ...]
@@ -221,8 +218,8 @@ def apply_task(job: ApplyJob) -> dict:
             idx = table.schema.get_field_index("text")
             table = table.set_column(idx, "text", pa.array(texts, table.schema.field("text").type))
         table = table.append_column("dup_paragraphs", pa.array(removed, pa.int32()))
-    kept, rejected = split_kept_rejected(table, pa.array(reasons.tolist(), pa.string()), job.stage)
-    return job.rundir.write_stage_shard(job.stage, job.key, kept, rejected, table.num_rows, job.params_hash)
+    kept, rejected = split_kept_rejected(table, pa.array(reasons.tolist(), pa.string()), job.out.stage)
+    return job.out.write(kept, rejected, table.num_rows)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -304,7 +301,7 @@ class ExactDedup(GlobalStage):
                 PartitionJob(p, key_files, dup_files[p], str(bloom_dir / f"part-{p:05d}.bloom"), against[p],
                              self.partition_capacity(), self.bloom.false_positive_rate, self.seed, self.bloom_params(),
                              header) for p in range(P)])
-            ctx.phase("apply", apply_task, [ApplyJob(ctx.rundir, ctx.name, ctx.params_hash, keys[i], paths[i], i,
+            ctx.phase("apply", apply_task, [ApplyJob(ctx.output(keys[i]), paths[i], i,
                                                      dup_files, self.level, header) for i in range(len(keys))],
                       commit=True)
         self._write_report(ctx, bloom_dir)

@@ -61,7 +61,7 @@ from curation.dedup.minhash import (
 )
 if TYPE_CHECKING:  # pragma: no cover
     from curation.pipeline.context import GlobalContext
-    from curation.pipeline.rundir import RunDir
+    from curation.pipeline.rundir import ShardOutput
 
 from curation.stages.base import GlobalStage, Resources, registry
 
@@ -311,10 +311,7 @@ def keeper_task(job: KeeperJob) -> dict:
 
 @dataclass(frozen=True)
 class ApplyJob:
-    rundir: RunDir
-    stage: str
-    params_hash: str
-    key: str
+    out: ShardOutput
     path: str
     lo: int
     hi: int
@@ -346,8 +343,8 @@ def apply_task(job: ApplyJob) -> dict:
     reasons = pc.binary_join_element_wise(pa.scalar(REASON_PREFIX), pc.cast(ids, pa.string()), "")
     reasons = pc.if_else(pa.array(kept), pa.scalar(None, pa.string()), reasons)
     table = table.append_column("dup_cluster", ids)
-    kept_t, rejected = split_kept_rejected(table, reasons, job.stage)
-    return job.rundir.write_stage_shard(job.stage, job.key, kept_t, rejected, table.num_rows, job.params_hash)
+    kept_t, rejected = split_kept_rejected(table, reasons, job.out.stage)
+    return job.out.write(kept_t, rejected, table.num_rows)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -449,7 +446,7 @@ class MinHashDedup(GlobalStage):
                                   header, cc_head) for i in range(len(paths))])
             ctx.phase("keepers", keeper_task, [KeeperJob(q, cq_files, keeper_files[q], header) for q in range(P)])
         ctx.phase("apply", apply_task, [
-            ApplyJob(ctx.rundir, ctx.name, ctx.params_hash, keys[i], paths[i], int(offsets[i]), int(offsets[i + 1]),
+            ApplyJob(ctx.output(keys[i]), paths[i], int(offsets[i]), int(offsets[i + 1]),
                      labels, keeper_files, header, cc_head) for i in range(len(paths))], commit=True)
         self._write_report(ctx, keys, int(offsets[-1]), cand, comp, header)
 

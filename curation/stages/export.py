@@ -40,7 +40,7 @@ from curation.tokenizer.model import Tokenizer, TokenizerError, checked_tokenize
 if TYPE_CHECKING:  # pragma: no cover
     from curation.pipeline.context import GlobalContext
     from curation.pipeline.dag import Dag
-    from curation.pipeline.rundir import RunDir
+    from curation.pipeline.rundir import RunDir, ShardOutput
 
 EXPORT_MANIFEST = "export.json"
 #: rows per batch a task reads (and hands its writer)
@@ -101,13 +101,11 @@ def rows_of(batch: pa.RecordBatch) -> tuple[Rows, list[dict[str, int]]]:
 
 @dataclass(frozen=True)
 class ExportJob:
-    key: str  # upstream shard key (the manifest line's key)
+    out: ShardOutput  # keyed by the upstream shard key (the manifest line's key)
     index: int  # its place in the run's order
     name: str  # output files' base name
     path: str  # upstream Parquet shard
     out_dir: str
-    stage: str
-    params_hash: str
     format: str
     unit: str  # "docs" or "rows"
     info: tuple  # TokenInfo fields, in order
@@ -151,7 +149,7 @@ def export_task(job: ExportJob) -> dict:
         writer.abort()
         raise
     n_in = pf.metadata.num_rows
-    return {"shard": job.key, "stage": job.stage, "params_hash": job.params_hash, "rows_in": n_in,
+    return {"shard": job.out.key, "stage": job.out.stage, "params_hash": job.out.params_hash, "rows_in": n_in,
             "rows": n_in - counts["empty_docs"], "file": None, "rejected_file": None, "rejected_rows": 0,
             "export": {"name": job.name, "files": files, **counts,
                        "source_tokens": dict(sorted(per_source.items())), **writer.extra()}}
@@ -289,7 +287,7 @@ class Export(GlobalStage):
             ctx.commit([{**e, "params_hash": "files-missing"} for e in gone])
         names = safe_names([k for k, _ in ctx.upstream])
         options = (("size_limit", self.mds_size_limit),)
-        jobs = [ExportJob(k, i, names[i], p, str(out), ctx.name, ctx.params_hash, self.format, unit,
+        jobs = [ExportJob(ctx.output(k), i, names[i], p, str(out), self.format, unit,
                           tuple(info.to_dict().values()), options)
                 for i, (k, p) in enumerate(ctx.upstream)]
         results = [e["export"] for e in ctx.phase("export", export_task, jobs, commit=True)]

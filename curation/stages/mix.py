@@ -51,7 +51,7 @@ from curation.sampling.mixture import (
 
 if TYPE_CHECKING:  # pragma: no cover
     from curation.pipeline.context import GlobalContext
-    from curation.pipeline.rundir import RunDir
+    from curation.pipeline.rundir import ShardOutput
 
 from curation.stages.base import GlobalStage, registry
 
@@ -191,13 +191,10 @@ class Choice:
 
 @dataclass(frozen=True)
 class ScatterJob:
-    rundir: RunDir
-    stage: str
-    params_hash: str
-    key: str
+    out: ShardOutput
     shard: int
     path: str
-    out: str
+    scatter_file: str
     seed: int
     choices: tuple[tuple[str, Choice], ...]
     out_shards: int
@@ -235,20 +232,17 @@ def scatter_task(job: ScatterJob) -> dict:
     copies = copies.append_column("_pos", pa.array(pos[order], pa.float64()))
     copies = copies.append_column("_shard", pa.array(np.full(len(rows), job.shard, np.int64)))
     copies = copies.append_column("_seq", pa.array(np.arange(len(rows), dtype=np.int64)))
-    write_partitioned(copies, part[order], job.out, {"algorithm": "mix-scatter", "version": MIX_VERSION},
+    write_partitioned(copies, part[order], job.scatter_file, {"algorithm": "mix-scatter", "version": MIX_VERSION},
                       max_rows=16384)
-    _, rejected = split_kept_rejected(table, pa.array(reasons.tolist(), pa.string()), job.stage)
-    entry = job.rundir.write_stage_shard(job.stage, job.key, None, rejected, table.num_rows, job.params_hash)
+    _, rejected = split_kept_rejected(table, pa.array(reasons.tolist(), pa.string()), job.out.stage)
+    entry = job.out.write(None, rejected, table.num_rows)
     entry["rows"] = 0  # this entry only accounts for input rows; copies are counted by output shards
     return entry
 
 
 @dataclass(frozen=True)
 class GatherJob:
-    rundir: RunDir
-    stage: str
-    params_hash: str
-    key: str
+    out: ShardOutput
     j: int
     files: tuple[str, ...]
     schema: pa.Schema
@@ -263,7 +257,7 @@ def gather_task(job: GatherJob) -> dict:
     table = pa.concat_tables(parts).combine_chunks() if parts else ranked.empty_table()
     table = table.take(pc.sort_indices(table, [("_pos", "ascending"), ("_shard", "ascending"), ("_seq", "ascending")]))
     table = table.drop_columns(["_pos", "_shard", "_seq"]).replace_schema_metadata(job.schema.metadata)
-    return job.rundir.write_stage_shard(job.stage, job.key, table, None, 0, job.params_hash)
+    return job.out.write(table, None, 0)
 
 
 def _merge(acc: dict | None, out: dict) -> dict:
@@ -423,10 +417,10 @@ class Mix(GlobalStage):
         out_keys = [f"{ctx.name}-{j:05d}" for j in range(n_out)]
         scatter = tuple(str(ctx.work_dir / "scatter" / f"{n}.parquet") for n in safe_names(keys))
         ctx.phase("scatter", scatter_task, [
-            ScatterJob(ctx.rundir, ctx.name, ctx.params_hash, keys[i], i, paths[i], scatter[i], self.seed,
+            ScatterJob(ctx.output(keys[i]), i, paths[i], scatter[i], self.seed,
                        tuple(sorted(choices.items())), n_out) for i in range(len(paths))], commit=True)
         schema = _unified_schema(paths)
-        ctx.phase("gather", gather_task, [GatherJob(ctx.rundir, ctx.name, ctx.params_hash, out_keys[j], j, scatter,
+        ctx.phase("gather", gather_task, [GatherJob(ctx.output(out_keys[j]), j, scatter,
                                                     schema) for j in range(n_out)], commit=True)
         ctx.write_report(REPORT, report)
 

@@ -37,7 +37,7 @@ from pydantic import Field, field_validator
 
 if TYPE_CHECKING:  # pragma: no cover
     from curation.pipeline.context import GlobalContext
-    from curation.pipeline.rundir import RunDir
+    from curation.pipeline.rundir import ShardOutput
 
 from curation.stages.base import GlobalStage, registry
 from curation.formats.packed import PACK_REPORT, PACKED_SCHEMA, TOKENIZER_METADATA
@@ -246,10 +246,7 @@ def pack_by_source(table: pa.Table, seq_len: int, algorithm: str, pad_id: int) -
 
 @dataclass(frozen=True)
 class PackJob:
-    rundir: RunDir
-    stage: str
-    params_hash: str
-    key: str
+    out: ShardOutput
     segments: tuple[tuple[str, int, int], ...]
     seq_len: int
     algorithm: str
@@ -284,8 +281,7 @@ def pack_task(job: PackJob) -> dict:
             src = packed.column("source").to_numpy(zero_copy_only=False)
             perm = perm[np.argsort(src[perm], kind="stable")]  # sources in order, shuffled inside
         packed = packed.take(perm)
-    entry = job.rundir.write_stage_shard(job.stage, job.key, packed, None, table.num_rows, job.params_hash,
-                                         row_group_size=ROW_GROUP_ROWS)
+    entry = job.out.write(packed, None, table.num_rows, row_group_size=ROW_GROUP_ROWS)
     entry["pack"] = stats
     return entry
 
@@ -371,7 +367,7 @@ class Pack(GlobalStage):
         pad_id = self.resolve_pad_id(paths) if windows else (self.pad_id or 0)
         keys = [f"{ctx.name}-{w:05d}" for w in range(len(windows))]
         ctx.phase("pack", pack_task, [
-            PackJob(ctx.rundir, ctx.name, ctx.params_hash, k, tuple(windows[w]), self.seq_len, self.algorithm,
+            PackJob(ctx.output(k), tuple(windows[w]), self.seq_len, self.algorithm,
                     pad_id, self.per_source, (self.seed, w) if self.shuffle_rows else None)
             for w, k in enumerate(keys)], commit=True)
         entries = ctx.committed()

@@ -31,7 +31,7 @@ from curation.quality.topk import BINS, GATHER_CAP, LEVELS, Prefix, choose_bin, 
 from curation.io.shards import split_kept_rejected
 if TYPE_CHECKING:  # pragma: no cover
     from curation.pipeline.context import GlobalContext
-    from curation.pipeline.rundir import RunDir
+    from curation.pipeline.rundir import ShardOutput
 
 from curation.stages.base import GlobalStage, MapStage, Stage, StageResult, registry
 
@@ -148,10 +148,7 @@ def gather_task(job: GatherJob) -> list[list]:
 
 @dataclass(frozen=True)
 class CutJob:
-    rundir: RunDir
-    stage: str
-    params_hash: str
-    key: str
+    out: ShardOutput
     path: str
     scores: str
     threshold: float
@@ -169,11 +166,11 @@ def cut_task(job: CutJob) -> dict:
     if len(tied) and job.boundary is not None:
         ids = table.column("id").take(pa.array(tied)).to_pylist()
         for j, doc_id in zip(tied.tolist(), ids):
-            keep[j] = (str(doc_id), job.key, j) <= job.boundary
+            keep[j] = (str(doc_id), job.out.key, j) <= job.boundary
     reasons = np.where(keep, None, np.where(has, "quality:below_top_fraction", "quality:no_text"))
     out = _with_quality(table, scores)
-    kept, rejected = split_kept_rejected(out, pa.array(reasons.tolist(), pa.string()), job.stage)
-    return job.rundir.write_stage_shard(job.stage, job.key, kept, rejected, table.num_rows, job.params_hash)
+    kept, rejected = split_kept_rejected(out, pa.array(reasons.tolist(), pa.string()), job.out.stage)
+    return job.out.write(kept, rejected, table.num_rows)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -301,7 +298,7 @@ class QualityTop(_Model, GlobalStage):
                               fold=lambda acc, part: (acc or []) + part)
             threshold, bnd = cut([tuple(c) for c in found], need)
             boundary = tuple(bnd)
-        ctx.phase("cut", cut_task, [CutJob(ctx.rundir, ctx.name, ctx.params_hash, key, paths[key], scores[key],
+        ctx.phase("cut", cut_task, [CutJob(ctx.output(key), paths[key], scores[key],
                                            threshold, boundary) for key in keys], commit=True)
         loads = facts["loads"]
         ctx.write_report(REPORT, {"documents": n, "with_text": with_text, "keep_top": self.keep_top, "kept": k,
