@@ -117,7 +117,8 @@ def need(module: str, package: str):
         return importlib.import_module(module)
     except Exception as e:  # noqa: BLE001 (any import failure is a reason to skip)
         pytest.skip(f"{package} cannot be imported here ({type(e).__name__}: {e}); "
-                    "the format is checked against its published layout by the *_spec test")
+                    "the format is checked against its published layout by the *_spec test; `make setup` "
+                    "installs the reader (.[export-test] plus the --no-deps line in the Makefile)")
 
 
 def import_streaming():
@@ -132,11 +133,13 @@ def import_streaming():
     except ModuleNotFoundError as e:
         if e.name != "torchvision":
             pytest.skip(f"mosaicml-streaming cannot be imported here (ModuleNotFoundError: {e}); "
-                        "MDS is checked against its published layout by test_mds_spec")
+                        "MDS is checked against its published layout by test_mds_spec; `make setup` installs "
+                        "mosaicml-streaming (--no-deps line in the Makefile)")
     except Exception as e:  # noqa: BLE001
         if "torchvision" not in repr(e):
             pytest.skip(f"mosaicml-streaming cannot be imported here ({type(e).__name__}: {e}); "
-                        "MDS is checked against its published layout by test_mds_spec")
+                        "MDS is checked against its published layout by test_mds_spec; `make setup` installs "
+                        "mosaicml-streaming (--no-deps line in the Makefile)")
     saved = {k: v for k, v in sys.modules.items() if k == "torchvision" or k.startswith(("torchvision.", "streaming"))}
     for k in saved:
         del sys.modules[k]
@@ -152,7 +155,8 @@ def import_streaming():
         return importlib.import_module("streaming")
     except Exception as e:  # noqa: BLE001
         pytest.skip(f"mosaicml-streaming cannot be imported here even with torchvision stubbed "
-                    f"({type(e).__name__}: {e}); MDS is checked against its published layout by test_mds_spec")
+                    f"({type(e).__name__}: {e}); MDS is checked against its published layout by test_mds_spec; "
+                    "a torchvision built for the installed torch would make it run")
     finally:
         for k in stub:
             sys.modules.pop(k, None)

@@ -31,7 +31,8 @@ def test_no_pipeline_file_names_an_absolute_path():
 @pytest.mark.parametrize("name", DATA_DAGS)
 def test_data_dags_plan_from_the_repo(name, monkeypatch):
     if not _data_available():
-        pytest.skip("no sample-data folder here: REFINERY_DATA unset and ../shared/data absent")
+        pytest.skip("no sample-data folder here: REFINERY_DATA unset and ../shared/data absent; "
+                    "set REFINERY_DATA to the sample data to run it")
     monkeypatch.chdir(REPO)
     plan = make_plan(load_dag(REPO / "pipelines" / f"{name}.yaml"))
     assert all(len(shards) > 0 for shards in plan.input_shards.values())
@@ -39,7 +40,8 @@ def test_data_dags_plan_from_the_repo(name, monkeypatch):
 
 def test_ablate_demo_eval_paths_resolve(monkeypatch):
     if not _data_available():
-        pytest.skip("no sample-data folder here: REFINERY_DATA unset and ../shared/data absent")
+        pytest.skip("no sample-data folder here: REFINERY_DATA unset and ../shared/data absent; "
+                    "set REFINERY_DATA to the sample data to run it")
     monkeypatch.chdir(REPO)
     cfg = load_ablate_config(REPO / "pipelines" / "ablate-demo.yaml")
     assert all(Path(_resolve(p, REPO / "pipelines")).is_file() for p in cfg.eval.paths)

@@ -11,9 +11,9 @@ documents than that have the very same key — a massive tie)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
+
+from curation.sampling.prefix import KeyPrefix
 
 BINS = 256
 LEVELS = 4  # bytes of the key
@@ -26,25 +26,15 @@ def score_keys(scores: np.ndarray) -> np.ndarray:
     return np.minimum(k, 2.0 ** 32 - 1).astype(np.uint64)
 
 
-@dataclass(frozen=True)
-class Prefix:
-    """The key bytes fixed so far (``level`` bytes, high first)."""
+class Prefix(KeyPrefix):
+    """Key bytes fixed so far (8-bit digits of the 32-bit score key)."""
 
-    level: int = 0
-    value: int = 0
-
-    def matches(self, keys: np.ndarray) -> np.ndarray:
-        if self.level == 0:
-            return np.ones(len(keys), bool)
-        return (keys >> np.uint64(8 * (LEVELS - self.level))) == np.uint64(self.value)
+    BITS = 8
+    KEY_BITS = 32
 
     def histogram(self, keys: np.ndarray) -> np.ndarray:
         """Counts of the next key byte among ``keys`` with this prefix."""
-        sub = keys[self.matches(keys)] >> np.uint64(8 * (LEVELS - self.level - 1))
-        return np.bincount((sub & np.uint64(BINS - 1)).astype(np.int64), minlength=BINS)
-
-    def extend(self, byte: int) -> Prefix:
-        return Prefix(self.level + 1, (self.value << 8) | byte)
+        return np.bincount(self.next_digit(keys)[1], minlength=BINS)
 
 
 def choose_bin(counts: np.ndarray, k: int) -> tuple[int, int]:

@@ -24,6 +24,7 @@ import numpy as np
 import xxhash
 
 from curation.dedup.minhash import mix64
+from curation.sampling.prefix import KeyPrefix
 
 BINS = 16  # a shard's histogram is 2 x 16 numbers per source: small at 1e5 shards
 LEVELS = 16  # 4-bit digits of u
@@ -62,32 +63,16 @@ def doc_keys(seed: int, source: str, ids: list[str]) -> np.ndarray:
     return np.fromiter((xxhash.xxh3_64_intdigest((salt + i).encode()) for i in ids), dtype=np.uint64, count=len(ids))
 
 
-@dataclass(frozen=True)
-class Prefix:
+class Prefix(KeyPrefix):
     """The high 4-bit digits of ``u`` fixed so far."""
 
-    level: int = 0
-    value: int = 0
-
-    def matches(self, u: np.ndarray) -> np.ndarray:
-        if self.level == 0:
-            return np.ones(len(u), bool)
-        return (u >> np.uint64(4 * (LEVELS - self.level))) == np.uint64(self.value)
-
-    def below(self, u: np.ndarray) -> np.ndarray:
-        """Keys whose first ``level`` digits are smaller than the prefix (taken whole)."""
-        if self.level == 0:
-            return np.zeros(len(u), bool)
-        return (u >> np.uint64(4 * (LEVELS - self.level))) < np.uint64(self.value)
-
-    def extend(self, byte: int) -> Prefix:
-        return Prefix(self.level + 1, (self.value << 4) | byte)
+    BITS = 4
+    KEY_BITS = 64
 
 
 def histogram(u: np.ndarray, tokens: np.ndarray, prefix: Prefix) -> tuple[list[int], list[int]]:
     """(documents, tokens) per value of the next digit of ``u``, among keys with ``prefix``."""
-    m = prefix.matches(u)
-    b = ((u[m] >> np.uint64(4 * (LEVELS - prefix.level - 1))) & np.uint64(BINS - 1)).astype(np.int64)
+    m, b = prefix.next_digit(u)
     return (np.bincount(b, minlength=BINS).tolist(),
             np.bincount(b, weights=tokens[m].astype(np.float64), minlength=BINS).astype(np.int64).tolist())
 
