@@ -79,29 +79,52 @@ def _copy_ids(ids: list[str], epochs: np.ndarray) -> list[str]:
     return [i if e == 0 else f"{i}#epoch{e}" for i, e in zip(ids, epochs.tolist())]
 
 
-def _doc_columns(path: str) -> tuple[list[str], list[str], np.ndarray]:
-    """(ids, sources, tokens) of a shard: the only columns the choice depends on."""
-    pf = pq.ParquetFile(path)
-    names = pf.schema_arrow.names
+def _token_column(path: str, names: list[str]) -> str:
     if "source" not in names:
         raise MixError(f"mix: {path} has no 'source' column")
-    if "num_tokens" in names:
-        t = pf.read(columns=["id", "source", "num_tokens"])
-        tokens = t.column("num_tokens").to_numpy(zero_copy_only=False)
-    elif "input_ids" in names:
-        t = pf.read(columns=["id", "source", "input_ids"])
-        tokens = pc.list_value_length(t.column("input_ids")).to_numpy(zero_copy_only=False)
-    else:
-        raise MixError(f"mix: {path} has neither num_tokens nor input_ids; put a tokenize stage before mix")
-    src = pc.fill_null(t.column("source").cast(pa.string()), "-").to_pylist()
-    ids = [str(i) for i in t.column("id").to_pylist()]
-    return ids, src, np.nan_to_num(tokens.astype(np.float64)).astype(np.int64)
+    for col in ("num_tokens", "input_ids"):
+        if col in names:
+            return col
+    raise MixError(f"mix: {path} has neither num_tokens nor input_ids; put a tokenize stage before mix")
 
 
-def _by_source(sources: list[str]) -> dict[str, np.ndarray]:
-    arr = pa.array(sources, pa.string()).dictionary_encode()
-    codes = arr.indices.to_numpy(zero_copy_only=False)
-    return {s: np.flatnonzero(codes == c) for c, s in enumerate(arr.dictionary.to_pylist())}
+def read_choice_columns(path: str) -> pa.Table:
+    """The only columns a document's copies depend on: id, source and its tokens."""
+    names = pq.read_schema(path).names
+    return pq.read_table(path, columns=["id", "source", _token_column(path, names)])
+
+
+@dataclass
+class SourceDocs:
+    """One source's documents in a shard: their rows, ids, keys ``u`` and token counts."""
+
+    rows: np.ndarray
+    ids: list[str]
+    u: np.ndarray
+    tokens: np.ndarray
+
+
+def source_docs(table: pa.Table, path: str, seed: int, only: set[str] | None = None) -> dict[str, SourceDocs]:
+    """A shard's documents grouped by source (``only`` those sources), each with its keys."""
+    col = _token_column(path, table.column_names)
+    t = table.column(col)
+    tokens = (t.to_numpy(zero_copy_only=False) if col == "num_tokens"
+              else pc.list_value_length(t).to_numpy(zero_copy_only=False))
+    tokens = np.nan_to_num(tokens.astype(np.float64)).astype(np.int64)
+    ids = [str(i) for i in table.column("id").to_pylist()]
+    enc = pc.fill_null(table.column("source").cast(pa.string()), "-").combine_chunks().dictionary_encode()
+    codes = enc.indices.to_numpy(zero_copy_only=False)
+    out = {}
+    for c, s in enumerate(enc.dictionary.to_pylist()):
+        if only is not None and s not in only:
+            continue
+        rows = np.flatnonzero(codes == c)
+        sid = [ids[r] for r in rows]
+        out[s] = SourceDocs(rows, sid, doc_keys(seed, s, sid), tokens[rows])
+    return out
+
+
+_NONE = SourceDocs(np.zeros(0, np.int64), [], np.zeros(0, np.uint64), np.zeros(0, np.int64))
 
 
 @dataclass(frozen=True)
@@ -112,12 +135,10 @@ class CountJob:
 
 def count_task(job: CountJob) -> dict:
     """Phase ``count``: per source, documents, tokens and the top-digit histogram of ``u``."""
-    ids, src, tokens = _doc_columns(job.path)
     out = {}
-    for s, rows in _by_source(src).items():
-        u = doc_keys(job.seed, s, [ids[r] for r in rows])
-        docs, toks = histogram(u, tokens[rows], Prefix())
-        out[s] = {"docs": len(rows), "tokens": int(tokens[rows].sum()), "hist": [docs, toks]}
+    for s, d in source_docs(read_choice_columns(job.path), job.path, job.seed).items():
+        docs, toks = histogram(d.u, d.tokens, Prefix())
+        out[s] = {"docs": len(d.rows), "tokens": int(d.tokens.sum()), "hist": [docs, toks]}
     return out
 
 
@@ -130,26 +151,21 @@ class RefineJob:
 
 def refine_task(job: RefineJob) -> dict:
     """Phase ``refineN``: per refining source, the next digit's histogram inside its prefix."""
-    ids, src, tokens = _doc_columns(job.path)
-    groups = _by_source(src)
+    groups = source_docs(read_choice_columns(job.path), job.path, job.seed, {s for s, _ in job.prefixes})
     out = {}
     for s, prefix in job.prefixes:
-        rows = groups.get(s, np.zeros(0, np.int64))
-        docs, toks = histogram(doc_keys(job.seed, s, [ids[r] for r in rows]), tokens[rows], prefix)
-        out[s] = [docs, toks]
+        d = groups.get(s, _NONE)
+        out[s] = list(histogram(d.u, d.tokens, prefix))
     return out
 
 
 def cut_task(job: RefineJob) -> dict:
     """Phase ``cut``: (u, id, tokens) of every document inside each source's final prefix."""
-    ids, src, tokens = _doc_columns(job.path)
-    groups = _by_source(src)
+    groups = source_docs(read_choice_columns(job.path), job.path, job.seed, {s for s, _ in job.prefixes})
     out = {}
     for s, prefix in job.prefixes:
-        rows = groups.get(s, np.zeros(0, np.int64))
-        u = doc_keys(job.seed, s, [ids[r] for r in rows])
-        m = np.flatnonzero(prefix.matches(u))
-        out[s] = [[int(u[j]), ids[rows[j]], int(tokens[rows[j]])] for j in m.tolist()]
+        d = groups.get(s, _NONE)
+        out[s] = [[int(d.u[j]), d.ids[j], int(d.tokens[j])] for j in np.flatnonzero(prefix.matches(d.u)).tolist()]
     return out
 
 
@@ -167,15 +183,12 @@ class FillJob:
 def fill_task(job: FillJob) -> dict:
     """Phase ``fillN``: per source, the first ``FILL_PER_SHARD`` documents after the cut (and
     after the bound) in (u, id) order that are small enough to fit the gap."""
-    ids, src, tokens = _doc_columns(job.path)
-    groups = _by_source(src)
+    groups = source_docs(read_choice_columns(job.path), job.path, job.seed, {a[0] for a in job.asks})
     out = {}
     for s, cut, bound, most in job.asks:
-        rows = groups.get(s, np.zeros(0, np.int64))
-        sid = [ids[r] for r in rows]
-        u = doc_keys(job.seed, s, sid)
-        m = np.flatnonzero(cut.after(u, sid, bound) & (tokens[rows] <= most))
-        cands = sorted((int(u[j]), sid[j], int(tokens[rows[j]])) for j in m.tolist())
+        d = groups.get(s, _NONE)
+        m = np.flatnonzero(cut.after(d.u, d.ids, bound) & (d.tokens <= most))
+        cands = sorted((int(d.u[j]), d.ids[j], int(d.tokens[j])) for j in m.tolist())
         out[s] = {"candidates": [list(c) for c in cands[:FILL_PER_SHARD]], "more": len(cands) > FILL_PER_SHARD}
     return out
 
@@ -204,21 +217,18 @@ def scatter_task(job: ScatterJob) -> dict:
     """Phase ``scatter``, one upstream shard: its copies with their positions, in one file
     indexed by output shard; its unselected rows to rejected/. Returns its manifest entry."""
     table = pq.read_table(job.path)
-    ids, src, tokens = _doc_columns(job.path)
     choices = dict(job.choices)
     reasons = np.full(table.num_rows, None, dtype=object)
     rows_l, epochs_l, pos_l = [], [], []
-    for s, rows in _by_source(src).items():
+    for s, d in source_docs(table, job.path, job.seed).items():
         ch = choices.get(s, Choice(0, Cut(None), False))
         if not ch.weighted:
-            reasons[rows] = "mix:not_in_weights"
+            reasons[d.rows] = "mix:not_in_weights"
             continue
-        sid = [ids[r] for r in rows]
-        u = doc_keys(job.seed, s, sid)
-        copies = ch.full + ch.cut.selected(u, sid).astype(np.int64)
-        reasons[rows[copies == 0]] = "mix:subsampled"
-        doc, epoch, pos = emission_positions(u, tokens[rows], copies, job.seed)
-        rows_l.append(rows[doc])
+        copies = ch.full + ch.cut.selected(d.u, d.ids).astype(np.int64)
+        reasons[d.rows[copies == 0]] = "mix:subsampled"
+        doc, epoch, pos = emission_positions(d.u, d.tokens, copies, job.seed)
+        rows_l.append(d.rows[doc])
         epochs_l.append(epoch)
         pos_l.append(pos)
     rows = np.concatenate(rows_l) if rows_l else np.zeros(0, np.int64)
