@@ -48,6 +48,7 @@ from pydantic import Field, model_validator
 from curation.dedup.components import connected_components, edge_header, read_labels, symmetric, write_edges
 from curation.io.artifacts import read_partition, write_partitioned
 from curation.io.files import safe_names
+from curation.io.rows import take_rows
 from curation.io.shards import split_kept_rejected
 from curation.dedup.minhash import (
     MINHASH_VERSION,
@@ -190,19 +191,6 @@ def signature_task(job: SignatureJob) -> dict:
 
 _EMPTY_BUCKETS = pa.table({"band": pa.array([], pa.int32()), "bucket": pa.array([], pa.uint64()),
                            "doc": pa.array([], pa.int64())})
-
-
-def take_rows(path: str, rows: np.ndarray, column: str) -> pa.Array:
-    """``column`` at sorted ``rows`` of a Parquet file, decoding only the row groups that hold them."""
-    pf = pq.ParquetFile(path)
-    sizes = np.array([pf.metadata.row_group(i).num_rows for i in range(pf.num_row_groups)], np.int64)
-    starts = np.r_[0, np.cumsum(sizes)]
-    groups = np.unique(np.searchsorted(starts, rows, side="right") - 1)
-    if not len(groups):
-        return pa.array([], pf.schema_arrow.field(column).type)
-    t = pf.read_row_groups(groups.tolist(), columns=[column])
-    local = np.concatenate([np.arange(starts[g], starts[g + 1]) for g in groups])  # file rows of ``t``
-    return t.column(column).take(pa.array(np.searchsorted(local, rows))).combine_chunks()
 
 
 @dataclass(frozen=True)

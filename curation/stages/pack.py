@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from curation.pipeline.context import GlobalContext
     from curation.pipeline.rundir import ShardOutput
 
+from curation.io.rows import read_row_range
 from curation.stages.base import GlobalStage, registry
 from curation.formats.packed import PACK_REPORT, PACKED_SCHEMA, TOKENIZER_METADATA
 from curation.tokenizer.model import Tokenizer, checked_tokenizer_dir, tokenizer_fingerprint
@@ -212,23 +213,6 @@ def pack_window(table: pa.Table, seq_len: int, algorithm: str, pad_id: int) -> t
 # Ray task
 
 
-def _read_rows(path: str, lo: int, hi: int, columns: list[str]) -> pa.Table:
-    """Rows [lo, hi) of a Parquet file, reading only the row groups that hold them."""
-    pf = pq.ParquetFile(path)
-    cols = [c for c in columns if c in pf.schema_arrow.names]
-    groups, first, base = [], None, 0
-    for g in range(pf.num_row_groups):
-        n = pf.metadata.row_group(g).num_rows
-        if base + n > lo and base < hi:
-            groups.append(g)
-            first = base if first is None else first
-        base += n
-    if not groups:
-        return pf.schema_arrow.empty_table().select(cols)
-    t = pf.read_row_groups(groups, columns=cols)
-    return t.slice(lo - first, hi - lo)
-
-
 def pack_by_source(table: pa.Table, seq_len: int, algorithm: str, pad_id: int) -> tuple[pa.Table, dict]:
     """``pack_window`` on each source's documents of the window apart (sources in name order),
     so every row holds one source's tokens: the trainer can then mix sources by exact token
@@ -258,7 +242,7 @@ class PackJob:
 def pack_task(job: PackJob) -> dict:
     """One window: read its documents, pack them, write one shard. Returns its manifest entry."""
     cols = ["id", "source", "input_ids", "quality"]
-    parts = [_read_rows(p, lo, hi, cols) for p, lo, hi in job.segments]
+    parts = [read_row_range(p, lo, hi, cols) for p, lo, hi in job.segments]
     has_q = any("quality" in t.column_names for t in parts)
     parts = [t if not has_q or "quality" in t.column_names else t.append_column("quality", pa.nulls(t.num_rows, pa.float64()))
              for t in parts]
