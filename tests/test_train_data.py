@@ -194,7 +194,11 @@ def test_phases_follow_weights_and_streams_continue(pack):
     assert (name[ds.row_source[anneal]] == "math").mean() == pytest.approx(0.5, abs=0.02)
     # The math stream continues: the anneal phase does not replay math rows from the stable phase.
     assert not set(stable.tolist()) & set(anneal.tolist())
-    assert order.state(15)["source_rows_consumed"] == {"code": 40, "math": 80, "web": 120}
+    # The state counts exactly the rows handed out (weights are token shares, so with this
+    # pack's uneven padding the row split is not exactly 120/80/40; see test_token_exact_mix).
+    taken = name[ds.row_source[np.concatenate([stable, anneal])]]
+    consumed = order.state(15)["source_rows_consumed"]
+    assert consumed == {s: int((taken == s).sum()) for s in ds.sources} and sum(consumed.values()) == 15 * 16
 
 
 def test_unknown_source_in_mix_is_a_clear_error(pack):

@@ -185,3 +185,23 @@ class MetricsLogger:
                 f.close()
         if self._tb is not None:
             self._tb.close()
+
+
+def mix_table(run_dir: str | Path, plans: list) -> str:
+    """Per phase and source: the weight and the realised share of content tokens, from the
+    run's ``metrics.jsonl`` (one lineage, so it spans resumes). Printed at the end of a run."""
+    by_phase: dict[str, dict[str, float]] = {}
+    path = Path(run_dir) / "metrics.jsonl"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        rec = json.loads(line)
+        if rec.get("kind") == "train":
+            acc = by_phase.setdefault(rec["phase"], {})
+            for s, n in rec.get("content_tokens_by_source", {}).items():
+                acc[s] = acc.get(s, 0.0) + n
+    lines = [f"{'phase':<12} {'source':<12} {'weight':>7} {'tokens':>7}  (share of content tokens)"]
+    for p in plans:
+        got = by_phase.get(p.name, {})
+        total = sum(got.values()) or 1.0
+        for s in sorted(set(p.weights) | set(got)):
+            lines.append(f"{p.name:<12} {s:<12} {p.weights.get(s, 0.0):>7.4f} {got.get(s, 0.0) / total:>7.4f}")
+    return "\n".join(lines)

@@ -89,10 +89,11 @@ def _at(path: Path, branch: bool = False) -> ResumePoint:
     return ResumePoint(path, ckpt.read_meta(path), branch)
 
 
-def resolve_plan(cfg: TrainConfig, point: ResumePoint, source_rows: dict[str, int], data_changed: bool, mix: dict[str, float] | None) -> tuple[Phases, LRSchedule]:
+def resolve_plan(cfg: TrainConfig, point: ResumePoint, source_rows: dict[str, int], data_changed: bool, mix: dict[str, float] | None,
+                 source_tokens: dict[str, int] | None = None) -> tuple[Phases, LRSchedule]:
     """The phase plan and LR schedule: from the config, or from an anneal branch."""
     try:
-        plans = plan_phases(cfg, source_rows)
+        plans = plan_phases(cfg, source_rows, source_tokens)
     except ValueError as err:  # e.g. a mix names a source the data does not have
         raise ConfigError(f"phases: {err}") from None
     schedule = build_lr_schedule(cfg, plans)

@@ -104,14 +104,16 @@ class Phases(list[PhasePlan]):
         self[:] = [PhasePlan(**p) for p in state]
 
 
-def plan_phases(cfg: TrainConfig, source_rows: dict[str, int]) -> Phases:
+def plan_phases(cfg: TrainConfig, source_rows: dict[str, int], source_tokens: dict[str, int] | None = None) -> Phases:
     """Resolve phases (or the single implicit one) to step ranges and weights.
 
-    A token budget becomes ``ceil(tokens / (global_batch * seq_len))`` steps. ``mix: null``
-    means every source in proportion to its row count (i.e. a plain shuffle of all rows).
+    Weights are shares of content tokens (``row_weights`` turns them into row shares). A
+    token budget becomes ``ceil(tokens / (global_batch * seq_len))`` steps. ``mix: null``
+    means every source in proportion to its tokens (i.e. a plain shuffle of all rows).
     """
     tokens_per_step = cfg.train.global_batch * cfg.data.seq_len
-    natural = {s: float(n) for s, n in source_rows.items() if n > 0}
+    sizes = source_tokens if source_tokens and any(source_tokens.values()) else source_rows
+    natural = {s: float(sizes.get(s, 0)) for s, n in source_rows.items() if n > 0 and sizes.get(s, 0) > 0}
     phases = cfg.phases
     if not phases:
         steps = cfg.train.steps or math.ceil(cfg.train.tokens / tokens_per_step)
@@ -201,6 +203,15 @@ def seq_len_at(cfg: TrainConfig, step: int) -> int:
         lengths.append(n)
         n *= 2
     return lengths[step * len(lengths) // w.steps]
+
+
+def row_weights(token_weights: dict[str, float], tokens_per_row: dict[str, float]) -> dict[str, float]:
+    """Row shares that give ``token_weights`` as shares of content tokens: a source whose rows
+    hold fewer tokens (short documents closing rows early) is drawn more often. Rows of one
+    source only (``pack`` per source) make this exact up to the rows' spread in fill."""
+    w = {s: v / tokens_per_row[s] if tokens_per_row.get(s, 0) > 0 else v for s, v in token_weights.items()}
+    total = sum(w.values())
+    return {s: v / total for s, v in w.items()}
 
 
 @dataclass

@@ -29,7 +29,7 @@ from training.data import (IGNORE, DataChangedError, DataError, DataOrder, EvalD
                            order_settings)
 from training.guard import Guard
 from training.attention import AttentionUnavailable, choose_backend
-from training.metrics import MetricsLogger, mfu, peak_flops
+from training.metrics import MetricsLogger, mfu, mix_table, peak_flops
 from training.model import Transformer, flops_per_token
 from training.parallel import (
     DistEnv,
@@ -115,7 +115,7 @@ class Trainer:
         self.checkpointer = ckpt.Checkpointer(cfg.checkpoint.dir or self.run_dir / "checkpoints", cfg.checkpoint.keep, env)
         point = find_resume_point(self.checkpointer, resume, anneal_from)
         data_changed = point.check_data(self.dataset, cfg, order_settings(dc.order, curriculum, dc.shuffle_blocks, dc.lanes))
-        self.plans, self.schedule = resolve_plan(cfg, point, self.dataset.source_rows(), data_changed, mix)
+        self.plans, self.schedule = resolve_plan(cfg, point, self.dataset.source_rows(), data_changed, mix, self.dataset.source_tokens())
         self.order = DataOrder(self.dataset, self.plans, cfg.seed, gb, curriculum, cfg.data.curriculum.buckets, **order_kw)
 
         # The attention backend, resolved once for the longest rows (logged at start).
@@ -328,6 +328,8 @@ class Trainer:
             prefetch.close()
             self.trace.close()
             m.close()
+        if code == 0 and self.env.rank == 0 and self.end_step == self.order.total_steps and self.cfg.metrics.progress != "off":
+            print("realised mix (weights are shares of content tokens):\n" + mix_table(self.run_dir, self.plans), flush=True)
         return code
 
     def _log_window(self, step: int, w: Window) -> None:

@@ -41,7 +41,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 from curation.io.rows import read_row_range
 from curation.stages.base import GlobalStage, registry
-from curation.formats.packed import PACK_REPORT, PACKED_SCHEMA, TOKENIZER_METADATA
+from curation.formats.packed import PACK_REPORT, PACKED_SCHEMA, TOKENIZER_METADATA, with_source_tokens
 from curation.tokenizer.model import Tokenizer, checked_tokenizer_dir, tokenizer_fingerprint
 
 REPORT = PACK_REPORT
@@ -265,7 +265,7 @@ def pack_task(job: PackJob) -> dict:
             src = packed.column("source").to_numpy(zero_copy_only=False)
             perm = perm[np.argsort(src[perm], kind="stable")]  # sources in order, shuffled inside
         packed = packed.take(perm)
-    entry = job.out.write(packed, None, table.num_rows, row_group_size=ROW_GROUP_ROWS)
+    entry = job.out.write(with_source_tokens(packed), None, table.num_rows, row_group_size=ROW_GROUP_ROWS)
     entry["pack"] = stats
     return entry
 

@@ -39,7 +39,7 @@ from collections import OrderedDict
 import numpy as np
 
 from training.data.shards import DataError, PackedDataset
-from training.schedule import MixturePattern, PhasePlan, curriculum_order
+from training.schedule import MixturePattern, PhasePlan, curriculum_order, row_weights
 
 #: rng stream tags, so the lane split, epoch and window permutations never share a seed
 _LANES, _EPOCH, _WINDOW = 0x1A4E, 0xE90C, 0x3D0B
@@ -183,7 +183,10 @@ class DataOrder:
                 SourceStream(rows, name, seed, dataset.row_quality[rows], curriculum, buckets)
                 for name, rows in ((n, np.flatnonzero(dataset.row_source == i)) for i, n in enumerate(dataset.sources))
             ])]
-        self.patterns = [MixturePattern.from_weights(p.weights, dataset.sources) for p in plans]
+        # Phase weights are token shares; the patterns interleave rows.
+        rows = np.bincount(dataset.row_source, minlength=k)
+        tpr = {s: dataset.content_tokens[i] / rows[i] for i, s in enumerate(dataset.sources) if rows[i]}
+        self.patterns = [MixturePattern.from_weights(row_weights(p.weights, tpr), dataset.sources) for p in plans]
         # Rows each source had given out (per lane) before each phase: streams continue across phases.
         per_lane = global_batch // self.lanes
         self.offsets = [np.zeros(k, dtype=np.int64)]

@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from curation.formats import manifest as manifest_format
-from curation.formats.packed import PACK_REPORT
+from curation.formats.packed import PACK_REPORT, SOURCE_TOKENS_METADATA, source_token_counts
 
 #: Columns a training read decodes.
 READ_COLUMNS = ("input_ids", "doc_lens", "source_tokens")
@@ -166,6 +166,7 @@ class PackedDataset:
         """Blocks, per-row source index (and quality): footers plus one narrow column read per shard."""
         codes, quality, names, block_rows, block_ref = [], [], {}, [], []
         missing_quality = 0
+        tokens: dict[str, int] = {}  # content tokens per source (footers; else counted)
         for i, shard in enumerate(self.shards):
             pf = self._file(i)
             md = pf.metadata
@@ -183,6 +184,8 @@ class PackedDataset:
                 col = pa.array(["unknown"] * shard.rows)
             enc = col.dictionary_encode()
             local = [names.setdefault(v, len(names)) for v in enc.dictionary.to_pylist()]
+            for s, (_, n) in self._shard_source_tokens(pf, col).items():
+                tokens[s] = tokens.get(s, 0) + n
             codes.append(np.asarray(local, dtype=np.int32)[enc.indices.to_numpy(zero_copy_only=False)])
             if need_quality and "quality" in schema_names:
                 q = pf.read(columns=["quality"]).column("quality").combine_chunks().cast(pa.float64())
@@ -197,9 +200,23 @@ class PackedDataset:
         remap = np.array([self.sources.index(n) for n in sorted(names, key=names.get)], dtype=np.int32)
         self.row_source = remap[np.concatenate(codes)]
         self.row_quality = np.concatenate(quality)
+        #: content (non-padding) tokens of each source's rows, by source index
+        self.content_tokens = np.array([tokens.get(s, 0) for s in self.sources], dtype=np.int64)
         #: global row id of each block's first row, then num_rows
         self.block_starts = np.concatenate([[0], np.cumsum(block_rows)]).astype(np.int64)
         self._block_ref = block_ref  # block -> (shard index, row group)
+
+    @staticmethod
+    def _shard_source_tokens(pf: pq.ParquetFile, source: pa.Array) -> dict[str, list[int]]:
+        """``{source: [rows, content tokens]}`` of one shard: the footer ``pack`` writes, else
+        counted from ``doc_lens`` (one more narrow column read), else one token per row."""
+        meta = pf.schema_arrow.metadata or {}
+        if SOURCE_TOKENS_METADATA in meta:
+            return json.loads(meta[SOURCE_TOKENS_METADATA])
+        if "doc_lens" in pf.schema_arrow.names:
+            return source_token_counts(pa.table({"doc_lens": pf.read(columns=["doc_lens"]).column("doc_lens"), "source": source}))
+        counts = pc.value_counts(source).to_pylist()
+        return {c["values"]: [c["counts"], c["counts"]] for c in counts}
 
     @property
     def num_blocks(self) -> int:
@@ -208,6 +225,10 @@ class PackedDataset:
     def block_of(self, rows: np.ndarray) -> np.ndarray:
         """The block holding each global row."""
         return np.searchsorted(self.block_starts, rows, side="right") - 1
+
+    def source_tokens(self) -> dict[str, int]:
+        """Content (non-padding) tokens per source: what a phase's mixture weights divide."""
+        return {s: int(n) for s, n in zip(self.sources, self.content_tokens)}
 
     def source_rows(self) -> dict[str, int]:
         """Rows per source."""
