@@ -6,10 +6,14 @@ Nodes are int64 (document indexes). Every edge file lives under ``root``::
 
     root/s000/from-0007.parquet           edges sent by task 7 for step 0, sorted by receiving
                                           partition (row groups indexed by partition: each
-                                          receiver reads only its own byte ranges)
-    root/s000/_done/from-0007.json        task 7 finished step 0 (its statistics)
+                                          receiver reads only its own byte ranges); from step
+                                          1 on, the sender's statistics are in its footer and
+                                          the file (written even when empty) is the marker
+                                          that the task finished
     root/labels/s004/part-0003.parquet    (node, component) of partition 3's nodes, written
                                           at a large-star step where partition 3 was stars
+    root/labels/local.parquet             every label, when the rest of the graph was small
+                                          enough for one task (``local_max_edges``)
 
 Even steps are large-star inputs (every undirected edge present in both directions, each
 direction in the partition of its source node); odd steps are small-star inputs (each edge
@@ -25,34 +29,40 @@ component's minimum node. Each large-star task checks whether its nodes already 
 that (every node with a smaller neighbour has no other neighbour) and then writes their
 labels (the minimum of the closed neighbourhood); when all partitions pass at the same step
 the run stops. Near-duplicate graphs are mostly pairs and small stars, so this is often step
-0. No task ever holds more than its partition's edges; a task that died leaves no ``_done``
-marker and is rerun, so a killed run resumes at the step it was in.
+0. No task ever holds more than its partition's edges; a task that died leaves no output
+file and is rerun, so a killed run resumes at the step it was in.
+
+Once a step's input has at most ``local_max_edges`` edges (known from the senders' footers
+before the step runs), one task reads them all and finishes with an in-memory connected
+components (scipy's): a step costs a shuffle of P files, and a near-duplicate graph that
+fits one worker's memory should not pay O(log² n) of them.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import resource
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from curation.dedup.minhash import mix64, read_artifact, write_artifact
 from curation.io.artifacts import read_partition, write_partitioned
 
 CC_ALGORITHM = "connected-components-large-small-star"
-CC_VERSION = 2  # 2: one edge file per sender, indexed by receiving partition
+CC_VERSION = 3  # 2: one edge file per sender, indexed by receiving partition; 3: stats in footers, local finish
 
 #: ``mapper(fn, items, phase) -> results in item order``: ``GlobalContext.map`` or a plain loop.
 Mapper = Callable[[Callable[..., Any], list[tuple], str], list[Any]]
 
 _EDGE_SCHEMA = pa.schema([pa.field("src", pa.int64()), pa.field("dst", pa.int64())])
+#: footer key of a star task's edge file: the task's statistics (JSON)
+STATS_KEY = b"refinery.cc_stats"
 
 
 def node_partition(nodes: np.ndarray, partitions: int) -> np.ndarray:
@@ -71,13 +81,6 @@ def _step_dir(root: Path, step: int) -> Path:
     return root / f"s{step:03d}"
 
 
-def _write_json(path: Path, obj: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
-    tmp.write_text(json.dumps(obj, sort_keys=True))
-    os.replace(tmp, path)
-
-
 def _dedupe(src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Unique (src, dst) pairs sorted by src then dst."""
     if len(src) == 0:
@@ -89,15 +92,18 @@ def _dedupe(src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def write_edges(step_dir: str | Path, sender: int, src: np.ndarray, dst: np.ndarray, partitions: int,
-                header: dict[str, Any]) -> int:
+                header: dict[str, Any], stats: dict[str, Any] | None = None) -> int:
     """Send directed edges to the partition of their ``src``: one file per sender, its rows
     grouped by receiving partition (so a step writes ``partitions`` files, not their square).
+    With ``stats`` the file is written even without edges and carries them in its footer.
     Returns the number of edges written."""
-    if len(src) == 0:
+    if len(src) == 0 and stats is None:
         return 0
     part = node_partition(src, partitions)
     order = np.argsort(part, kind="stable")
-    t = pa.Table.from_arrays([pa.array(src[order]), pa.array(dst[order])], schema=_EDGE_SCHEMA)
+    t = pa.Table.from_arrays([pa.array(src[order], pa.int64()), pa.array(dst[order], pa.int64())], schema=_EDGE_SCHEMA)
+    if stats is not None:
+        t = t.replace_schema_metadata({STATS_KEY: json.dumps({**stats, "edges_out": int(len(src))}, sort_keys=True).encode()})
     write_partitioned(t, part[order], Path(step_dir) / f"from-{sender:04d}.parquet", header)
     return int(len(src))
 
@@ -198,14 +204,45 @@ def star_task(root: str, step: int, partition: int, partitions: int, header: dic
             write_artifact(t, _labels_dir(root_p, step) / f"part-{partition:04d}.parquet", header)
         stats["star"] = star
         a, b = large_star(src, dst)
-        out = write_edges(nxt, partition, b, a, partitions, header)  # keyed by the larger node
+        a, b = b, a  # keyed by the larger node
     else:
-        a, b = small_star(src, dst)
-        s2, d2 = symmetric(a, b)
-        out = write_edges(nxt, partition, s2, d2, partitions, header)
-    stats.update(edges_out=out, seconds=time.perf_counter() - t0, rss_mb=_rss_mb())
-    _write_json(nxt / "_done" / f"from-{partition:04d}.json", stats)
+        a, b = symmetric(*small_star(src, dst))
+    stats.update(edges_out=int(len(a)), seconds=time.perf_counter() - t0, rss_mb=_rss_mb())
+    write_edges(nxt, partition, a, b, partitions, header, stats)  # the file is the done marker
     return stats
+
+
+def local_task(root: str, step: int, header: dict[str, Any]) -> dict:
+    """The rest of the graph in one task: every edge of step ``step``, components by scipy,
+    one label file (node, component = the component's smallest node), sorted by node."""
+    from scipy.sparse import coo_matrix  # noqa: PLC0415 (only this task needs scipy)
+    from scipy.sparse.csgraph import connected_components as scipy_components  # noqa: PLC0415
+
+    t0 = time.perf_counter()
+    files = sorted(_step_dir(Path(root), step).glob("from-*.parquet"))
+    src, dst = [], []
+    for f in files:
+        t = read_artifact(f, header)
+        src.append(t.column("src").to_numpy().astype(np.int64, copy=False))
+        dst.append(t.column("dst").to_numpy().astype(np.int64, copy=False))
+    a = np.concatenate(src) if src else np.zeros(0, np.int64)
+    b = np.concatenate(dst) if dst else np.zeros(0, np.int64)
+    nodes, inv = np.unique(np.concatenate([a, b]), return_inverse=True)
+    n = len(nodes)
+    comp = np.zeros(0, np.int64)
+    if n:
+        graph = coo_matrix((np.ones(len(a), np.int8), (inv[:len(a)], inv[len(a):])), shape=(n, n))
+        comp = scipy_components(graph, directed=False)[1]
+    smallest = np.full(int(comp.max()) + 1 if n else 0, np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(smallest, comp, nodes)  # nodes ascend, so this is each component's minimum
+    t = pa.Table.from_arrays([pa.array(nodes, pa.int64()), pa.array(smallest[comp], pa.int64())], names=["node", "component"])
+    write_artifact(t, _local_labels(Path(root)), header)
+    return {"step": step, "kind": "local", "edges_in": int(len(a)), "nodes": int(n),
+            "seconds": time.perf_counter() - t0, "rss_mb": _rss_mb()}
+
+
+def _local_labels(root: Path) -> Path:
+    return root / "labels" / "local.parquet"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -226,20 +263,32 @@ class ComponentsResult:
 
 
 def _done_stats(step_dir: Path, partitions: int) -> dict[int, dict]:
+    """The statistics of the star tasks that finished the step writing into ``step_dir``."""
     out = {}
     for q in range(partitions):
-        f = step_dir / "_done" / f"from-{q:04d}.json"
+        f = step_dir / f"from-{q:04d}.parquet"
         if f.exists():
-            out[q] = json.loads(f.read_text())
+            raw = (pq.read_schema(f).metadata or {}).get(STATS_KEY)
+            if raw is not None:
+                out[q] = json.loads(raw)
     return out
 
 
+def _input_edges(root: Path, step: int, partitions: int) -> int:
+    """Edges a step reads: step 0's from the caller's file footers, later steps' from the
+    statistics the previous step's tasks wrote."""
+    if step == 0:
+        return sum(pq.ParquetFile(f).metadata.num_rows for f in _step_dir(root, 0).glob("from-*.parquet"))
+    return sum(s["edges_out"] for s in _done_stats(_step_dir(root, step), partitions).values())
+
+
 def connected_components(mapper: Mapper, root: str | Path, partitions: int, header: dict[str, Any],
-                         max_steps: int = 200, phase: str = "components") -> ComponentsResult:
+                         max_steps: int = 200, phase: str = "components", local_max_edges: int = 0) -> ComponentsResult:
     """Label every node of the graph whose step-0 edges are under ``root``.
 
     ``mapper`` runs the per-partition tasks (``GlobalContext.map`` for Ray); steps whose
-    tasks already left markers are not redone, so a killed run resumes at its last step.
+    tasks already wrote their files are not redone, so a killed run resumes at its last step.
+    A step whose input has at most ``local_max_edges`` edges is finished by one task.
     """
     t0 = time.perf_counter()
     root = Path(root)
@@ -248,6 +297,20 @@ def connected_components(mapper: Mapper, root: str | Path, partitions: int, head
     while True:
         if step >= max_steps:
             raise RuntimeError(f"connected components did not converge in {max_steps} steps")
+        edges = _input_edges(root, step, partitions)
+        if step == 0:
+            res.input_edges = edges
+        if edges <= local_max_edges:
+            local = _local_labels(root)
+            if not local.exists():
+                st = mapper(local_task, [(str(root), step, header)], f"{phase}:local")[0]
+                res.max_rss_mb = max(res.max_rss_mb, st["rss_mb"])
+            res.max_task_edges = max(res.max_task_edges, edges)
+            res.per_step.append({"step": step, "kind": "local", "edges_in": edges, "max_task_edges": edges})
+            res.steps = step + 1
+            res.label_files = [str(local)]
+            res.seconds = time.perf_counter() - t0
+            return res
         have = _done_stats(_step_dir(root, step + 1), partitions)
         # a partition that passed as stars must still have its labels (else redo it)
         have = {q: st for q, st in have.items()
@@ -261,8 +324,6 @@ def connected_components(mapper: Mapper, root: str | Path, partitions: int, head
         res.max_rss_mb = max(res.max_rss_mb, max(s.get("rss_mb", 0.0) for s in stats))
         res.per_step.append({"step": step, "kind": "large" if step % 2 == 0 else "small", "edges_in": edges_in,
                              "max_task_edges": max(s["edges_in"] for s in stats)})
-        if step == 0:
-            res.input_edges = edges_in
         if step % 2 == 0 and all(s["star"] for s in stats):
             break  # every partition is a star forest: the labels written at this step are final
         step += 1

@@ -367,6 +367,9 @@ class MinHashDedup(GlobalStage):
     partitions: int = Field(default=16, ge=1, le=4096)
     seed: int = Field(default=1, ge=0)
     hash_family: Literal["affine32", "multiply_shift64"] = "affine32"
+    #: connected components finish in one task once a step has at most this many edges;
+    #: None: what half the task's declared memory holds at ~64 bytes per edge
+    local_components_edges: int | None = Field(default=None, ge=0)
 
     @model_validator(mode="after")
     def _check_bands(self) -> MinHashDedup:
@@ -422,8 +425,11 @@ class MinHashDedup(GlobalStage):
         cand = ctx.phase("candidates", candidate_task, [
             CandidatesJob(p, bucket_files, str(cc_root), P, header, cc_head, verify) for p in range(P)])
         # the components algorithm keeps its own per-step markers, so it resumes mid-way
+        local_edges = self.local_components_edges
+        if local_edges is None:
+            local_edges = (self.resources.memory_mb or 1024) * 2**20 // 2 // 64
         comp = connected_components(lambda fn, items, phase: ctx.map(fn, items, phase), cc_root, P, cc_head,
-                                    phase=f"{ctx.name}:components")
+                                    phase=f"{ctx.name}:components", local_max_edges=local_edges)
         labels = tuple(comp.label_files)
         keeper_files = None
         if with_quality:
