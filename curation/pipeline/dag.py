@@ -12,7 +12,9 @@ output: merged
 ```
 
 ``type`` defaults to the stage's name when that is a stage type, and ``input`` to the previous
-stage in the file (or the only input). ``stages`` may also be a list of one-key mappings.
+stage in the file (or the only input). ``type: package.module:ClassName`` is a stage class of
+the user's own (a ``MapStage`` or ``GlobalStage`` subclass; its module is imported, or found
+next to the DAG file). ``stages`` may also be a list of one-key mappings.
 Every mistake is reported as one line naming the file and the field, before anything runs.
 """
 
@@ -27,8 +29,11 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from curation.formats.documents import DOC_SCHEMA
+from curation.formats.packed import PACKED_SCHEMA
 from curation.io.inputs import InputSpec
 from curation.stages import Stage, registry
+from curation.stages.base import StageTypeError
 
 
 class DagError(ValueError):
@@ -83,6 +88,27 @@ class Dag:
             out[name] = full[name] if st.kind == "global" else st.signals_hash([out[u] for u in st.upstreams()])
         return out
 
+    def columns(self, node: str) -> set[str] | None:
+        """The columns ``node``'s rows have, as far as the stages declare them (``columns``
+        plus their rules' signals); None when a stage upstream does not say (a user stage
+        without declarations, a stage that rewrites rows into something else)."""
+        if node in self.inputs:
+            extra = {"html", "charset"} if self.inputs[node].format == "warc" else set()
+            return set(DOC_SCHEMA.names) | extra
+        st = self.stages[node]
+        if st.kind == "union":
+            cols = [self.columns(u) for u in st.upstreams()]
+            return None if any(c is None for c in cols) else set.intersection(*cols)
+        if st.type == "pack":
+            return set(PACKED_SCHEMA.names)
+        if st.type == "export":
+            return None
+        up = self.columns(st.input) if st.input else set()
+        declared = "columns" in vars(type(st)) or type(st).rules or not st.code_version
+        if up is None or not declared:
+            return None
+        return up | set(st.columns) | {s for rule in st.rules for s in rule.signals}
+
     def to_dict(self) -> dict[str, Any]:
         """The DAG as run, with defaults filled in (written to RUN/dag.yaml)."""
         return {
@@ -103,6 +129,13 @@ def _first_error(e: ValidationError, prefix: str) -> str:
     more = f" (+{len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
     got = f" (got {err['input']!r})" if err["type"] != "missing" and not isinstance(err.get("input"), dict) else ""
     return f"{_fmt_loc(prefix, err['loc'])}: {err['msg']}{got}{more}"
+
+
+def _search_paths(path: str, base_dir: str | None) -> list[str]:
+    """Where a user stage's module is also looked for: the DAG file's folder, then the folder
+    relative inputs resolve from (the CWD by default)."""
+    out = [str(Path(path).resolve().parent)] if path and not path.startswith("<") else []
+    return out + [str(Path(base_dir or ".").resolve())]
 
 
 def parse_dag(data: Any, path: str = "<dag>", base_dir: str | None = None) -> Dag:
@@ -142,9 +175,12 @@ def parse_dag(data: Any, path: str = "<dag>", base_dir: str | None = None) -> Da
         stype = params.setdefault("type", name if name in registry else None)
         if stype is None:
             raise DagError(f"{where}: stages.{name}.type: missing (known types: {', '.join(sorted(registry))})")
-        cls = registry.get(stype)
-        if cls is None:
-            raise DagError(f"{where}: stages.{name}.type: unknown stage type {stype!r} (known: {', '.join(sorted(registry))})")
+        try:
+            cls = registry.resolve(str(stype), _search_paths(path, base_dir))
+        except StageTypeError as e:
+            raise DagError(f"{where}: stages.{name}.type: {e}") from None
+        if stype == "select":
+            params.setdefault("name", name)  # dropped rows say which select dropped them
         if stype != "union" and "input" not in params:
             if prev is None:
                 raise DagError(f"{where}: stages.{name}.input: missing (several inputs; say which one)")
@@ -169,7 +205,22 @@ def parse_dag(data: Any, path: str = "<dag>", base_dir: str | None = None) -> Da
         raise DagError(f"{where}: output: {output!r} is not a stage")
     dag = Dag(f.name, inputs, {n: stages[n] for n in order}, output, f.batch_size, path, base_dir)
     _check_unions(dag, where)
+    _check_selects(dag, where)
     return dag
+
+
+def _check_selects(dag: Dag, where: str) -> None:
+    """A ``select`` naming a column its rows will not have fails now, with the column list."""
+    for name, st in dag.stages.items():
+        if st.type != "select":
+            continue
+        have = dag.columns(st.input)
+        if have is None:
+            continue  # an upstream stage does not declare its columns: checked on the first batch
+        missing = sorted(st.required_columns() - have)
+        if missing:
+            raise DagError(f"{where}: stages.{name}.where: no column {', '.join(map(repr, missing))} in the rows "
+                           f"of {st.input!r}; they have: {', '.join(sorted(have))}")
 
 
 def _toposort(stages: dict[str, Stage], inputs: set[str], where: str) -> list[str]:

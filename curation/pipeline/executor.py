@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -36,7 +37,7 @@ from curation.pipeline.progress import RunProgress
 from curation.pipeline.rundir import RunDir, RunDirError  # noqa: F401  (RunDirError: callers catch it from here)
 from curation.pipeline.tasks import Resources, TasksFailed, run_bounded
 from curation.io.shards import split_kept_rejected
-from curation.stages.base import MapStage
+from curation.stages.base import MapStage, registry
 
 #: manifest field: hash of a stage's signal parameters (see ``MapStage.signals_hash``)
 SIGNALS_HASH = "signals_hash"
@@ -104,6 +105,9 @@ class RootJob:
     #: stage -> this key's manifest entry made with the stage's current signals hash (read once
     #: on the driver: a task never reads a whole manifest)
     signals: tuple[tuple[str, dict], ...] = ()
+    #: the user stage classes of the DAG (type -> class), shipped by value: a worker need not
+    #: be able to import the user's module
+    user_stages: tuple[tuple[str, type], ...] = ()
 
 
 _DAGS: dict[str, Dag] = {}
@@ -112,6 +116,8 @@ _READY: set[tuple[str, str]] = set()
 
 def _worker_dag(job: RootJob) -> Dag:
     fp = hashlib.sha256(json.dumps(job.dag, sort_keys=True).encode()).hexdigest()
+    for name, cls in job.user_stages:
+        registry.setdefault(name, cls)
     if fp not in _DAGS:
         _DAGS[fp] = parse_dag(job.dag, job.dag_path, job.base_dir)
     return _DAGS[fp]
@@ -251,6 +257,20 @@ def run_root_task(job: RootJob) -> list[dict]:
 # the run (driver)
 
 
+def _ship_user_stages(dag: Dag) -> tuple[tuple[str, type], ...]:
+    """The DAG's user stage classes; their modules are pickled by value from now on, so Ray
+    tasks (map tasks and a user global stage's own task functions) carry their code."""
+    import ray.cloudpickle
+
+    out = []
+    for st in dag.stages.values():
+        if ":" in st.type:
+            cls = type(st)
+            ray.cloudpickle.register_pickle_by_value(sys.modules[cls.__module__])
+            out.append((st.type, cls))
+    return tuple(dict(out).items())
+
+
 def _init_ray(address: str | None, workers: int) -> None:
     import ray
 
@@ -275,6 +295,7 @@ def run_dag(dag: Dag, run_dir: str | os.PathLike, workers: int = 2, address: str
     failures: list[str] = []
     try:
         _init_ray(address, workers)
+        user_stages = _ship_user_stages(dag)
 
         def run_tasks(phase: str, jobs: list[tuple[str, str, InputShard | None, str | None]]) -> None:
             writes = {root: plan.writes(root) for root, *_ in jobs}
@@ -288,7 +309,7 @@ def run_dag(dag: Dag, run_dir: str | os.PathLike, workers: int = 2, address: str
                 if len(done_stages) < len(writes[root]):
                     stored = tuple((s, redecide[s][key]) for s in writes[root] if key in redecide.get(s, {}))
                     todo.append(RootJob(dag_dict, dag.path, dag.base_dir, rundir, root, key, shard, src,
-                                        root in plan.materialize_inputs, done_stages, stored))
+                                        root in plan.materialize_inputs, done_stages, stored, user_stages))
             total, finished = len(jobs), len(jobs) - len(todo)
             progress.phase(phase, finished, total)
 

@@ -270,6 +270,17 @@ class Stage(BaseModel):
     resources: ClassVar[Resources] = Resources()
     #: the stage's drop rules in the order they are checked (see ``Rule``, ``MapStage.decide``)
     rules: ClassVar[tuple[Rule, ...]] = ()
+    #: columns the stage adds to its rows besides its rules' signal columns (``select``
+    #: expressions are checked against these before a run)
+    columns: ClassVar[tuple[str, ...]] = ()
+    #: a user stage's code identity (module version, source file hash), set when it is loaded
+    #: from ``type: package.module:ClassName``; part of the params hash
+    code_version: ClassVar[dict[str, str] | None] = None
+
+    @property
+    def reason_prefix(self) -> str:
+        """What drop reasons start with: the type (a user stage's class name)."""
+        return self.type.rpartition(":")[2]
 
     def upstreams(self) -> list[str]:
         return [self.input] if self.input else []
@@ -282,7 +293,10 @@ class Stage(BaseModel):
 
     def params(self) -> dict[str, Any]:
         """The parameters that define this stage's output (everything but the wiring)."""
-        return self.model_dump(mode="json", exclude={"input", "inputs", "keep_work"})
+        p = self.model_dump(mode="json", exclude={"input", "inputs", "keep_work"})
+        if self.code_version:
+            p["code"] = self.code_version
+        return p
 
     def params_hash(self, upstream_hashes: list[str]) -> str:
         """Hash of parameters, algorithm version and upstream hashes: changes when output would."""
@@ -398,11 +412,11 @@ class MapStage(Stage):
         code = np.full(n, -1, dtype=np.int64)
         for i, rule in enumerate(bound):
             code[(code < 0) & rule.violated(table)] = i
-        names = pa.array([f"{self.type}:{r.name}" for r in bound] or [""], pa.string())
+        names = pa.array([f"{self.reason_prefix}:{r.name}" for r in bound] or [""], pa.string())
         reasons = names.take(pa.array(code, mask=code < 0))
         for i, rule in enumerate(bound):
             if "{value}" in rule.name and (code == i).any():
-                reasons = pc.if_else(pa.array(code == i), rule.reasons(f"{self.type}:", table), reasons)
+                reasons = pc.if_else(pa.array(code == i), rule.reasons(f"{self.reason_prefix}:", table), reasons)
         return reasons.combine_chunks() if isinstance(reasons, pa.ChunkedArray) else reasons
 
     @classmethod
@@ -441,6 +455,28 @@ class UnionStage(Stage):
         return list(self.inputs)
 
 
+class StageTypeError(ValueError):
+    """A ``type:`` that names no stage class (unknown name, module, class, or wrong base)."""
+
+
+def _code_version(cls: type) -> dict[str, str]:
+    """A user stage's module version and a hash of its source file (what its output depends on)."""
+    import sys  # noqa: PLC0415
+
+    module = sys.modules[cls.__module__]
+    out = {"module": cls.__module__, "class": cls.__qualname__}
+    version = getattr(module, "__version__", None)
+    if version is not None:
+        out["version"] = str(version)
+    try:
+        src = inspect.getsourcefile(module)
+        if src:
+            out["sha256"] = hashlib.sha256(open(src, "rb").read()).hexdigest()[:16]
+    except (OSError, TypeError):
+        pass  # a module without a source file (compiled, frozen): its version is all there is
+    return out
+
+
 class _Registry(dict):
     def register(self, name: str):
         def deco(cls):
@@ -450,6 +486,45 @@ class _Registry(dict):
             return cls
 
         return deco
+
+    def resolve(self, name: str, search_paths: Iterable[str] = ()) -> type[Stage]:
+        """The class of a stage ``type``: a built-in name, or ``package.module:ClassName`` of
+        the user's own (imported; if the module is not importable, also looked for in
+        ``search_paths``, e.g. the DAG file's folder). Raises ``StageTypeError``."""
+        if name in self:
+            return self[name]
+        known = ", ".join(sorted(k for k in self if ":" not in k))
+        if ":" not in name:
+            raise StageTypeError(f"unknown stage type {name!r} (known: {known}; or your own as package.module:ClassName)")
+        import importlib  # noqa: PLC0415
+        import sys  # noqa: PLC0415
+
+        module_name, _, class_name = name.partition(":")
+        if not module_name or not class_name.isidentifier():
+            raise StageTypeError(f"{name!r}: a stage of your own is named package.module:ClassName")
+        try:
+            try:
+                module = importlib.import_module(module_name)
+            except ModuleNotFoundError as e:
+                extra = [p for p in dict.fromkeys(str(s) for s in search_paths) if p not in sys.path]
+                if e.name != module_name.split(".")[0] or not extra:
+                    raise
+                sys.path[:0] = extra
+                module = importlib.import_module(module_name)
+        except Exception as e:  # noqa: BLE001 (any import failure is the user's module's)
+            raise StageTypeError(f"cannot import module {module_name!r} for {name!r}: {type(e).__name__}: {e}") from None
+        cls = getattr(module, class_name, None)
+        if cls is None:
+            raise StageTypeError(f"module {module_name!r} ({getattr(module, '__file__', '?')}) has no class {class_name!r}")
+        if not (isinstance(cls, type) and issubclass(cls, (MapStage, GlobalStage))):
+            raise StageTypeError(f"{name!r} is not a subclass of curation.stages.MapStage or GlobalStage")
+        cls.code_version = _code_version(cls)
+        self[name] = cls
+        return cls
+
+    def user_stages(self) -> dict[str, type[Stage]]:
+        """The user stage classes loaded so far, by their ``type``."""
+        return {k: v for k, v in self.items() if ":" in k}
 
 
 #: stage ``type`` name -> class

@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -86,6 +86,7 @@ class Decontaminate(MapStage):
     """Drop documents sharing an ``ngram``-word window with the eval set (``eval_paths``)."""
 
     type: Literal["decontaminate"] = "decontaminate"
+    columns: ClassVar[tuple[str, ...]] = ('decontam_overlaps',)
     eval_paths: list[str] = Field(min_length=1)
     ngram: int = Field(default=13, gt=0)
     text_field: str = "text"  # of the training documents

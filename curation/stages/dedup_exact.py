@@ -238,6 +238,7 @@ class ExactDedup(GlobalStage):
     """
 
     type: Literal["exact_dedup"] = "exact_dedup"
+    columns: ClassVar[tuple[str, ...]] = ('dup_paragraphs',)
     #: a partition task holds its keys (~40 B each) and its filter
     resources: ClassVar[Resources] = Resources(cpus=1, memory_mb=1024)
     level: Literal["document", "paragraph"] = "document"

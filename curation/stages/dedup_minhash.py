@@ -354,6 +354,7 @@ class MinHashDedup(GlobalStage):
     """
 
     type: Literal["minhash_dedup"] = "minhash_dedup"
+    columns: ClassVar[tuple[str, ...]] = ('dup_cluster',)
     #: a candidates or components task holds a partition's buckets or edges
     resources: ClassVar[Resources] = Resources(cpus=1, memory_mb=1536)
     ngram: int = Field(default=5, ge=1, le=64)

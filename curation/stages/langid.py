@@ -177,6 +177,7 @@ class LanguageId(MapStage):
     """
 
     type: Literal["langid"] = "langid"
+    columns: ClassVar[tuple[str, ...]] = ('lang', 'lang_score')
     keep: list[str] | None = None
     min_score: float = Field(default=0.65, ge=0.0, le=1.0)
     model: str | None = None

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -209,6 +209,7 @@ class QualityScore(_Model, MapStage):
     """
 
     type: Literal["quality"] = "quality"
+    columns: ClassVar[tuple[str, ...]] = ('quality',)
     model: str
     min_score: float | None = Field(default=None, ge=0.0, le=1.0)
 
@@ -253,6 +254,7 @@ class QualityTop(_Model, GlobalStage):
     """
 
     type: Literal["quality_top", "quality"] = "quality_top"
+    columns: ClassVar[tuple[str, ...]] = ('quality',)
     keep_top: float = Field(gt=0.0, le=1.0)
     min_score: float | None = Field(default=None, exclude=True)  # accepted so "not both" is said clearly
 

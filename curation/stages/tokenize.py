@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -37,6 +37,7 @@ class Tokenize(MapStage):
     """
 
     type: Literal["tokenize"] = "tokenize"
+    columns: ClassVar[tuple[str, ...]] = ('input_ids', 'num_tokens')
     tokenizer: str
     add_eos: bool = True
     keep_text: bool = True
