@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -25,7 +26,8 @@ def _fail(msg: str, code: int = 2) -> None:
 def run(
     dag: Path = typer.Argument(..., help="pipeline DAG (YAML)"),
     out: Path = typer.Option(..., "--out", "-o", help="run directory"),
-    workers: int = typer.Option(2, "--workers", "-w", min=1, help="parallel tasks (embedded Ray CPUs)"),
+    workers: Optional[int] = typer.Option(None, "--workers", "-w", min=1,
+                                          help="tasks in flight (default: every CPU Ray reports: this machine's, or the cluster's)"),
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster, e.g. ray://head:10001 or auto"),
     overwrite: bool = typer.Option(False, "--overwrite", help="reuse a run directory of another DAG"),
     quiet: bool = typer.Option(False, "--quiet", "-q"),
@@ -168,11 +170,41 @@ def train(
         raise typer.Exit(code)
 
 
+def resolve_cluster(address: str | None) -> tuple[str | None, str]:
+    """The Ray address runs should use, and why. ``None``/``auto``: a cluster only if one was
+    started with ``ray start`` (or named by ``RAY_ADDRESS``) and answers, else embedded: another
+    program's embedded Ray is not a cluster to lean on; ``local``/``""``: embedded; anything
+    else: as given (a run fails loudly if it is wrong)."""
+    import socket
+    import tempfile
+
+    if address in ("local", ""):
+        return None, "ray: an embedded Ray per run (--address local)"
+    if address not in (None, "auto"):
+        return address, f"ray: cluster at {address}"
+    found, origin = os.environ.get("RAY_ADDRESS"), "RAY_ADDRESS"
+    if not found:  # what `ray start --head` leaves for `ray.init("auto")`
+        current = Path(os.environ.get("RAY_TMPDIR", tempfile.gettempdir())) / "ray" / "ray_current_cluster"
+        found, origin = (current.read_text().strip() or None, str(current)) if current.exists() else (None, "")
+    if not found:
+        return None, "ray: no cluster running (no RAY_ADDRESS, no `ray start` here); each run starts an embedded Ray"
+    if "://" in found:
+        return found, f"ray: cluster at {found} ({origin})"
+    host, _, port = found.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=2):
+            return found, f"ray: the running cluster at {found} ({origin})"
+    except (OSError, ValueError) as e:
+        return None, f"ray: {found} ({origin}) does not answer ({e}); each run starts an embedded Ray"
+
+
 @app.command()
 def serve(
     runs_dir: Path = typer.Option(Path("runs"), "--runs-dir", help="where run directories live (the service's only state)"),
-    address: Optional[str] = typer.Option("auto", "--address",
-                                          help="Ray cluster for every run: auto, ray://head:10001, or 'local' for an embedded Ray per run"),
+    address: Optional[str] = typer.Option(None, "--address",
+                                          help="Ray cluster for every run: ray://head:10001, host:port or auto; 'local' for an "
+                                               "embedded Ray per run. Default: a running cluster if one is reachable "
+                                               "(RAY_ADDRESS or `ray start` here), else embedded"),
     token_file: Optional[Path] = typer.Option(None, "--token-file", help="file holding the API token (default: $REFINERY_TOKEN)"),
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(8080, "--port"),
@@ -186,6 +218,8 @@ def serve(
     from curation.service.auth import TokenError
     from curation.service.runs import RunsDirBusy
 
+    address, why = resolve_cluster(address)
+    err.print(f"[refinery serve] {why}", highlight=False, soft_wrap=True)
     try:
         serve_app(runs_dir, address, token_file, host, port, allowed_root, max_concurrent, base_dir=base_dir)
     except (TokenError, RunsDirBusy) as e:
@@ -278,7 +312,8 @@ def export(
     format: str = typer.Option(..., "--format", "-f", help="megatron, nanotron, olmo, mds, parquet or jsonl"),
     out: Path = typer.Option(..., "--out", "-o", help="output folder (files, export.json, _manifest.jsonl)"),
     tokenizer: Optional[Path] = typer.Option(None, "--tokenizer", help="tokenizer directory (checked against the tokens')"),
-    workers: int = typer.Option(2, "--workers", "-w", min=1, help="parallel tasks (embedded Ray CPUs)"),
+    workers: Optional[int] = typer.Option(None, "--workers", "-w", min=1,
+                                          help="tasks in flight (default: every CPU Ray reports: this machine's, or the cluster's)"),
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster, e.g. ray://head:10001 or auto"),
     weights: Optional[str] = typer.Option(None, "--weights", help="per-source weights for the hand-off line: "
                                           "RUN/MIX (its target shares), a mix report, or web=0.4,math=0.6"),

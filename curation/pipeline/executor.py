@@ -201,8 +201,13 @@ def _redecide(stage: MapStage, name: str, node: _Node, stored: pa.Table, batch_s
     return _Node.of(kept.combine_chunks(), batch_size), (rej.combine_chunks() if rej is not None else None), n_missing
 
 
-def run_root_task(job: RootJob) -> list[dict]:
-    """Read one root shard and run every row-local stage it feeds. Returns manifest entries."""
+def run_root_task(job: RootJob) -> tuple[list[dict], str | None]:
+    """Read one root shard and run every row-local stage it feeds. Returns manifest entries
+    and the Ray node it ran on."""
+    return _root_entries(job), _node_id()
+
+
+def _root_entries(job: RootJob) -> list[dict]:
     dag = _worker_dag(job)
     hashes, sig = dag.hashes(), dag.signal_hashes()
     rundir, root, key = job.rundir, job.root, job.key
@@ -253,6 +258,15 @@ def run_root_task(job: RootJob) -> list[dict]:
     return entries
 
 
+def _node_id() -> str | None:
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+    except Exception:  # noqa: BLE001 (outside Ray: no node)
+        return None
+
+
 # ---------------------------------------------------------------------------------------------
 # the run (driver)
 
@@ -271,20 +285,23 @@ def _ship_user_stages(dag: Dag) -> tuple[tuple[str, type], ...]:
     return tuple(dict(out).items())
 
 
-def _init_ray(address: str | None, workers: int) -> None:
+def _init_ray(address: str | None, workers: int | None) -> int:
+    """Connect to ``address`` (or start an embedded Ray with ``workers`` CPUs, all local CPUs
+    when None). Returns the tasks to keep in flight: ``workers``, or every CPU the cluster
+    reports (on a cluster of 100 nodes, all of them)."""
     import ray
 
-    if ray.is_initialized():
-        return
-    os.environ.setdefault("RAY_ACCEPT_CONNECTIONS_FROM_ANY_HOST", "0")
-    if address:
-        ray.init(address=address, logging_level="WARNING", log_to_driver=True)
-    else:
-        ray.init(num_cpus=workers, include_dashboard=False, logging_level="WARNING",
-                 configure_logging=True, log_to_driver=True)
+    if not ray.is_initialized():
+        os.environ.setdefault("RAY_ACCEPT_CONNECTIONS_FROM_ANY_HOST", "0")
+        if address:
+            ray.init(address=address, logging_level="WARNING", log_to_driver=True)
+        else:
+            ray.init(num_cpus=workers, include_dashboard=False, logging_level="WARNING",
+                     configure_logging=True, log_to_driver=True)
+    return workers if workers else max(1, int(ray.cluster_resources().get("CPU", 1)))
 
 
-def run_dag(dag: Dag, run_dir: str | os.PathLike, workers: int = 2, address: str | None = None,
+def run_dag(dag: Dag, run_dir: str | os.PathLike, workers: int | None = None, address: str | None = None,
             overwrite: bool = False, quiet: bool = False) -> dict[str, Any]:
     """Run (or resume) ``dag`` into ``run_dir``. Returns the final progress state."""
     rundir = RunDir(run_dir)
@@ -294,7 +311,7 @@ def run_dag(dag: Dag, run_dir: str | os.PathLike, workers: int = 2, address: str
     dag_dict = dag.to_dict()
     failures: list[str] = []
     try:
-        _init_ray(address, workers)
+        workers = _init_ray(address, workers)
         user_stages = _ship_user_stages(dag)
 
         def run_tasks(phase: str, jobs: list[tuple[str, str, InputShard | None, str | None]]) -> None:
@@ -313,8 +330,10 @@ def run_dag(dag: Dag, run_dir: str | os.PathLike, workers: int = 2, address: str
             total, finished = len(jobs), len(jobs) - len(todo)
             progress.phase(phase, finished, total)
 
-            def on_result(i: int, entries: list[dict]) -> None:
+            def on_result(i: int, result: tuple[list[dict], str | None]) -> None:
                 nonlocal finished
+                entries, node = result
+                progress.task_node(node)
                 rundir.commit(entries)  # one append per stage for the whole task
                 for e in entries:
                     progress.stage_counts(e["stage"], e)

@@ -26,7 +26,7 @@ from curation.stages.mix import REPORT as MIX_REPORT
 
 
 def export_stage(stage_path: str | Path, fmt: str, out: str | Path, tokenizer: str | Path | None = None,
-                 workers: int = 2, address: str | None = None,
+                 workers: int | None = None, address: str | None = None,
                  report: Callable[[str, int, int], None] | None = None, mds_size_limit: int | None = None) -> dict:
     """Export ``RUN/STAGE`` to ``out`` in ``fmt``; returns the manifest (``out/export.json``).
     Raises ``ExportError`` (one line) for what cannot be exported."""
@@ -52,7 +52,7 @@ def export_stage(stage_path: str | Path, fmt: str, out: str | Path, tokenizer: s
     hashes = dag.hashes()
     upstream = source.shard_files(dag, node, hashes)
     stage.check(source, dag, node, upstream)  # refuse before Ray starts
-    _init_ray(address, workers)
+    workers = _init_ray(address, workers)
     ctx = GlobalContext(RunDir(out.parent), out.name, stage.params_hash([hashes[node]]), workers, upstream,
                         Export.resources, report=report or (lambda phase, done, total: None))
     manifest = stage.export(ctx, source, node)

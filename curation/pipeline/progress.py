@@ -45,6 +45,12 @@ class RunProgress:
         s["docs_out"] += entry.get("rows", 0)
         s["rejected"] += entry.get("rejected_rows", 0)
 
+    def task_node(self, node: str | None) -> None:
+        """One more map task finished on Ray node ``node`` (where the run's work went)."""
+        if node:
+            nodes = self.state.setdefault("nodes", {})
+            nodes[node] = nodes.get(node, 0) + 1
+
     def finish(self, state: str, error: str | None = None) -> None:
         self.state["state"] = state
         self.state["finished"] = time.time()

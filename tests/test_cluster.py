@@ -1,0 +1,101 @@
+"""A real two-node Ray cluster on this machine (`ray start --head` + `ray start --address`):
+one DAG's map tasks land on both nodes, and its shards are byte-identical to a one-node run."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO
+
+RAY = str(Path(sys.executable).parent / "ray")
+REFINERY = [sys.executable, "-m", "curation.cli"]
+
+DAG = {
+    "name": "two-nodes",
+    "inputs": {"crawl": {"format": "warc", "paths": [str(REPO / "tests/data/warc/*.warc.gz")], "source": "web"},
+               "ccnet": {"format": "jsonl", "paths": [str(REPO / "tests/data/jsonl/dolma_cc_en_head-*.jsonl.gz")], "source": "web"}},
+    "stages": {"extract": {"type": "extract", "input": "crawl", "engine": "resiliparse"},
+               "web": {"type": "union", "inputs": ["extract", "ccnet"]},
+               "gopher": {"type": "gopher_quality", "input": "web"},
+               "c4": {"type": "c4_quality", "input": "gopher"}},
+    "output": "c4",
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for(log: Path, text: str, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None and text not in log.read_text(errors="replace"):
+        time.sleep(0.5)
+    assert text in log.read_text(errors="replace"), log.read_text(errors="replace")[-2000:]
+
+
+@pytest.fixture(scope="module")
+def two_nodes():
+    """Head (1 CPU) and a second node (1 CPU) joined to it, each in its own process group with
+    a private temp dir, killed exactly (never `ray stop`, which would stop every Ray here)."""
+    temp = tempfile.mkdtemp(prefix="r2n-", dir="/tmp")  # short: Ray's socket paths have a length limit
+    port = _free_port()
+    # token auth (the head writes ~/.ray/auth_token; the second node must present it)
+    env = {**os.environ, "RAY_ADDRESS": "", "RAY_AUTH_MODE": "token"}
+    procs = []
+    try:
+        for i, args in enumerate([["--head", f"--port={port}", f"--temp-dir={temp}", "--include-dashboard=false"],
+                                  [f"--address=127.0.0.1:{port}"]]):
+            log = Path(f"{temp}-{i}.log")
+            with open(log, "wb") as out:
+                procs.append(subprocess.Popen([RAY, "start", *args, "--num-cpus=1", "--disable-usage-stats", "--block"],
+                                              env=env, cwd=temp, start_new_session=True, stdout=out, stderr=subprocess.STDOUT))
+            _wait_for(log, "Ray runtime started", procs[-1])
+        yield f"127.0.0.1:{port}"
+    finally:
+        for p in procs[::-1]:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def _run(dag_file: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_ADDRESS": ""}  # the cluster's token (~/.ray/auth_token)
+    res = subprocess.run([*REFINERY, "run", str(dag_file), "--out", str(out), "-q", *extra], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    return res
+
+
+def _entries(run: Path, stage: str) -> list[dict]:
+    return [json.loads(line) for line in (run / stage / "_manifest.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_tasks_run_on_both_nodes_and_match_a_one_node_run(tmp_path, two_nodes):
+    dag_file = tmp_path / "dag.yaml"
+    dag_file.write_text(yaml.safe_dump(DAG))
+    # no --workers: as many tasks in flight as the cluster has CPUs (2, one per node)
+    _run(dag_file, tmp_path / "cluster", "--address", two_nodes)
+    _run(dag_file, tmp_path / "local", "--workers", "1")
+    # progress.json counts the map tasks per Ray node id they ran on
+    nodes = json.loads((tmp_path / "cluster" / "progress.json").read_text())["nodes"]
+    assert len(nodes) == 2 and sum(nodes.values()) == 6, nodes  # 6 input shards, tasks on both nodes
+    assert len(json.loads((tmp_path / "local" / "progress.json").read_text())["nodes"]) == 1
+    for stage in ("extract", "gopher", "c4"):
+        shards = lambda run: {e["shard"]: (e.get("sha256"), e["rows"], e.get("rejected_sha256"))  # noqa: E731
+                              for e in _entries(run, stage)}
+        assert shards(tmp_path / "cluster") == shards(tmp_path / "local"), stage
