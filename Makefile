@@ -17,6 +17,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[dev,export-test]"
 	# the export tests' OLMo-core and Streaming readers: without their pins (see pyproject.toml)
 	$(BIN)/python -m pip install -q --no-deps ai2-olmo-core==3.0.0 mosaicml-streaming==0.13.0 cached-path==1.8.10
+	# compiled kernels once, before any run starts workers that would each compile them
+	$(BIN)/refinery warmup
 	touch $(STAMP)
 
 # curate the real crawl sample -> train a tokenizer on the result -> tokenize and pack -> train

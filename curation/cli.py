@@ -289,6 +289,17 @@ def quality_eval_cmd(
 
 
 @app.command()
+def warmup() -> None:
+    """Compile the numba kernels once into their on-disk cache (make setup and the Docker
+    images run this), so the first run's workers do not each compile them."""
+    from curation.pipeline.warmup import cache_location, warm_kernels
+
+    took = warm_kernels()
+    print(f"[refinery warmup] kernels ready in {cache_location()}: "
+          + ", ".join(f"{k} {v:.1f}s" for k, v in took.items()))
+
+
+@app.command()
 def ablate(
     config: Path = typer.Argument(..., help="ablation config (YAML): arms, eval set, model, tokens, seeds"),
     out: Path = typer.Option(..., "--out", "-o", help="output directory (arms, packed data, runs, report)"),
