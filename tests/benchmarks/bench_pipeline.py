@@ -11,6 +11,14 @@ a quarter of our time, at ``--copies 30`` (46k documents, ~5 min for datatrove) 
 The datatrove side needs ``datatrove[processing]`` (the ``bench`` extra) plus ``spacy`` (its
 English word splitter, ``spacy.blank("en")``: no model download) and ``orjson`` (its JSONL
 reader). Sections are functions named ``bench_*``; ``main`` runs them in order.
+
+Section (b), toolbox stages: ``normalize``, ``pii``, ``url_filter`` and ``badwords``, each alone
+on the same documents in this process, batch by batch as the executor calls them; prints
+docs/s per core (CPU time) beside the four heuristic filters chained the same way. The
+documents get real URLs (article-extraction benchmark and trafilatura evaluation pages) with a
+distinct subdomain each, so every row is a new host (the URL filter's worst case); the
+blocklist holds the registered domains of half of those pages. ``--only toolbox`` runs this
+section alone.
 """
 
 from __future__ import annotations
@@ -286,13 +294,106 @@ def bench_filters(copies: int, workers: int, only: str | None) -> None:
                 print(f"    {count:6d}  {t:45s} -> {o}")
 
 
+# ---------------------------------------------------------------------------------------------
+# Section (b): toolbox stages, each alone, docs/s per core
+# ---------------------------------------------------------------------------------------------
+
+
+def real_urls() -> list[str]:
+    """Real page URLs: the article-extraction benchmark's and trafilatura's evaluation pages."""
+    with gzip.open(SHARED_DATA / "html" / "article_extraction_benchmark_ground-truth.json.gz", "rt") as f:
+        urls = [rec["url"] for rec in json.load(f).values()]
+    with gzip.open(SHARED_DATA / "html" / "trafilatura_evaldata.json.gz", "rt") as f:
+        urls += list(json.load(f))
+    return [u for u in urls if u.startswith(("http://", "https://"))]
+
+
+def _cpu_docs_per_s(stage, batches, reset=None) -> tuple[float, int]:
+    """Run ``stage`` over the batches as the executor does (``run_batch``); CPU seconds of this
+    process -> docs/s per core, and the rows it would drop."""
+    stage.setup()
+    n = dropped = 0
+    cpu = 0.0
+    for batch in batches:
+        if reset is not None:
+            reset(stage)
+        t0 = time.process_time()
+        res = stage.run_batch(batch, None)
+        cpu += time.process_time() - t0
+        n += batch.num_rows
+        dropped += 0 if res.reasons is None else len(res.reasons) - res.reasons.null_count
+    return n / max(cpu, 1e-9), dropped
+
+
+def bench_toolbox(copies: int) -> None:
+    """Section (b): each toolbox stage alone on the real documents, docs/s per core."""
+    import numpy as np
+    import pyarrow as pa
+
+    from curation.stages.filters import (C4QualityFilter, FineWebQualityFilter, GopherQualityFilter,
+                                         GopherRepetitionFilter)
+    from curation.stages.toolbox import BadWordsFilter, Normalize, PiiScrub, UrlFilter
+    from curation.text.urls import canonical_host, host_candidates
+
+    docs = load_real_documents()
+    docs = [dict(d, id=f"{d['id']}-c{c}") for c in range(copies) for d in docs]
+    urls = real_urls()
+    # a distinct host per document: a new subdomain of a real page's host
+    doc_urls = []
+    for i in range(len(docs)):
+        u = urls[i % len(urls)]
+        scheme, rest = u.split("://", 1)
+        doc_urls.append(f"{scheme}://d{i}.{rest}")
+    hosts = sorted({canonical_host(u.split("://", 1)[1].split("/", 1)[0].split(":", 1)[0]) for u in urls})
+    blocked = sorted({host_candidates(h)[-1] for h in hosts[::2]})
+    table = pa.table({"id": [d["id"] for d in docs], "text": [d["text"] for d in docs],
+                      "source": [d["source"] for d in docs], "url": doc_urls, "meta": ["{}"] * len(docs),
+                      "lang": ["en"] * len(docs)})
+    batches = [table.slice(i, BATCH_SIZE) for i in range(0, table.num_rows, BATCH_SIZE)]
+    print(f"(b) toolbox stages, each alone in one process on the same {len(docs)} documents "
+          f"(batches of {BATCH_SIZE}), docs/s per core (CPU time):")
+
+    def clear_memo(stage) -> None:  # every batch meets its hosts for the first time
+        stage._blocker._memo.clear()
+
+    rows = [
+        ("normalize", Normalize(), None, "ftfy repair, symbol lines, whitespace"),
+        ("pii", PiiScrub(), None, "e-mails, IPv4/IPv6"),
+        ("url_filter", UrlFilter(blocklists=[{"name": "bench", "entries": blocked}],
+                                 url_regexes=[r"^https?://[^/]*\.xxx(?:[:/]|$)", r"/wp-login\.php"],
+                                 url_subwords=["casino", "porn", "viagra"]), clear_memo,
+         f"{len(blocked)} listed domains + 2 regexes + 3 sub-words, every host new"),
+        ("badwords", BadWordsFilter(), None, "C4's English list"),
+    ]
+    for name, stage, reset, what in rows:
+        rate, dropped = _cpu_docs_per_s(stage, batches, reset)
+        print(f"    {name:12s} {rate:10,.0f} docs/s per core   drops {dropped:5d}   ({what})")
+    # the heuristic filters of section (a), chained as there, in the same loop, for scale
+    chain = (GopherRepetitionFilter(), GopherQualityFilter(), C4QualityFilter(), FineWebQualityFilter())
+    cpu = 0.0
+    for batch in batches:
+        t0 = time.process_time()
+        text = None
+        for stage in chain:
+            res = stage.process(batch, text)
+            keep = np.asarray(res.reasons.is_null().to_numpy(zero_copy_only=False))
+            batch = res.table.filter(pa.array(keep))
+            text = res.text.take(np.flatnonzero(keep)) if res.text is not None else None
+        cpu += time.process_time() - t0
+    print(f"    {'4 filters':12s} {table.num_rows / cpu:10,.0f} docs/s per core   "
+          f"(gopher_repetition -> gopher_quality -> c4_quality -> fineweb_quality, chained, no I/O)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--copies", type=int, default=3, help="replicate the real documents this many times")
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--only", choices=["ours", "datatrove"], help="run one side only")
+    parser.add_argument("--only", choices=["ours", "datatrove", "toolbox"], help="run one side (or section) only")
     args = parser.parse_args()
-    bench_filters(args.copies, args.workers, args.only)
+    if args.only != "toolbox":
+        bench_filters(args.copies, args.workers, args.only)
+    if args.only in (None, "ours", "toolbox"):
+        bench_toolbox(args.copies)
 
 
 if __name__ == "__main__":

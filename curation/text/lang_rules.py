@@ -1,0 +1,98 @@
+"""Per-language rules for the heuristic filters: shipped presets and words for CJK text.
+
+The Gopher, C4 and FineWeb filters take ``by_lang:`` (language code -> fields overriding the
+stage's own, thresholds and stop words alike) and ``lang_config:`` (a named preset of such
+entries). This module holds what those need below the stage layer:
+
+- ``preset(name)``: a preset as ``{lang: {stage type: {field: value}}}``, read from
+  ``curation/text/data/lang_rules/NAME.json`` (see the README there for where the numbers
+  come from). ``fineweb2``: FineWeb-2's published per-language thresholds and stop words.
+- ``char_words(texts)``: words for languages written without spaces (Chinese, Japanese):
+  every Han, Hiragana and Katakana character (and CJK punctuation) is a word of its own,
+  the rest of the text is split as usual (``words.split_words``), so Latin words, numbers
+  and URLs inside a Chinese page stay whole. FineWeb-2 split these languages with jieba
+  (zh) and SudachiPy (ja); neither is a dependency here, and a dictionary segmenter is
+  ~100x slower than this. Single characters make stop-word lists of single characters
+  (all of FineWeb-2's zh and ja stop words are) match exactly, but counts, n-grams and
+  newline-per-word ratios are per character, not per dictionary word: the preset scales
+  the thresholds that depend on it (see ``CHAR_WORDS`` in the data and its README).
+- ``default_words(lang)``: ``"chars"`` for the languages above, ``"spaces"`` otherwise; what
+  a ``by_lang`` entry without ``words:`` uses.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from curation.text import words as ts
+
+DATA_DIR = Path(__file__).parent / "data" / "lang_rules"
+
+#: Languages written without spaces between words, split into characters by default.
+CHAR_WORD_LANGS = frozenset({"zh", "ja", "yue", "wuu", "lzh"})
+
+#: A character that is a word of its own in ``char_words``: Han ideographs, kana (with the
+#: middle dot and the prolonged sound mark), CJK symbols and punctuation (U+3001..U+303F,
+#: U+3000 is a space) and the full-width punctuation of U+FF01..U+FF65. As RE2 sees it.
+CJK_CHAR_RE2 = (r"[\p{Han}\p{Hiragana}\p{Katakana}\x{30FB}\x{30FC}\x{3001}-\x{303F}"
+                r"\x{FF01}-\x{FF0F}\x{FF1A}-\x{FF20}\x{FF3B}-\x{FF40}\x{FF5B}-\x{FF65}]")
+
+#: What a language code in ``by_lang`` looks like: the ``lang`` column's codes (langid writes
+#: ISO 639-1 where one exists, else ISO 639-3).
+LANG_CODE = re.compile(r"^[a-z]{2,3}$")
+
+WORD_MODES = ("spaces", "chars")
+
+
+def default_words(lang: str) -> str:
+    """How a language's text is split into words unless its entry says (``words:``)."""
+    return "chars" if lang in CHAR_WORD_LANGS else "spaces"
+
+
+def cjk_spaced(texts: pa.Array) -> pa.Array:
+    """The texts with a space on either side of every CJK character (``CJK_CHAR_RE2``)."""
+    return pc.replace_substring_regex(texts, f"({CJK_CHAR_RE2})", r" \1 ")
+
+
+def char_words(texts: pa.Array) -> ts.Words:
+    """Words of texts in a language written without spaces: each CJK character is a word, the
+    rest is split by ``words.split_words``. The words are spans of ``cjk_spaced(texts)``
+    (lengths, flags, ids and ``match`` are right; byte positions are not the original's)."""
+    return ts.split_words(cjk_spaced(texts))
+
+
+def count_char_words(values: pa.Array) -> np.ndarray:
+    """``str.split()`` word counts after spacing CJK characters (C4's words per line)."""
+    return ts.count_py_words(cjk_spaced(values))
+
+
+@functools.lru_cache(maxsize=None)
+def _load(name: str) -> dict[str, Any]:
+    path = DATA_DIR / f"{name}.json"
+    if not path.exists():
+        raise ValueError(f"unknown lang_config {name!r} (known: {', '.join(presets())})")
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def presets() -> list[str]:
+    """Names of the shipped presets."""
+    return sorted(p.stem for p in DATA_DIR.glob("*.json"))
+
+
+def preset(name: str) -> dict[str, dict[str, dict[str, Any]]]:
+    """A preset as ``{lang: {stage type: {field: value}}}`` (a fresh copy each call)."""
+    return json.loads(json.dumps(_load(name)["languages"]))
+
+
+def preset_stages(name: str) -> list[str]:
+    """The stage types a preset has values for."""
+    return sorted({st for entry in _load(name)["languages"].values() for st in entry})
+
