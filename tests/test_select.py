@@ -74,3 +74,29 @@ def test_two_selects_route_by_language(tmp_path, ray_session):
     assert truth.count("en") >= 0.9 * len(truth)
     rej = pq.read_table([rd.path(e["rejected_file"]) for e in rd.entries("english").values() if e["rejected_file"]])
     assert set(rej.column("reason").to_pylist()) == {"select:english"}
+
+
+def test_map_stages_declare_the_columns_they_add():
+    """What ``select`` validation relies on: every built-in map stage that runs with its
+    defaults adds exactly its declared columns plus its rules' signals (so a column it adds
+    is never refused, and a column it does not add is never accepted)."""
+    import gzip
+
+    from curation.stages import MapStage, registry
+
+    docs = [json.loads(line) for line in gzip.open(LINGUA, "rt")][:40]
+    batch = pa.table({"id": [d["id"] for d in docs], "text": [d["text"] for d in docs], "source": ["web"] * len(docs),
+                      "url": [f"https://example.com/{i}" for i in range(len(docs))], "meta": [None] * len(docs),
+                      "lang": [d["lang"] for d in docs]})
+    checked = []
+    for name, cls in sorted(registry.items()):
+        if ":" in name or not issubclass(cls, MapStage) or name in ("extract", "quality", "tokenize", "decontaminate", "select"):
+            continue  # those need HTML, a model, a tokenizer or eval sets (or an expression)
+        st = cls.model_validate({"type": name})
+        st.setup()
+        out = st.run_batch(batch.drop_columns(["lang"]) if name == "langid" else batch).table
+        added = set(out.column_names) - set(batch.column_names)
+        declared = set(st.columns) | {s for r in st.bound_rules() for s in r.signals}
+        assert added == declared - set(batch.column_names), (name, added, declared)
+        checked.append(name)
+    assert len(checked) >= 9, checked

@@ -107,7 +107,8 @@ class Dag:
         declared = "columns" in vars(type(st)) or type(st).rules or not st.code_version
         if up is None or not declared:
             return None
-        return up | set(st.columns) | {s for rule in st.rules for s in rule.signals}
+        bound = st.bound_rules() if hasattr(st, "bound_rules") else []
+        return up | set(st.columns) | {s for rule in bound for s in rule.signals}
 
     def to_dict(self) -> dict[str, Any]:
         """The DAG as run, with defaults filled in (written to RUN/dag.yaml)."""

@@ -127,6 +127,7 @@ class UrlFilter(MapStage):
     """
 
     type: str = "url_filter"
+    columns: ClassVar[tuple[str, ...]] = ('url_blocked',)
     blocklists: list[Blocklist] = Field(default_factory=list)
     url_regexes: list[str] = Field(default_factory=list)
     url_subwords: list[str] = Field(default_factory=list)
@@ -192,6 +193,7 @@ class PiiScrub(MapStage):
     Signals: ``pii_emails``, ``pii_ips`` (how many were replaced in the row)."""
 
     type: str = "pii"
+    columns: ClassVar[tuple[str, ...]] = ('pii_emails', 'pii_ips')
     emails: bool = True
     ips: bool = True
     #: replace only globally routable addresses (FineWeb); False: every valid address
@@ -323,6 +325,7 @@ class Normalize(MapStage):
     lines removed), ``normalize_chars_delta`` (characters after minus before)."""
 
     type: str = "normalize"
+    columns: ClassVar[tuple[str, ...]] = ('normalize_fixed', 'normalize_lines_removed', 'normalize_chars_delta')
     fix_unicode: bool = True
     #: ftfy's HTML-entity decoding: "auto" decodes unless the text holds a "<"
     unescape_html: bool | Literal["auto"] = "auto"
