@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -157,6 +158,68 @@ def make_signal_run(run_dir: Path) -> None:
                                                        "stages": {}}))
 
 
+#: the browse run: three shards of a gopher_quality stage with thresholds set in the DAG (not
+#: the class defaults), row groups of 4 rows, and rejected rows under two reasons
+BROWSE_MIN_WORDS = 7
+BROWSE_MAX_WORDS = 60
+
+
+def browse_rows(shard: int) -> tuple[pa.Table, pa.Table]:
+    """(kept, rejected) rows of shard ``shard`` of the browse run."""
+    kept_n, rej_n = 9 + shard, 5 + 2 * shard
+    kept = pa.table({
+        "id": [f"s{shard}-k{i}" for i in range(kept_n)],
+        "text": [f"kept document {i} of shard {shard}\n" + "word " * (BROWSE_MIN_WORDS + i) for i in range(kept_n)],
+        "source": ["web"] * kept_n,
+        "gopher_n_words": pa.array([BROWSE_MIN_WORDS + 4 + i for i in range(kept_n)], pa.int64()),
+        "gopher_stop_words": pa.array([3 + i % 4 for i in range(kept_n)], pa.int64()),
+        "quality": [0.5 + i / 40 for i in range(kept_n)],  # only in kept files
+    })
+    reasons = ["gopher_quality:too_few_words" if i % 3 else "gopher_quality:stop_words" for i in range(rej_n)]
+    rejected = pa.table({
+        "id": [f"s{shard}-r{i}" for i in range(rej_n)],
+        "text": [f"rejected document {i} of shard {shard}" for i in range(rej_n)],
+        "source": ["web"] * rej_n,
+        "gopher_n_words": pa.array([1 + i % (BROWSE_MIN_WORDS - 1) if r.endswith("few_words") else 20 + i
+                                    for i, r in enumerate(reasons)], pa.int64()),
+        "gopher_stop_words": pa.array([0 if r.endswith("stop_words") else 2 for r in reasons], pa.int64()),
+        "stage": ["quality"] * rej_n, "reason": reasons,
+    })
+    return kept, rejected
+
+
+def make_browse_run(run_dir: Path) -> None:
+    """A finished run directory for the document browser, made with the real shard writer and
+    manifests (the service lists it like a CLI-made run)."""
+    from curation.pipeline.dag import parse_dag
+    from curation.pipeline.rundir import RunDir
+
+    dag = parse_dag({"name": "browse",
+                     "inputs": {"docs": {"format": "parquet", "paths": [str(run_dir / "in.parquet")], "source": "web"}},
+                     "stages": {"quality": {"type": "gopher_quality", "input": "docs", "min_doc_words": BROWSE_MIN_WORDS,
+                                            "max_doc_words": BROWSE_MAX_WORDS, "min_stop_words": 1}}},
+                    "browse.yaml")
+    run_dir.mkdir(parents=True)
+    (run_dir / "dag.yaml").write_text(yaml.safe_dump(dag.to_dict(), sort_keys=False))
+    hashes = dag.hashes()
+    rundir = RunDir(run_dir)
+    entries = []
+    for shard in (2, 0, 1):  # committed out of order: readers sort by shard key
+        kept, rejected = browse_rows(shard)
+        key = f"docs-{shard:05d}"
+        n = kept.num_rows + rejected.num_rows
+        entries += [rundir.write_stage_shard("docs", key, None, None, n, hashes["docs"]),
+                    rundir.write_stage_shard("quality", key, kept, rejected, n, hashes["quality"], row_group_size=4)]
+    rundir.commit(entries)
+    # a stale shard of another params hash: not committed for this DAG, never shown
+    stale = rundir.write_stage_shard("quality", "docs-00009", *browse_rows(0), 99, "0" * 16)
+    rundir.commit([stale])
+    now = time.time()
+    (run_dir / "progress.json").write_text(json.dumps({"name": "browse", "state": "done", "started": now - 3,
+                                                       "finished": now, "phases": {"read+map": {"done": 3, "total": 3}},
+                                                       "stages": {}}))
+
+
 def shared_service(tmp_path_factory, request) -> ServiceProcess:
     if "service" not in _SHARED:
         root = tmp_path_factory.mktemp("service")
@@ -167,6 +230,7 @@ def shared_service(tmp_path_factory, request) -> ServiceProcess:
         svc = ServiceProcess(root, [DATA, extra])
         svc.runs_dir.mkdir(parents=True)
         make_signal_run(svc.runs_dir / "signals")  # made by "the CLI": no service.json
+        make_browse_run(svc.runs_dir / "browse")
         svc.start()
         request.config.add_cleanup(svc.stop)
         _SHARED["service"] = svc
@@ -223,7 +287,7 @@ def test_every_route_but_healthz_needs_the_token(service, tmp_path):
     with service.client(token=None) as anon, service.client(token="wrong-token-wrong-token") as wrong:
         assert anon.get("/healthz").json() == {"status": "ok"}
         for route in app.routes:
-            path = route.path.replace("{run_id}", "r1").replace("{name}", "app.js")
+            path = route.path.replace("{run_id}", "r1").replace("{name}", "app.js").replace("{stage}", "s1")
             for method in sorted(route.methods - {"HEAD"}):
                 if path == "/healthz":
                     continue
@@ -234,7 +298,7 @@ def test_every_route_but_healthz_needs_the_token(service, tmp_path):
         # the page answers 401 with a sign-in form, not with the dashboard
         page = anon.get("/")
         assert 'name="token"' in page.text and "app.js" not in page.text
-    assert checked >= 2 * 14
+    assert checked >= 2 * 18
 
 
 def test_dashboard_cookie_login_and_csrf(service):
@@ -264,7 +328,8 @@ def test_openapi_documents_the_routes_and_the_bearer_scheme(client):
     spec = client.get("/openapi.json").raise_for_status().json()
     assert spec["components"]["securitySchemes"]["bearer"] == {"type": "http", "scheme": "bearer"}
     assert {"/runs", "/runs/{run_id}", "/runs/{run_id}/cancel", "/runs/{run_id}/resume", "/runs/{run_id}/stats",
-            "/runs/{run_id}/sql", "/healthz"} <= set(spec["paths"])
+            "/runs/{run_id}/sql", "/healthz", "/runs/{run_id}/stages", "/runs/{run_id}/stages/{stage}",
+            "/runs/{run_id}/stages/{stage}/documents", "/runs/{run_id}/stages/{stage}/histogram"} <= set(spec["paths"])
     assert spec["paths"]["/healthz"]["get"]["security"] == []
     assert "multipart/form-data" in spec["paths"]["/runs"]["post"]["requestBody"]["content"]
     assert "swagger-ui" in client.get("/docs").text
@@ -465,6 +530,181 @@ def test_sql_time_limit_interrupts_the_query(demo):
                    timeout_s=0.5)
     assert e.value.status == 408 and time.time() - t0 < 5
     assert run_select(demo["run_dir"], "select count(*) from kept").rows[0][0] > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# the document browser: pages of a stage's documents, reasons, histograms with thresholds
+
+
+def _browse_expected(which: str, reason: str | None = None) -> list[dict]:
+    rows = []
+    for shard in range(3):  # shard-key order, then row order
+        kept, rejected = browse_rows(shard)
+        t = kept if which == "kept" else rejected
+        rows += [r for r in t.to_pylist() if reason is None or r["reason"] == reason]
+    return rows
+
+
+def test_browser_stage_list_and_detail(client):
+    stages = client.get("/runs/browse/stages").raise_for_status().json()
+    assert [(s["stage"], s["kept"], s["rejected"], s["shards"]) for s in stages] == [
+        ("docs", 0, 0, 3), ("quality", 9 + 10 + 11, 5 + 7 + 9, 3)]
+    d = client.get("/runs/browse/stages/quality").raise_for_status().json()
+    assert d["type"] == "gopher_quality" and d["kept_written"] is True
+    assert {r["reason"]: r["docs"] for r in d["reasons"]} == Counter(r["reason"] for r in _browse_expected("rejected"))
+    assert d["signals"][:2] == ["gopher_n_words", "gopher_stop_words"] and "quality" in d["signals"]
+    assert "text" not in d["signals"] and "text" in {c["name"] for c in d["columns"]}
+    # thresholds from RUN/dag.yaml (not the class defaults), paired with columns by the rules table
+    assert d["thresholds"]["gopher_n_words"] == [
+        {"value": BROWSE_MIN_WORDS, "drops": "below", "param": "min_doc_words",
+         "reason": "gopher_quality:too_few_words", "op": "<"},
+        {"value": BROWSE_MAX_WORDS, "drops": "above", "param": "max_doc_words",
+         "reason": "gopher_quality:too_many_words", "op": ">"}]
+    assert d["thresholds"]["gopher_stop_words"][0]["value"] == 1
+    assert {"reason": "gopher_quality:empty", "signals": ["text"], "op": "empty", "params": [], "values": []} in d["rules"]
+    assert client.get("/runs/browse/stages/nope").status_code == 404
+    assert client.get("/runs/no-such-run/stages").status_code == 404
+
+
+@pytest.mark.parametrize("which", ["kept", "rejected"])
+def test_browser_documents_page_through_a_stage(client, which):
+    expected = _browse_expected(which)
+    got, offset = [], 0
+    while True:  # pages of 4 cross row groups (4 rows) and shards (9..11 rows)
+        page = client.get("/runs/browse/stages/quality/documents",
+                          params={"which": which, "offset": offset, "limit": 4}).raise_for_status().json()
+        assert page["total"] == len(expected) and page["which"] == which
+        if not page["documents"]:
+            break
+        assert [d["index"] for d in page["documents"]] == list(range(offset, offset + len(page["documents"])))
+        got += page["documents"]
+        offset += 4
+    assert [d["id"] for d in got] == [r["id"] for r in expected]
+    assert [d["text"] for d in got] == [r["text"] for r in expected]
+    for d, r in zip(got, expected):
+        assert d["fields"]["gopher_n_words"] == r["gopher_n_words"]  # every signal column of the row
+        assert d["fields"]["gopher_stop_words"] == r["gopher_stop_words"]
+        assert d["text_chars"] == len(r["text"]) and d["text_truncated"] is False
+        assert (d["reason"], d["fields"].get("reason")) == ((None, None) if which == "kept" else (r["reason"],) * 2)
+    assert not any(d["shard"] == "docs-00009" for d in got)  # another params hash: not this run's
+    # text cut to max_chars, full length reported
+    one = client.get("/runs/browse/stages/quality/documents",
+                     params={"which": which, "offset": 5, "limit": 1, "max_chars": 8}).json()["documents"][0]
+    assert one["text"] == expected[5]["text"][:8] and one["text_chars"] == len(expected[5]["text"])
+    assert one["text_truncated"] is True
+
+
+@pytest.mark.parametrize("reason", ["gopher_quality:too_few_words", "gopher_quality:stop_words"])
+def test_browser_reason_filter_returns_only_that_reason(client, reason):
+    expected = _browse_expected("rejected", reason)
+    assert 0 < len(expected) < len(_browse_expected("rejected"))
+    page = client.get("/runs/browse/stages/quality/documents",
+                      params={"which": "rejected", "reason": reason, "limit": 200}).raise_for_status().json()
+    assert page["total"] == len(expected) and page["reason"] == reason
+    assert {d["reason"] for d in page["documents"]} == {reason}
+    assert [d["id"] for d in page["documents"]] == [r["id"] for r in expected]
+    tail = client.get("/runs/browse/stages/quality/documents",
+                      params={"which": "rejected", "reason": reason, "offset": 3, "limit": 5}).json()
+    assert [d["id"] for d in tail["documents"]] == [r["id"] for r in expected[3:8]]
+    assert [d["index"] for d in tail["documents"]] == list(range(3, 3 + len(tail["documents"])))
+    none = client.get("/runs/browse/stages/quality/documents",
+                      params={"which": "rejected", "reason": "gopher_quality:no_such_rule"}).json()
+    assert none["total"] == 0 and none["documents"] == []
+
+
+@pytest.mark.parametrize("params, status", [
+    ({"which": "kept", "reason": "gopher_quality:stop_words"}, 422),  # kept rows have no reason
+    ({"which": "deleted"}, 422),
+    ({"limit": 0}, 422),
+    ({"limit": 201}, 422),  # bounded: never a whole run
+    ({"offset": -1}, 422),
+    ({"max_chars": 10**7}, 422),
+])
+def test_browser_documents_refuses_bad_parameters(client, params, status):
+    assert client.get("/runs/browse/stages/quality/documents", params=params).status_code == status
+
+
+def test_browser_documents_read_only_the_row_groups_of_the_page(service, monkeypatch):
+    import pyarrow.parquet as pq
+
+    from curation.pipeline.rundir import RunDir
+    from curation.service import browse
+
+    opened, groups = [], []
+    real_open, real_read = pq.ParquetFile.__init__, pq.ParquetFile.read_row_groups
+    monkeypatch.setattr(pq.ParquetFile, "__init__", lambda self, src, *a, **k: (opened.append(str(src)),
+                                                                                real_open(self, src, *a, **k))[1])
+    monkeypatch.setattr(pq.ParquetFile, "read_row_groups", lambda self, gs, *a, **k: (groups.append(list(gs)),
+                                                                                      real_read(self, gs, *a, **k))[1])
+    page = browse.documents(RunDir(service.runs_dir / "browse"), "quality", "kept", offset=9 + 10 + 5, limit=2)
+    assert [d["id"] for d in page["documents"]] == ["s2-k5", "s2-k6"]
+    assert [Path(p).name for p in opened] == ["docs-00002.parquet"]  # shards before the page: skipped by count
+    assert groups == [[1]]  # rows 5..6 of the shard: its second row group of 4, nothing else
+
+
+def test_browser_histogram_bins_sum_to_the_rows_with_dag_thresholds(client):
+    kept, rejected = _browse_expected("kept"), _browse_expected("rejected")
+    h = client.get("/runs/browse/stages/quality/histogram",
+                   params={"column": "gopher_n_words", "bins": 10}).raise_for_status().json()
+    values = [r["gopher_n_words"] for r in kept + rejected]
+    assert h["rows"] == len(values) and h["nulls"] == 0 and h["below"] == h["above"] == 0
+    assert sum(b["docs"] for b in h["bins"]) == h["rows"]
+    assert sum(b["kept"] for b in h["bins"]) == len(kept) and sum(b["rejected"] for b in h["bins"]) == len(rejected)
+    assert 1 <= len(h["bins"]) <= 10 and h["integer"] is True
+    assert (h["min"], h["max"], h["bins"][0]["lo"]) == (min(values), max(values), min(values))
+    for b in h["bins"]:  # each bin holds exactly the values in [lo, hi)
+        assert b["docs"] == sum(b["lo"] <= v < b["hi"] for v in values), b
+    assert [(t["param"], t["value"], t["drops"]) for t in h["thresholds"]] == [
+        ("min_doc_words", BROWSE_MIN_WORDS, "below"), ("max_doc_words", BROWSE_MAX_WORDS, "above")]
+    # a float column only the kept files have: the rejected rows count as nulls, unread
+    q = client.get("/runs/browse/stages/quality/histogram", params={"column": "quality", "bins": 7}).json()
+    assert len(q["bins"]) == 7 and sum(b["docs"] for b in q["bins"]) == len(kept)
+    assert q["nulls"] == len(rejected) and q["thresholds"] == []
+    # an explicit range: what falls outside is counted below / above, never lost
+    z = client.get("/runs/browse/stages/quality/histogram",
+                   params={"column": "gopher_n_words", "lo": 5, "hi": 15, "bins": 5}).json()
+    assert z["below"] == sum(v < 5 for v in values) and z["above"] == sum(v > 15 for v in values)
+    assert z["bins"][0]["lo"] == 5 and z["bins"][-1]["hi"] == 16
+    assert sum(b["docs"] for b in z["bins"]) + z["below"] + z["above"] == len(values)
+    for params, status in [({"column": "text"}, 422), ({"column": "nope"}, 404), ({"column": "quality", "bins": 0}, 422),
+                           ({"column": "quality", "bins": 101}, 422), ({"column": "quality", "clip": 0.5}, 422),
+                           ({"column": "quality", "lo": 2, "hi": 1}, 422)]:
+        assert client.get("/runs/browse/stages/quality/histogram", params=params).status_code == status, params
+
+
+def test_browser_on_the_demo_run(client, demo):
+    from curation.pipeline.stats import connect, stage_table
+
+    gopher = next(r for r in stage_table(demo["run_dir"]) if r["stage"] == "gopher")
+    h = client.get(f"/runs/{demo['id']}/stages/gopher/histogram", params={"column": "gopher_n_words"}).json()
+    assert sum(b["docs"] for b in h["bins"]) == h["rows"] == gopher["kept"] + gopher["rejected"]
+    dag = yaml.safe_load((demo["run_dir"] / "dag.yaml").read_text())["stages"]["gopher"]
+    assert {t["param"]: t["value"] for t in h["thresholds"]} == {
+        "min_doc_words": dag["min_doc_words"], "max_doc_words": dag["max_doc_words"]}
+    con = connect(demo["run_dir"])
+    reason, n = con.execute("select reason, count(*) from rejected where stage = 'gopher' "
+                            "group by 1 order by 2 desc, 1 limit 1").fetchone()
+    page = client.get(f"/runs/{demo['id']}/stages/gopher/documents",
+                      params={"which": "rejected", "reason": reason, "limit": 50}).json()
+    assert page["total"] == n == len(page["documents"]) and {d["reason"] for d in page["documents"]} == {reason}
+    ids = {r[0] for r in con.execute("select id from rejected where stage = 'gopher' and reason = ?", [reason]).fetchall()}
+    assert {d["id"] for d in page["documents"]} == ids
+    assert all(d["text"] and "gopher_n_words" in d["fields"] for d in page["documents"])
+
+
+def test_browser_routes_need_the_token(service):
+    paths = ["/runs/browse/stages", "/runs/browse/stages/quality",
+             "/runs/browse/stages/quality/documents?which=rejected",
+             "/runs/browse/stages/quality/histogram?column=gopher_n_words"]
+    with service.client(token=None) as anon, service.client(token="wrong-token-wrong-token") as wrong:
+        for path in paths:
+            for c in (anon, wrong):
+                r = c.get(path)
+                assert r.status_code == 401 and "gopher" not in r.text, (path, r.status_code)
+    with service.client(token=None, follow_redirects=False) as c:  # the dashboard's cookie
+        assert c.get("/", params={"token": TOKEN}).status_code == 303
+        for path in paths:
+            assert c.get(path).status_code == 200, path
 
 
 # ---------------------------------------------------------------------------------------------

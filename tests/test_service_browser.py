@@ -113,3 +113,77 @@ def test_histogram_charts_appear_when_the_columns_exist(service, demo, browser):
     assert browser.find_element(By.CSS_SELECTOR, "svg.chart#chart-tokens")
     browser.save_screenshot(str(ARTIFACTS / "dashboard-signals.png"))
     assert _js_errors(browser) == []
+
+
+def _texts(browser, css: str) -> list[str]:
+    """textContent of every match, read in one script (no stale elements while the page redraws)."""
+    return browser.execute_script("return [...document.querySelectorAll(arguments[0])].map(e => e.textContent)", css)
+
+
+def test_document_browser_filters_rejected_documents_and_draws_thresholds(service, demo, browser):
+    import httpx
+    from selenium.webdriver.support.ui import Select
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    run_id = demo["id"]
+    with service.client() as c:
+        detail = c.get(f"/runs/{run_id}/stages/gopher").raise_for_status().json()
+        rules = {r["reason"]: r for r in detail["rules"]}
+        # the most frequent drop reason of the stage whose rule has a threshold on a signal
+        reason = next(r["reason"] for r in detail["reasons"]
+                      if r["reason"] in rules and rules[r["reason"]]["signals"][0] in detail["thresholds"])
+        expected = c.get(f"/runs/{run_id}/stages/gopher/documents",
+                         params={"which": "rejected", "reason": reason, "limit": 1, "max_chars": 50000}).json()
+    column = rules[reason]["signals"][0]  # the signal that rule reads, with its threshold from the DAG
+    threshold = detail["thresholds"][column][0]["value"]
+
+    browser.get(f"{service.url}/?token={TOKEN}")  # signs in (303 to /, the token leaves the URL)
+    browser.get(f"{service.url}/#/runs/{run_id}")
+    _wait(browser).until(EC.presence_of_element_located((By.CSS_SELECTOR, '#browse-stage option[value="gopher"]')))
+    Select(browser.find_element(By.ID, "browse-stage")).select_by_value("gopher")
+    _wait(browser).until(lambda b: b.find_elements(By.CSS_SELECTOR, f'#browse-reason option[value="{reason}"]'))
+    Select(browser.find_element(By.ID, "browse-which")).select_by_value("rejected")
+    _wait(browser).until(lambda b: b.find_elements(By.CSS_SELECTOR, f'#browse-reason option[value="{reason}"]')
+                         and not b.find_element(By.ID, "browse-reason").get_property("disabled"))
+    Select(browser.find_element(By.ID, "browse-reason")).select_by_value(reason)
+    # every listed row has that reason, and the pager counts only them
+    _wait(browser).until(lambda b: set(_texts(b, "#doc-table td.doc-reason")) == {reason}
+                         and _texts(b, "#page-info") == [f"1–{min(expected['total'], 20)} of {expected['total']}"])
+    assert len(_texts(browser, "#doc-table tr.doc-row")) == min(expected["total"], 20)
+
+    browser.find_element(By.CSS_SELECTOR, "#doc-table tr.doc-row").click()
+    doc = expected["documents"][0]
+    _wait(browser).until(lambda b: _texts(b, "#doc-text") == [doc["text"]])
+    assert _texts(browser, "#doc-reason") == [reason] and _texts(browser, "#doc-id") == [doc["id"]]
+    signals = {tr.get_attribute("data-column"): tr for tr in
+               browser.find_elements(By.CSS_SELECTOR, "#doc-signals tbody tr")}
+    for name, value in doc["fields"].items():  # every column of the row is shown
+        assert name in signals, name
+    row = signals[column]
+    assert "rule-signal" in row.get_attribute("class").split()
+    shown = float(row.find_element(By.CSS_SELECTOR, "td.num").text.replace(",", ""))
+    assert shown == pytest.approx(doc["fields"][column], rel=1e-5)
+    assert "violates" in row.get_attribute("class").split()  # the rule it was dropped by is marked
+    browser.execute_script("document.getElementById('browser').scrollIntoView()")
+    browser.save_screenshot(str(ARTIFACTS / "browser-documents.png"))
+
+    # the histogram of that signal, with the DAG's threshold drawn as a line
+    row.find_element(By.CSS_SELECTOR, "a.to-hist").click()
+    chart = _wait(browser).until(EC.presence_of_element_located(
+        (By.CSS_SELECTOR, f'svg#chart-signal[data-column="{column}"]')))
+    line = _wait(browser).until(lambda b: b.find_element(
+        By.CSS_SELECTOR, f'svg#chart-signal line.threshold[data-value="{threshold}"]'))
+    assert line.get_attribute("data-param") == detail["thresholds"][column][0]["param"]
+    with httpx.Client(base_url=service.url, headers={"Authorization": f"Bearer {TOKEN}"}) as c:
+        hist = c.get(f"/runs/{run_id}/stages/gopher/histogram", params={"column": column, "bins": 30}).json()
+    drawn = sum(int(r.get_attribute("data-docs")) for r in chart.find_elements(By.CSS_SELECTOR, "rect[data-docs]"))
+    assert drawn == sum(b["docs"] for b in hist["bins"]) == hist["rows"] - hist["nulls"]
+    assert chart.find_elements(By.CSS_SELECTOR, "line.doc-marker")  # the opened document's value
+    browser.find_element(By.ID, "signals").screenshot(str(ARTIFACTS / "browser-histogram.png"))
+
+    # the SQL box, filled from the browser's selection, answers the same rows
+    browser.find_element(By.ID, "browse-sql").click()
+    browser.find_element(By.CSS_SELECTOR, "#sql-form button").click()
+    _wait(browser).until(lambda b: len(_texts(b, "#sql-result table.sql tbody tr")) == min(expected["total"], 50))
+    assert _js_errors(browser) == []
+

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict
 from starlette.requests import HTTPConnection
 
 from curation.pipeline.rundir import RunDir
+from curation.service import browse
 from curation.service.auth import COOKIE, PathPolicy, TokenAuth, load_token
 from curation.service.runs import RunConflict, RunManager, RunMissing, SubmitError, SUBMITTED_FILE
 from curation.service.sql_guard import SqlRejected, run_select
@@ -94,6 +95,57 @@ class SqlAnswer(_Open):
     truncated_cells: int
     limit: int
     elapsed_s: float
+
+
+class StageSummary(_Open):
+    """A node with shards of its own: kept and rejected rows from its manifest."""
+
+    stage: str
+    type: str
+    kind: str
+    shards: int
+    kept: int
+    rejected: int
+    kept_written: bool
+
+
+class StageDetail(StageSummary):
+    """A stage's columns, numeric signal columns (its own rules' first), rules with this run's
+    thresholds, per-column threshold points, and rejection reasons with counts."""
+
+    columns: list[dict[str, Any]]
+    signals: list[str]
+    rule_signals: list[str]
+    rules: list[dict[str, Any]]
+    thresholds: dict[str, list[dict[str, Any]]]
+    reasons: list[dict[str, Any]]
+
+
+class DocumentsPage(_Open):
+    """Documents ``offset .. offset+limit`` of ``total``: text (cut to ``max_chars``, with its
+    full length ``text_chars``) and every other column of the row under ``fields``."""
+
+    stage: str
+    which: str
+    reason: str | None = None
+    offset: int
+    limit: int
+    total: int
+    documents: list[dict[str, Any]]
+
+
+class SignalHistogram(_Open):
+    """Bins [lo, hi) with kept / rejected counts; ``rows`` = bins + below + above + nulls.
+    ``thresholds``: where the stage's rules drop, from the DAG as run."""
+
+    stage: str
+    column: str
+    rows: int
+    bins: list[dict[str, Any]]
+    below: int
+    above: int
+    nulls: int
+    thresholds: list[dict[str, Any]]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -192,6 +244,29 @@ class StatsCache:
             with self._lock:
                 self._pending.pop(key, None)
             ev.set()
+
+
+class RunCache:
+    """Answers (JSON bytes) keyed by a run's progress.json and dag.yaml mtimes plus the
+    request's parameters: a finished run's histograms are computed once."""
+
+    def __init__(self, size: int = 256):
+        self._size = size
+        self._lock = threading.Lock()
+        self._done: OrderedDict[tuple, bytes] = OrderedDict()
+
+    def get(self, run_dir: Path, params: tuple, compute: Callable[[], Any]) -> bytes:
+        key = StatsCache._key(run_dir) + params
+        with self._lock:
+            if key in self._done:
+                self._done.move_to_end(key)
+                return self._done[key]
+        value = json.dumps(compute()).encode()
+        with self._lock:
+            self._done[key] = value
+            while len(self._done) > self._size:
+                self._done.popitem(last=False)
+        return value
 
 
 # ---------------------------------------------------------------------------------------------
@@ -294,6 +369,7 @@ def create_app(runs_dir: str | Path, token: str, address: str | None = None,
     # cached as JSON bytes: a warm hit is then a file stat and a copy, no validation or encoding
     stats_cache = StatsCache(lambda d: json.dumps(stats_payload(d)).encode())
     sql_slots = threading.BoundedSemaphore(sql_max_concurrent)
+    browse_cache = RunCache()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -326,6 +402,10 @@ def create_app(runs_dir: str | Path, token: str, address: str | None = None,
 
     @app.exception_handler(SqlRejected)
     async def _sql_refused(request: Request, e: SqlRejected):
+        return JSONResponse({"detail": str(e)}, status_code=e.status)
+
+    @app.exception_handler(browse.BrowseError)
+    async def _browse_refused(request: Request, e: browse.BrowseError):
         return JSONResponse({"detail": str(e)}, status_code=e.status)
 
     # -- pages -------------------------------------------------------------------------------
@@ -480,6 +560,65 @@ def create_app(runs_dir: str | Path, token: str, address: str | None = None,
         finally:
             sql_slots.release()
         return res.__dict__
+
+    # -- document browser --------------------------------------------------------------------
+
+    def _run(run_id: str) -> tuple[Path, RunDir]:
+        d = runs.run_dir(run_id)
+        rd = RunDir(d)
+        if not rd.exists():
+            raise HTTPException(404, f"run {run_id!r} has no dag.yaml yet (not started)")
+        return d, rd
+
+    @app.get("/runs/{run_id}/stages", response_model=list[StageSummary], tags=["browse"])
+    def list_stages(run_id: str):
+        """Every node with shards of its own (inputs, stages; not unions), in DAG order, with
+        its committed kept and rejected row counts (from the manifests)."""
+        _, rd = _run(run_id)
+        return JSONResponse(browse.list_stages(rd))
+
+    @app.get("/runs/{run_id}/stages/{stage}", response_model=StageDetail, tags=["browse"])
+    def describe_stage(run_id: str, stage: str):
+        """A stage's columns and signal columns, its rules with this run's thresholds, and its
+        rejection reasons with counts."""
+        d, rd = _run(run_id)
+        body = browse_cache.get(d, ("stage", stage), lambda: browse.describe_stage(rd, stage))
+        return Response(body, media_type="application/json")
+
+    @app.get("/runs/{run_id}/stages/{stage}/documents", response_model=DocumentsPage, tags=["browse"])
+    def stage_documents(run_id: str, stage: str,
+                        which: str = Query("kept", pattern="^(kept|rejected)$",
+                                           description="kept (RUN/STAGE) or rejected (RUN/rejected/STAGE)"),
+                        reason: str | None = Query(None, max_length=1000,
+                                                   description="only rejected rows with exactly this reason"),
+                        offset: int = Query(0, ge=0, le=1 << 40), limit: int = Query(20, ge=1, le=browse.MAX_LIMIT),
+                        max_chars: int = Query(1000, ge=0, le=browse.MAX_TEXT_CHARS,
+                                               description="cut each text to this many characters")):
+        """A page of a stage's kept or rejected documents (shard order, then row order), each
+        with its text and every signal column of its row. Only the row groups holding the
+        page are read."""
+        _, rd = _run(run_id)
+        return JSONResponse(browse.documents(rd, stage, which, reason or None, offset, limit, max_chars))
+
+    @app.get("/runs/{run_id}/stages/{stage}/histogram", response_model=SignalHistogram, tags=["browse"])
+    def stage_histogram(run_id: str, stage: str, column: str = Query(..., max_length=500),
+                        bins: int = Query(30, ge=1, le=browse.MAX_BINS),
+                        clip: float = Query(0.0, ge=0.0, lt=0.5, description="cut this fraction off each tail"),
+                        lo: float | None = None, hi: float | None = None):
+        """The distribution of one numeric column over the stage's kept and rejected rows (DuckDB,
+        bounded bins), with the stage's thresholds for it from the DAG as run."""
+        d, rd = _run(run_id)
+
+        def compute():
+            if not sql_slots.acquire(timeout=2):
+                raise HTTPException(429, "too many queries running; retry shortly")
+            try:
+                return browse.histogram(rd, stage, column, bins, clip, lo, hi, timeout_s=sql_timeout_s)
+            finally:
+                sql_slots.release()
+
+        body = browse_cache.get(d, ("histogram", stage, column, bins, clip, lo, hi), compute)
+        return Response(body, media_type="application/json")
 
     return app
 
