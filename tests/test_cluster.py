@@ -70,6 +70,11 @@ def two_nodes():
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGKILL)
             p.wait()
+        # raylets and GCS may have left the group: every process naming our temp dir goes too
+        for d in Path("/proc").glob("[0-9]*"):
+            with contextlib.suppress(OSError):
+                if temp.encode() in (d / "cmdline").read_bytes():
+                    os.kill(int(d.name), signal.SIGKILL)
 
 
 def _run(dag_file: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
