@@ -261,9 +261,14 @@ def test_keep_top_keeps_the_exact_fraction(trained, tmp_path, ray_session, worke
     from curation.pipeline.dag import parse_dag
     from curation.pipeline.executor import run_dag
 
+    # uncompressed copies: a .jsonl.gz is one shard (not seekable); plain lines split by bytes
+    plain = []
+    for src in (CRAWL, REFERENCE):
+        plain.append(tmp_path / src.name.removesuffix(".gz"))
+        plain[-1].write_bytes(gzip.decompress(src.read_bytes()))
     dag = parse_dag({
         "name": "quality-top",
-        "inputs": {"docs": {"format": "jsonl", "paths": [str(CRAWL), str(REFERENCE)], "source": "web",
+        "inputs": {"docs": {"format": "jsonl", "paths": [str(p) for p in plain], "source": "web",
                             "split_bytes": 40_000}},
         "stages": {"quality": {"type": "quality", "model": str(trained), "keep_top": 0.3}},
     }, "quality-top.yaml", base_dir=str(REPO))

@@ -108,7 +108,7 @@ def test_overwrite_recomputes_only_what_changed(demo_run, tmp_path, ray_session)
 SLOW_DAG = """
 name: resume
 inputs:
-  math: {format: jsonl, paths: ["%(data)s/jsonl/gsm8k_train_head400.jsonl.gz"], source: math, text_field: question, split_bytes: 2500}
+  math: {format: jsonl, paths: ["%(data)s/jsonl/gsm8k_train_head400.jsonl"], source: math, text_field: question, split_bytes: 2500}
   crawl: {format: warc, paths: ["%(data)s/warc/*.warc.gz"], source: web}
 stages:
   extract: {type: extract, input: crawl, engine: trafilatura}

@@ -145,7 +145,7 @@ def test_train_from_a_stage_of_a_run_then_tokenize_in_a_dag(tmp_path, ray_sessio
     """Training reads a stage's committed shards (hashes from its manifest); the tokenize stage
     then runs on Ray, one tokenizer load per worker, output equal to encoding in-process."""
     run = tmp_path / "run"
-    dag = {"name": "tok", "inputs": {"math": {"format": "jsonl", "paths": [str(DATA / "jsonl/gsm8k_train_head400.jsonl.gz")],
+    dag = {"name": "tok", "inputs": {"math": {"format": "jsonl", "paths": [str(DATA / "jsonl/gsm8k_train_head400.jsonl")],
                                               "source": "math", "text_field": "question", "split_bytes": 40000}},
            "stages": {"all": {"type": "union", "inputs": ["math"]}}}  # a union materialises its inputs
     run_dag(parse_dag(dag), run, workers=2, quiet=True)

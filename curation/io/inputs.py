@@ -1,9 +1,20 @@
-"""Named inputs of a DAG and how they are cut into shards (one Ray task each)."""
+"""Named inputs of a DAG and how they are cut into shards (one Ray task each).
+
+A file larger than ``split_bytes`` is cut into byte ranges ``[start, end)`` of about equal
+size, one shard each; a shard reads only the records that start in its range (see
+``curation.io.ranges`` for how every part finds the same record starts). Files that cannot be
+entered in the middle are one shard whatever their size, and the planner says so in the log:
+compressed JSON Lines, a WARC that is not gzip, and a gzip WARC that is one gzip stream rather
+than one member per record (decided from the file's first member: the planner reads at most a
+few MiB of its head, never the whole file).
+"""
 
 from __future__ import annotations
 
+import logging
 import math
 import posixpath
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
@@ -13,6 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from curation.io import datapaths
 
 MiB = 1 << 20
+
+log = logging.getLogger(__name__)
 
 
 class InputError(ValueError):
@@ -30,7 +43,7 @@ class InputSpec(BaseModel):
     text_field: str = "text"
     id_field: str | None = None
     url_field: str | None = "url"
-    #: files larger than this are read by several tasks (records dealt round-robin, or row groups)
+    #: files larger than this are cut into byte ranges of about this size, one task each
     split_bytes: int = Field(default=128 * MiB, gt=0)
     #: documents larger than this are rejected as ``read:doc_too_large`` (a preview is kept)
     max_doc_bytes: int = Field(default=10 * MiB, gt=0)
@@ -38,7 +51,8 @@ class InputSpec(BaseModel):
 
 @dataclass(frozen=True)
 class InputShard:
-    """The unit of work of a reader: one file, or one of ``nparts`` interleaved parts of it."""
+    """The unit of work of a reader: one file, or the byte range ``[start, end)`` of it (part
+    ``part`` of ``nparts``); it reads the records that start in its range."""
 
     input: str
     key: str  # stable shard name, e.g. "crawl-00003"; output files are STAGE/<key>.parquet
@@ -48,6 +62,21 @@ class InputShard:
     part: int
     nparts: int
     size: int
+    start: int = 0
+    end: int = -1  # -1: to the end of the file
+
+    def __post_init__(self) -> None:
+        if self.end < 0:
+            object.__setattr__(self, "end", self.size)
+
+
+def compression_of(path: str) -> str | None:
+    """The codec of a JSON Lines file, from its name."""
+    if path.endswith(".gz"):
+        return "gzip"
+    if path.endswith((".zst", ".zstd")):
+        return "zstd"
+    return None
 
 
 def _has_magic(p: str) -> bool:
@@ -83,10 +112,43 @@ def plan_input(name: str, spec: InputSpec, base_dir: str | None = None) -> list[
     files = expand_paths(name, spec, base_dir)
     root = posixpath.commonpath([posixpath.dirname(p) for p, _ in files]) if len(files) > 1 else posixpath.dirname(files[0][0])
     shards: list[InputShard] = []
+    # which large files can be cut: a look at each one's head, in parallel (remote stores)
+    large = [(path, size) for path, size in files if size > spec.split_bytes]
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(large)))) as pool:
+        splittable = dict(zip((p for p, _ in large),
+                              pool.map(lambda ps: _splittable(name, spec.format, *ps), large)))
     for path, size in files:
         rel = posixpath.relpath(path, root) if root else path
         nparts = max(1, math.ceil(size / spec.split_bytes))
+        if nparts > 1 and not splittable[path]:
+            nparts = 1
         for part in range(nparts):
             key = f"{name}-{len(shards):05d}"
-            shards.append(InputShard(name, key, path, rel, spec.format, part, nparts, size))
+            start, end = size * part // nparts, size * (part + 1) // nparts
+            shards.append(InputShard(name, key, path, rel, spec.format, part, nparts, size, start, end))
     return shards
+
+
+def _splittable(name: str, fmt: str, path: str, size: int) -> bool:
+    """Can a file larger than ``split_bytes`` be read by byte ranges? (Logs why not.)"""
+    if fmt == "jsonl":
+        comp = compression_of(path)
+        if comp:
+            log.info("inputs.%s: %s is %s-compressed JSON Lines (%d bytes): read whole by one task",
+                     name, path, comp, size)
+            return False
+        return True
+    if fmt in ("warc", "wet"):
+        from curation.io.ranges import gzip_layout
+
+        layout = gzip_layout(path)
+        if layout == "single":
+            log.warning("inputs.%s: %s (%d bytes) is one gzip stream, not one gzip member per record: "
+                        "read whole by one task (recompress it per record to read it in parallel)",
+                        name, path, size)
+            return False
+        if layout == "plain":
+            log.info("inputs.%s: %s (%d bytes) is not gzip (uncompressed WARC): read whole by one task",
+                     name, path, size)
+            return False
+    return True

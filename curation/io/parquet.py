@@ -1,36 +1,70 @@
-"""Parquet reader: large files are split by row group across shards."""
+"""Parquet reader: a part of a large file reads the row groups whose middle byte lies in its
+byte range (contiguous row groups, each owned by exactly one part; no footer is read when
+planning). Rows are read a batch at a time; a document id is the row index in the file."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
-import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from curation.io.inputs import InputShard, InputSpec
+from curation.io import ranges
+from curation.io.ranges import CountingRaw
 from curation.io.read_result import ReadResult
 
+#: rows converted to Python objects at a time
+ROWS_PER_BATCH = 1024
 
-def read_parquet(shard: InputShard, spec: InputSpec) -> ReadResult:
-    """Read the row groups dealt to this shard (row group i goes to part i % nparts)."""
-    res = ReadResult(shard, spec)
+
+def _group_middle(md: pq.FileMetaData, g: int) -> int:
+    rg = md.row_group(g)
+    starts, size = [], 0
+    for c in range(rg.num_columns):
+        col = rg.column(c)
+        off = col.data_page_offset
+        if col.has_dictionary_page and col.dictionary_page_offset:
+            off = min(off, col.dictionary_page_offset)
+        starts.append(off)
+        size += col.total_compressed_size
+    return (min(starts) if starts else 0) + size // 2
+
+
+def owned_row_groups(md: pq.FileMetaData, shard: InputShard) -> list[int]:
+    """Row groups of this shard: all for a whole-file shard, else those whose middle byte is in
+    ``[start, end)``."""
+    if shard.start == 0 and shard.end >= shard.size:
+        return list(range(md.num_row_groups))
+    return [g for g in range(md.num_row_groups) if shard.start <= _group_middle(md, g) < shard.end]
+
+
+def iter_parquet(shard: InputShard, spec: InputSpec, res: ReadResult) -> Iterator[None]:
+    """Read the row groups of this shard into ``res``; yield after each batch of rows."""
     row_base = 0
+    raw = CountingRaw(ranges.open_raw(shard.path))
     try:
-        with fsspec.open(shard.path, "rb") as fh:
-            pf = pq.ParquetFile(fh)
-            if pf.metadata.num_rows == 0:
+        with raw:
+            pf = pq.ParquetFile(raw)
+            md = pf.metadata
+            if md.num_rows == 0 and shard.start == 0:
                 res.reject(None, "empty_file", 0, "parquet file has no rows")
-            for rg in range(pf.num_row_groups):
-                n = pf.metadata.row_group(rg).num_rows
-                if rg % shard.nparts == shard.part:
-                    _add_rows(res, spec, pf.read_row_group(rg), row_base)
-                row_base += n
+            starts = [0]
+            for g in range(md.num_row_groups):
+                starts.append(starts[-1] + md.row_group(g).num_rows)
+            for g in owned_row_groups(md, shard):
+                row_base = starts[g]
+                for batch in pf.iter_batches(batch_size=ROWS_PER_BATCH, row_groups=[g]):
+                    _add_rows(res, spec, pa.Table.from_batches([batch]), row_base)
+                    row_base += batch.num_rows
+                    res.bytes_read = raw.bytes_read
+                    yield
     except (FileNotFoundError, PermissionError):
         raise  # the file vanished or is unreadable: fail the task (retried), not bad data
     except Exception as e:
         res.reject(None, "corrupt_stream", row_base, f"{type(e).__name__}: {e}")
-    return res
+    res.bytes_read = raw.bytes_read
 
 
 def _add_rows(res: ReadResult, spec: InputSpec, table: pa.Table, row_base: int) -> None:

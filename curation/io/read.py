@@ -1,25 +1,61 @@
-"""Dispatch an input shard to the reader of its format."""
+"""Dispatch an input shard to the reader of its format.
+
+``iter_read`` streams a shard as ``ReadResult`` batches of bounded size (rows and payload
+bytes), so a worker never holds a whole shard; ``read_shard`` is their concatenation.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import fsspec
 
 from curation.io.inputs import InputShard, InputSpec
-from curation.io.jsonl import read_jsonl
-from curation.io.parquet import read_parquet
+from curation.io.jsonl import iter_jsonl
+from curation.io.parquet import iter_parquet
 from curation.io.read_result import ReadResult
-from curation.io.warc import read_warc
+from curation.io.warc import iter_warc
 
-READERS = {"warc": read_warc, "wet": read_warc, "jsonl": read_jsonl, "parquet": read_parquet}
+READERS = {"warc": iter_warc, "wet": iter_warc, "jsonl": iter_jsonl, "parquet": iter_parquet}
+
+#: default batch bounds of ``iter_read``
+BATCH_ROWS = 4096
+BATCH_BYTES = 64 << 20
 
 
-def read_shard(shard: InputShard, spec: InputSpec) -> ReadResult:
-    """Read one input shard; never raises on bad data (problems become reject rows).
-
-    A file that vanished since planning raises instead: that is an infrastructure problem
-    (the task fails, is retried, and the run reports it), not a bad record to count.
-    """
+def _check_exists(shard: InputShard) -> None:
     fs, path = fsspec.core.url_to_fs(shard.path)
     if not fs.exists(path):
         raise FileNotFoundError(f"inputs.{shard.input}: {shard.path} disappeared after the run was planned")
-    return READERS[shard.format](shard, spec)
+
+
+def iter_read(shard: InputShard, spec: InputSpec, batch_rows: int | None = BATCH_ROWS,
+              batch_bytes: int | None = BATCH_BYTES) -> Iterator[ReadResult]:
+    """Read one input shard as batches: each holds at most ``batch_rows`` rows (documents plus
+    rejects) or about ``batch_bytes`` payload bytes (html, text, previews; a batch closes after
+    the record that crosses it). None means no bound. At least one batch comes out (empty if
+    the shard holds nothing); ``bytes_read``/``bytes_decompressed`` of a batch count the shard
+    up to its end. Never raises on bad data; a file that vanished since planning raises
+    ``FileNotFoundError`` (the task fails and is retried: not a bad record to count).
+    """
+    _check_exists(shard)
+    out = ReadResult(shard, spec, html=shard.format == "warc")
+    n = 0
+    for _ in READERS[shard.format](shard, spec, out):
+        if out.full(batch_rows, batch_bytes):
+            n += 1
+            yield out.take()
+    if len(out) or not n:
+        yield out.take()
+
+
+def read_shard(shard: InputShard, spec: InputSpec) -> ReadResult:
+    """Read one input shard whole: the concatenation of ``iter_read``'s batches."""
+    res: ReadResult | None = None
+    for batch in iter_read(shard, spec, batch_rows=None, batch_bytes=None):
+        if res is None:
+            res = batch
+        else:
+            res.extend(batch)
+    assert res is not None
+    return res

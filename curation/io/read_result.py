@@ -1,4 +1,10 @@
-"""What every reader returns: the documents it could read and a row per problem it met."""
+"""What every reader returns: the documents it could read and a row per problem it met.
+
+Readers produce ``ReadResult`` batches of bounded size (``iter_read``); ``read_shard`` is their
+concatenation. A document id is ``INPUT/RELPATH#OFFSET``: the byte offset of the record in the
+file as stored (the gzip member of a WARC record, the line of a JSONL file; the line offset in
+the decompressed stream for compressed JSONL; the row index for Parquet).
+"""
 
 from __future__ import annotations
 
@@ -15,23 +21,40 @@ PREVIEW_CHARS = 2000
 
 @dataclass
 class ReadResult:
-    """Column builders for documents and read-time rejections of one input shard."""
+    """Column builders for documents and read-time rejections of (a batch of) one input shard."""
 
     shard: InputShard
     spec: InputSpec
     html: bool = False  # WARC response records carry raw HTML for the extract stage
     docs: dict[str, list] = field(default_factory=dict)
     rejects: dict[str, list] = field(default_factory=dict)
+    #: bytes taken from storage for this shard up to the end of this batch (cumulative)
+    bytes_read: int = 0
+    #: bytes produced by decompression for this shard up to the end of this batch (cumulative)
+    bytes_decompressed: int = 0
+    #: payload bytes held (html, text, previews): what bounds a batch's memory
+    held_bytes: int = 0
 
     def __post_init__(self) -> None:
         schema = HTML_SCHEMA if self.html else DOC_SCHEMA
         self.docs = {f.name: [] for f in schema}
         self.rejects = {f.name: [] for f in READ_REJECT_SCHEMA}
 
-    def doc_id(self, index: int) -> str:
+    @property
+    def num_docs(self) -> int:
+        return len(self.docs["id"])
+
+    @property
+    def num_rejects(self) -> int:
+        return len(self.rejects["id"])
+
+    def __len__(self) -> int:
+        return self.num_docs + self.num_rejects
+
+    def doc_id(self, index: int | str) -> str:
         return f"{self.shard.input}/{self.shard.relpath}#{index}"
 
-    def add(self, index: int, text: str | None, url: str | None = None, meta: dict | None = None,
+    def add(self, index: int | str, text: str | None, url: str | None = None, meta: dict | None = None,
             doc_id: str | None = None, html: bytes | None = None, charset: str | None = None) -> None:
         d = self.docs
         d["id"].append(doc_id or self.doc_id(index))
@@ -42,8 +65,10 @@ class ReadResult:
         if self.html:
             d["html"].append(html)
             d["charset"].append(charset)
+        self.held_bytes += len(text) if text else 0
+        self.held_bytes += len(html) if html else 0
 
-    def reject(self, index: int | None, reason: str, offset: int | None, detail: str = "",
+    def reject(self, index: int | str | None, reason: str, offset: int | None, detail: str = "",
                text: str | None = None) -> None:
         r = self.rejects
         r["id"].append(self.doc_id(index) if index is not None else f"{self.shard.input}/{self.shard.relpath}@{offset}")
@@ -53,6 +78,28 @@ class ReadResult:
         r["offset"].append(offset)
         r["detail"].append(detail[:500])
         r["text"].append(text[:PREVIEW_CHARS] if text else None)
+        self.held_bytes += min(len(text), PREVIEW_CHARS) if text else 0
+
+    def full(self, batch_rows: int | None, batch_bytes: int | None) -> bool:
+        return bool((batch_rows and len(self) >= batch_rows) or (batch_bytes and self.held_bytes >= batch_bytes))
+
+    def take(self) -> ReadResult:
+        """Hand over what was built so far as a batch, and start an empty one."""
+        out = ReadResult(self.shard, self.spec, self.html, bytes_read=self.bytes_read,
+                         bytes_decompressed=self.bytes_decompressed, held_bytes=self.held_bytes)
+        out.docs, out.rejects = self.docs, self.rejects
+        self.__post_init__()
+        self.held_bytes = 0
+        return out
+
+    def extend(self, other: ReadResult) -> None:
+        """Append a later batch of the same shard."""
+        for k, v in other.docs.items():
+            self.docs[k].extend(v)
+        for k, v in other.rejects.items():
+            self.rejects[k].extend(v)
+        self.held_bytes += other.held_bytes
+        self.bytes_read, self.bytes_decompressed = other.bytes_read, other.bytes_decompressed
 
     def tables(self) -> tuple[pa.Table, pa.Table]:
         schema = HTML_SCHEMA if self.html else DOC_SCHEMA

@@ -1,0 +1,482 @@
+"""Scale benchmark: a Common-Crawl-sized WARC through the whole web DAG. Prints figures,
+asserts nothing. Run by hand:
+
+    BENCH_TMP=/big/tmp .venv/bin/python tests/benchmarks/bench_scale.py [--size-mb 1024]
+        [--workers N] [--split-mb 128] [--only full|extract]
+
+1. Builds (once; cached under ``$BENCH_TMP/refinery-bench-scale/``) a WARC laid out like a
+   Common Crawl file: a warcinfo record, then for every page a request, a response and a
+   metadata record, each its own gzip member. The pages are the real HTML pages of
+   ``shared/data/html`` (trafilatura, readability, article-extraction benchmark, postlight,
+   DCLM), each repeated under its own URL and WARC-Record-ID until the file reaches
+   ``--size-mb``; one copy in three has its ``<p>`` paragraphs shuffled (near-duplicates for
+   MinHash, not exact duplicates), the others are exact copies (exact dedup drops them).
+2. Runs the DAG extract -> langid -> gopher_repetition -> gopher_quality -> c4_quality ->
+   fineweb_quality -> exact_dedup -> minhash_dedup through the executor (``run_dag``, what
+   ``refinery run`` calls), then extract alone on the same file, each in a fresh process.
+3. Prints, per run: documents/s per core end to end; per map stage (CPU time of its
+   ``run_batch`` calls in the workers, recorded by a Ray worker setup hook) and per global
+   stage (its phases' wall time from ``_phases.json``); the reader's bytes read and
+   decompressed against the input's size; peak RSS of every Ray worker (a thread samples
+   ``/proc`` of the run's process tree) and of the driver; bytes and files written under the
+   run directory.
+
+Verified at ``--size-mb 50`` (see the report of issue #15); the default is 1 GB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import gzip
+import hashlib
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED_DATA = Path(os.environ.get("REFINERY_DATA", REPO.parent / "shared" / "data"))
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+GEN_VERSION = 1
+MiB = 1 << 20
+MAP_STAGES = ["extract", "langid", "gopher_rep", "gopher", "c4", "fineweb"]
+GLOBAL_STAGES = ["exact", "near"]
+
+
+def bench_root() -> Path:
+    d = Path(os.environ.get("BENCH_TMP") or tempfile.gettempdir()) / "refinery-bench-scale"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+# ---------------------------------------------------------------------------------------------
+# the WARC
+# ---------------------------------------------------------------------------------------------
+
+
+def load_pages() -> list[tuple[str, bytes]]:
+    """(name, html bytes) of every real page in shared/data/html."""
+    pages: list[tuple[str, bytes]] = []
+    sets = {
+        "trafilatura_eval_and_cache_pages.tar.xz": lambda n: "/eval/" in n or "/cache/" in n,
+        "mozilla_readability_test_pages.tar.xz": lambda n: n.endswith("/source.html"),
+        "article_extraction_benchmark_pages.tar.xz": lambda n: n.endswith(".html"),
+        "postlight_parser_fixtures.tar.xz": lambda n: n.endswith(".html"),
+        "dclm_enricher_test_pages.tar.xz": lambda n: not n.endswith((".json", ".txt", ".md")),
+    }
+    for tar_name, keep in sets.items():
+        with tarfile.open(SHARED_DATA / "html" / tar_name) as tf:
+            for m in tf:
+                if m.isfile() and keep("/" + m.name):
+                    data = tf.extractfile(m).read()
+                    if b"<" in data[:4096]:
+                        pages.append((m.name, data))
+    pages.sort()
+    return pages
+
+
+def _slug(name: str) -> str:
+    s = re.sub(r"[^a-z0-9]+", "-", Path(name).stem.lower()).strip("-")
+    return (s or "page")[:40]
+
+
+_P = re.compile(rb"(?=<p[\s>])", re.I)
+
+
+def shuffle_paragraphs(html: bytes, rng: random.Random) -> bytes:
+    parts = _P.split(html)
+    if len(parts) < 4:
+        return html
+    head, body, tail = parts[0], parts[1:-1], parts[-1]
+    rng.shuffle(body)
+    return head + b"".join(body) + tail
+
+
+def _member(headers: list[tuple[str, str]], block: bytes) -> bytes:
+    head = "WARC/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers)
+    head += f"Content-Length: {len(block)}\r\n\r\n"
+    return gzip.compress(head.encode() + block + b"\r\n\r\n", compresslevel=6, mtime=0)
+
+
+def _digest(b: bytes) -> str:
+    return "sha1:" + base64.b32encode(hashlib.sha1(b).digest()).decode()
+
+
+def build_warc(path: Path, size_bytes: int, seed: int = 0) -> dict:
+    """Write a CC-like WARC of about ``size_bytes`` (compressed) to ``path``; return its facts."""
+    pages = load_pages()
+    rng = random.Random(seed)
+    urn = lambda: f"<urn:uuid:{uuid.UUID(int=rng.getrandbits(128), version=4)}>"  # noqa: E731
+    t0 = datetime(2024, 5, 20, tzinfo=timezone.utc)
+    info_id = urn()
+    tmp = path.with_suffix(".tmp")
+    n_resp = n_shuffled = n_records = 0
+    raw_bytes = 0
+    with open(tmp, "wb") as f:
+        info = b"software: refinery bench_scale\r\nformat: WARC File Format 1.1\r\nisPartOf: BENCH-SCALE\r\n"
+        f.write(_member([("WARC-Type", "warcinfo"), ("WARC-Date", t0.strftime("%Y-%m-%dT%H:%M:%SZ")),
+                         ("WARC-Record-ID", info_id), ("Content-Type", "application/warc-fields")], info))
+        copy = 0
+        while f.tell() < size_bytes:
+            for name, html in pages:
+                if f.tell() >= size_bytes:
+                    break
+                url = f"https://www.{_slug(name)}.example.org/c{copy}/{_slug(name)}.html"
+                shuffled = copy > 0 and rng.random() < 1 / 3
+                body = shuffle_paragraphs(html, rng) if shuffled else html
+                date = (t0 + timedelta(seconds=n_resp)).strftime("%Y-%m-%dT%H:%M:%SZ")
+                req_id, resp_id = urn(), urn()
+                host = url.split("/")[2]
+                req = (f"GET /{url.split('/', 3)[3]} HTTP/1.1\r\n"
+                       "User-Agent: CCBot/2.0 (https://commoncrawl.org/faq/)\r\n"
+                       f"Accept: text/html,application/xhtml+xml;q=0.9,*/*;q=0.8\r\nHost: {host}\r\n"
+                       "Connection: Keep-Alive\r\nAccept-Encoding: gzip\r\n\r\n").encode()
+                http = (f"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {len(body)}\r\n"
+                        "Server: nginx\r\nConnection: close\r\n\r\n").encode() + body
+                meta = (f"fetchTimeMs: {rng.randint(50, 900)}\r\ncharset-detected: UTF-8\r\n"
+                        "languages-cld2: {}\r\n").encode()
+                common = [("WARC-Date", date), ("WARC-Target-URI", url), ("WARC-Warcinfo-ID", info_id)]
+                f.write(_member([("WARC-Type", "request"), ("WARC-Record-ID", req_id), *common,
+                                 ("WARC-IP-Address", f"10.{copy % 250}.{n_resp % 250}.7"),
+                                 ("Content-Type", "application/http; msgtype=request")], req))
+                f.write(_member([("WARC-Type", "response"), ("WARC-Record-ID", resp_id), *common,
+                                 ("WARC-Concurrent-To", req_id),
+                                 ("WARC-IP-Address", f"10.{copy % 250}.{n_resp % 250}.7"),
+                                 ("Content-Type", "application/http; msgtype=response"),
+                                 ("WARC-Payload-Digest", _digest(body)), ("WARC-Block-Digest", _digest(http)),
+                                 ("WARC-Identified-Payload-Type", "text/html")], http))
+                f.write(_member([("WARC-Type", "metadata"), ("WARC-Record-ID", urn()), *common,
+                                 ("WARC-Concurrent-To", resp_id), ("Content-Type", "application/warc-fields")], meta))
+                n_resp += 1
+                n_shuffled += shuffled
+                n_records += 3
+                raw_bytes += len(req) + len(http) + len(meta)
+            copy += 1
+        size = f.tell()
+    os.replace(tmp, path)
+    facts = {"path": str(path), "bytes": size, "responses": n_resp, "records": n_records + 1,
+             "distinct_pages": len(pages), "copies": copy, "shuffled": n_shuffled, "raw_bytes": raw_bytes,
+             "version": GEN_VERSION}
+    path.with_suffix(".json").write_text(json.dumps(facts, indent=1))
+    return facts
+
+
+def cached_warc(size_mb: int) -> dict:
+    path = bench_root() / f"cc-like-{size_mb}mb-v{GEN_VERSION}.warc.gz"
+    facts_path = path.with_suffix(".json")
+    if path.exists() and facts_path.exists():
+        return json.loads(facts_path.read_text())
+    t0 = time.perf_counter()
+    facts = build_warc(path, size_mb * MiB)
+    facts["build_s"] = time.perf_counter() - t0
+    facts_path.write_text(json.dumps(facts, indent=1))
+    return facts
+
+
+# ---------------------------------------------------------------------------------------------
+# measuring inside the Ray workers
+# ---------------------------------------------------------------------------------------------
+
+
+def _worker_hook() -> None:
+    """Runs in every Ray worker at start (``worker_process_setup_hook``): times each map
+    stage's ``run_batch`` and each reader, and appends one JSON line per call to
+    ``$BENCH_SCALE_LOG/<pid>.jsonl``."""
+    import json as _json
+    import os as _os
+    import time as _time
+
+    from curation.io import read as _read
+    from curation.stages import base as _base
+
+    log_dir = _os.environ.get("BENCH_SCALE_LOG")
+    if not log_dir:
+        return
+    path = _os.path.join(log_dir, f"{_os.getpid()}.jsonl")
+
+    def emit(rec: dict) -> None:
+        with open(path, "a") as fh:
+            fh.write(_json.dumps(rec) + "\n")
+
+    real_run_batch = _base.MapStage.run_batch
+
+    def run_batch(self, batch, text=None):
+        c0, w0 = _time.process_time(), _time.perf_counter()
+        out = real_run_batch(self, batch, text)
+        emit({"kind": "stage", "type": self.type, "rows": batch.num_rows,
+              "cpu": _time.process_time() - c0, "wall": _time.perf_counter() - w0})
+        return out
+
+    _base.MapStage.run_batch = run_batch
+
+    def timed(reader):
+        def wrapper(shard, spec, res):
+            cpu = wall = 0.0
+            gen = reader(shard, spec, res)
+            while True:
+                c0, w0 = _time.process_time(), _time.perf_counter()
+                try:
+                    item = next(gen)
+                except StopIteration:
+                    cpu += _time.process_time() - c0
+                    wall += _time.perf_counter() - w0
+                    break
+                cpu += _time.process_time() - c0
+                wall += _time.perf_counter() - w0
+                yield item
+            emit({"kind": "read", "shard": shard.key, "range": shard.end - shard.start, "cpu": cpu, "wall": wall,
+                  "bytes_read": res.bytes_read, "bytes_decompressed": res.bytes_decompressed})
+        return wrapper
+
+    for fmt, reader in list(_read.READERS.items()):
+        _read.READERS[fmt] = timed(reader)
+
+
+class ProcSampler(threading.Thread):
+    """Samples VmHWM/VmRSS of every process under this one (Ray's raylet, workers...)."""
+
+    def __init__(self, interval: float = 0.25):
+        super().__init__(daemon=True)
+        self.interval = interval
+        self.peak: dict[int, tuple[str, float]] = {}  # pid -> (name, peak MB)
+        self.stop = threading.Event()
+
+    @staticmethod
+    def _children() -> dict[int, list[int]]:
+        kids: dict[int, list[int]] = {}
+        for d in os.listdir("/proc"):
+            if d.isdigit():
+                try:
+                    with open(f"/proc/{d}/stat") as fh:
+                        ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+                except (OSError, ValueError, IndexError):
+                    continue
+                kids.setdefault(ppid, []).append(int(d))
+        return kids
+
+    def sample(self) -> None:
+        kids = self._children()
+        todo, seen = [os.getpid()], set()
+        while todo:
+            p = todo.pop()
+            if p in seen:
+                continue
+            seen.add(p)
+            todo.extend(kids.get(p, []))
+            if p == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{p}/cmdline", "rb") as fh:
+                    name = fh.read().split(b"\0")[0].decode(errors="replace")
+                with open(f"/proc/{p}/status") as fh:
+                    st = {k: v for k, _, v in (line.partition(":") for line in fh)}
+            except OSError:
+                continue
+            mb = max(int(st.get(k, "0 kB").split()[0]) for k in ("VmHWM", "VmRSS")) / 1024
+            old = self.peak.get(p, ("", 0.0))
+            label = name if name.startswith("ray::") else (old[0] or name)
+            self.peak[p] = (label, max(old[1], mb))
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.sample()
+            time.sleep(self.interval)
+
+
+def _hwm_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    return 0.0
+
+
+# ---------------------------------------------------------------------------------------------
+# one run (in its own process)
+# ---------------------------------------------------------------------------------------------
+
+
+def dag_spec(warc: str, mode: str, split_mb: int, docs: int, workers: int) -> dict:
+    stages = {"extract": {"type": "extract", "input": "crawl", "engine": "resiliparse"}}
+    if mode == "full":
+        stages.update({
+            "langid": {"type": "langid", "input": "extract"},
+            "gopher_rep": {"type": "gopher_repetition", "input": "langid"},
+            "gopher": {"type": "gopher_quality", "input": "gopher_rep"},
+            "c4": {"type": "c4_quality", "input": "gopher"},
+            "fineweb": {"type": "fineweb_quality", "input": "c4"},
+            "exact": {"type": "exact_dedup", "input": "fineweb", "level": "document",
+                      "bloom": {"expected_items": max(1000, 2 * docs), "false_positive_rate": 1e-6},
+                      "partitions": max(2, 2 * workers)},
+            "near": {"type": "minhash_dedup", "input": "exact", "ngram": 5, "num_perm": 128, "threshold": 0.8,
+                     "keep": "first", "partitions": max(2, 2 * workers)},
+        })
+    return {"name": f"bench-scale-{mode}",
+            "inputs": {"crawl": {"format": "warc", "source": "web", "paths": [warc], "split_bytes": split_mb * MiB}},
+            "stages": stages, "output": "near" if mode == "full" else "extract"}
+
+
+def run_one(mode: str, warc_facts: dict, workers: int, split_mb: int, out_json: str) -> None:
+    import ray
+
+    from curation.pipeline.dag import parse_dag
+    from curation.pipeline.executor import run_dag
+
+    res: dict = {"mode": mode, "workers": workers, "split_mb": split_mb, "input_bytes": warc_facts["bytes"],
+                 "docs": warc_facts["responses"]}
+    with tempfile.TemporaryDirectory(dir=bench_root()) as tmp:
+        log_dir = Path(tmp) / "log"
+        log_dir.mkdir()
+        run_dir = Path(tmp) / "run"
+        dag = parse_dag(dag_spec(warc_facts["path"], mode, split_mb, warc_facts["responses"], workers),
+                        "bench_scale.yaml")
+        sampler = ProcSampler()
+        sampler.start()
+        ray.init(num_cpus=workers, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+                 runtime_env={"worker_process_setup_hook": _worker_hook,
+                              "env_vars": {"BENCH_SCALE_LOG": str(log_dir)}})
+        t0 = time.perf_counter()
+        state = run_dag(dag, run_dir, workers=workers, quiet=True)
+        res["wall_s"] = time.perf_counter() - t0
+        sampler.sample()
+        ray.shutdown()
+        sampler.stop.set()
+        res["state"] = state.get("state")
+        res["stages_progress"] = state.get("stages", {})
+        # what the workers recorded
+        stage_cpu: dict[str, dict] = {}
+        reads = []
+        for f in log_dir.glob("*.jsonl"):
+            for line in f.read_text().splitlines():
+                r = json.loads(line)
+                if r["kind"] == "stage":
+                    s = stage_cpu.setdefault(r["type"], {"rows": 0, "cpu": 0.0, "wall": 0.0, "batches": 0})
+                    s["rows"] += r["rows"]
+                    s["cpu"] += r["cpu"]
+                    s["wall"] += r["wall"]
+                    s["batches"] += 1
+                else:
+                    reads.append(r)
+        res["map_stages"] = stage_cpu
+        res["read"] = {"shards": len(reads), "cpu": sum(r["cpu"] for r in reads), "wall": sum(r["wall"] for r in reads),
+                       "bytes_read": sum(r["bytes_read"] for r in reads),
+                       "bytes_decompressed": sum(r["bytes_decompressed"] for r in reads),
+                       "max_shard_bytes_read": max((r["bytes_read"] for r in reads), default=0),
+                       "max_range": max((r["range"] for r in reads), default=0)}
+        res["global_stages"] = {}
+        for name in GLOBAL_STAGES if mode == "full" else []:
+            ph = json.loads((run_dir / name / "_phases.json").read_text())
+            res["global_stages"][name] = {
+                "seconds": sum(v["seconds"] for v in ph["phases"].values()),
+                "phases": {k: {"seconds": v["seconds"], "peak_worker_rss_mb": v["peak_worker_rss_mb"]}
+                           for k, v in ph["phases"].items()},
+                "work": ph.get("work", {})}
+        counts = {}  # stage -> rows in / kept, from the manifests (global stages too)
+        for m in sorted(run_dir.glob("*/_manifest.jsonl")):
+            entries = [json.loads(x) for x in m.read_text().splitlines() if x.strip()]
+            kept = sum(e.get("rows") or 0 for e in entries)
+            counts[m.parent.name] = {"docs_in": kept + sum(e.get("rejected_rows") or 0 for e in entries),
+                                     "docs_out": kept}
+        res["stage_counts"] = counts
+        files = [p for p in run_dir.rglob("*") if p.is_file()]
+        res["files_written"] = len(files)
+        res["bytes_written"] = sum(p.stat().st_size for p in files)
+        res["bytes_by_stage"] = {}
+        for p in files:
+            top = p.relative_to(run_dir).parts[0]
+            if top == "rejected":
+                top = "rejected/" + p.relative_to(run_dir).parts[1]
+            res["bytes_by_stage"][top] = res["bytes_by_stage"].get(top, 0) + p.stat().st_size
+        workers_rss = {pid: v for pid, v in sampler.peak.items() if v[0].startswith("ray::")}
+        res["worker_peak_mb"] = sorted((round(mb, 1) for _, mb in workers_rss.values()), reverse=True)
+        others = {}
+        for _, (name, mb) in sampler.peak.items():
+            if not name.startswith("ray::"):
+                key = Path(name).name or "?"
+                others[key] = max(others.get(key, 0.0), round(mb, 1))
+        res["other_process_peak_mb"] = others
+    res["driver_peak_mb"] = _hwm_mb()
+    Path(out_json).write_text(json.dumps(res, indent=1))
+
+
+# ---------------------------------------------------------------------------------------------
+# report
+# ---------------------------------------------------------------------------------------------
+
+
+def show(r: dict) -> None:
+    w, docs = r["workers"], r["docs"]
+    print(f"\n== {r['mode']}: {docs:,} documents, {r['input_bytes'] / MiB:,.1f} MiB WARC, {w} workers, "
+          f"split {r['split_mb']} MiB -> {r['read']['shards']} shards; state {r['state']}")
+    print(f"end to end   {r['wall_s']:8.1f} s  {docs / r['wall_s']:9,.1f} docs/s  "
+          f"{docs / r['wall_s'] / w:9,.1f} docs/s/core")
+    rd = r["read"]
+    print(f"read         cpu {rd['cpu']:7.1f} s  {docs / rd['cpu'] if rd['cpu'] else 0:9,.0f} docs/s/core  "
+          f"bytes read {rd['bytes_read'] / MiB:,.1f} MiB = {rd['bytes_read'] / r['input_bytes']:.3f}x input  "
+          f"decompressed {rd['bytes_decompressed'] / MiB:,.1f} MiB  "
+          f"(largest shard read {rd['max_shard_bytes_read'] / MiB:,.1f} MiB "
+          f"for a {rd['max_range'] / MiB:,.1f} MiB range)")
+    by_type = r["map_stages"]
+    for name, s in by_type.items():
+        print(f"  {name:20s} cpu {s['cpu']:7.1f} s  {s['rows'] / s['cpu'] if s['cpu'] else 0:9,.0f} docs/s/core  "
+              f"({s['rows']:,} rows in {s['batches']} batches)")
+    for name, s in r["global_stages"].items():
+        rows = r["stage_counts"].get(name, {}).get("docs_in") or 0
+        sec = s["seconds"]
+        print(f"  {name:20s} wall {sec:6.1f} s  {rows / sec / w if sec else 0:9,.0f} docs/s/core  ({rows:,} docs in; "
+              + ", ".join(f"{k} {v['seconds']:.1f}s/{v['peak_worker_rss_mb']:.0f}MB"
+                          for k, v in s["phases"].items()) + ")")
+    order = ["crawl", *MAP_STAGES, *GLOBAL_STAGES]
+    kept = sorted(r["stage_counts"].items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 99)
+    print("  docs in -> kept: " + ", ".join(f"{k} {v['docs_in']:,}->{v['docs_out']:,}" for k, v in kept))
+    wp = r["worker_peak_mb"]
+    print(f"peak RSS     workers (MB, largest first): {wp[:8]}{' ...' if len(wp) > 8 else ''}  "
+          f"driver {r['driver_peak_mb']:,.0f} MB")
+    print(f"             other processes: {r['other_process_peak_mb']}")
+    print(f"written      {r['bytes_written'] / MiB:,.1f} MiB in {r['files_written']:,} files under the run dir; "
+          + ", ".join(f"{k} {v / MiB:,.1f}" for k, v in sorted(r["bytes_by_stage"].items())))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size-mb", type=int, default=1024, help="compressed WARC size (default 1024)")
+    ap.add_argument("--workers", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--split-mb", type=int, default=128, help="InputSpec.split_bytes in MiB (default 128)")
+    ap.add_argument("--only", choices=["full", "extract"])
+    ap.add_argument("--one", nargs=3, help=argparse.SUPPRESS)  # internal: MODE FACTS_JSON OUT_JSON
+    a = ap.parse_args()
+    if a.one:
+        run_one(a.one[0], json.loads(Path(a.one[1]).read_text()), a.workers, a.split_mb, a.one[2])
+        return
+    t0 = time.perf_counter()
+    facts = cached_warc(a.size_mb)
+    print(f"WARC {facts['path']}: {facts['bytes'] / MiB:,.1f} MiB, {facts['records']:,} records, "
+          f"{facts['responses']:,} responses ({facts['distinct_pages']} distinct pages x {facts['copies']} copies, "
+          f"{facts['shuffled']:,} with shuffled paragraphs), {facts['raw_bytes'] / MiB:,.0f} MiB uncompressed "
+          f"(ready in {time.perf_counter() - t0:.0f} s)")
+    facts_json = Path(facts["path"]).with_suffix(".json")
+    for mode in ["full", "extract"] if a.only is None else [a.only]:
+        with tempfile.NamedTemporaryFile(suffix=".json", delete=False, dir=bench_root()) as f:
+            out = f.name
+        try:
+            subprocess.run([sys.executable, __file__, "--one", mode, str(facts_json), out,
+                            "--workers", str(a.workers), "--split-mb", str(a.split_mb)], check=True)
+            show(json.loads(Path(out).read_text()))
+        finally:
+            Path(out).unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    main()
