@@ -61,11 +61,18 @@ class ServiceProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 120) -> None:
-        code = ("from curation.service.app import serve; "
-                f"serve({str(self.runs_dir)!r}, None, {str(self.token_file)!r}, '127.0.0.1', {self.port}, "
-                f"{self.allowed_roots!r}, {self.max_concurrent}, {str(REPO)!r})")
+        # `refinery serve` as a user types it: no --address. With no cluster started here
+        # (RAY_ADDRESS unset, a Ray temp dir without `ray start`'s address file) each run
+        # starts an embedded Ray, and the server says so.
+        cmd = [sys.executable, "-m", "curation.cli", "serve", "--runs-dir", str(self.runs_dir), "--token-file",
+               str(self.token_file), "--port", str(self.port), "--base-dir", str(REPO),
+               "--max-concurrent", str(self.max_concurrent)]
+        for r in self.allowed_roots:
+            cmd += ["--allowed-root", r]
+        env = {**os.environ, "RAY_TMPDIR": str(self.root)}
+        env.pop("RAY_ADDRESS", None)
         with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
@@ -415,6 +422,13 @@ def test_request_size_limit_is_413(client):
 
 # ---------------------------------------------------------------------------------------------
 # the demo run, through a server restart
+
+
+def test_serve_without_address_runs_embedded_and_says_so(service, demo):
+    """The demo run below was submitted to `refinery serve` started without --address."""
+    text = service.log.read_text()
+    assert "no cluster running" in text and "each run starts an embedded Ray" in text, text[-2000:]
+    assert demo["final"]["state"] == "done"
 
 
 def test_demo_run_survives_a_server_restart(demo):
