@@ -78,3 +78,95 @@ def cached_file_sha256(path: str | Path) -> str:
     real = os.path.realpath(path)
     st = os.stat(real)
     return _file_sha256_at(real, st.st_mtime_ns, st.st_size)
+
+
+class ParquetAppender:
+    """A Parquet file written batch by batch, committed atomically by ``close``.
+
+    Rows are buffered to whole row groups of ``row_group_size``, so the file is the one
+    ``write_parquet`` would write for the concatenated batches (same row groups, same bytes)
+    while memory holds one row group, not the file. A batch whose schema differs from the
+    file's is cast to it; when that fails (an all-null first row group typed ``null``), the
+    part written so far is rewritten under the unified schema, row group by row group.
+    """
+
+    def __init__(self, path: str | Path, row_group_size: int = 1024, compression: str = "zstd"):
+        self.path = Path(path)
+        self.row_group_size = row_group_size
+        self.compression = compression
+        self.rows = 0
+        self._ctx = atomic_path(self.path)
+        self._tmp = self._ctx.__enter__()
+        self._writer: pq.ParquetWriter | None = None
+        self._schema: pa.Schema | None = None
+        self._buf: list[pa.Table] = []
+        self._buffered = 0
+
+    def append(self, table: pa.Table) -> None:
+        self._buf.append(table)
+        self._buffered += table.num_rows
+        self.rows += table.num_rows
+        if self._buffered >= self.row_group_size:
+            self._flush(final=False)
+
+    def _flush(self, final: bool) -> None:
+        if not self._buf:
+            return
+        t = self._buf[0] if len(self._buf) == 1 else pa.concat_tables(self._buf, promote_options="default")
+        n_full = t.num_rows if final else t.num_rows - t.num_rows % self.row_group_size
+        head, rest = t.slice(0, n_full), t.slice(n_full)
+        self._buf, self._buffered = ([rest] if rest.num_rows else []), rest.num_rows
+        if self._writer is None:
+            self._schema = head.schema
+            self._writer = pq.ParquetWriter(self._tmp, head.schema, compression=self.compression)
+        elif head.schema != self._schema:
+            head = self._conform(head)
+        if head.num_rows:
+            self._writer.write_table(head.combine_chunks(), row_group_size=self.row_group_size)
+
+    def _conform(self, t: pa.Table) -> pa.Table:
+        assert self._schema is not None and self._writer is not None
+        try:
+            return t.select(self._schema.names).cast(self._schema)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, KeyError):
+            pass
+        unified = pa.unify_schemas([self._schema, t.schema], promote_options="permissive")
+        self._writer.close()
+        old = self._tmp.with_name(self._tmp.name + ".old")
+        os.replace(self._tmp, old)
+        try:
+            self._schema = unified
+            self._writer = pq.ParquetWriter(self._tmp, unified, compression=self.compression)
+            src = pq.ParquetFile(old)
+            for i in range(src.num_row_groups):
+                rg = src.read_row_group(i)
+                self._writer.write_table(_to_schema(rg, unified), row_group_size=self.row_group_size)
+        finally:
+            old.unlink(missing_ok=True)
+        return _to_schema(t, unified)
+
+    def close(self) -> dict:
+        """Write what is buffered and rename the file into place: its rows, bytes and sha256."""
+        self._flush(final=True)
+        if self._writer is None:  # nothing appended at all: an empty file without columns
+            pq.write_table(pa.table({}), self._tmp, compression=self.compression)
+        else:
+            self._writer.close()
+        info = {"rows": self.rows, "bytes": self._tmp.stat().st_size, "sha256": file_sha256(self._tmp)}
+        self._ctx.__exit__(None, None, None)
+        return info
+
+    def abort(self) -> None:
+        """Drop the file: nothing is renamed into place."""
+        if self._writer is not None:
+            with contextlib.suppress(Exception):
+                self._writer.close()
+        with contextlib.suppress(Exception):
+            self._ctx.__exit__(RuntimeError, RuntimeError("aborted"), None)
+
+
+def _to_schema(t: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``t`` with ``schema``'s columns in order (missing ones null), each cast to its type."""
+    cols = [t.column(f.name).cast(f.type) if f.name in t.column_names else pa.nulls(t.num_rows, f.type)
+            for f in schema]
+    return pa.Table.from_arrays(cols, schema=schema)

@@ -48,6 +48,9 @@ class _DagFile(BaseModel):
     stages: dict[str, dict[str, Any] | None] | list[dict[str, dict[str, Any] | None]] = Field(default_factory=dict)
     output: str | None = None
     batch_size: int = Field(default=2000, gt=0)
+    #: a map task's read batch also closes at this many payload bytes (html, text): stages hold
+    #: derived arrays of ~40x their text, so a worker's memory follows this, not the shard
+    batch_bytes: int = Field(default=4 << 20, gt=0)
 
 
 @dataclass
@@ -61,6 +64,7 @@ class Dag:
     batch_size: int
     path: str = "<dag>"
     base_dir: str | None = None  # relative input paths resolve from here (the CWD by default)
+    batch_bytes: int = 4 << 20
 
     def upstreams(self, node: str) -> list[str]:
         return self.stages[node].upstreams() if node in self.stages else []
@@ -118,6 +122,7 @@ class Dag:
             "stages": {k: v.model_dump(mode="json", exclude_none=True) for k, v in self.stages.items()},
             "output": self.output,
             "batch_size": self.batch_size,
+            "batch_bytes": self.batch_bytes,
         }
 
 
@@ -204,7 +209,7 @@ def parse_dag(data: Any, path: str = "<dag>", base_dir: str | None = None) -> Da
         raise DagError(f"{where}: output: a DAG needs at least one stage")
     if output not in stages:
         raise DagError(f"{where}: output: {output!r} is not a stage")
-    dag = Dag(f.name, inputs, {n: stages[n] for n in order}, output, f.batch_size, path, base_dir)
+    dag = Dag(f.name, inputs, {n: stages[n] for n in order}, output, f.batch_size, path, base_dir, f.batch_bytes)
     _check_unions(dag, where)
     _check_selects(dag, where)
     return dag

@@ -21,8 +21,7 @@ import json
 import os
 import sys
 from dataclasses import dataclass
-from functools import cached_property
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -30,11 +29,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from curation.io.inputs import InputShard, plan_input
-from curation.io.read import read_shard
+from curation.io.read import iter_read
 from curation.pipeline.context import GlobalContext
 from curation.pipeline.dag import Dag, parse_dag, roots
 from curation.pipeline.progress import RunProgress
-from curation.pipeline.rundir import RunDir, RunDirError  # noqa: F401  (RunDirError: callers catch it from here)
+from curation.pipeline.rundir import RunDir, RunDirError, ShardWriter  # noqa: F401  (RunDirError: callers catch it from here)
 from curation.pipeline.tasks import Resources, TasksFailed, run_bounded
 from curation.io.shards import split_kept_rejected
 from curation.stages.base import MapStage, registry
@@ -123,48 +122,10 @@ def _worker_dag(job: RootJob) -> Dag:
     return _DAGS[fp]
 
 
-@dataclass
-class _Node:
-    """A node's rows in the task, as the batches a stage produced them in, each with the text
-    state that goes with it (None: the next stage builds its own). The next fused stage takes
-    these same batches, so words split upstream are reused whatever the shard's size."""
-
-    batches: list[tuple[pa.Table, Any]]
-
-    @classmethod
-    def of(cls, table: pa.Table, batch_size: int) -> _Node:
-        return cls([(table.slice(i, batch_size), None) for i in range(0, max(table.num_rows, 1), batch_size)])
-
-    @cached_property
-    def table(self) -> pa.Table:
-        parts = [t for t, _ in self.batches]
-        t = pa.concat_tables(parts, promote_options="default") if len(parts) > 1 else parts[0]
-        return t.combine_chunks()
-
-
 def _setup_once(stage: MapStage, name: str, hash_: str) -> None:
     if (name, hash_) not in _READY:  # models, tokenizers: once per worker process
         stage.setup()
         _READY.add((name, hash_))
-
-
-def _process(stage: MapStage, name: str, node: _Node, hash_: str) -> tuple[_Node, pa.Table | None]:
-    """Measure and decide every batch of ``node``; the kept rows (batch by batch, with their
-    text state) and the rejected rows."""
-    _setup_once(stage, name, hash_)
-    kept_batches, rej_parts = [], []
-    for batch, text in node.batches:
-        res = stage.run_batch(batch, text if batch.num_rows else None)
-        kept, rej = split_kept_rejected(res.table, res.reasons, name)
-        if res.text is not None and res.reasons is not None:
-            kept_text = res.text.take(np.flatnonzero(pc.is_null(res.reasons).to_numpy(zero_copy_only=False)))
-        else:
-            kept_text = res.text
-        kept_batches.append((kept, kept_text))
-        if rej is not None:
-            rej_parts.append(rej)
-    rej = pa.concat_tables(rej_parts, promote_options="default") if rej_parts else None
-    return _Node(kept_batches), (rej.combine_chunks() if rej is not None else None)
 
 
 def _stored_signals(rundir: RunDir, e: dict | None) -> pa.Table | None:
@@ -180,25 +141,65 @@ def _stored_signals(rundir: RunDir, e: dict | None) -> pa.Table | None:
     return pa.concat_tables(parts) if len(parts) > 1 else (parts[0] if parts else None)
 
 
-def _redecide(stage: MapStage, name: str, node: _Node, stored: pa.Table, batch_size: int,
-              hash_: str) -> tuple[_Node, pa.Table | None, int]:
-    """Re-decide from stored signal rows; measure only the input rows not among them. Returns
-    the kept node, the rejected rows and how many rows were measured."""
-    ids = node.table.column("id")
-    pos = pc.index_in(ids, value_set=stored.column("id"))
-    have = pc.is_valid(pos)
-    n_missing = node.table.num_rows - pc.sum(have.cast(pa.int64())).as_py() if node.table.num_rows else 0
-    if n_missing:
-        # measure only what was never measured, then put rows back in input order
-        missing = node.table.filter(pc.invert(have))
-        _setup_once(stage, name, hash_)
-        measured = pa.concat_tables([stage.run_batch(missing.slice(i, batch_size), None).table
-                                     for i in range(0, missing.num_rows, batch_size)], promote_options="default")
-        stored = pa.concat_tables([stored.cast(measured.schema), measured])
-        pos = pc.index_in(ids, value_set=stored.column("id"))
-    table = stored.take(pos).combine_chunks()
-    kept, rej = split_kept_rejected(table, stage.decide(table), name)
-    return _Node.of(kept.combine_chunks(), batch_size), (rej.combine_chunks() if rej is not None else None), n_missing
+class _Step:
+    """One map stage in a streaming task: takes a batch (with its text state), writes the kept
+    and rejected rows to the stage's shard writer, and hands the kept rows on."""
+
+    def __init__(self, name: str, stage: MapStage, hash_: str, writer: ShardWriter, stored: pa.Table | None,
+                 extra: dict):
+        self.name, self.stage, self.hash, self.writer = name, stage, hash_, writer
+        self.stored = stored  # rows measured before with the same signal parameters: re-decided
+        self.extra = extra
+        self.measured = 0
+
+    def __call__(self, batch: pa.Table, text: Any) -> tuple[pa.Table, Any]:
+        if self.stored is not None:
+            kept, rej = self._redecide(batch)
+            kept_text = None
+        else:
+            _setup_once(self.stage, self.name, self.hash)
+            res = self.stage.run_batch(batch, text if batch.num_rows else None)
+            kept, rej = split_kept_rejected(res.table, res.reasons, self.name)
+            if res.text is not None and res.reasons is not None:
+                kept_text = res.text.take(np.flatnonzero(pc.is_null(res.reasons).to_numpy(zero_copy_only=False)))
+            else:
+                kept_text = res.text
+            self.measured += batch.num_rows
+        self.writer.append(kept, rej, batch.num_rows)
+        return kept, kept_text
+
+    def _redecide(self, batch: pa.Table) -> tuple[pa.Table, pa.Table | None]:
+        """Decide from the stored signal rows; measure only the rows not among them."""
+        assert self.stored is not None
+        ids = batch.column("id")
+        pos = pc.index_in(ids, value_set=self.stored.column("id"))
+        missing = pc.invert(pc.is_valid(pos))
+        n_missing = pc.sum(missing.cast(pa.int64())).as_py() or 0
+        if n_missing:
+            _setup_once(self.stage, self.name, self.hash)
+            measured = self.stage.run_batch(batch.filter(missing), None).table
+            self.stored = pa.concat_tables([self.stored.cast(measured.schema), measured])
+            pos = pc.index_in(ids, value_set=self.stored.column("id"))
+            self.measured += n_missing
+        table = self.stored.take(pos).combine_chunks()
+        return split_kept_rejected(table, self.stage.decide(table), self.name)
+
+    def close(self) -> dict:
+        extra = dict(self.extra)
+        if self.stage.rules:
+            extra["measured_rows"] = self.measured
+        return self.writer.close(**extra)
+
+
+def _batches(path: str | os.PathLike, batch_size: int) -> Iterator[pa.Table]:
+    """A committed shard's rows, ``batch_size`` at a time (at least one, possibly empty, batch)."""
+    f = pq.ParquetFile(path)
+    n = 0
+    for rb in f.iter_batches(batch_size=batch_size):
+        n += 1
+        yield pa.Table.from_batches([rb])
+    if not n:
+        yield f.schema_arrow.empty_table()
 
 
 def run_root_task(job: RootJob) -> tuple[list[dict], str | None]:
@@ -208,54 +209,71 @@ def run_root_task(job: RootJob) -> tuple[list[dict], str | None]:
 
 
 def _root_entries(job: RootJob) -> list[dict]:
+    """Stream the root shard through the task's map stages, batch by batch: each batch goes
+    through the fused chain (and every branch of it) before the next is read, and each stage
+    appends its rows to its own shard files as they come. A worker holds one read batch and a
+    row group per stage, never a whole shard.
+
+    Read batches close at ``dag.batch_size`` rows or ``dag.batch_bytes`` of payload. Stages are
+    row-local and shard files are cut in fixed row groups, so the output does not depend on
+    either: any batch size and any worker count give byte-identical shards."""
     dag = _worker_dag(job)
     hashes, sig = dag.hashes(), dag.signal_hashes()
     rundir, root, key = job.rundir, job.root, job.key
-    entries: list[dict] = []
-    nodes: dict[str, _Node] = {}
-    done_set = set(job.done)
+    done = set(job.done)
     signals = dict(job.signals)
 
-    def node_of(name: str) -> _Node:
-        if name in nodes:
-            return nodes[name]
-        if name == root and job.shard is not None and job.materialize and name in done_set:
-            n = _Node.of(pq.read_table(rundir.shard_path(name, key)), dag.batch_size)
-        elif name == root and job.shard is not None:
-            res = read_shard(job.shard, dag.inputs[root])
-            docs, rejects = res.tables()
-            rejects = rejects.append_column("stage", pa.array([root] * rejects.num_rows, pa.string()))
-            entries.append(rundir.write_stage_shard(root, key, docs if job.materialize else None, rejects,
-                                                    docs.num_rows + rejects.num_rows, hashes[root]))
-            n = _Node.of(docs, dag.batch_size)
-        elif name == root:
-            n = _Node.of(pq.read_table(job.source_path), dag.batch_size)
-        elif dag.stages[name].kind == "union":
-            n = node_of(next(u for u in dag.stages[name].upstreams() if root in roots(dag, u)))
-        elif name in done_set:
-            n = _Node.of(pq.read_table(rundir.shard_path(name, key)), dag.batch_size)
-        else:
-            st = dag.stages[name]
-            up = node_of(st.input)
-            stored = _stored_signals(rundir, signals.get(name)) if st.rules else None
-            extra = {SIGNALS_HASH: sig[name]} if st.rules else {}
-            if stored is not None:
-                n, rej, measured = _redecide(st, name, up, stored, dag.batch_size, hashes[name])
-                extra["measured_rows"] = measured
-            else:
-                n, rej = _process(st, name, up, hashes[name])
-                if st.rules:
-                    extra["measured_rows"] = up.table.num_rows
-            entries.append(rundir.write_stage_shard(name, key, n.table, rej, up.table.num_rows, hashes[name], **extra))
-        nodes[name] = n
-        return n
+    def feeder(name: str) -> str:
+        """The node whose batches a stage's input is: unions resolve to the branch this root feeds."""
+        st = dag.stages.get(name)
+        if st is not None and st.kind == "union":
+            return feeder(next(u for u in st.upstreams() if root in roots(dag, u)))
+        return name
 
-    if job.shard is not None and root not in done_set:
-        node_of(root)
-    for name, st in dag.stages.items():
-        if st.kind == "map" and name not in done_set and root in roots(dag, name):
-            node_of(name)
-    return entries
+    todo = [n for n, st in dag.stages.items() if st.kind == "map" and n not in done and root in roots(dag, n)]
+    children: dict[str, list[str]] = {}
+    for n in todo:
+        children.setdefault(feeder(dag.stages[n].input), []).append(n)
+    steps: dict[str, _Step] = {}
+    root_writer: ShardWriter | None = None
+    read_bytes: dict[str, int] = {}
+    try:
+        for n in todo:
+            st = dag.stages[n]
+            stored = _stored_signals(rundir, signals.get(n)) if st.rules else None
+            extra = {SIGNALS_HASH: sig[n]} if st.rules else {}
+            steps[n] = _Step(n, st, hashes[n], rundir.open_shard(n, key, hashes[n]), stored, extra)
+
+        def push(name: str, batch: pa.Table, text: Any) -> None:
+            for child in children.get(name, ()):
+                kept, kept_text = steps[child](batch, text)
+                push(child, kept, kept_text)
+
+        # sources: the root, then committed stages whose shard a stage still to run reads
+        sources = ([root] if root not in done or root in children else []) + [n for n in children if n != root and n not in steps]
+        for src in sources:
+            if src == root and job.shard is not None and not (job.materialize and root in done):
+                if root not in done:
+                    root_writer = rundir.open_shard(root, key, hashes[root], materialize=job.materialize)
+                for res in iter_read(job.shard, dag.inputs[root], dag.batch_size, dag.batch_bytes):
+                    read_bytes = {"bytes_read": res.bytes_read, "bytes_decompressed": res.bytes_decompressed}
+                    docs, rejects = res.tables()
+                    if root_writer is not None:
+                        rejects = rejects.append_column("stage", pa.array([root] * rejects.num_rows, pa.string()))
+                        root_writer.append(docs, rejects, docs.num_rows + rejects.num_rows)
+                    push(root, docs, None)
+            else:
+                path = (job.source_path if src == root and job.shard is None else rundir.shard_path(src, key))
+                for batch in _batches(path, dag.batch_size):
+                    push(src, batch, None)
+        # the read's cumulative byte counts: every byte read once is checkable from the manifest
+        entries = [root_writer.close(**read_bytes)] if root_writer is not None else []
+        return entries + [steps[n].close() for n in todo]
+    except BaseException:
+        for w in [root_writer, *(s.writer for s in steps.values())]:
+            if w is not None:
+                w.abort()
+        raise
 
 
 def _node_id() -> str | None:

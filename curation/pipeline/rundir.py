@@ -67,6 +67,52 @@ class ShardOutput:
         return self.rundir.write_stage_shard(self.stage, self.key, kept, rejected, rows_in, self.params_hash, **kwargs)
 
 
+class ShardWriter:
+    """One stage's kept and rejected rows for one shard key, appended batch by batch (memory:
+    one row group per file), each file renamed into place by ``close``; the shard is committed
+    later by its manifest line. The rejected file is only created by the first rejected row."""
+
+    def __init__(self, rundir: RunDir, stage: str, key: str, params_hash: str, materialize: bool,
+                 row_group_size: int):
+        self.rundir, self.stage, self.key, self.params_hash = rundir, stage, key, params_hash
+        self.row_group_size = row_group_size
+        self.rows_in = 0
+        self.rejected_rows = 0
+        self._kept = (files.ParquetAppender(rundir.shard_path(stage, key), row_group_size)
+                      if materialize else None)
+        self._rej: files.ParquetAppender | None = None
+
+    def append(self, kept: pa.Table | None, rejected: pa.Table | None, rows_in: int) -> None:
+        self.rows_in += rows_in
+        if self._kept is not None and kept is not None:
+            self._kept.append(kept)
+        if rejected is not None and rejected.num_rows:
+            if self._rej is None:
+                self._rej = files.ParquetAppender(self.rundir.rejected_path(self.stage, self.key), self.row_group_size)
+            self._rej.append(rejected)
+            self.rejected_rows += rejected.num_rows
+
+    def close(self, **extra: Any) -> dict:
+        root = self.rundir.root
+        entry: dict = {"shard": self.key, "stage": self.stage, "params_hash": self.params_hash,
+                       "rows_in": self.rows_in, "file": None, "rows": self.rows_in - self.rejected_rows,
+                       "rejected_file": None, "rejected_rows": 0, **extra}
+        if self._kept is not None:
+            info = self._kept.close()
+            entry.update(file=str(self._kept.path.relative_to(root)), rows=info["rows"], bytes=info["bytes"],
+                         sha256=info["sha256"])
+        if self._rej is not None:
+            info = self._rej.close()
+            entry.update(rejected_file=str(self._rej.path.relative_to(root)), rejected_rows=info["rows"],
+                         rejected_sha256=info["sha256"])
+        return entry
+
+    def abort(self) -> None:
+        for w in (self._kept, self._rej):
+            if w is not None:
+                w.abort()
+
+
 class RunDirError(RuntimeError):
     """The run directory holds another DAG's run (or something else)."""
 
@@ -200,20 +246,16 @@ class RunDir:
         into the next stage): only the counts and the rejections are recorded. ``extra`` keys
         go into the entry (e.g. the signals hash a re-decision looks for).
         """
-        n_rej = rejected.num_rows if rejected is not None else 0
-        entry: dict = {"shard": key, "stage": stage, "params_hash": params_hash, "rows_in": rows_in,
-                       "file": None, "rows": kept.num_rows if kept is not None else rows_in - n_rej,
-                       "rejected_file": None, "rejected_rows": 0, **extra}
-        if kept is not None:
-            path = self.shard_path(stage, key)
-            info = files.write_parquet(kept, path, row_group_size)
-            entry.update(file=str(path.relative_to(self.root)), bytes=info["bytes"], sha256=info["sha256"])
-        if rejected is not None and rejected.num_rows:
-            path = self.rejected_path(stage, key)
-            info = files.write_parquet(rejected, path, row_group_size)
-            entry.update(rejected_file=str(path.relative_to(self.root)), rejected_rows=rejected.num_rows,
-                         rejected_sha256=info["sha256"])
-        return entry
+        w = self.open_shard(stage, key, params_hash, materialize=kept is not None, row_group_size=row_group_size)
+        w.append(kept, rejected, rows_in)
+        return w.close(**extra)
+
+    def open_shard(self, stage: str, key: str, params_hash: str, materialize: bool = True,
+                   row_group_size: int = ROW_GROUP_ROWS) -> ShardWriter:
+        """A writer for one stage's output for one shard key, fed batch by batch (a streaming
+        map task); ``close`` returns the manifest entry, the same as ``write_stage_shard``'s
+        for the concatenated batches."""
+        return ShardWriter(self, stage, key, params_hash, materialize, row_group_size)
 
     def read_entry(self, entry: dict, columns: list[str] | None = None) -> tuple[pa.Table | None, pa.Table | None]:
         """The kept and rejected rows an entry committed (None where it wrote no file)."""
