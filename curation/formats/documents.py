@@ -14,6 +14,9 @@ DOC_FIELDS = [
 ]
 DOC_SCHEMA = pa.schema(DOC_FIELDS)
 
+#: the heavy columns of a row: what a signals-only shard and an unsampled rejected row leave out
+PAYLOAD_COLUMNS = ("text", "html", "input_ids")
+
 #: WARC readers emit raw HTML for the extract stage instead of text.
 HTML_SCHEMA = pa.schema(DOC_FIELDS + [pa.field("html", pa.large_binary()), pa.field("charset", pa.string())])
 

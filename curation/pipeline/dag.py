@@ -24,12 +24,12 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from curation.formats.documents import DOC_SCHEMA
+from curation.formats.documents import DOC_SCHEMA, PAYLOAD_COLUMNS
 from curation.formats.packed import PACKED_SCHEMA
 from curation.io.inputs import InputSpec
 from curation.stages import Stage, registry
@@ -51,6 +51,10 @@ class _DagFile(BaseModel):
     #: a map task's read batch also closes at this many payload bytes (html, text): stages hold
     #: derived arrays of ~40x their text, so a worker's memory follows this, not the shard
     batch_bytes: int = Field(default=4 << 20, gt=0)
+    #: text of rejected rows: a sample per reason per shard (``rejected_text_sample`` rows),
+    #: every row, or none; the other columns (id, source, url, signals, reason) always stay
+    rejected_text: Literal["sample", "all", "none"] = "sample"
+    rejected_text_sample: int = Field(default=20, ge=0)
 
 
 @dataclass
@@ -65,6 +69,8 @@ class Dag:
     path: str = "<dag>"
     base_dir: str | None = None  # relative input paths resolve from here (the CWD by default)
     batch_bytes: int = 4 << 20
+    rejected_text: str = "sample"
+    rejected_text_sample: int = 20
 
     def upstreams(self, node: str) -> list[str]:
         return self.stages[node].upstreams() if node in self.stages else []
@@ -123,7 +129,77 @@ class Dag:
             "output": self.output,
             "batch_size": self.batch_size,
             "batch_bytes": self.batch_bytes,
+            "rejected_text": self.rejected_text,
+            "rejected_text_sample": self.rejected_text_sample,
         }
+
+    # -- what a map stage writes --------------------------------------------------------------
+
+    def own_columns(self, node: str) -> tuple[str, ...] | None:
+        """The columns a map stage sets itself (``text`` when it rewrites it, its declared
+        ``columns``, its rules' signals); None when the stage does not declare them."""
+        st = self.stages[node]
+        declared = "columns" in vars(type(st)) or type(st).rules or not st.code_version
+        if st.kind != "map" or not declared:
+            return None
+        bound = st.bound_rules() if hasattr(st, "bound_rules") else []
+        # a rule may read the text itself ("empty"): that is the input's, not the stage's
+        signals = [s for r in bound for s in r.signals if s not in PAYLOAD_COLUMNS]
+        own = (["text"] if st.rewrites_text else []) + list(st.columns) + signals
+        return tuple(dict.fromkeys(own))
+
+    def read_from_disk(self) -> set[str]:
+        """Nodes whose whole rows something reads back from their shards: the output's and every
+        global stage's upstreams (unions resolved)."""
+        out: set[str] = set()
+
+        def leaves(n: str) -> None:
+            st = self.stages.get(n)
+            if st is not None and st.kind == "union":
+                for u in st.upstreams():
+                    leaves(u)
+            else:
+                out.add(n)
+
+        leaves(self.output)
+        for st in self.stages.values():
+            if st.kind == "global":
+                for u in st.upstreams():
+                    leaves(u)
+        return out
+
+    def writes_rows(self, node: str) -> bool:
+        """Whether a map stage's shards hold whole rows; otherwise they hold ``id`` and the
+        stage's own columns, and whole rows are its input's joined by id (the text is written
+        once per branch: where it changes, and where something reads it back)."""
+        st = self.stages[node]
+        if st.kind != "map" or st.materialize or st.rewrites_text or node in self.read_from_disk():
+            return True
+        if self.own_columns(node) is None:
+            return True
+        # the rows it is joined to must be on disk: an input feeding it is read straight into
+        # the task (not materialized) unless a union or global stage consumes it
+        return any(leaf in self.inputs and not self.input_materialized(leaf) for leaf in self.feeders(node))
+
+    def feeders(self, node: str) -> list[str]:
+        """The nodes whose rows a map stage takes (its input, unions resolved)."""
+        out: list[str] = []
+
+        def walk(n: str) -> None:
+            st = self.stages.get(n)
+            if st is not None and st.kind == "union":
+                for u in st.upstreams():
+                    walk(u)
+            else:
+                out.append(n)
+
+        walk(self.stages[node].input)
+        return out
+
+    def input_materialized(self, name: str) -> bool:
+        """An input's documents are written as shards when a union or global stage consumes it
+        (a map stage's task streams them straight in)."""
+        return any(name in s.upstreams() for s in self.stages.values() if s.kind != "map")
 
 
 def _fmt_loc(prefix: str, loc: tuple) -> str:
@@ -209,7 +285,8 @@ def parse_dag(data: Any, path: str = "<dag>", base_dir: str | None = None) -> Da
         raise DagError(f"{where}: output: a DAG needs at least one stage")
     if output not in stages:
         raise DagError(f"{where}: output: {output!r} is not a stage")
-    dag = Dag(f.name, inputs, {n: stages[n] for n in order}, output, f.batch_size, path, base_dir, f.batch_bytes)
+    dag = Dag(f.name, inputs, {n: stages[n] for n in order}, output, f.batch_size, path, base_dir, f.batch_bytes,
+              f.rejected_text, f.rejected_text_sample)
     _check_unions(dag, where)
     _check_selects(dag, where)
     return dag

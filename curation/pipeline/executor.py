@@ -35,6 +35,7 @@ from curation.pipeline.dag import Dag, parse_dag, roots
 from curation.pipeline.progress import RunProgress
 from curation.pipeline.rundir import RunDir, RunDirError, ShardWriter  # noqa: F401  (RunDirError: callers catch it from here)
 from curation.pipeline.tasks import Resources, TasksFailed, run_bounded
+from curation.formats.documents import PAYLOAD_COLUMNS
 from curation.io.shards import split_kept_rejected
 from curation.stages.base import MapStage, registry
 
@@ -128,26 +129,63 @@ def _setup_once(stage: MapStage, name: str, hash_: str) -> None:
         _READY.add((name, hash_))
 
 
-def _stored_signals(rundir: RunDir, e: dict | None) -> pa.Table | None:
+def _stored_signals(rundir: RunDir, e: dict | None, own: tuple[str, ...]) -> pa.Table | None:
     """Every row (kept and rejected) a stage measured for a shard with the same signal
-    parameters (entry ``e``), rejected rows without their ``stage``/``reason`` columns; None if
-    there are none."""
+    parameters (entry ``e``), without the payload columns it does not set (held for the whole
+    task: its signals, not its text); rows whose stored text was not kept (a rejected row
+    outside the sample) are left out when the stage rewrites text, so they are measured
+    again. None if there are none."""
     if not e or (e.get("file") is None and e.get("rows")):
         return None
     if not all(rundir.path(f).exists() for f in (e.get("file"), e.get("rejected_file")) if f):
         return None
-    kept, rej = rundir.read_entry(e)
-    parts = [t for t in (kept, rej.drop_columns(["stage", "reason"]) if rej is not None else None) if t is not None]
-    return pa.concat_tables(parts) if len(parts) > 1 else (parts[0] if parts else None)
+    drop = {"stage", "reason", *(c for c in PAYLOAD_COLUMNS if c not in own)}
+    parts = [t.drop_columns([c for c in t.column_names if c in drop])
+             for t in rundir.read_entry(e) if t is not None and "id" in t.column_names]
+    if not parts:
+        return None
+    stored = pa.concat_tables(parts, promote_options="default") if len(parts) > 1 else parts[0]
+    if "text" in own:
+        stored = stored.filter(pc.is_valid(stored.column("text")))
+    return stored.combine_chunks()
+
+
+class _RejectedText:
+    """Which rejected rows keep their payload (text, html, tokens): all, none, or the first
+    ``n`` per reason in the task's row order (the same rows whatever the batch size)."""
+
+    def __init__(self, policy: str, n: int):
+        self.policy, self.n = policy, n
+        self.seen: dict[str, int] = {}
+
+    def __call__(self, rej: pa.Table | None) -> pa.Table | None:
+        if rej is None or self.policy == "all" or not any(c in rej.column_names for c in PAYLOAD_COLUMNS):
+            return rej
+        keep = np.zeros(rej.num_rows, bool)
+        if self.policy == "sample":
+            for i, r in enumerate(rej.column("reason").to_pylist()):
+                k = self.seen.get(r, 0)
+                if k < self.n:
+                    keep[i] = True
+                    self.seen[r] = k + 1
+        mask = pa.array(keep)
+        for c in PAYLOAD_COLUMNS:
+            if c in rej.column_names:
+                i = rej.schema.get_field_index(c)
+                col = rej.column(c)
+                rej = rej.set_column(i, c, pc.if_else(mask, col, pa.nulls(rej.num_rows, col.type)))
+        return rej
 
 
 class _Step:
     """One map stage in a streaming task: takes a batch (with its text state), writes the kept
-    and rejected rows to the stage's shard writer, and hands the kept rows on."""
+    and rejected rows to the stage's shard writer, and hands the kept rows on. A stage that
+    writes signals only (``Dag.writes_rows``) writes ``id`` and its own columns of kept rows."""
 
-    def __init__(self, name: str, stage: MapStage, hash_: str, writer: ShardWriter, stored: pa.Table | None,
-                 extra: dict):
+    def __init__(self, name: str, stage: MapStage, hash_: str, writer: ShardWriter, own: tuple[str, ...] | None,
+                 whole_rows: bool, rejected_text: _RejectedText, stored: pa.Table | None, extra: dict):
         self.name, self.stage, self.hash, self.writer = name, stage, hash_, writer
+        self.own, self.whole_rows, self.rejected_text = own, whole_rows, rejected_text
         self.stored = stored  # rows measured before with the same signal parameters: re-decided
         self.extra = extra
         self.measured = 0
@@ -165,12 +203,22 @@ class _Step:
             else:
                 kept_text = res.text
             self.measured += batch.num_rows
-        self.writer.append(kept, rej, batch.num_rows)
+        written = kept
+        if not self.whole_rows:
+            written = kept.select(["id", *self._own_of(kept, batch)])
+        self.writer.append(written, self.rejected_text(rej), batch.num_rows)
         return kept, kept_text
 
+    def _own_of(self, table: pa.Table, batch: pa.Table) -> list[str]:
+        """The stage's own columns in ``table`` (its output for ``batch``), in order: those it
+        declares and any it added (per-language rules add their own signals)."""
+        own = self.own or ()
+        return [c for c in table.column_names if c != "id" and (c in own or c not in batch.column_names)]
+
     def _redecide(self, batch: pa.Table) -> tuple[pa.Table, pa.Table | None]:
-        """Decide from the stored signal rows; measure only the rows not among them."""
-        assert self.stored is not None
+        """Decide from the stored signals joined to the batch by id; measure only the rows not
+        among them."""
+        assert self.stored is not None and self.own is not None
         ids = batch.column("id")
         pos = pc.index_in(ids, value_set=self.stored.column("id"))
         missing = pc.invert(pc.is_valid(pos))
@@ -178,16 +226,27 @@ class _Step:
         if n_missing:
             _setup_once(self.stage, self.name, self.hash)
             measured = self.stage.run_batch(batch.filter(missing), None).table
-            self.stored = pa.concat_tables([self.stored.cast(measured.schema), measured])
+            fresh = measured.select(["id", *self._own_of(measured, batch)])
+            self.stored = pa.concat_tables([self.stored, fresh], promote_options="default").combine_chunks()
             pos = pc.index_in(ids, value_set=self.stored.column("id"))
             self.measured += n_missing
-        table = self.stored.take(pos).combine_chunks()
+        sig = self.stored.take(pos)
+        sig = sig.select(["id", *self._own_of(sig, batch)])
+        table = batch
+        for c in sig.column_names[1:]:  # own columns replace the batch's or are appended, in order
+            if c in table.column_names:
+                table = table.set_column(table.schema.get_field_index(c), c, sig.column(c))
+            else:
+                table = table.append_column(c, sig.column(c))
+        table = table.combine_chunks()
         return split_kept_rejected(table, self.stage.decide(table), self.name)
 
     def close(self) -> dict:
         extra = dict(self.extra)
         if self.stage.rules:
             extra["measured_rows"] = self.measured
+        if not self.whole_rows:
+            extra["whole_rows"] = False
         return self.writer.close(**extra)
 
 
@@ -240,9 +299,11 @@ def _root_entries(job: RootJob) -> list[dict]:
     try:
         for n in todo:
             st = dag.stages[n]
-            stored = _stored_signals(rundir, signals.get(n)) if st.rules else None
+            own = dag.own_columns(n)
+            stored = _stored_signals(rundir, signals.get(n), own) if st.rules and own is not None else None
             extra = {SIGNALS_HASH: sig[n]} if st.rules else {}
-            steps[n] = _Step(n, st, hashes[n], rundir.open_shard(n, key, hashes[n]), stored, extra)
+            steps[n] = _Step(n, st, hashes[n], rundir.open_shard(n, key, hashes[n]), own, dag.writes_rows(n),
+                             _RejectedText(dag.rejected_text, dag.rejected_text_sample), stored, extra)
 
         def push(name: str, batch: pa.Table, text: Any) -> None:
             for child in children.get(name, ()):
@@ -340,7 +401,20 @@ def run_dag(dag: Dag, run_dir: str | os.PathLike, workers: int | None = None, ad
                         for ws in writes.values() for s in ws if s in dag.stages and dag.stages[s].rules}
             todo = []
             for root, key, shard, src in jobs:
-                done_stages = tuple(s for s in writes[root] if key in committed[s])
+                done = {s for s in writes[root] if key in committed[s]}
+                # shards of signals only cannot be read back as rows: a stage still to run that
+                # takes a done stage's rows runs it again (the same bytes come out)
+                changed = True
+                while changed:
+                    changed = False
+                    for s in writes[root]:
+                        if s in done or s not in dag.stages:
+                            continue
+                        for f in dag.feeders(s):
+                            if f in done and f in dag.stages and not dag.writes_rows(f):
+                                done.discard(f)
+                                changed = True
+                done_stages = tuple(s for s in writes[root] if s in done)
                 if len(done_stages) < len(writes[root]):
                     stored = tuple((s, redecide[s][key]) for s in writes[root] if key in redecide.get(s, {}))
                     todo.append(RootJob(dag_dict, dag.path, dag.base_dir, rundir, root, key, shard, src,

@@ -221,6 +221,10 @@ class RunDir:
         rows, sorted by key; a union's are its branches'."""
         out = []
         for leaf in self.leaves(dag, node):
+            if leaf in dag.stages and not dag.writes_rows(leaf):
+                raise RunDirError(f"{self.stage_dir(leaf)}: {leaf!r} writes its signals only (id and its own "
+                                  "columns); its whole rows are in the SQL view of the same name "
+                                  "(`refinery sql`), or set `materialize: true` on it")
             for k, e in self.committed(leaf, hashes[leaf]).items():
                 if e.get("file"):
                     out.append((k, str(self.path(e["file"])), e))
@@ -315,10 +319,6 @@ class RunDir:
                 manifest_rows.append(
                     f"({_q(node)}, {_q(k)}, {int(e.get('rows_in', 0))}, {int(e.get('rows', 0))}, "
                     f"{int(e.get('rejected_rows', 0))}, {int(e.get('bytes', 0))}, {_q(e.get('sha256') or '')})")
-        for node, st in dag.stages.items():
-            if st.kind == "union":
-                node_files[node] = sorted(f for leaf in self.leaves(dag, node) for f in node_files.get(leaf, []))
-
         def view(name: str, paths: list[str], empty_sql: str) -> None:
             if paths:
                 lst = "[" + ", ".join(_q(p) for p in paths) + "]"
@@ -326,11 +326,37 @@ class RunDir:
             else:
                 con.execute(f"create view {_ident(name)} as {empty_sql}")
 
+        def columns(name: str) -> list[str]:
+            return [d[0] for d in con.execute(f"select * from {_ident(name)} limit 0").description]
+
         empty_docs = "select null::varchar as id, null::varchar as text, null::varchar as source where false"
-        for node, paths in node_files.items():
-            if paths or node in dag.stages:
-                view(node, paths, empty_docs)
-        view("kept", node_files.get(dag.output, []), empty_docs)
+        for node in dag.inputs:
+            if node_files.get(node):
+                view(node, node_files[node], empty_docs)
+        # in topological order, so a view can read its input's
+        for node, st in dag.stages.items():
+            if st.kind == "union":
+                parts = [u for u in st.upstreams() if _has_view(con, u)]
+                if parts:
+                    con.execute(f"create view {_ident(node)} as " +
+                                " union all by name ".join(f"select * from {_ident(u)}" for u in parts))
+                else:
+                    view(node, [], empty_docs)
+            elif st.kind == "map" and not dag.writes_rows(node) and _has_view(con, st.input):
+                # signals only on disk: whole rows are the input's, joined by id
+                own = dag.own_columns(node) or ()
+                if node_files.get(node):
+                    lst = "[" + ", ".join(_q(p) for p in node_files[node]) + "]"
+                    sig = f"read_parquet({lst}, union_by_name=true)"
+                else:
+                    sig = "(select null::varchar as id where false)"
+                drop = [c for c in columns(st.input) if c in own]
+                excl = f" exclude ({', '.join(_ident(c) for c in drop)})" if drop else ""
+                con.execute(f"create view {_ident(node)} as select i.*{excl}, s.* exclude (id) "
+                            f"from {_ident(st.input)} i join {sig} s using (id)")
+            else:
+                view(node, node_files.get(node, []), empty_docs)
+        con.execute(f"create view kept as select * from {_ident(dag.output)}")
         view("rejected", rejected, "select null::varchar as id, null::varchar as source, null::varchar as stage, "
                                    "null::varchar as reason where false")
         values = ", ".join(manifest_rows) or "(null, null, 0, 0, 0, 0, null)"
@@ -379,6 +405,10 @@ def resolve_corpus(paths: str | Path | list) -> ParquetCorpus:
             seen.setdefault(str(Path(f).resolve()), sha)
     files = sorted(seen)
     return ParquetCorpus(files, [seen[f] or files.file_sha256(f) for f in files])
+
+
+def _has_view(con: duckdb.DuckDBPyConnection, name: str) -> bool:
+    return bool(con.execute("select count(*) from duckdb_views() where view_name = ?", [name]).fetchone()[0])
 
 
 def _q(s: str) -> str:

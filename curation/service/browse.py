@@ -284,6 +284,32 @@ def read_rows(path: str, rows: np.ndarray) -> pa.Table:
     return t.take(pa.array(np.searchsorted(local, rows)))
 
 
+def whole_rows(rd: RunDir, dag: Dag, node: str, key: str, rows: pa.Table) -> pa.Table:
+    """``rows`` of a stage's shard ``key`` as whole rows. A stage that writes its signals only
+    (``Dag.writes_rows``) holds ``id`` and its own columns; the rest is its input's row of the
+    same key (the same task wrote both), found by id, recursively; only the row groups holding
+    those ids are decoded."""
+    if node not in dag.stages or dag.writes_rows(node) or not rows.num_rows:
+        return rows
+    hashes = dag.hashes()
+    for f in dag.feeders(node):
+        e = rd.committed(f, hashes[f]).get(key)
+        if e and e.get("file"):
+            break
+    else:
+        return rows
+    path = _inside(rd, e["file"])
+    up_ids = pq.read_table(path, columns=["id"]).column("id")
+    wanted = pc.is_valid(pc.index_in(up_ids, value_set=rows.column("id"))).to_numpy(zero_copy_only=False)
+    up = whole_rows(rd, dag, f, key, read_rows(path, np.flatnonzero(wanted)))
+    up = up.take(pc.index_in(rows.column("id"), value_set=up.column("id")))
+    own = [c for c in rows.column_names if c != "id"]
+    up = up.drop_columns([c for c in own if c in up.column_names])
+    for c in own:
+        up = up.append_column(c, rows.column(c))
+    return up
+
+
 def _matching_rows(path: str, reason: str) -> np.ndarray:
     col = pq.read_table(path, columns=[REASON]).column(REASON)
     return np.flatnonzero(pc.fill_null(pc.equal(col, pa.scalar(reason)), False).to_numpy(zero_copy_only=False))
@@ -333,6 +359,8 @@ def documents(rd: RunDir, node: str, which: str = "kept", reason: str | None = N
         else:
             rows = _matching_rows(path, reason)[skip: skip + want]
         t = read_rows(path, rows)
+        if which == "kept":
+            t = whole_rows(rd, dag, node, s.key, t)
         for i, rec in enumerate(t.to_pylist()):
             text = rec.pop(TEXT, None)
             text_chars = len(text) if isinstance(text, str) else None

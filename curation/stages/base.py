@@ -276,6 +276,11 @@ class Stage(BaseModel):
     #: a user stage's code identity (module version, source file hash), set when it is loaded
     #: from ``type: package.module:ClassName``; part of the params hash
     code_version: ClassVar[dict[str, str] | None] = None
+    #: whether the stage changes ``text`` (its shards then always hold whole rows)
+    rewrites_text: ClassVar[bool] = False
+
+    #: write whole rows (text and every column) even where id + own columns would do
+    materialize: bool = False
 
     @property
     def reason_prefix(self) -> str:
@@ -293,7 +298,7 @@ class Stage(BaseModel):
 
     def params(self) -> dict[str, Any]:
         """The parameters that define this stage's output (everything but the wiring)."""
-        p = self.model_dump(mode="json", exclude={"input", "inputs", "keep_work"})
+        p = self.model_dump(mode="json", exclude={"input", "inputs", "keep_work", "materialize"})
         if self.code_version:
             p["code"] = self.code_version
         return p

@@ -6,7 +6,7 @@ import signal
 import threading
 import time
 from contextlib import contextmanager, suppress
-from typing import Literal
+from typing import ClassVar, Literal
 
 import pyarrow as pa
 from pydantic import Field
@@ -84,6 +84,8 @@ class Extract(MapStage):
     engine: Literal["resiliparse", "trafilatura"] = "resiliparse"
     timeout_s: float = Field(default=5.0, ge=0)
     min_chars: int = Field(default=1, ge=0)
+
+    rewrites_text: ClassVar[bool] = True
 
     def process(self, batch: pa.Table) -> StageResult:
         if "html" not in batch.column_names:

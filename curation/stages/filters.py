@@ -358,8 +358,8 @@ class _LangRules(MapStage):
         counts = np.concatenate([s.known_word_counts() for s in states])[inv]
         return table, TextState(table.column("text"), word_counts=counts)
 
-    #: whether ``_measure`` returns new text (C4); otherwise the state passed in is the result's
-    rewrites_text: ClassVar[bool] = False
+    # ``rewrites_text`` (Stage): whether ``_measure`` returns new text (C4); otherwise the
+    # state passed in is the result's
 
     def decide(self, table: pa.Table) -> pa.Array | None:
         """Each row decided by its language's view (its thresholds); reads only columns."""

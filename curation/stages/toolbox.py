@@ -194,6 +194,7 @@ class PiiScrub(MapStage):
 
     type: str = "pii"
     columns: ClassVar[tuple[str, ...]] = ('pii_emails', 'pii_ips')
+    rewrites_text: ClassVar[bool] = True
     emails: bool = True
     ips: bool = True
     #: replace only globally routable addresses (FineWeb); False: every valid address
@@ -326,6 +327,7 @@ class Normalize(MapStage):
 
     type: str = "normalize"
     columns: ClassVar[tuple[str, ...]] = ('normalize_fixed', 'normalize_lines_removed', 'normalize_chars_delta')
+    rewrites_text: ClassVar[bool] = True
     fix_unicode: bool = True
     #: ftfy's HTML-entity decoding: "auto" decodes unless the text holds a "<"
     unescape_html: bool | Literal["auto"] = "auto"
