@@ -21,7 +21,8 @@ asserts nothing. Run by hand:
    ``/proc`` of the run's process tree) and of the driver; bytes and files written under the
    run directory.
 
-Verified at ``--size-mb 50`` (see the report of issue #15); the default is 1 GB.
+Run at 1 GB and 4 GB (figures in the closing note of issue #15): worker memory flat in the input
+size (600 -> 688 MB), bytes read 1.00x the input, bytes written 0.14x. The default is 1 GB.
 """
 
 from __future__ import annotations
