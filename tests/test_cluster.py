@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -47,14 +48,18 @@ def _wait_for(log: Path, text: str, proc: subprocess.Popen, timeout: float = 120
     assert text in log.read_text(errors="replace"), log.read_text(errors="replace")[-2000:]
 
 
+TOKEN = secrets.token_hex(32)
+
+
 @pytest.fixture(scope="module")
 def two_nodes():
     """Head (1 CPU) and a second node (1 CPU) joined to it, each in its own process group with
     a private temp dir, killed exactly (never `ray stop`, which would stop every Ray here)."""
     temp = tempfile.mkdtemp(prefix="r2n-", dir="/tmp")  # short: Ray's socket paths have a length limit
     port = _free_port()
-    # token auth (the head writes ~/.ray/auth_token; the second node must present it)
-    env = {**os.environ, "RAY_ADDRESS": "", "RAY_AUTH_MODE": "token"}
+    # token auth with this cluster's own token, given to every process (nothing is written to
+    # ~/.ray, which would switch later Ray sessions on this machine to token auth)
+    env = {**os.environ, "RAY_ADDRESS": "", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": TOKEN}
     procs = []
     try:
         for i, args in enumerate([["--head", f"--port={port}", f"--temp-dir={temp}", "--include-dashboard=false"],
@@ -78,7 +83,7 @@ def two_nodes():
 
 
 def _run(dag_file: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_ADDRESS": ""}  # the cluster's token (~/.ray/auth_token)
+    env = {**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": TOKEN, "RAY_ADDRESS": ""}
     res = subprocess.run([*REFINERY, "run", str(dag_file), "--out", str(out), "-q", *extra], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
