@@ -31,7 +31,7 @@ class CapsRatio(MapStage):
         return batch.append_column("caps_ratio", pc.divide(upper, pc.max_element_wise(pc.utf8_length(t), 1).cast(pa.float64()))), text
 
 class NotAStage:
-    pass
+    """Has no stage base class."""
 '''
 
 

@@ -126,10 +126,9 @@ class ParquetAppender:
 
     def _conform(self, t: pa.Table) -> pa.Table:
         assert self._schema is not None and self._writer is not None
-        try:
+        with contextlib.suppress(pa.ArrowInvalid, pa.ArrowNotImplementedError, KeyError):
             return t.select(self._schema.names).cast(self._schema)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, KeyError):
-            pass
+        # not castable (a column typed null in the first row group): unify and rewrite
         unified = pa.unify_schemas([self._schema, t.schema], promote_options="permissive")
         self._writer.close()
         old = self._tmp.with_name(self._tmp.name + ".old")

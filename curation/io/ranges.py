@@ -19,6 +19,7 @@ counts the bytes it took from storage (``bytes_read``).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import zlib
 
@@ -261,7 +262,8 @@ class Member(io.RawIOBase):
         """After a zlib error: decompress the member again in small steps, up to the error,
         and keep what comes out past what was already produced (rare, so not fast)."""
         d, pos, out = zlib.decompressobj(31), self.offset, []
-        try:
+        # the replay stops at the same error (already in ``self.error``): keep what came before
+        with contextlib.suppress(zlib.error):
             while pos < self.in_pos:
                 piece = self.src.read_at(pos, 256)
                 if not piece:
@@ -271,8 +273,6 @@ class Member(io.RawIOBase):
                 out.append(b)
                 if d.eof:
                     break
-        except zlib.error:
-            pass
         got = b"".join(out)[self.inflated:]
         self.inflated += len(got)
         self.pending += got

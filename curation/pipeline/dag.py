@@ -148,25 +148,19 @@ class Dag:
         own = (["text"] if st.rewrites_text else []) + list(st.columns) + signals
         return tuple(dict.fromkeys(own))
 
+    def leaves(self, node: str) -> list[str]:
+        """The nodes whose shards make up ``node``: itself, or a union's branches (recursively).
+        The one place a union is resolved."""
+        st = self.stages.get(node)
+        if st is None or st.kind != "union":
+            return [node]
+        return [leaf for u in st.upstreams() for leaf in self.leaves(u)]
+
     def read_from_disk(self) -> set[str]:
         """Nodes whose whole rows something reads back from their shards: the output's and every
         global stage's upstreams (unions resolved)."""
-        out: set[str] = set()
-
-        def leaves(n: str) -> None:
-            st = self.stages.get(n)
-            if st is not None and st.kind == "union":
-                for u in st.upstreams():
-                    leaves(u)
-            else:
-                out.add(n)
-
-        leaves(self.output)
-        for st in self.stages.values():
-            if st.kind == "global":
-                for u in st.upstreams():
-                    leaves(u)
-        return out
+        ups = [self.output] + [u for st in self.stages.values() if st.kind == "global" for u in st.upstreams()]
+        return {leaf for u in ups for leaf in self.leaves(u)}
 
     def writes_rows(self, node: str) -> bool:
         """Whether a map stage's shards hold whole rows; otherwise they hold ``id`` and the
@@ -183,18 +177,7 @@ class Dag:
 
     def feeders(self, node: str) -> list[str]:
         """The nodes whose rows a map stage takes (its input, unions resolved)."""
-        out: list[str] = []
-
-        def walk(n: str) -> None:
-            st = self.stages.get(n)
-            if st is not None and st.kind == "union":
-                for u in st.upstreams():
-                    walk(u)
-            else:
-                out.append(n)
-
-        walk(self.stages[node].input)
-        return out
+        return self.leaves(self.stages[node].input)
 
     def input_materialized(self, name: str) -> bool:
         """An input's documents are written as shards when a union or global stage consumes it

@@ -76,9 +76,7 @@ def make_plan(dag: Dag) -> Plan:
     closures: dict[str, list[str]] = {}
     for root in list(dag.inputs) + [n for n, s in dag.stages.items() if s.kind == "global"]:
         closures[root] = [n for n, s in dag.stages.items() if s.kind != "global" and root in roots(dag, n)]
-    # An input is only streamed into the map stages its task runs; when a union or a global
-    # stage consumes it directly, its documents must exist as shards.
-    materialize = {u for s in dag.stages.values() if s.kind != "map" for u in s.upstreams() if u in dag.inputs}
+    materialize = {name for name in dag.inputs if dag.input_materialized(name)}
     return Plan(dag, dag.hashes(), dag.signal_hashes(), input_shards, closures, materialize)
 
 
@@ -162,12 +160,15 @@ class _RejectedText:
         if rej is None or self.policy == "all" or not any(c in rej.column_names for c in PAYLOAD_COLUMNS):
             return rej
         keep = np.zeros(rej.num_rows, bool)
-        if self.policy == "sample":
-            for i, r in enumerate(rej.column("reason").to_pylist()):
-                k = self.seen.get(r, 0)
-                if k < self.n:
-                    keep[i] = True
-                    self.seen[r] = k + 1
+        if self.policy == "sample":  # per distinct reason (a few per batch), not per row
+            codes = pc.dictionary_encode(rej.column("reason").combine_chunks())
+            idx = codes.indices.to_numpy(zero_copy_only=False)
+            for c, r in enumerate(codes.dictionary.to_pylist()):
+                room = self.n - self.seen.get(r, 0)
+                if room > 0:
+                    first = np.flatnonzero(idx == c)[:room]
+                    keep[first] = True
+                    self.seen[r] = self.seen.get(r, 0) + len(first)
         mask = pa.array(keep)
         for c in PAYLOAD_COLUMNS:
             if c in rej.column_names:

@@ -207,20 +207,11 @@ class RunDir:
 
     # -- shards ---------------------------------------------------------------------------
 
-    @staticmethod
-    def leaves(dag: Dag, node: str) -> list[str]:
-        """The nodes whose shards make up ``node``: itself, or a union's branches (recursively).
-        The one place a union is resolved."""
-        st = dag.stages.get(node)
-        if st is None or st.kind != "union":
-            return [node]
-        return [leaf for u in st.upstreams() for leaf in RunDir.leaves(dag, u)]
-
     def shard_entries(self, dag: Dag, node: str, hashes: dict[str, str]) -> list[tuple[str, str, dict]]:
         """(key, absolute path, manifest entry) of the committed shards of ``node`` that hold
         rows, sorted by key; a union's are its branches'."""
         out = []
-        for leaf in self.leaves(dag, node):
+        for leaf in dag.leaves(node):
             if leaf in dag.stages and not dag.writes_rows(leaf):
                 raise RunDirError(f"{self.stage_dir(leaf)}: {leaf!r} writes its signals only (id and its own "
                                   "columns); its whole rows are in the SQL view of the same name "

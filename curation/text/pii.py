@@ -31,6 +31,7 @@ Python's regexes.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import re
 import zlib
@@ -78,10 +79,8 @@ def known_tlds() -> frozenset[str]:
             label = label.lower()
             out.add(label)
             if not label.isascii():
-                try:
+                with contextlib.suppress(UnicodeError):  # no punycode form: the label itself is in
                     out.add(label.encode("idna").decode("ascii"))
-                except UnicodeError:
-                    pass
     return frozenset(out)
 
 

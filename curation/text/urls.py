@@ -35,6 +35,7 @@ each over the column.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import ipaddress
 import re
@@ -59,10 +60,8 @@ def canonical_host(host: str) -> str:
     if h.startswith("[") and h.endswith("]"):
         h = h[1:-1]
     if not h.isascii():
-        try:
+        with contextlib.suppress(UnicodeError):  # not valid IDNA: matched as written
             h = h.encode("idna").decode("ascii")
-        except UnicodeError:
-            pass
     return h
 
 

@@ -144,11 +144,9 @@ def run_size(n: int, shard_docs: int, workers: int, stages: list[str], out_json:
 
 
 def _hwm_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024.0
-    return 0.0
+    from curation.pipeline.tasks import peak_rss_mb  # ru_maxrss: this process's VmHWM
+
+    return peak_rss_mb()
 
 
 def show(r: dict) -> None:
