@@ -25,7 +25,7 @@ def _fail(msg: str, code: int = 2) -> None:
 @app.command()
 def run(
     dag: Path = typer.Argument(..., help="pipeline DAG (YAML)"),
-    out: Path = typer.Option(..., "--out", "-o", help="run directory"),
+    out: str = typer.Option(..., "--out", "-o", help="run directory: a local folder or a URL (s3://bucket/runs/x)"),
     workers: Optional[int] = typer.Option(None, "--workers", "-w", min=1,
                                           help="tasks in flight (default: every CPU Ray reports: this machine's, or the cluster's)"),
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster, e.g. ray://head:10001 or auto"),
@@ -54,7 +54,7 @@ def run(
 
 
 @app.command()
-def stats(run_dir: Path = typer.Argument(..., help="run directory")) -> None:
+def stats(run_dir: str = typer.Argument(..., help="run directory (local or s3://...)")) -> None:
     """Per-stage documents in / kept / rejected, top drop reasons, output summary."""
     from curation.pipeline.stats import RunNotFound, output_summary, stage_table, top_reasons
 
@@ -85,7 +85,7 @@ def stats(run_dir: Path = typer.Argument(..., help="run directory")) -> None:
 
 
 @app.command()
-def sql(run_dir: Path = typer.Argument(..., help="run directory"),
+def sql(run_dir: str = typer.Argument(..., help="run directory (local or s3://...)"),
         query: str = typer.Argument(..., help="SQL over views: kept, rejected, manifest, <stage>")) -> None:
     """Run a DuckDB query over a run's shards."""
     import duckdb
@@ -93,7 +93,7 @@ def sql(run_dir: Path = typer.Argument(..., help="run directory"),
     from curation.pipeline.stats import RunNotFound, connect
 
     try:
-        con = connect(run_dir)
+        con = connect(run_dir, query=query)  # only the views the query reads
         cur = con.execute(query)
     except RunNotFound as e:
         _fail(str(e))

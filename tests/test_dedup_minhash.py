@@ -86,7 +86,7 @@ def labelled(tmp_path_factory, ray_session):
 
 def _all_signatures(ctx: GlobalContext, stage: MinHashDedup) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     docs, sigs, ns = [], [], []
-    for f in sorted((ctx.work_dir / "signatures").glob("*.parquet")):
+    for f in sorted((Path(ctx.work_dir) / "signatures").glob("*.parquet")):
         d, s, n = read_signatures(f, stage.header())
         docs.append(d)
         sigs.append(s)
@@ -129,7 +129,7 @@ def test_candidate_pairs_equal_datasketch_minhashlsh(labelled):
         print(f"threshold {threshold} (b={bands}, r={rows}): {len(ours)} candidate pairs, datasketch {len(theirs)}")
         assert ours == theirs and len(ours) > 100
     # the stage's own persisted buckets give the same pairs
-    tables = [pq.read_table(f) for f in sorted((ctx.work_dir / "buckets").glob("*.parquet"))]
+    tables = [pq.read_table(f) for f in sorted((Path(ctx.work_dir) / "buckets").glob("*.parquet"))]
     t = pa.concat_tables(tables)
     u, v = candidate_edges(t.column("band").to_numpy(), t.column("bucket").to_numpy(), t.column("doc").to_numpy(),
                            all_pairs=True)

@@ -65,6 +65,21 @@ def test_accounting_every_stage_in_equals_kept_plus_rejected(demo_run):
     assert "math" in out and "web" in out
 
 
+def test_a_query_gets_only_the_views_it_reads(demo_run):
+    from curation.pipeline.rundir import RunDir
+
+    rd = RunDir(demo_run)
+    q = 'select count(*) from "gopher" where id in (select id from c4)'
+    assert rd.views_in(q) == {"gopher", "c4"}
+    con = connect(demo_run, query=q)
+    made = {r[0] for r in con.execute("select view_name from duckdb_views() where not internal").fetchall()}
+    # gopher and c4 and what they read (gopher_rep, web, extract, ccnet): no rejected, no manifest
+    assert made <= RunDir.view_closure(rd.load_dag(), {"gopher", "c4"})
+    assert {"gopher", "c4", "web"} <= made and not made & {"rejected", "manifest", "kept", "fineweb", "math"}
+    full = connect(demo_run)
+    assert con.execute(q).fetchone() == full.execute(q).fetchone()
+
+
 def test_stats_table_and_reasons(demo_run):
     rows = {r["stage"]: r for r in stage_table(demo_run)}
     assert rows["extract"]["docs_in"] > 30 and rows["gopher"]["rejected"] > 0

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import uuid
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from curation.io import location
+from curation.io.files import atomic_path
 
 ALGORITHM = "bloom-double-hashing-splitmix64"
 VERSION = 1
@@ -184,22 +185,18 @@ class BloomFilter:
         return self
 
     def save(self, path: str | Path) -> None:
-        """Write header + bits atomically."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        """Write header + bits atomically (a local path or a URL)."""
         head = json.dumps(self.header, sort_keys=True).encode()
-        tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
-        with open(tmp, "wb") as f:
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
             f.write(MAGIC)
             f.write(np.uint64(len(head)).tobytes())
             f.write(head)
             f.write(self.bits.astype("<u8", copy=False).tobytes())
-        os.replace(tmp, path)
 
     @staticmethod
     def read_header(path: str | Path) -> dict[str, Any]:
         """The header of a persisted filter."""
-        with open(path, "rb") as f:
+        with location.open_read(path) as f:
             if f.read(len(MAGIC)) != MAGIC:
                 raise BloomHeaderMismatch(f"{path}: not a refinery Bloom filter file")
             n = int(np.frombuffer(f.read(8), dtype="<u8")[0])
@@ -209,7 +206,7 @@ class BloomFilter:
     def load(cls, path: str | Path, expected: dict[str, Any] | None = None) -> BloomFilter:
         """Read a persisted filter. With ``expected`` (a header, e.g. ``other.header``), refuse
         the file unless its header is identical."""
-        with open(path, "rb") as f:
+        with location.open_read(path) as f:
             if f.read(len(MAGIC)) != MAGIC:
                 raise BloomHeaderMismatch(f"{path}: not a refinery Bloom filter file")
             n = int(np.frombuffer(f.read(8), dtype="<u8")[0])

@@ -49,8 +49,8 @@ from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from curation.io import location
 from curation.dedup.minhash import mix64, read_artifact, write_artifact
 from curation.io.artifacts import read_partition, write_partitioned
 
@@ -77,8 +77,13 @@ def edge_header(params: dict[str, Any]) -> dict[str, Any]:
     return {"algorithm": CC_ALGORITHM, "version": CC_VERSION, "params": params}
 
 
-def _step_dir(root: Path, step: int) -> Path:
-    return root / f"s{step:03d}"
+def _step_dir(root: str, step: int) -> str:
+    return location.join(root, f"s{step:03d}")
+
+
+def _senders(step_dir: str) -> list[str]:
+    """The edge files of a step (one per sender), sorted."""
+    return location.listdir(step_dir, "from-*.parquet")
 
 
 def _dedupe(src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -104,14 +109,14 @@ def write_edges(step_dir: str | Path, sender: int, src: np.ndarray, dst: np.ndar
     t = pa.Table.from_arrays([pa.array(src[order], pa.int64()), pa.array(dst[order], pa.int64())], schema=_EDGE_SCHEMA)
     if stats is not None:
         t = t.replace_schema_metadata({STATS_KEY: json.dumps({**stats, "edges_out": int(len(src))}, sort_keys=True).encode()})
-    write_partitioned(t, part[order], Path(step_dir) / f"from-{sender:04d}.parquet", header)
+    write_partitioned(t, part[order], location.join(step_dir, f"from-{sender:04d}.parquet"), header)
     return int(len(src))
 
 
 def read_edges(step_dir: str | Path, partition: int, header: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """All edges sent to ``partition`` for a step, header-checked: its row groups of every
     sender's file."""
-    files = sorted(Path(step_dir).glob("from-*.parquet"))
+    files = _senders(str(step_dir))
     tables = [t for t in (read_partition(f, partition, header) for f in files) if t.num_rows]
     if not tables:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
@@ -171,8 +176,8 @@ def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-def _labels_dir(root: Path, step: int) -> Path:
-    return root / "labels" / f"s{step:03d}"
+def _labels_dir(root: str, step: int) -> str:
+    return location.join(root, "labels", f"s{step:03d}")
 
 
 def star_task(root: str, step: int, partition: int, partitions: int, header: dict[str, Any]) -> dict:
@@ -185,7 +190,7 @@ def star_task(root: str, step: int, partition: int, partitions: int, header: dic
     labels: once every partition holds it, the driver stops and those labels are final.
     """
     t0 = time.perf_counter()
-    root_p = Path(root)
+    root_p = str(root)
     src, dst = _dedupe(*read_edges(_step_dir(root_p, step), partition, header))
     stats: dict[str, Any] = {"step": step, "partition": partition, "edges_in": int(len(src))}
     nxt = _step_dir(root_p, step + 1)
@@ -201,7 +206,7 @@ def star_task(root: str, step: int, partition: int, partitions: int, header: dic
         if star:
             t = pa.Table.from_arrays([pa.array(nodes, pa.int64()), pa.array(m, pa.int64())],
                                      names=["node", "component"])
-            write_artifact(t, _labels_dir(root_p, step) / f"part-{partition:04d}.parquet", header)
+            write_artifact(t, location.join(_labels_dir(root_p, step), f"part-{partition:04d}.parquet"), header)
         stats["star"] = star
         a, b = large_star(src, dst)
         a, b = b, a  # keyed by the larger node
@@ -219,7 +224,7 @@ def local_task(root: str, step: int, header: dict[str, Any]) -> dict:
     from scipy.sparse.csgraph import connected_components as scipy_components  # noqa: PLC0415
 
     t0 = time.perf_counter()
-    files = sorted(_step_dir(Path(root), step).glob("from-*.parquet"))
+    files = _senders(_step_dir(str(root), step))
     src, dst = [], []
     for f in files:
         t = read_artifact(f, header)
@@ -236,13 +241,13 @@ def local_task(root: str, step: int, header: dict[str, Any]) -> dict:
     smallest = np.full(int(comp.max()) + 1 if n else 0, np.iinfo(np.int64).max, np.int64)
     np.minimum.at(smallest, comp, nodes)  # nodes ascend, so this is each component's minimum
     t = pa.Table.from_arrays([pa.array(nodes, pa.int64()), pa.array(smallest[comp], pa.int64())], names=["node", "component"])
-    write_artifact(t, _local_labels(Path(root)), header)
+    write_artifact(t, _local_labels(str(root)), header)
     return {"step": step, "kind": "local", "edges_in": int(len(a)), "nodes": int(n),
             "seconds": time.perf_counter() - t0, "rss_mb": _rss_mb()}
 
 
-def _local_labels(root: Path) -> Path:
-    return root / "labels" / "local.parquet"
+def _local_labels(root: str) -> str:
+    return location.join(root, "labels", "local.parquet")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -262,23 +267,24 @@ class ComponentsResult:
     per_step: list[dict] = field(default_factory=list)
 
 
-def _done_stats(step_dir: Path, partitions: int) -> dict[int, dict]:
+def _done_stats(step_dir: str, partitions: int) -> dict[int, dict]:
     """The statistics of the star tasks that finished the step writing into ``step_dir``."""
     out = {}
+    present = set(_senders(step_dir))  # one listing, not one request per partition
     for q in range(partitions):
-        f = step_dir / f"from-{q:04d}.parquet"
-        if f.exists():
-            raw = (pq.read_schema(f).metadata or {}).get(STATS_KEY)
+        f = location.join(step_dir, f"from-{q:04d}.parquet")
+        if f in present:
+            raw = (location.read_schema(f).metadata or {}).get(STATS_KEY)
             if raw is not None:
                 out[q] = json.loads(raw)
     return out
 
 
-def _input_edges(root: Path, step: int, partitions: int) -> int:
+def _input_edges(root: str, step: int, partitions: int) -> int:
     """Edges a step reads: step 0's from the caller's file footers, later steps' from the
     statistics the previous step's tasks wrote."""
     if step == 0:
-        return sum(pq.ParquetFile(f).metadata.num_rows for f in _step_dir(root, 0).glob("from-*.parquet"))
+        return sum(location.parquet_file(f).metadata.num_rows for f in _senders(_step_dir(root, 0)))
     return sum(s["edges_out"] for s in _done_stats(_step_dir(root, step), partitions).values())
 
 
@@ -291,7 +297,7 @@ def connected_components(mapper: Mapper, root: str | Path, partitions: int, head
     A step whose input has at most ``local_max_edges`` edges is finished by one task.
     """
     t0 = time.perf_counter()
-    root = Path(root)
+    root = str(root).rstrip("/")
     res = ComponentsResult()
     step = 0
     while True:
@@ -302,20 +308,20 @@ def connected_components(mapper: Mapper, root: str | Path, partitions: int, head
             res.input_edges = edges
         if edges <= local_max_edges:
             local = _local_labels(root)
-            if not local.exists():
-                st = mapper(local_task, [(str(root), step, header)], f"{phase}:local")[0]
+            if not location.exists(local):
+                st = mapper(local_task, [(root, step, header)], f"{phase}:local")[0]
                 res.max_rss_mb = max(res.max_rss_mb, st["rss_mb"])
             res.max_task_edges = max(res.max_task_edges, edges)
             res.per_step.append({"step": step, "kind": "local", "edges_in": edges, "max_task_edges": edges})
             res.steps = step + 1
-            res.label_files = [str(local)]
+            res.label_files = [local]
             res.seconds = time.perf_counter() - t0
             return res
         have = _done_stats(_step_dir(root, step + 1), partitions)
         # a partition that passed as stars must still have its labels (else redo it)
         have = {q: st for q, st in have.items()
-                if not st.get("star") or (_labels_dir(root, step) / f"part-{q:04d}.parquet").exists()}
-        todo = [(str(root), step, q, partitions, header) for q in range(partitions) if q not in have]
+                if not st.get("star") or location.exists(location.join(_labels_dir(root, step), f"part-{q:04d}.parquet"))}
+        todo = [(root, step, q, partitions, header) for q in range(partitions) if q not in have]
         for st in mapper(star_task, todo, f"{phase}:step{step}"):
             have[st["partition"]] = st
         stats = [have[q] for q in range(partitions)]
@@ -328,7 +334,7 @@ def connected_components(mapper: Mapper, root: str | Path, partitions: int, head
             break  # every partition is a star forest: the labels written at this step are final
         step += 1
     res.steps = step + 1
-    res.label_files = [str(_labels_dir(root, step) / f"part-{q:04d}.parquet") for q in range(partitions)]
+    res.label_files = [location.join(_labels_dir(root, step), f"part-{q:04d}.parquet") for q in range(partitions)]
     res.seconds = time.perf_counter() - t0
     return res
 
@@ -342,7 +348,7 @@ def read_labels(label_files: list[str], header: dict[str, Any], lo: int | None =
         filters = [("node", ">=", int(lo)), ("node", "<", int(hi))]
     nodes, comps = [], []
     for f in label_files:
-        if not Path(f).exists():
+        if not location.exists(f):
             continue
         t = read_artifact(f, header, filters=filters)
         nodes.append(t.column("node").to_numpy())

@@ -2,15 +2,14 @@
 
 A line names the shard key, the stage, the params hash it was made with, its file (relative to
 the run directory), row counts and sha256. A shard is committed once its line exists; a later
-line for the same key replaces the earlier one. This module only reads and parses the format;
-``curation.pipeline.rundir.RunDir`` owns writing it. The trainer reads packed stages through
+line for the same key replaces the earlier one. This module only parses the format;
+``curation.pipeline.rundir.RunDir`` owns reading and writing it. The trainer reads packed stages through
 ``committed`` too, which is why this lives in ``formats`` (no Ray, no pipeline imports).
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Iterable
 
 MANIFEST = "_manifest.jsonl"
@@ -37,24 +36,23 @@ def parse_lines(lines: Iterable[str], where: str = MANIFEST, strict: bool = Fals
     return entries
 
 
-def read(stage_dir: str | Path, strict: bool = False) -> dict[str, dict]:
-    """Entries of the manifest in ``stage_dir`` (empty when there is none)."""
-    path = Path(stage_dir) / MANIFEST
-    if not path.exists():
-        return {}
-    with open(path) as f:
-        return parse_lines(f, str(path), strict)
+#: On object storage, which has no append, each batch of appended lines is its own object
+#: ``_manifest.jsonl.d/SEQ`` (SEQ sorts in commit order); the log is ``_manifest.jsonl`` followed by
+#: them. Compaction folds them back into the one file.
+SEGMENTS = ".d"
+
+
+def log_lines(fs, path: str) -> list[str]:
+    """The lines of the append-only log ``path`` in the fsspec filesystem ``fs``: the file, then
+    its segments in order (empty when neither exists)."""
+    parts = [fs.cat_file(path)] if fs.exists(path) else []
+    segs = sorted(fs.find(path + SEGMENTS)) if fs.exists(path + SEGMENTS) else []
+    if segs:
+        got = fs.cat(segs) if len(segs) > 1 else {segs[0]: fs.cat_file(segs[0])}
+        parts += [got[s] for s in segs]
+    return [ln for b in parts for ln in b.decode("utf-8").splitlines()]
 
 
 def entry_files(entry: dict) -> list[str]:
     """The files an entry commits (paths relative to the run directory)."""
     return [f for f in (entry.get("file"), entry.get("rejected_file")) if f]
-
-
-def committed(stage_dir: str | Path, params_hash: str | None = None, strict: bool = False) -> dict[str, dict]:
-    """Entries made with ``params_hash`` (any, when None) whose files exist. File paths are
-    relative to the run directory, the stage directory's parent."""
-    base = Path(stage_dir).parent
-    return {k: e for k, e in read(stage_dir, strict).items()
-            if (params_hash is None or e.get("params_hash") == params_hash)
-            and all((base / f).exists() for f in entry_files(e))}

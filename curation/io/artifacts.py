@@ -12,6 +12,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from curation.io import location
 from curation.io.files import atomic_path
 
 HEADER_KEY = b"refinery.artifact"
@@ -45,7 +46,7 @@ def check_header(found: dict[str, Any] | None, expected: dict[str, Any], where: 
 
 def read_header(path: str | Path) -> dict[str, Any] | None:
     """The header stored in a Parquet artifact's schema metadata (None if absent)."""
-    meta = pq.read_schema(path).metadata or {}
+    meta = location.read_schema(path).metadata or {}
     raw = meta.get(HEADER_KEY)
     return json.loads(raw) if raw is not None else None
 
@@ -61,7 +62,7 @@ def write_artifact(table: pa.Table, path: str | Path, header: dict[str, Any], ro
 def read_artifact(path: str | Path, header: dict[str, Any], **kwargs) -> pa.Table:
     """Read a Parquet artifact after checking its header (``ArtifactMismatch`` otherwise)."""
     check_header(read_header(path), header, path)
-    return pq.read_table(path, **kwargs)
+    return location.read_parquet(path, **kwargs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -100,7 +101,7 @@ def read_partition(path: str | Path, partition: int, header: dict[str, Any],
                    columns: list[str] | None = None) -> pa.Table:
     """The rows of ``partition`` in a file written by ``write_partitioned`` (header-checked):
     only that partition's row groups are read."""
-    pf = pq.ParquetFile(path)
+    pf = location.parquet_file(path)
     meta = pf.schema_arrow.metadata or {}
     raw = meta.get(HEADER_KEY)
     check_header(json.loads(raw) if raw is not None else None, header, path)

@@ -1,7 +1,11 @@
-"""Atomic file writes and file fingerprints: the two things every writer in refinery needs.
+"""Atomic file writes, append-only logs and file fingerprints, on a local disk or on object
+storage (any fsspec URL, see ``curation.io.location``).
 
-A file is written under a temporary name in its own folder and renamed into place, so a reader
-sees it absent or complete, never half written (a kill mid-write leaves only a dot-file).
+A file is written under a temporary name and put in place whole, so a reader sees it absent or
+complete, never half written. Locally the temporary file sits beside the target and is renamed
+(a kill mid-write leaves only a dot-file). On object storage there is no rename (a copy would
+write every byte twice), so the file is spooled to local disk and uploaded in one PUT (one
+multipart upload for large files), which an object store makes visible all at once or not at all.
 """
 
 from __future__ import annotations
@@ -10,6 +14,8 @@ import contextlib
 import hashlib
 import json
 import os
+import tempfile
+import time
 import uuid
 from functools import lru_cache
 from pathlib import Path
@@ -18,12 +24,27 @@ from typing import Any, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from curation.formats.manifest import SEGMENTS, log_lines
+from curation.io.location import fs_path, is_remote, join, local
+
+# -- atomic writes -------------------------------------------------------------------------
 
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; on success rename it to ``path``, on error
-    remove it."""
-    path = Path(path)
+    """Yield a local temporary path; on success put it in place at ``path`` (a rename beside it
+    locally, one upload on object storage), on error remove it."""
+    if is_remote(path):
+        fd, name_ = tempfile.mkstemp(prefix=".refinery-spool-", dir=os.environ.get("REFINERY_SPOOL"))
+        os.close(fd)
+        tmp = Path(name_)
+        try:
+            yield tmp
+            fs, p = fs_path(path)
+            fs.put_file(str(tmp), p)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return
+    path = Path(local(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
     try:
@@ -32,6 +53,52 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     finally:
         with contextlib.suppress(FileNotFoundError):  # renamed: nothing left to remove
             tmp.unlink()
+
+
+def append_lines(path: str | Path, text: str) -> None:
+    """Append whole lines to a log (a manifest, a phase log). Locally: one append, fsynced. On
+    object storage, which has no append: one new object per call (``manifest.SEGMENTS``), which
+    ``read_lines`` takes after the file in sequence order and ``rewrite_lines`` folds in."""
+    if not text:
+        return
+    if is_remote(path):
+        # time-ordered names: a later driver (a resumed run) sorts after an earlier one
+        write_text(join(str(path) + SEGMENTS, f"{time.time_ns():020d}-{uuid.uuid4().hex[:8]}"), text)
+        return
+    p = Path(local(path))
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with open(p, "a") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_lines(path: str | Path) -> list[str]:
+    """The lines of a log written with ``append_lines`` (empty when absent)."""
+    if not is_remote(path):
+        p = Path(local(path))
+        return p.read_text().splitlines() if p.exists() else []
+    return log_lines(*fs_path(path))
+
+
+def log_segments(path: str | Path) -> int:
+    """How many appended segments a remote log holds (always 0 locally)."""
+    if not is_remote(path):
+        return 0
+    fs, p = fs_path(path)
+    return len(fs.find(p + SEGMENTS)) if fs.exists(p + SEGMENTS) else 0
+
+
+def rewrite_lines(path: str | Path, text: str) -> None:
+    """Replace a log with ``text`` and drop its appended segments (a reader in between sees
+    some lines twice, which last-line-wins logs do not mind)."""
+    segs: list[str] = []
+    if is_remote(path):
+        fs, p = fs_path(path)
+        segs = sorted(fs.find(p + SEGMENTS)) if fs.exists(p + SEGMENTS) else []
+    write_text(path, text)
+    if segs:
+        fs.rm(segs)
 
 
 def write_bytes(path: str | Path, data: bytes) -> None:
@@ -91,7 +158,7 @@ class ParquetAppender:
     """
 
     def __init__(self, path: str | Path, row_group_size: int = 1024, compression: str = "zstd"):
-        self.path = Path(path)
+        self.path = str(path)
         self.row_group_size = row_group_size
         self.compression = compression
         self.rows = 0

@@ -22,12 +22,11 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from curation.formats.manifest import parse_lines
 from curation.io.artifacts import check_header
-from curation.io.files import write_json
+from curation.io import files, location
 from curation.pipeline.rundir import RunDir, ShardOutput
 from curation.pipeline.tasks import Resources, TasksFailed, peak_rss_mb, run_measured
 
@@ -49,15 +48,14 @@ class GlobalContext:
     phases: dict[str, dict] = field(default_factory=dict)
 
     @property
-    def run_dir(self) -> Path:
+    def run_dir(self) -> str:
         return self.rundir.root
 
     @property
-    def work_dir(self) -> Path:
-        """Intermediate files, one folder per params hash so other parameters never reuse them."""
-        d = self.rundir.work_dir(self.name, self.params_hash)
-        d.mkdir(parents=True, exist_ok=True)
-        return d
+    def work_dir(self) -> str:
+        """Intermediate files, one folder per params hash so other parameters never reuse them
+        (a local path or a URL, like the run directory: build names with ``location.join``)."""
+        return self.rundir.work_dir(self.name, self.params_hash)
 
     def output(self, key: str) -> ShardOutput:
         """The output shard ``key`` of this stage, for a commit phase's job (``job.out``)."""
@@ -76,17 +74,15 @@ class GlobalContext:
         """``work/header.json`` records what the stage's intermediate files were made with; a
         run with another header (e.g. a newer algorithm version) refuses them. ``create=False``
         only checks (a finished stage whose work folder is gone has nothing to check)."""
-        f = self.rundir.work_dir(self.name, self.params_hash) / "header.json"
-        if f.exists():
-            check_header(json.loads(f.read_text()), header, f)
+        f = location.join(self.rundir.work_dir(self.name, self.params_hash), "header.json")
+        if location.exists(f):
+            check_header(json.loads(location.read_text(f)), header, f)
         elif create:
-            f.parent.mkdir(parents=True, exist_ok=True)
-            write_json(f, header)
+            files.write_json(f, header)
 
     def recorded(self, name: str) -> list[Any]:
         """The results a (non-commit) phase recorded, in job order (this run's and earlier runs')."""
-        log = self.work_dir / PHASES / f"{name}.jsonl"
-        rec = parse_lines(log.read_text().splitlines()) if log.exists() else {}
+        rec = parse_lines(files.read_lines(location.join(self.work_dir, PHASES, f"{name}.jsonl")))
         return [rec[k]["result"] for k in sorted(rec, key=int)]
 
     def phase(self, name: str, fn: Callable[[Any], dict], jobs: Sequence[Any], commit: bool = False,
@@ -96,12 +92,12 @@ class GlobalContext:
         ``fold``, results are not kept: ``fold(acc, result)`` from ``init`` as they arrive (in
         any order; fold must not depend on it), and the accumulator is returned — the driver
         then holds one value, not one per task (histograms merged, say)."""
-        log = self.work_dir / PHASES / f"{name}.jsonl"
+        log = location.join(self.work_dir, PHASES, f"{name}.jsonl")
         if commit:
             entries = self.committed()
             done = {i: entries[j.out.key] for i, j in enumerate(jobs) if j.out.key in entries}
         else:
-            recorded = parse_lines(log.read_text().splitlines()) if log.exists() else {}
+            recorded = parse_lines(files.read_lines(log))
             done = {i: recorded[str(i)]["result"] for i in range(len(jobs)) if str(i) in recorded}
         acc = init
         if fold is not None:
@@ -129,9 +125,8 @@ class GlobalContext:
                     self.commit(pending)
                     pending.clear()
             else:
-                log.parent.mkdir(parents=True, exist_ok=True)
-                with open(log, "a") as f:  # keyed like a manifest line, so the same parser reads it
-                    f.write(json.dumps({"shard": str(i), "result": out}, sort_keys=True) + "\n")
+                # keyed like a manifest line, so the same parser reads it
+                files.append_lines(log, json.dumps({"shard": str(i), "result": out}, sort_keys=True) + "\n")
             finished += 1
             self.report(label, finished, len(jobs))
 

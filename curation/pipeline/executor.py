@@ -26,8 +26,8 @@ from typing import Any, Iterator
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
+from curation.io import location
 from curation.io.inputs import InputShard, plan_input
 from curation.io.read import iter_read
 from curation.pipeline.context import GlobalContext
@@ -135,7 +135,7 @@ def _stored_signals(rundir: RunDir, e: dict | None, own: tuple[str, ...]) -> pa.
     again. None if there are none."""
     if not e or (e.get("file") is None and e.get("rows")):
         return None
-    if not all(rundir.path(f).exists() for f in (e.get("file"), e.get("rejected_file")) if f):
+    if not all(location.exists(rundir.path(f)) for f in (e.get("file"), e.get("rejected_file")) if f):
         return None
     drop = {"stage", "reason", *(c for c in PAYLOAD_COLUMNS if c not in own)}
     parts = [t.drop_columns([c for c in t.column_names if c in drop])
@@ -253,7 +253,7 @@ class _Step:
 
 def _batches(path: str | os.PathLike, batch_size: int) -> Iterator[pa.Table]:
     """A committed shard's rows, ``batch_size`` at a time (at least one, possibly empty, batch)."""
-    f = pq.ParquetFile(path)
+    f = location.parquet_file(path)
     n = 0
     for rb in f.iter_batches(batch_size=batch_size):
         n += 1
@@ -387,7 +387,8 @@ def run_dag(dag: Dag, run_dir: str | os.PathLike, workers: int | None = None, ad
     rundir = RunDir(run_dir)
     plan = make_plan(dag)  # fails on missing inputs before any Ray work starts
     rundir.prepare(dag, overwrite)
-    progress = RunProgress(rundir.root, dag.name, quiet=quiet)
+    progress = RunProgress(rundir.write_progress, dag.name, quiet=quiet,
+                           min_write_s=2.0 if rundir.remote else 0.0)
     dag_dict = dag.to_dict()
     failures: list[str] = []
     try:

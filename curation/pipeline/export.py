@@ -44,7 +44,7 @@ def export_stage(stage_path: str | Path, fmt: str, out: str | Path, tokenizer: s
         err = e.errors()[0]
         raise ExportError(f"--{err['loc'][0] if err['loc'] else 'format'}: {err['msg']}".replace("Value error, ", "")) from None
     out = Path(out).resolve()
-    if out == source.root or source.root in out.parents:
+    if not source.remote and (str(out) == source.root or Path(source.root) in out.parents):
         raise ExportError(f"{out}: inside the run directory; export elsewhere, or add an export stage to the DAG")
     if out.exists() and any(out.iterdir()) and not (out / MANIFEST).exists():
         raise ExportError(f"{out}: exists and holds something other than an export; use another --out")

@@ -3,16 +3,20 @@
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 import time
-from pathlib import Path
+from typing import Callable
 
 
 class RunProgress:
-    def __init__(self, run_dir: Path, name: str, quiet: bool = False, interval_s: float = 5.0):
-        self.run_dir = run_dir
+    """``write`` stores the state (``RunDir.write_progress``); ``min_write_s`` spaces the writes
+    out (a PUT per finished shard would be wasteful on object storage); ``finish`` always writes."""
+
+    def __init__(self, write: Callable[[dict], None], name: str, quiet: bool = False, interval_s: float = 5.0,
+                 min_write_s: float = 0.0):
+        self._store = write
+        self.min_write_s = min_write_s
+        self._last_write = 0.0
         self.name = name
         self.quiet = quiet
         self.interval_s = interval_s
@@ -61,7 +65,8 @@ class RunProgress:
             self._bar.stop()
 
     def write(self, force: bool = False) -> None:
-        self.state["updated"] = time.time()
-        tmp = self.run_dir / ".progress.json.tmp"
-        tmp.write_text(json.dumps(self.state, indent=1))
-        os.replace(tmp, self.run_dir / "progress.json")
+        now = time.time()
+        if not force and now - self._last_write < self.min_write_s:
+            return
+        self._last_write = self.state["updated"] = now
+        self._store(self.state)

@@ -13,26 +13,29 @@ RUN/rejected/STAGE/KEY.parquet   dropped rows, with ``stage`` and ``reason``
 ``RunDir`` is the one class that knows this layout: every reader and writer (executor, global
 stages through their context, stats and SQL views, tokenizer corpora, ablations, the service)
 goes through it. A shard is committed by its manifest line, written after the shard's file is
-in place; readers trust the manifest, never a listing. A ``RunDir`` is a path and nothing else,
-so it travels to Ray tasks as is.
+in place; readers trust the manifest, never a listing. A ``RunDir`` is a location and nothing
+else, so it travels to Ray tasks as is.
+
+The root is a local folder or an object-storage URL (``s3://bucket/runs/x``). Every location
+``RunDir`` hands out is a ``str`` in the root's form. On object storage a file is uploaded whole
+(``files.atomic_path``) and manifests grow by one object per batch of commits
+(``files.append_lines``), compacted into ``_manifest.jsonl`` when a stage finishes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
-import shutil
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import yaml
 
 from curation.formats import manifest as manifest_format
-from curation.io import files
+from curation.io import files, location
 
 if TYPE_CHECKING:  # pragma: no cover
     import duckdb
@@ -93,17 +96,16 @@ class ShardWriter:
             self.rejected_rows += rejected.num_rows
 
     def close(self, **extra: Any) -> dict:
-        root = self.rundir.root
         entry: dict = {"shard": self.key, "stage": self.stage, "params_hash": self.params_hash,
                        "rows_in": self.rows_in, "file": None, "rows": self.rows_in - self.rejected_rows,
                        "rejected_file": None, "rejected_rows": 0, **extra}
         if self._kept is not None:
             info = self._kept.close()
-            entry.update(file=str(self._kept.path.relative_to(root)), rows=info["rows"], bytes=info["bytes"],
+            entry.update(file=self.rundir.rel(self._kept.path), rows=info["rows"], bytes=info["bytes"],
                          sha256=info["sha256"])
         if self._rej is not None:
             info = self._rej.close()
-            entry.update(rejected_file=str(self._rej.path.relative_to(root)), rejected_rows=info["rows"],
+            entry.update(rejected_file=self.rundir.rel(self._rej.path), rejected_rows=info["rows"],
                          rejected_sha256=info["sha256"])
         return entry
 
@@ -119,33 +121,45 @@ class RunDirError(RuntimeError):
 
 class RunDir:
     def __init__(self, root: str | Path):
-        self.root = Path(root).resolve()
+        root = str(root)
+        self.root = root.rstrip("/") if location.is_remote(root) else str(Path(location.local(root)).resolve())
 
     def __repr__(self) -> str:
         return f"RunDir({str(self.root)!r})"
 
-    def __reduce__(self):  # pickles as its path (Ray task arguments)
-        return (RunDir, (str(self.root),))
+    def __reduce__(self):  # pickles as its location (Ray task arguments)
+        return (RunDir, (self.root,))
+
+    @property
+    def remote(self) -> bool:
+        """On object storage (not a local folder)."""
+        return location.is_remote(self.root)
 
     # -- layout ---------------------------------------------------------------------------
 
-    def stage_dir(self, stage: str) -> Path:
-        return self.root / stage
+    def stage_dir(self, stage: str) -> str:
+        return location.join(self.root, stage)
 
-    def path(self, rel: str) -> Path:
-        """A path relative to the run directory (as manifests store them)."""
-        return self.root / rel
+    def path(self, rel: str) -> str:
+        """The location of ``rel``, a path relative to the run directory (as manifests store them)."""
+        return location.join(self.root, rel)
+
+    def rel(self, path: str) -> str:
+        """``path`` relative to the run directory (what a manifest stores)."""
+        if not path.startswith(self.root + "/"):
+            raise ValueError(f"{path}: not inside {self.root}")
+        return path[len(self.root) + 1:]
 
     @property
-    def dag_file(self) -> Path:
-        return self.root / DAG_FILE
+    def dag_file(self) -> str:
+        return location.join(self.root, DAG_FILE)
 
     @property
-    def progress_file(self) -> Path:
-        return self.root / PROGRESS_FILE
+    def progress_file(self) -> str:
+        return location.join(self.root, PROGRESS_FILE)
 
     def exists(self) -> bool:
-        return self.dag_file.exists()
+        return location.exists(self.dag_file)
 
     # -- the DAG --------------------------------------------------------------------------
 
@@ -153,19 +167,19 @@ class RunDir:
         """The DAG this directory was run with."""
         from curation.pipeline.dag import parse_dag
 
-        if not self.dag_file.exists():
+        if not location.exists(self.dag_file):
             raise RunNotFound(f"{self.root}: not a refinery run directory (no dag.yaml)")
-        return parse_dag(yaml.safe_load(self.dag_file.read_text()), str(self.dag_file))
+        return parse_dag(yaml.safe_load(location.read_text(self.dag_file)), self.dag_file)
 
     def prepare(self, dag: Dag, overwrite: bool) -> None:
         """Refuse to mix two different DAGs in one run directory unless asked to; write dag.yaml."""
-        if self.root.exists() and any(self.root.iterdir()):
-            if not self.dag_file.exists():
+        if not location.is_empty_dir(self.root):
+            if not location.exists(self.dag_file):
                 if not overwrite:
                     raise RunDirError(f"{self.root}: exists and is not a refinery run directory "
                                       "(use --overwrite to reuse it)")
             else:
-                old = yaml.safe_load(self.dag_file.read_text())
+                old = yaml.safe_load(location.read_text(self.dag_file))
                 if old != dag.to_dict() and not overwrite:
                     raise RunDirError(f"{self.root}: holds a run of a different DAG ({old.get('name')!r}); "
                                       "use another --out, or --overwrite to recompute what changed")
@@ -176,34 +190,53 @@ class RunDir:
 
     # -- manifests ------------------------------------------------------------------------
 
+    def manifest_path(self, stage: str) -> str:
+        return location.join(self.root, stage, manifest_format.MANIFEST)
+
     def entries(self, stage: str) -> dict[str, dict]:
         """Every manifest entry of ``stage`` (last line per shard key wins)."""
-        return manifest_format.read(self.stage_dir(stage))
+        path = self.manifest_path(stage)
+        return manifest_format.parse_lines(files.read_lines(path), path)
 
     def committed(self, stage: str, params_hash: str) -> dict[str, dict]:
-        """Entries committed with ``params_hash`` whose files still exist."""
-        return manifest_format.committed(self.stage_dir(stage), params_hash)
+        """Entries committed with ``params_hash`` whose files still exist (a file removed by hand
+        is made again). On object storage existence comes from one listing of the stage's folders,
+        not a request per file."""
+        entries = {k: e for k, e in self.entries(stage).items() if e.get("params_hash") == params_hash}
+        if not entries:
+            return {}
+        if self.remote:
+            present = set(location.files_under(self.stage_dir(stage))) | set(
+                location.files_under(location.join(self.root, REJECTED, stage)))
+            def there(rel: str) -> bool:
+                return self.path(rel) in present
+        else:
+            def there(rel: str) -> bool:
+                return Path(self.path(rel)).exists()
+        return {k: e for k, e in entries.items() if all(there(f) for f in manifest_format.entry_files(e))}
+
+    #: on object storage, a manifest with this many appended segments is folded into one file
+    COMPACT_SEGMENTS = 64
 
     def commit(self, entries: list[dict]) -> None:
-        """Append manifest lines (driver side, single writer), one append per stage, fsynced:
-        a shard is committed once its line is on disk."""
+        """Append manifest lines (driver side, single writer), one append per stage: a shard is
+        committed once its line is stored (locally fsynced; on object storage one object per
+        call, folded into the manifest every ``COMPACT_SEGMENTS`` calls)."""
         by_stage: dict[str, list[dict]] = {}
         for e in entries:
             by_stage.setdefault(e["stage"], []).append(e)
         for stage, es in by_stage.items():
-            path = self.stage_dir(stage) / manifest_format.MANIFEST
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "a") as f:
-                f.write("".join(json.dumps(e, sort_keys=True) + "\n" for e in es))
-                f.flush()
-                os.fsync(f.fileno())
+            path = self.manifest_path(stage)
+            files.append_lines(path, "".join(json.dumps(e, sort_keys=True) + "\n" for e in es))
+            if self.remote and files.log_segments(path) >= self.COMPACT_SEGMENTS:
+                self.compact(stage)
 
     def compact(self, stage: str) -> None:
         """Rewrite a manifest with one line per shard, sorted: the same run gives the same bytes."""
         entries = self.entries(stage)
         if entries:
-            files.write_text(self.stage_dir(stage) / manifest_format.MANIFEST,
-                             "".join(json.dumps(entries[k], sort_keys=True) + "\n" for k in sorted(entries)))
+            files.rewrite_lines(self.manifest_path(stage),
+                                "".join(json.dumps(entries[k], sort_keys=True) + "\n" for k in sorted(entries)))
 
     # -- shards ---------------------------------------------------------------------------
 
@@ -218,18 +251,18 @@ class RunDir:
                                   "(`refinery sql`), or set `materialize: true` on it")
             for k, e in self.committed(leaf, hashes[leaf]).items():
                 if e.get("file"):
-                    out.append((k, str(self.path(e["file"])), e))
+                    out.append((k, self.path(e["file"]), e))
         return sorted(out, key=lambda t: (t[0], t[1]))
 
     def shard_files(self, dag: Dag, node: str, hashes: dict[str, str]) -> list[tuple[str, str]]:
         """(key, absolute path) of the committed shards of ``node`` (unions resolved)."""
         return [(k, p) for k, p, _ in self.shard_entries(dag, node, hashes)]
 
-    def shard_path(self, stage: str, key: str) -> Path:
-        return self.stage_dir(stage) / f"{key}.parquet"
+    def shard_path(self, stage: str, key: str) -> str:
+        return location.join(self.root, stage, f"{key}.parquet")
 
-    def rejected_path(self, stage: str, key: str) -> Path:
-        return self.root / REJECTED / stage / f"{key}.parquet"
+    def rejected_path(self, stage: str, key: str) -> str:
+        return location.join(self.root, REJECTED, stage, f"{key}.parquet")
 
     def write_stage_shard(self, stage: str, key: str, kept: pa.Table | None, rejected: pa.Table | None,
                           rows_in: int, params_hash: str, row_group_size: int = ROW_GROUP_ROWS,
@@ -254,62 +287,70 @@ class RunDir:
 
     def read_entry(self, entry: dict, columns: list[str] | None = None) -> tuple[pa.Table | None, pa.Table | None]:
         """The kept and rejected rows an entry committed (None where it wrote no file)."""
-        kept = pq.read_table(self.path(entry["file"]), columns=columns) if entry.get("file") else None
-        rej = pq.read_table(self.path(entry["rejected_file"])) if entry.get("rejected_file") else None
+        kept = location.read_parquet(self.path(entry["file"]), columns=columns) if entry.get("file") else None
+        rej = location.read_parquet(self.path(entry["rejected_file"])) if entry.get("rejected_file") else None
         return kept, rej
 
     # -- reports and work folders ---------------------------------------------------------
 
-    def report_path(self, stage: str, name: str) -> Path:
-        return self.stage_dir(stage) / name
+    def report_path(self, stage: str, name: str) -> str:
+        return location.join(self.root, stage, name)
 
     def write_report(self, stage: str, name: str, obj: dict) -> None:
         files.write_json(self.report_path(stage, name), obj)
 
     def read_report(self, stage: str, name: str) -> dict | None:
         p = self.report_path(stage, name)
-        return json.loads(p.read_text()) if p.exists() else None
+        return json.loads(location.read_text(p)) if location.exists(p) else None
 
-    def work_dir(self, stage: str, params_hash: str) -> Path:
+    def write_progress(self, state: dict) -> None:
+        files.write_text(self.progress_file, json.dumps(state, indent=1))
+
+    def work_dir(self, stage: str, params_hash: str) -> str:
         """A global stage's intermediate files, one folder per params hash so a rerun with other
         parameters never reuses them."""
-        return self.stage_dir(stage) / WORK / params_hash
+        return location.join(self.root, stage, WORK, params_hash)
 
     def remove_work(self, stage: str, params_hash: str, keep: bool = False) -> dict:
         """Size of a global stage's work folder (files, bytes), then (unless ``keep``) remove it."""
         d = self.work_dir(stage, params_hash)
-        files = [p for p in d.rglob("*") if p.is_file()] if d.exists() else []
-        out = {"files": len(files), "bytes": sum(p.stat().st_size for p in files), "removed": not keep}
-        if not keep and d.exists():
-            shutil.rmtree(d)
-            with contextlib.suppress(OSError):
-                d.parent.rmdir()  # ``_work`` itself, when no other params' folder is left
+        found = location.files_under(d)
+        out = {"files": len(found), "bytes": sum(found.values()), "removed": not keep}
+        if not keep and found:
+            location.remove(d, recursive=True)
+            if not self.remote:
+                with contextlib.suppress(OSError):
+                    Path(d).parent.rmdir()  # ``_work`` itself, when no other params' folder is left
         return out
 
     # -- views ----------------------------------------------------------------------------
 
-    def connect(self) -> duckdb.DuckDBPyConnection:
+    def connect(self, views: Iterable[str] | None = None) -> duckdb.DuckDBPyConnection:
         """An in-memory DuckDB connection with the run's views: one per node (its committed
         shards), ``kept`` (the DAG's output), ``rejected`` (every dropped row, with ``stage``
-        and ``reason``), ``manifest`` (one row per committed shard per stage)."""
+        and ``reason``), ``manifest`` (one row per committed shard per stage).
+
+        ``views`` names the views wanted (``views_in(sql)`` finds a query's); they are created
+        with the views they read and nothing else. DuckDB reads every file's footer when a view
+        is created, so a query over one stage of a run with 90,000 shards per stage reads that
+        stage's footers only (and on object storage, makes that stage's requests only)."""
         import duckdb
 
         dag = self.load_dag()
         hashes = dag.hashes()
+        want = None if views is None else self.view_closure(dag, views)
         con = duckdb.connect(":memory:")
-        node_files: dict[str, list[str]] = {}
-        rejected: list[str] = []
-        manifest_rows: list[str] = []
-        for node in list(dag.inputs) + list(dag.stages):
-            if node in dag.stages and dag.stages[node].kind == "union":
-                continue
-            done = sorted(self.committed(node, hashes[node]).items())
-            node_files[node] = [str(self.path(e["file"])) for _, e in done if e.get("file")]
-            rejected += [str(self.path(e["rejected_file"])) for _, e in done if e.get("rejected_file")]
-            for k, e in done:
-                manifest_rows.append(
-                    f"({_q(node)}, {_q(k)}, {int(e.get('rows_in', 0))}, {int(e.get('rows', 0))}, "
-                    f"{int(e.get('rejected_rows', 0))}, {int(e.get('bytes', 0))}, {_q(e.get('sha256') or '')})")
+        if self.remote:  # DuckDB reads the run's URLs through the same fsspec filesystem
+            con.register_filesystem(location.fs_path(self.root)[0])
+        nodes = [n for n in list(dag.inputs) + list(dag.stages)
+                 if not (n in dag.stages and dag.stages[n].kind == "union")]
+        every = want is None or "manifest" in want or "rejected" in want
+        done = {n: sorted(self.committed(n, hashes[n]).items()) for n in nodes if every or n in want}
+        node_files = {n: [self.path(e["file"]) for _, e in d if e.get("file")] for n, d in done.items()}
+
+        def wanted(name: str) -> bool:
+            return want is None or name in want
+
         def view(name: str, paths: list[str], empty_sql: str) -> None:
             if paths:
                 lst = "[" + ", ".join(_q(p) for p in paths) + "]"
@@ -322,10 +363,12 @@ class RunDir:
 
         empty_docs = "select null::varchar as id, null::varchar as text, null::varchar as source where false"
         for node in dag.inputs:
-            if node_files.get(node):
+            if wanted(node) and node_files.get(node):
                 view(node, node_files[node], empty_docs)
         # in topological order, so a view can read its input's
         for node, st in dag.stages.items():
+            if not wanted(node):
+                continue
             if st.kind == "union":
                 parts = [u for u in st.upstreams() if _has_view(con, u)]
                 if parts:
@@ -347,13 +390,50 @@ class RunDir:
                             f"from {_ident(st.input)} i join {sig} s using (id)")
             else:
                 view(node, node_files.get(node, []), empty_docs)
-        con.execute(f"create view kept as select * from {_ident(dag.output)}")
-        view("rejected", rejected, "select null::varchar as id, null::varchar as source, null::varchar as stage, "
-                                   "null::varchar as reason where false")
-        values = ", ".join(manifest_rows) or "(null, null, 0, 0, 0, 0, null)"
-        con.execute("create view manifest as select * from (values " + values +
-                    ") t(stage, shard, rows_in, rows, rejected_rows, bytes, sha256) where stage is not null")
+        if wanted("kept"):
+            con.execute(f"create view kept as select * from {_ident(dag.output)}")
+        if wanted("rejected"):
+            rejected = [self.path(e["rejected_file"]) for d in done.values() for _, e in d if e.get("rejected_file")]
+            view("rejected", rejected, "select null::varchar as id, null::varchar as source, "
+                                       "null::varchar as stage, null::varchar as reason where false")
+        if wanted("manifest"):
+            rows = [f"({_q(n)}, {_q(k)}, {int(e.get('rows_in', 0))}, {int(e.get('rows', 0))}, "
+                    f"{int(e.get('rejected_rows', 0))}, {int(e.get('bytes', 0))}, {_q(e.get('sha256') or '')})"
+                    for n, d in done.items() for k, e in d]
+            values = ", ".join(rows) or "(null, null, 0, 0, 0, 0, null)"
+            con.execute("create view manifest as select * from (values " + values +
+                        ") t(stage, shard, rows_in, rows, rejected_rows, bytes, sha256) where stage is not null")
         return con
+
+    @staticmethod
+    def view_closure(dag: Dag, views: Iterable[str]) -> set[str]:
+        """``views`` and every view they read (``kept`` its output, a union its branches, a
+        signals-only stage its input)."""
+        out: set[str] = set()
+        todo = list(views)
+        while todo:
+            v = todo.pop()
+            if v in out:
+                continue
+            out.add(v)
+            if v == "kept":
+                todo.append(dag.output)
+            st = dag.stages.get(v)
+            if st is not None and st.kind == "union":
+                todo += list(st.upstreams())
+            elif st is not None and st.kind == "map" and not dag.writes_rows(v):
+                todo.append(st.input)
+        return out
+
+    def views_in(self, sql: str, dag: Dag | None = None) -> set[str]:
+        """The run's view names a query mentions (as words or quoted identifiers): what
+        ``connect`` must create for it. Over-matching (a column named like a stage) only costs
+        a view."""
+        dag = dag or self.load_dag()
+        names = {*dag.inputs, *dag.stages, "kept", "rejected", "manifest"}
+        words = {w.replace('""', '"').lower() for groups in re.findall(r'"((?:[^"]|"")+)"|([A-Za-z_][A-Za-z0-9_$]*)', sql)
+                 for w in groups if w}
+        return {n for n in names if n.lower() in words}
 
     # -- corpora --------------------------------------------------------------------------
 
@@ -372,12 +452,13 @@ class RunDir:
 
 def stage_of(path: str | Path) -> tuple[RunDir, str] | None:
     """``(RunDir, node)`` when ``path`` is ``RUN/NODE`` of a run directory, else None."""
-    p = Path(path)
-    if p.is_file() or not (p.parent / DAG_FILE).exists():
+    p = str(path).rstrip("/")
+    if "/" not in p or not location.exists(location.join(location.parent(p), DAG_FILE)):
         return None
-    run = RunDir(p.parent)
+    run = RunDir(location.parent(p))
     dag = run.load_dag()
-    return (run, p.name) if p.name in dag.inputs or p.name in dag.stages else None
+    node = location.name(p)
+    return (run, node) if node in dag.inputs or node in dag.stages else None
 
 
 def resolve_corpus(paths: str | Path | list) -> ParquetCorpus:

@@ -19,15 +19,20 @@ def load_run_dag(run_dir: str | Path) -> Dag:
     return RunDir(run_dir).load_dag()
 
 
-def connect(run_dir: str | Path, read_only: bool = True) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB connection with the run's views registered (see ``RunDir.connect``)."""
-    return RunDir(run_dir).connect()
+def connect(run_dir: str | Path, read_only: bool = True, views: list[str] | None = None,
+            query: str | None = None) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection with the run's views registered (see ``RunDir.connect``):
+    all of them, those named in ``views``, or those ``query`` reads."""
+    rd = RunDir(run_dir)
+    if query is not None:
+        views = [*(views or []), *rd.views_in(query)]
+    return rd.connect(views)
 
 
 def stage_table(run_dir: str | Path) -> list[dict]:
     """Per node (inputs, then stages in order): docs in, kept, rejected, rows out (differs
     from kept where a row holds many documents: pack)."""
-    con = connect(run_dir)
+    con = connect(run_dir, views=["manifest"])
     dag = load_run_dag(run_dir)
     rows = []
     for node in list(dag.inputs) + list(dag.stages):
@@ -46,7 +51,7 @@ def stage_table(run_dir: str | Path) -> list[dict]:
 
 
 def top_reasons(run_dir: str | Path, limit: int = 15) -> list[dict]:
-    con = connect(run_dir)
+    con = connect(run_dir, views=["rejected"])
     # reasons like minhash_dedup:cluster=123 group by their rule, not by their value
     res = con.execute(
         "select stage, split_part(reason, '=', 1) as reason, count(*) as n from rejected "
@@ -56,7 +61,7 @@ def top_reasons(run_dir: str | Path, limit: int = 15) -> list[dict]:
 
 def output_summary(run_dir: str | Path) -> dict:
     """Rows of the output, and text chars / tokens / sources when the output has those columns."""
-    con = connect(run_dir)
+    con = connect(run_dir, views=["kept"])
     cols = {r[0] for r in con.execute("describe kept").fetchall()}
     out: dict = {"rows": int(con.execute("select count(*) from kept").fetchone()[0])}
     if "text" in cols:

@@ -161,7 +161,7 @@ def stats_payload(run_dir: str | Path) -> dict[str, Any]:
     out: dict[str, Any] = {"stages": stage_table(run_dir), "top_reasons": top_reasons(run_dir),
                            "output": output_summary(run_dir), "languages": None, "quality_histogram": None,
                            "tokens_by_source": None}
-    con = connect(run_dir)
+    con = connect(run_dir, views=["kept"])
     described = con.execute("describe kept").fetchall()
     cols = [r[0] for r in described]
     types = {r[0]: str(r[1]) for r in described}
@@ -219,7 +219,7 @@ class StatsCache:
             except OSError:
                 return None
         rd = RunDir(run_dir)
-        return (str(run_dir), mtime(rd.progress_file), mtime(rd.dag_file))
+        return (str(run_dir), mtime(Path(rd.progress_file)), mtime(Path(rd.dag_file)))
 
     def get(self, run_dir: Path) -> bytes:
         key = self._key(run_dir)
@@ -519,7 +519,7 @@ def create_app(runs_dir: str | Path, token: str, address: str | None = None,
         """The DAG as submitted and as run (inputs pinned to resolved files, defaults filled in)."""
         d = runs.run_dir(run_id)
         read = lambda p: p.read_text() if p.exists() else None  # noqa: E731
-        return {"submitted": read(d / SUBMITTED_FILE), "resolved": read(RunDir(d).dag_file)}
+        return {"submitted": read(d / SUBMITTED_FILE), "resolved": read(Path(RunDir(d).dag_file))}
 
     @app.post("/runs/{run_id}/cancel", response_model=RunDetail, tags=["runs"])
     def cancel_run(run_id: str):

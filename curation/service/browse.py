@@ -28,6 +28,7 @@ import os
 import threading
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,6 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from curation.io import location
 from curation.pipeline.dag import Dag
 from curation.pipeline.rundir import RunDir
 
@@ -82,8 +84,12 @@ def nodes(dag: Dag) -> list[str]:
 
 
 def _inside(rd: RunDir, rel: str) -> str:
-    p = rd.path(rel).resolve()
-    if not str(p).startswith(str(rd.root) + os.sep):
+    if rd.remote:  # no symlinks on object storage: the key itself must stay under the root
+        if ".." in rel.split("/"):
+            raise BrowseError(f"manifest names a file outside the run directory: {rel!r}", 500)
+        return rd.path(rel)
+    p = Path(rd.path(rel)).resolve()
+    if not str(p).startswith(rd.root + os.sep):
         raise BrowseError(f"manifest names a file outside the run directory: {rel!r}", 500)
     return str(p)
 
@@ -110,7 +116,7 @@ def _stat_key(path: str) -> tuple[str, int, int]:
 
 @functools.lru_cache(maxsize=8192)
 def _schema(path: str, mtime_ns: int, size: int) -> pa.Schema:
-    return pq.read_schema(path)
+    return location.read_schema(path)
 
 
 def file_schema(path: str) -> pa.Schema:
@@ -120,9 +126,9 @@ def file_schema(path: str) -> pa.Schema:
 
 @functools.lru_cache(maxsize=8192)
 def _reasons(path: str, mtime_ns: int, size: int) -> tuple[tuple[str, int], ...]:
-    if REASON not in pq.read_schema(path).names:
+    if REASON not in location.read_schema(path).names:
         return ()
-    col = pq.read_table(path, columns=[REASON]).column(REASON)
+    col = location.read_parquet(path, columns=[REASON]).column(REASON)
     vc = pc.value_counts(col.combine_chunks() if col.num_chunks != 1 else col.chunk(0))
     return tuple((str(v) if v is not None else "", int(n))
                  for v, n in zip(vc.field("values").to_pylist(), vc.field("counts").to_pylist()))
@@ -273,7 +279,7 @@ def _group_starts(pf: pq.ParquetFile) -> np.ndarray:
 
 def read_rows(path: str, rows: np.ndarray) -> pa.Table:
     """Rows at sorted positions ``rows`` of a shard, decoding only the row groups holding them."""
-    pf = pq.ParquetFile(path)
+    pf = location.parquet_file(path)
     starts = _group_starts(pf)
     rows = np.asarray(rows, dtype=np.int64)
     if not len(rows):
@@ -299,7 +305,7 @@ def whole_rows(rd: RunDir, dag: Dag, node: str, key: str, rows: pa.Table) -> pa.
     else:
         return rows
     path = _inside(rd, e["file"])
-    up_ids = pq.read_table(path, columns=["id"]).column("id")
+    up_ids = location.read_parquet(path, columns=["id"]).column("id")
     wanted = pc.is_valid(pc.index_in(up_ids, value_set=rows.column("id"))).to_numpy(zero_copy_only=False)
     up = whole_rows(rd, dag, f, key, read_rows(path, np.flatnonzero(wanted)))
     up = up.take(pc.index_in(rows.column("id"), value_set=up.column("id")))
@@ -311,7 +317,7 @@ def whole_rows(rd: RunDir, dag: Dag, node: str, key: str, rows: pa.Table) -> pa.
 
 
 def _matching_rows(path: str, reason: str) -> np.ndarray:
-    col = pq.read_table(path, columns=[REASON]).column(REASON)
+    col = location.read_parquet(path, columns=[REASON]).column(REASON)
     return np.flatnonzero(pc.fill_null(pc.equal(col, pa.scalar(reason)), False).to_numpy(zero_copy_only=False))
 
 

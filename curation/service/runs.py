@@ -326,14 +326,14 @@ class RunManager:
         if not RUN_ID.match(run_id or ""):
             raise RunMissing(run_id)
         d = self.runs_dir / run_id
-        if not ((d / SERVICE_FILE).exists() or (RunDir(d).dag_file).exists()):
+        if not ((d / SERVICE_FILE).exists() or Path(RunDir(d).dag_file).exists()):
             raise RunMissing(run_id)
         return d
 
     def _run_ids(self) -> list[str]:
         out = []
         for d in self.runs_dir.iterdir():
-            if d.is_dir() and RUN_ID.match(d.name) and ((d / SERVICE_FILE).exists() or (RunDir(d).dag_file).exists()):
+            if d.is_dir() and RUN_ID.match(d.name) and ((d / SERVICE_FILE).exists() or Path(RunDir(d).dag_file).exists()):
                 out.append(d.name)
         return out
 
@@ -396,7 +396,7 @@ class RunManager:
     def describe(self, run_id: str, detail: bool = True) -> dict[str, Any]:
         """What a client sees of one run: state, progress, timings (and per-stage counters)."""
         d = self.run_dir(run_id)
-        progress = _read_json(RunDir(d).progress_file)
+        progress = _read_json(Path(RunDir(d).progress_file))
         with self._lock:  # service.json is rewritten under the lock (launch, reap): read it there too
             meta = self._meta(run_id)
             state, error = self._derive(run_id, meta, progress)
@@ -445,7 +445,7 @@ class RunManager:
     def _node_order(self, d: Path) -> list[str]:
         """Inputs then stages, as in dag.yaml. Cached by mtime: parsing the YAML is most of
         the cost of a run description."""
-        p = RunDir(d).dag_file
+        p = Path(RunDir(d).dag_file)
         try:
             mtime = p.stat().st_mtime_ns
         except OSError:
@@ -499,7 +499,7 @@ class RunManager:
             meta = self._meta(run_id)
             if not meta:
                 raise RunConflict(f"run {run_id} was not started by the service; stop it where it runs")
-            state, _ = self._derive(run_id, meta, _read_json(RunDir(self.runs_dir / run_id).progress_file))
+            state, _ = self._derive(run_id, meta, _read_json(Path(RunDir(self.runs_dir / run_id).progress_file)))
             if state not in ACTIVE_STATES:
                 raise RunConflict(f"run {run_id} is {state}; only queued or running runs can be cancelled")
             meta.update(state="cancelled", cancelled_at=time.time())
@@ -547,7 +547,7 @@ class RunManager:
             meta = self._meta(run_id)
             if not meta:
                 raise RunConflict(f"run {run_id} was not started by the service; resume it with `refinery run`")
-            state, _ = self._derive(run_id, meta, _read_json(RunDir(d).progress_file))
+            state, _ = self._derive(run_id, meta, _read_json(Path(RunDir(d).progress_file)))
             if state not in ("failed", "cancelled"):
                 raise RunConflict(f"run {run_id} is {state}; only failed or cancelled runs can be resumed")
             if self._alive(run_id, meta):
@@ -581,7 +581,7 @@ class RunManager:
 
     def command(self, run_id: str) -> list[str]:
         d = self.runs_dir / run_id
-        cmd = [self.python, "-m", "curation.cli", "run", str(RunDir(d).dag_file), "--out", str(d), "-q"]
+        cmd = [self.python, "-m", "curation.cli", "run", RunDir(d).dag_file, "--out", str(d), "-q"]
         if self.address:
             cmd += ["--address", self.address]
         return cmd

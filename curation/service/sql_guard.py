@@ -55,10 +55,12 @@ def check_select(query: str) -> str:
     return query
 
 
-def locked_connection(run_dir: str | Path, memory_limit: str = "512MB") -> duckdb.DuckDBPyConnection:
-    """``curation.pipeline.stats.connect`` with the file system closed to everything but the run."""
+def locked_connection(run_dir: str | Path, memory_limit: str = "512MB",
+                      query: str | None = None) -> duckdb.DuckDBPyConnection:
+    """``curation.pipeline.stats.connect`` (the views ``query`` reads; all without a query) with
+    the file system closed to everything but the run."""
     run_dir = Path(run_dir).resolve()
-    con = connect(run_dir)
+    con = connect(run_dir, query=query)
     con.execute("set threads = 1")
     con.execute(f"set memory_limit = '{memory_limit}'")
     con.execute("set temp_directory = ''")  # a temp dir would otherwise be readable too
@@ -108,7 +110,7 @@ def run_select(run_dir: str | Path, query: str, max_rows: int = 1000, timeout_s:
                max_cell_chars: int = 10_000, memory_limit: str = "512MB") -> QueryResult:
     """Run one checked SELECT over the run, at most ``max_rows`` rows, within ``timeout_s``."""
     check_select(query)
-    con = locked_connection(run_dir, memory_limit)
+    con = locked_connection(run_dir, memory_limit, query)
     timed_out = threading.Event()
 
     def interrupt() -> None:

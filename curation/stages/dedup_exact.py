@@ -33,15 +33,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
+from curation.io import location
 from curation.dedup.bloom import BloomFilter
 from curation.dedup.exact import PARAGRAPH_SEPARATOR, drop_paragraphs, duplicate_keys, filter_health, key_partition, text_keys
 from curation.dedup.minhash import NORMALIZATION, read_artifact, write_artifact
@@ -103,7 +102,7 @@ _EMPTY_KEYS = {"part": pa.int32(), "id": pa.string(), "shard": pa.int32(), "row"
 
 def keys_task(job: KeysJob) -> dict:
     """Phase 1 for one upstream shard: its keys, sorted by partition, in one file."""
-    table = pq.read_table(job.path, columns=["id", "text"])
+    table = location.read_parquet(job.path, columns=["id", "text"])
     parts = []
     for lo in range(0, table.num_rows, _HASH_BATCH):
         batch = table.slice(lo, _HASH_BATCH)
@@ -194,7 +193,7 @@ class ApplyJob:
 
 def apply_task(job: ApplyJob) -> dict:
     """Phase 3 for one upstream shard: write its deduplicated shard and rejections."""
-    table = pq.read_table(job.path)
+    table = location.read_parquet(job.path)
     parts = [read_artifact(f, job.header, filters=[("shard", "=", job.shard)]) for f in job.dup_files]
     dups = pa.concat_tables(parts) if parts else None
     rows = dups.column("row").to_numpy() if dups is not None else np.zeros(0, np.int32)
@@ -266,11 +265,11 @@ class ExactDedup(GlobalStage):
         parameters checked here, on the driver: one clear error before any task starts."""
         out = []
         for entry in self.against:
-            d = Path(entry)
-            if (d / REPORT).exists():
-                d = Path(json.loads((d / REPORT).read_text())["bloom_dir"])
-            f = d / f"part-{p:05d}.bloom"
-            if not f.exists():
+            d = str(entry).rstrip("/")
+            if location.exists(location.join(d, REPORT)):
+                d = json.loads(location.read_text(location.join(d, REPORT)))["bloom_dir"]
+            f = location.join(d, f"part-{p:05d}.bloom")
+            if not location.exists(f):
                 raise FileNotFoundError(f"exact_dedup.against: {f} does not exist (is {entry} an exact_dedup "
                                         f"stage directory, or its bloom folder, with {self.partitions} partitions?)")
             found = BloomFilter.read_header(f)
@@ -278,7 +277,7 @@ class ExactDedup(GlobalStage):
                         "params": {**self.bloom_params(), **{k: found.get("params", {}).get(k)
                                                             for k in ("expected_items", "false_positive_rate")}}}
             BloomFilter.check_header({k: found.get(k) for k in expected}, expected, f"exact_dedup.against: {f}")
-            out.append(str(f))
+            out.append(f)
         return out
 
     def run(self, ctx: GlobalContext) -> None:
@@ -286,20 +285,20 @@ class ExactDedup(GlobalStage):
         paths = [p for _, p in ctx.upstream]
         header = self.header()
         ctx.check_work_header(header, create=False)
-        bloom_dir = ctx.rundir.stage_dir(ctx.name) / BLOOM_DIR
+        bloom_dir = location.join(ctx.rundir.stage_dir(ctx.name), BLOOM_DIR)
         if not set(keys) - ctx.done_keys() and ctx.rundir.read_report(ctx.name, REPORT) is not None:
             return
         work = ctx.work_dir
         ctx.check_work_header(header)
         P = self.partitions
-        key_files = tuple(str(work / "keys" / f"{n}.parquet") for n in safe_names(keys))
-        dup_files = tuple(str(work / "dups" / f"part-{p:05d}.parquet") for p in range(P))
+        key_files = tuple(location.join(work, "keys", f"{n}.parquet") for n in safe_names(keys))
+        dup_files = tuple(location.join(work, "dups", f"part-{p:05d}.parquet") for p in range(P))
         if set(keys) - ctx.done_keys():
             against = [tuple(self.against_files(p)) for p in range(P)]  # fail before any work
             ctx.phase("keys", keys_task, [KeysJob(paths[i], i, key_files[i], self.level, P, self.seed, header)
                                           for i in range(len(keys))])
             ctx.phase("partitions", partition_task, [
-                PartitionJob(p, key_files, dup_files[p], str(bloom_dir / f"part-{p:05d}.bloom"), against[p],
+                PartitionJob(p, key_files, dup_files[p], location.join(bloom_dir, f"part-{p:05d}.bloom"), against[p],
                              self.partition_capacity(), self.bloom.false_positive_rate, self.seed, self.bloom_params(),
                              header) for p in range(P)])
             ctx.phase("apply", apply_task, [ApplyJob(ctx.output(keys[i]), paths[i], i,
@@ -307,11 +306,11 @@ class ExactDedup(GlobalStage):
                       commit=True)
         self._write_report(ctx, bloom_dir)
 
-    def _write_report(self, ctx: GlobalContext, bloom_dir: Path) -> None:
+    def _write_report(self, ctx: GlobalContext, bloom_dir: str) -> None:
         parts = [r for r in ctx.recorded("partitions") if r is not None]
         m = sum(p["m"] for p in parts)
         ctx.write_report(REPORT, {
-            "level": self.level, "partitions": self.partitions, "bloom_dir": str(bloom_dir),
+            "level": self.level, "partitions": self.partitions, "bloom_dir": bloom_dir,
             "configured_false_positive_rate": self.bloom.false_positive_rate,
             "expected_items": self.bloom.expected_items, "keys": sum(p["keys"] for p in parts),
             "duplicates": sum(p["duplicates"] for p in parts),

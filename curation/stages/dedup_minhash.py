@@ -42,9 +42,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pydantic import Field, model_validator
 
+from curation.io import location
 from curation.dedup.components import connected_components, edge_header, read_labels, symmetric, write_edges
 from curation.io.artifacts import read_partition, write_partitioned
 from curation.io.files import safe_names
@@ -159,7 +159,7 @@ def signature_task(job: SignatureJob) -> dict:
     """Phase 1 for one upstream shard: its signatures, and its bucket rows in one file indexed
     by partition (each candidates task reads only its own row groups)."""
     cols = ["text"] + (["quality"] if job.with_quality else [])
-    pf = pq.ParquetFile(job.path)
+    pf = location.parquet_file(job.path)
     sig_parts, bucket_parts, parts = [], [], []
     lo = 0
     for batch in pf.iter_batches(batch_size=_SIG_BATCH, columns=cols):
@@ -242,7 +242,7 @@ def candidate_task(job: CandidatesJob) -> dict:
         ok = _verify(u, v, job.verify)
         u, v = u[ok], v[ok]
     s, d = symmetric(u, v)
-    write_edges(Path(job.cc_root) / "s000", job.p, s, d, job.partitions, job.cc_head)
+    write_edges(location.join(job.cc_root, "s000"), job.p, s, d, job.partitions, job.cc_head)
     return {"partition": job.p, "bucket_rows": t.num_rows, "candidate_edges": candidates, "edges": int(len(u))}
 
 
@@ -312,7 +312,7 @@ class ApplyJob:
 def apply_task(job: ApplyJob) -> dict:
     """Phase 5 for one upstream shard: ``dup_cluster`` on every row, non-keepers rejected."""
     lo, hi = job.lo, job.hi
-    table = pq.read_table(job.path)
+    table = location.read_parquet(job.path)
     own = np.arange(lo, hi, dtype=np.int64)
     cluster = own.copy()
     nodes, comps = read_labels(list(job.label_files), job.cc_head, lo, hi)
@@ -405,17 +405,17 @@ class MinHashDedup(GlobalStage):
         if not set(keys) - ctx.done_keys() and ctx.rundir.read_report(ctx.name, REPORT) is not None:
             return
         if self.keep == "highest_quality":
-            missing = [p for p in paths if "quality" not in pq.read_schema(p).names]
+            missing = [p for p in paths if "quality" not in location.read_schema(p).names]
             if missing:
                 raise ValueError(f"{ctx.name}: keep: highest_quality needs a 'quality' column, which {missing[0]} "
                                  "lacks; put a quality stage upstream or use keep: first")
         names, work, header, P = safe_names(keys), ctx.work_dir, self.header(), self.partitions
         ctx.check_work_header(header)
         cc_head, (b, r) = edge_header(header), self.band_rows()
-        offsets = np.r_[0, np.cumsum([pq.ParquetFile(p).metadata.num_rows for p in paths])].astype(np.int64)
-        sig_files = [str(work / "signatures" / f"{n}.parquet") for n in names]
-        bucket_files = tuple(str(work / "buckets" / f"{n}.parquet") for n in names)
-        cc_root = work / "cc"
+        offsets = np.r_[0, np.cumsum([location.parquet_file(p).metadata.num_rows for p in paths])].astype(np.int64)
+        sig_files = [location.join(work, "signatures", f"{n}.parquet") for n in names]
+        bucket_files = tuple(location.join(work, "buckets", f"{n}.parquet") for n in names)
+        cc_root = location.join(work, "cc")
         with_quality = self.keep == "highest_quality"
 
         ctx.phase("signatures", signature_task, [
@@ -424,7 +424,7 @@ class MinHashDedup(GlobalStage):
         verify = (Verify(tuple(paths), tuple(offsets.tolist()), self.ngram, self.threshold)
                   if self.verify_jaccard else None)
         cand = ctx.phase("candidates", candidate_task, [
-            CandidatesJob(p, bucket_files, str(cc_root), P, header, cc_head, verify) for p in range(P)])
+            CandidatesJob(p, bucket_files, cc_root, P, header, cc_head, verify) for p in range(P)])
         # the components algorithm keeps its own per-step markers, so it resumes mid-way
         local_edges = self.local_components_edges
         if local_edges is None:
@@ -434,8 +434,8 @@ class MinHashDedup(GlobalStage):
         labels = tuple(comp.label_files)
         keeper_files = None
         if with_quality:
-            cq_files = tuple(str(work / "cluster_quality" / f"{n}.parquet") for n in names)
-            keeper_files = tuple(str(work / "keepers" / f"part-{q:04d}.parquet") for q in range(P))
+            cq_files = tuple(location.join(work, "cluster_quality", f"{n}.parquet") for n in names)
+            keeper_files = tuple(location.join(work, "keepers", f"part-{q:04d}.parquet") for q in range(P))
             ctx.phase("cluster_quality", cluster_quality_task, [
                 ClusterQualityJob(sig_files[i], int(offsets[i]), int(offsets[i + 1]), labels, cq_files[i], P,
                                   header, cc_head) for i in range(len(paths))])

@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pydantic import Field, field_validator
 
+from curation.io import location
 from curation.export import FORMATS, format_module
 from curation.export.common import Docs, ExportError, Rows, TokenInfo
 from curation.formats.packed import TOKENIZER_METADATA
@@ -118,7 +118,7 @@ def export_task(job: ExportJob) -> dict:
     writer = format_module(job.format).WRITER(Path(job.out_dir), job.name, info, job.index, dict(job.options))
     counts = {"docs": 0, "rows": 0, "tokens": 0, "padding": 0, "empty_docs": 0}
     per_source: dict[str, int] = {}
-    pf = pq.ParquetFile(job.path)
+    pf = location.parquet_file(job.path)
     try:
         if job.unit == "rows":
             for batch in pf.iter_batches(batch_size=BATCH_ROWS, columns=ROW_COLUMNS):
@@ -174,7 +174,7 @@ def recorded_tokenizer(source: RunDir, dag: Dag, node: str) -> tuple[dict | None
         if desc is None:
             found = {}
             for _, path in source.shard_files(dag, n, hashes):
-                meta = pq.read_schema(path).metadata or {}
+                meta = location.read_schema(path).metadata or {}
                 if TOKENIZER_METADATA in meta:
                     d = json.loads(meta[TOKENIZER_METADATA])
                     found[d["fingerprint"]] = d
@@ -213,7 +213,7 @@ def resolve_tokens(source: RunDir, dag: Dag, node: str, tokenizer: str | None) -
 
 def unit_of(paths: list[str], where: str) -> str:
     """``docs`` (tokenized documents) or ``rows`` (packed rows); refuses shards without tokens."""
-    schemas = [pq.read_schema(p) for p in paths]
+    schemas = [location.read_schema(p) for p in paths]
     for p, s in zip(paths, schemas):
         if "input_ids" not in s.names:
             raise ExportError(f"{where}: no input_ids in {Path(p).name} (columns: {', '.join(s.names)}); export "
@@ -266,7 +266,7 @@ class Export(GlobalStage):
         unit = unit_of([p for _, p in upstream], where)
         info = resolve_tokens(source, dag, node, self.tokenizer)
         if self.format in TEXT_FORMATS and info.dir is None and (
-                unit == "rows" or any("text" not in pq.read_schema(p).names for _, p in upstream)):
+                unit == "rows" or any("text" not in location.read_schema(p).names for _, p in upstream)):
             raise ExportError(f"{where}: {self.format} export decodes tokens the stage holds without text and "
                               "needs the tokenizer that made them: pass --tokenizer DIR")
         return unit, info
@@ -276,7 +276,10 @@ class Export(GlobalStage):
         ``ctx``'s stage folder. Returns the manifest written as ``export.json``."""
         dag = source.load_dag()
         unit, info = self.check(source, dag, node, ctx.upstream)
-        out = ctx.rundir.stage_dir(ctx.name)
+        if ctx.rundir.remote:  # the formats' writers (memmapped .bin/.idx, MDS) need a local folder
+            raise ExportError(f"{ctx.rundir.stage_dir(ctx.name)}: exports are written to a local folder; "
+                              "export the stage with `refinery export RUN/STAGE --out DIR` on a local DIR")
+        out = Path(ctx.rundir.stage_dir(ctx.name))
         # files an earlier export into this folder wrote (another format, say): removed at the end
         earlier = {f["path"] for e in ctx.rundir.entries(ctx.name).values() for f in e.get("export", {}).get("files", [])}
         earlier |= {f["path"] for f in (ctx.rundir.read_report(ctx.name, EXPORT_MANIFEST) or {}).get("files", [])}

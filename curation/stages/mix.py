@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pydantic import Field, model_validator
 
+from curation.io import location
 from curation.io.artifacts import read_partition, write_partitioned
 from curation.io.files import safe_names
 from curation.io.shards import split_kept_rejected
@@ -90,8 +90,8 @@ def _token_column(path: str, names: list[str]) -> str:
 
 def read_choice_columns(path: str) -> pa.Table:
     """The only columns a document's copies depend on: id, source and its tokens."""
-    names = pq.read_schema(path).names
-    return pq.read_table(path, columns=["id", "source", _token_column(path, names)])
+    names = location.read_schema(path).names
+    return location.read_parquet(path, columns=["id", "source", _token_column(path, names)])
 
 
 @dataclass
@@ -216,7 +216,7 @@ class ScatterJob:
 def scatter_task(job: ScatterJob) -> dict:
     """Phase ``scatter``, one upstream shard: its copies with their positions, in one file
     indexed by output shard; its unselected rows to rejected/. Returns its manifest entry."""
-    table = pq.read_table(job.path)
+    table = location.read_parquet(job.path)
     choices = dict(job.choices)
     reasons = np.full(table.num_rows, None, dtype=object)
     rows_l, epochs_l, pos_l = [], [], []
@@ -425,7 +425,7 @@ class Mix(GlobalStage):
         n_out = max(1, math.ceil(report["rows"] / self.rows_per_shard))
         report["shards"] = n_out
         out_keys = [f"{ctx.name}-{j:05d}" for j in range(n_out)]
-        scatter = tuple(str(ctx.work_dir / "scatter" / f"{n}.parquet") for n in safe_names(keys))
+        scatter = tuple(location.join(ctx.work_dir, "scatter", f"{n}.parquet") for n in safe_names(keys))
         ctx.phase("scatter", scatter_task, [
             ScatterJob(ctx.output(keys[i]), i, paths[i], scatter[i], self.seed,
                        tuple(sorted(choices.items())), n_out) for i in range(len(paths))], commit=True)
@@ -459,7 +459,7 @@ class Mix(GlobalStage):
 
 def _unified_schema(paths: list[str]) -> pa.Schema:
     """One schema for every output shard: the union of the upstream shards' columns."""
-    schemas = [pq.read_schema(p) for p in paths]
+    schemas = [location.read_schema(p) for p in paths]
     try:
         schema = pa.unify_schemas(schemas)
     except (pa.ArrowInvalid, pa.ArrowTypeError):

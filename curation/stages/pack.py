@@ -32,13 +32,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pydantic import Field, field_validator
 
 if TYPE_CHECKING:  # pragma: no cover
     from curation.pipeline.context import GlobalContext
     from curation.pipeline.rundir import ShardOutput
 
+from curation.io import location
 from curation.io.rows import read_row_range
 from curation.stages.base import GlobalStage, registry
 from curation.formats.packed import PACK_REPORT, PACKED_SCHEMA, TOKENIZER_METADATA, with_source_tokens
@@ -319,7 +319,7 @@ class Pack(GlobalStage):
         if self.tokenizer is not None:
             return Tokenizer.load(self.tokenizer).pad_id
         for p in paths:
-            meta = pq.read_schema(p).metadata or {}
+            meta = location.read_schema(p).metadata or {}
             if TOKENIZER_METADATA in meta:
                 return int(json.loads(meta[TOKENIZER_METADATA])["pad_id"])
         raise PackError("pack: no pad id: set pad_id or tokenizer, or pack the output of a tokenize stage")
@@ -327,13 +327,13 @@ class Pack(GlobalStage):
     def windows(self, paths: list[str]) -> list[list[tuple[str, int, int]]]:
         """The documents of each window as (file, first row, end row) segments: one pass over
         the shards' row counts (from their footers), windows and shards advanced together."""
-        if paths and "input_ids" not in pq.read_schema(paths[0]).names:
+        if paths and "input_ids" not in location.read_schema(paths[0]).names:
             raise PackError(f"pack: {paths[0]} has no input_ids column; put a tokenize stage before pack")
         out: list[list[tuple[str, int, int]]] = []
         segs: list[tuple[str, int, int]] = []
         room = self.window
         for p in paths:
-            n, lo = pq.ParquetFile(p).metadata.num_rows, 0
+            n, lo = location.parquet_file(p).metadata.num_rows, 0
             while lo < n:
                 take = min(room, n - lo)
                 segs.append((p, lo, lo + take))

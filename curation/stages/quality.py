@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from pydantic import BaseModel, Field, PrivateAttr, field_validator, model_validator
 
+from curation.io import location
 from curation.io.files import safe_names, write_parquet
 from curation.quality.topk import BINS, GATHER_CAP, LEVELS, Prefix, choose_bin, cut, score_keys
 from curation.io.shards import split_kept_rejected
@@ -73,14 +73,14 @@ def score_shard(path: str, model: str, positive_label: str | None, out: str) -> 
     """One upstream shard's scores (row order) to ``out``; loads-per-process facts."""
     from curation.quality.classifier import LOADS
 
-    table = pq.read_table(path, columns=["text"])
+    table = location.read_parquet(path, columns=["text"])
     scores, _ = score_table(table, model, positive_label)
     write_parquet(pa.table({"quality": pa.array(scores, pa.float32(), mask=np.isnan(scores))}), out)
     return {"pid": os.getpid(), "loads": int(LOADS[os.path.realpath(model)]), "rows": len(scores)}
 
 
 def _scores(path: str) -> np.ndarray:
-    return pq.read_table(path).column("quality").to_numpy(zero_copy_only=False).astype(np.float32)
+    return location.read_parquet(path).column("quality").to_numpy(zero_copy_only=False).astype(np.float32)
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ class ScoreJob:
 def score_task(job: ScoreJob) -> dict:
     """Phase ``score``: a shard's scores to the work folder; the histogram of their top key byte."""
     if job.model is None:  # the upstream's precomputed column
-        col = pq.read_table(job.path, columns=["quality"]).column("quality").cast(pa.float32())
+        col = location.read_parquet(job.path, columns=["quality"]).column("quality").cast(pa.float32())
         write_parquet(pa.table({"quality": col}), job.out)
         facts = {"pid": os.getpid(), "loads": 0, "rows": len(col)}
     else:
@@ -142,7 +142,7 @@ def gather_task(job: GatherJob) -> list[list]:
     rows = rows[job.prefix.matches(score_keys(s[rows]))]
     if not len(rows):
         return []
-    ids = pq.read_table(job.path, columns=["id"]).column("id").take(pa.array(rows)).to_pylist()
+    ids = location.read_parquet(job.path, columns=["id"]).column("id").take(pa.array(rows)).to_pylist()
     return [[float(s[r]), str(i), job.key, int(r)] for r, i in zip(rows.tolist(), ids)]
 
 
@@ -158,7 +158,7 @@ class CutJob:
 def cut_task(job: CutJob) -> dict:
     """Phase ``cut``, one upstream shard: kept rows (score above the cut, or tied and not after
     the boundary document) and rejected rows, written and returned as a manifest entry."""
-    table = pq.read_table(job.path)
+    table = location.read_parquet(job.path)
     scores = _scores(job.scores)
     has = ~np.isnan(scores)
     keep = has & (scores > job.threshold)
@@ -270,7 +270,7 @@ class QualityTop(_Model, GlobalStage):
         if self.model is not None:  # a bad model fails here, before any task
             load_scorer(self.model, "quality.model", self.positive_label)
         else:
-            missing = [p for _, p in ctx.upstream if "quality" not in pq.read_schema(p).names]
+            missing = [p for _, p in ctx.upstream if "quality" not in location.read_schema(p).names]
             if missing:
                 raise ValueError(f"{ctx.name}: no model and no 'quality' column in {missing[0]}; give quality_top a "
                                  "model or put a quality stage upstream")
@@ -278,8 +278,7 @@ class QualityTop(_Model, GlobalStage):
         paths = dict(ctx.upstream)
         if not set(keys) - ctx.done_keys() and ctx.rundir.read_report(ctx.name, REPORT) is not None:
             return
-        sdir = ctx.work_dir / "scores"
-        scores = {k: str(sdir / f"{n}.parquet") for k, n in zip(keys, safe_names(keys))}
+        scores = {k: location.join(ctx.work_dir, "scores", f"{n}.parquet") for k, n in zip(keys, safe_names(keys))}
         facts = ctx.phase("score", score_task, [ScoreJob(paths[k], self.model, self.positive_label, scores[k])
                                                  for k in keys], fold=_merge_scores,
                           init={"rows": 0, "with_text": 0, "histogram": [0] * BINS, "loads": {}})

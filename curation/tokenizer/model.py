@@ -27,8 +27,8 @@ from typing import Iterable, Iterator, Literal, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from curation.io import location
 from curation.io.files import file_sha256, write_bytes
 
 EOS = "<|endoftext|>"
@@ -93,12 +93,12 @@ class ParquetCorpus:
         return hashlib.sha256("\n".join(sorted(self.sha256)).encode()).hexdigest()
 
     def num_rows(self) -> int:
-        return sum(pq.ParquetFile(f).metadata.num_rows for f in self.files)
+        return sum(location.parquet_file(f).metadata.num_rows for f in self.files)
 
     def iter_batches(self, columns: Sequence[str], batch_size: int = 1024) -> Iterator[pa.RecordBatch]:
         """Record batches of ``columns`` (those present; missing ones are absent from the batch)."""
         for f in self.files:
-            pf = pq.ParquetFile(f)
+            pf = location.parquet_file(f)
             names = set(pf.schema_arrow.names)
             if "text" in columns and "text" not in names:
                 raise TokenizerError(f"{f}: no 'text' column (columns: {sorted(names)})")

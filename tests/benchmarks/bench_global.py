@@ -125,11 +125,11 @@ def run_size(n: int, shard_docs: int, workers: int, stages: list[str], out_json:
             t1 = time.perf_counter()
             st.run(ctx)
             wall = time.perf_counter() - t1
-            outs = [rd.stage_dir(name), rd.root / "rejected" / name]
+            outs = [Path(rd.stage_dir(name)), Path(rd.root) / "rejected" / name]
             ctx.finish(keep_work=False)
-            work = json.loads((rd.stage_dir(name) / "_phases.json").read_text())["work"]
+            work = json.loads((Path(rd.stage_dir(name)) / "_phases.json").read_text())["work"]
             files, nbytes = _tree_bytes(outs)
-            out_shards = len(list(rd.stage_dir(name).glob("*.parquet")))
+            out_shards = len(list(Path(rd.stage_dir(name)).glob("*.parquet")))
             res["stages"][name] = {
                 "seconds": wall, "docs_per_s": n / wall,
                 "phases": {k: {"seconds": v["seconds"], "docs_per_s": n / v["seconds"] if v["seconds"] else 0,

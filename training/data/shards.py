@@ -76,8 +76,8 @@ def _parent(p: str) -> str:
 def list_shards(fs: fsspec.AbstractFileSystem, root: str) -> list[Shard]:
     """The committed shards of the pack directory ``root`` in ``fs``, sorted by file name."""
     manifest = _join(root, manifest_format.MANIFEST)
-    if fs.exists(manifest):
-        lines = fs.cat_file(manifest).decode().splitlines()
+    lines = manifest_format.log_lines(fs, manifest)  # with a remote run's uncompacted segments
+    if lines:
         try:
             entries = manifest_format.parse_lines(lines, manifest, strict=True)
         except manifest_format.ManifestError as err:

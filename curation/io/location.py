@@ -1,0 +1,182 @@
+"""Where a file lives: a local path or any fsspec URL (``s3://bucket/run``, ``memory://``), and
+the few operations refinery needs on either (exists, read, glob, list a folder, remove, open
+for pyarrow). A local path never goes through fsspec; a URL goes through its fsspec filesystem,
+so one S3 configuration (the standard ``AWS_*`` variables, ``AWS_ENDPOINT_URL`` for an
+S3-compatible server) serves inputs, run directories, DuckDB views and the trainer alike.
+Functions take ``str`` (``pathlib.Path`` would fold ``s3://`` into ``s3:/``)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from functools import lru_cache
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+if TYPE_CHECKING:  # pragma: no cover
+    import fsspec
+    import pyarrow.fs as pafs
+
+
+def is_remote(url: str | Path) -> bool:
+    """True for an fsspec URL other than ``file://`` (object storage, ``memory://``)."""
+    s = str(url)
+    return "://" in s and not s.startswith("file://")
+
+
+def local(url: str | Path) -> str:
+    return str(url).removeprefix("file://")
+
+
+def fs_path(url: str | Path) -> tuple[fsspec.AbstractFileSystem, str]:
+    """The fsspec filesystem of ``url`` and the path inside it. Listings are never cached: other
+    processes (tasks, a resumed driver) write the same folders, and a stale listing would hide
+    their files."""
+    import fsspec
+
+    return fsspec.core.url_to_fs(str(url), use_listings_cache=False)
+
+
+def join(base: str | Path, *parts: str) -> str:
+    """``base/part/...`` for a local path or a URL (``Path`` would fold ``s3://`` into ``s3:/``)."""
+    out = str(base).rstrip("/")
+    for p in parts:
+        out += "/" + str(p).strip("/")
+    return out
+
+
+def parent(url: str | Path) -> str:
+    s = str(url).rstrip("/")
+    return s.rsplit("/", 1)[0]
+
+
+def name(url: str | Path) -> str:
+    return str(url).rstrip("/").rsplit("/", 1)[-1]
+
+
+def exists(url: str | Path) -> bool:
+    if not is_remote(url):
+        return os.path.exists(local(url))
+    fs, p = fs_path(url)
+    return fs.exists(p)
+
+
+def read_bytes(url: str | Path) -> bytes:
+    if not is_remote(url):
+        return Path(local(url)).read_bytes()
+    fs, p = fs_path(url)
+    return fs.cat_file(p)
+
+
+def read_text(url: str | Path) -> str:
+    return read_bytes(url).decode("utf-8")
+
+
+def open_read(url: str | Path) -> IO[bytes]:
+    """A binary file object for reading (random access on object storage, by byte ranges)."""
+    if not is_remote(url):
+        return open(local(url), "rb")
+    fs, p = fs_path(url)
+    return fs.open(p, "rb")
+
+
+def glob(pattern: str) -> list[str]:
+    """Files matching ``pattern`` (same kind of string as the pattern: local path or URL), sorted."""
+    if not is_remote(pattern):
+        import glob as _glob
+
+        return sorted(_glob.glob(local(pattern)))
+    fs, p = fs_path(pattern)
+    return sorted(fs.unstrip_protocol(f) for f in fs.glob(p))
+
+
+def listdir(url: str | Path, pattern: str = "*") -> list[str]:
+    """Files directly in the folder ``url`` whose names match ``pattern`` (fnmatch), as
+    locations in ``url``'s form, sorted; empty when the folder is absent."""
+    import fnmatch
+
+    base = str(url).rstrip("/")
+    if not is_remote(url):
+        try:
+            names = [e.name for e in os.scandir(local(url)) if e.is_file()]
+        except FileNotFoundError:
+            return []
+    else:
+        fs, p = fs_path(url)
+        try:
+            names = [name(e["name"]) for e in fs.ls(p, detail=True) if e.get("type") != "directory"]
+        except FileNotFoundError:
+            return []
+    return sorted(join(base, n) for n in names if fnmatch.fnmatchcase(n, pattern))
+
+
+def files_under(url: str | Path) -> dict[str, int]:
+    """Every file below the folder ``url`` (recursive): ``{url: size}``; empty when absent.
+    On object storage this is one listing per 1,000 keys, not one request per file."""
+    if not is_remote(url):
+        root = Path(local(url))
+        if not root.is_dir():
+            return {}
+        return {str(f): f.stat().st_size for f in root.rglob("*") if f.is_file()}
+    fs, p = fs_path(url)
+    found = fs.find(p, detail=True)
+    return {fs.unstrip_protocol(k): int(v.get("size") or 0) for k, v in found.items() if v.get("type") != "directory"}
+
+
+def is_empty_dir(url: str | Path) -> bool:
+    """True when ``url`` holds nothing (or does not exist)."""
+    if not is_remote(url):
+        p = Path(local(url))
+        return not p.exists() or not any(p.iterdir())
+    return not files_under(url)
+
+
+def remove(url: str | Path, recursive: bool = False) -> None:
+    """Remove a file (or, with ``recursive``, a folder); nothing when absent."""
+    if not is_remote(url):
+        p = Path(local(url))
+        if recursive and p.is_dir():
+            shutil.rmtree(p)
+        else:
+            p.unlink(missing_ok=True)
+        return
+    fs, p = fs_path(url)
+    with contextlib.suppress(FileNotFoundError):
+        fs.rm(p, recursive=recursive)
+
+
+def arrow_source(url: str | Path) -> tuple[str, pafs.FileSystem | None]:
+    """``(path, filesystem)`` for pyarrow readers: a local path as is, a URL through its fsspec
+    filesystem (one S3 client configuration for the whole project)."""
+    if not is_remote(url):
+        return local(url), None
+    fs, p = fs_path(url)
+    return p, _arrow_fs(fs)
+
+
+@lru_cache(maxsize=16)
+def _arrow_fs(fs: fsspec.AbstractFileSystem) -> pafs.FileSystem:
+    import pyarrow.fs as pafs
+
+    return pafs.PyFileSystem(pafs.FSSpecHandler(fs))
+
+
+def read_parquet(url: str | Path, **kwargs: Any) -> pa.Table:
+    """``pq.read_table`` for a local path or a URL."""
+    p, fs = arrow_source(url)
+    return pq.read_table(p, filesystem=fs, **kwargs)
+
+
+def parquet_file(url: str | Path) -> pq.ParquetFile:
+    """``pq.ParquetFile`` for a local path or a URL (footer read once, row groups on demand)."""
+    p, fs = arrow_source(url)
+    return pq.ParquetFile(p, filesystem=fs) if fs is not None else pq.ParquetFile(p)
+
+
+def read_schema(url: str | Path) -> pa.Schema:
+    p, fs = arrow_source(url)
+    return pq.read_schema(p, filesystem=fs)
