@@ -28,7 +28,7 @@ DAG = {
     "inputs": {
         "crawl": {"format": "warc", "paths": [f"s3://{BUCKET}/data/warc/*.warc.gz"], "source": "web"},
         "math": {"format": "jsonl", "paths": [f"s3://{BUCKET}/data/jsonl/gsm8k_train_head400.jsonl"],
-                 "source": "math", "text_field": "question", "split_bytes": 2500},
+                 "source": "math", "text_field": "question", "split_bytes": 8000},
     },
     "stages": {
         "extract": {"type": "extract", "input": "crawl", "engine": "trafilatura"},

@@ -45,8 +45,11 @@ SEGMENTS = ".d"
 def log_lines(fs, path: str) -> list[str]:
     """The lines of the append-only log ``path`` in the fsspec filesystem ``fs``: the file, then
     its segments in order (empty when neither exists)."""
-    parts = [fs.cat_file(path)] if fs.exists(path) else []
-    segs = sorted(fs.find(path + SEGMENTS)) if fs.exists(path + SEGMENTS) else []
+    try:
+        parts = [fs.cat_file(path)]
+    except FileNotFoundError:
+        parts = []
+    segs = sorted(fs.find(path + SEGMENTS))  # one listing; empty when there are none
     if segs:
         got = fs.cat(segs) if len(segs) > 1 else {segs[0]: fs.cat_file(segs[0])}
         parts += [got[s] for s in segs]

@@ -86,7 +86,7 @@ def log_segments(path: str | Path) -> int:
     if not is_remote(path):
         return 0
     fs, p = fs_path(path)
-    return len(fs.find(p + SEGMENTS)) if fs.exists(p + SEGMENTS) else 0
+    return len(fs.find(p + SEGMENTS))
 
 
 def rewrite_lines(path: str | Path, text: str) -> None:
@@ -95,7 +95,7 @@ def rewrite_lines(path: str | Path, text: str) -> None:
     segs: list[str] = []
     if is_remote(path):
         fs, p = fs_path(path)
-        segs = sorted(fs.find(p + SEGMENTS)) if fs.exists(p + SEGMENTS) else []
+        segs = sorted(fs.find(p + SEGMENTS))
     write_text(path, text)
     if segs:
         fs.rm(segs)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from functools import lru_cache
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -19,7 +18,6 @@ import pyarrow.parquet as pq
 
 if TYPE_CHECKING:  # pragma: no cover
     import fsspec
-    import pyarrow.fs as pafs
 
 
 def is_remote(url: str | Path) -> bool:
@@ -149,34 +147,33 @@ def remove(url: str | Path, recursive: bool = False) -> None:
         fs.rm(p, recursive=recursive)
 
 
-def arrow_source(url: str | Path) -> tuple[str, pafs.FileSystem | None]:
-    """``(path, filesystem)`` for pyarrow readers: a local path as is, a URL through its fsspec
-    filesystem (one S3 client configuration for the whole project)."""
-    if not is_remote(url):
-        return local(url), None
+#: read-ahead of a remote Parquet file: a footer or a column chunk costs one ranged GET, and a
+#: reader of a few row groups does not pull the whole object
+REMOTE_BLOCK = 1 << 20
+
+
+def _remote_file(url: str | Path) -> IO[bytes]:
     fs, p = fs_path(url)
-    return p, _arrow_fs(fs)
-
-
-@lru_cache(maxsize=16)
-def _arrow_fs(fs: fsspec.AbstractFileSystem) -> pafs.FileSystem:
-    import pyarrow.fs as pafs
-
-    return pafs.PyFileSystem(pafs.FSSpecHandler(fs))
+    return fs.open(p, "rb", block_size=REMOTE_BLOCK)
 
 
 def read_parquet(url: str | Path, **kwargs: Any) -> pa.Table:
-    """``pq.read_table`` for a local path or a URL."""
-    p, fs = arrow_source(url)
-    return pq.read_table(p, filesystem=fs, **kwargs)
+    """``pq.read_table`` for a local path or a URL. A URL is opened once through fsspec and the
+    file object handed to pyarrow: one HEAD and the ranged GETs, where pyarrow's filesystem
+    wrapper would ask for the file's info several times per read."""
+    if not is_remote(url):
+        return pq.read_table(local(url), **kwargs)
+    with _remote_file(url) as f:
+        return pq.read_table(f, **kwargs)
 
 
 def parquet_file(url: str | Path) -> pq.ParquetFile:
     """``pq.ParquetFile`` for a local path or a URL (footer read once, row groups on demand)."""
-    p, fs = arrow_source(url)
-    return pq.ParquetFile(p, filesystem=fs) if fs is not None else pq.ParquetFile(p)
+    return pq.ParquetFile(local(url) if not is_remote(url) else _remote_file(url))
 
 
 def read_schema(url: str | Path) -> pa.Schema:
-    p, fs = arrow_source(url)
-    return pq.read_schema(p, filesystem=fs)
+    if not is_remote(url):
+        return pq.read_schema(local(url))
+    with _remote_file(url) as f:
+        return pq.read_schema(f)
