@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from conftest import DATA, REPO
 from curation.quality.classifier import LOADS, ModelLoadError, train_fasttext_isolated
-from curation.stages.langid import LanguageId, detector_for, normalize_lang
+from curation.stages.langid import LanguageId, detector_for, normalize_lang, sample_text
 
 FIXTURE = DATA / "langid" / "lingua_docs_gt200chars_14lang.jsonl.gz"
 
@@ -179,3 +179,32 @@ def test_langid_stage_in_a_run(tmp_path, ray_session):
     reasons = rej.column("reason").to_pylist()
     assert reasons.count("langid:lang=ja") == 20 and all(r.startswith("langid:") for r in reasons)
     assert "lang_score" in rej.column_names  # the measurement travels with the rejected row
+
+
+def test_sample_text_takes_evenly_spaced_windows_of_a_long_text():
+    assert sample_text("short text", 100, 4) == "short text"
+    text = "".join(chr(ord("a") + i % 26) for i in range(10_000))
+    got = sample_text(text, 1000, 4)
+    parts = got.split("\n")
+    assert [len(p) for p in parts] == [250] * 4
+    assert parts[0] == text[:250] and parts[-1] == text[-250:]  # the head and the tail are both seen
+    assert all(p in text for p in parts)
+    assert sample_text(text, 1000, 1) == text[:1000]
+
+
+def test_a_long_document_is_detected_on_windows_that_see_its_whole_length():
+    # 20 real German documents joined (~9,000 chars) after 2,000 chars of English: the
+    # head alone would say English; windows over the whole text see mostly German.
+    docs = _docs()
+    de = "\n".join(d["text"] for d in docs if d["lang"] == "de")
+    en = "\n".join(d["text"] for d in docs if d["lang"] == "en")[:2000]
+    text = en + "\n" + de
+    assert len(text) > 6000
+    sampled = LanguageId(type="langid", min_score=0.0).process(_table([text]))
+    whole = LanguageId(type="langid", min_score=0.0, sample_chars=None).process(_table([text]))
+    head = LanguageId(type="langid", min_score=0.0, sample_chars=2000, sample_windows=1).process(_table([text]))
+    assert sampled.table.column("lang").to_pylist() == whole.table.column("lang").to_pylist() == ["de"]
+    assert head.table.column("lang").to_pylist() == ["en"]
+    s, w = sampled.table.column("lang_score")[0].as_py(), whole.table.column("lang_score")[0].as_py()
+    assert abs(s - w) < 0.15, (s, w)
+    assert "sample_chars" in LanguageId(type="langid").params()

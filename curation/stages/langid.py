@@ -147,6 +147,27 @@ def model_fingerprint(path: str) -> str:
     return cached_file_sha256(path)
 
 
+def sample_text(text: str, chars: int, windows: int) -> str:
+    """``text`` itself when it has at most ``chars`` characters, else ``windows`` evenly spaced
+    windows of ``chars // windows`` characters from its start to its end, one per line.
+
+    Detection time grows with the text (CLD2: ~0.2 ms for a 6 KB page, ~30 ms for a 1 MB
+    one) and a few thousand characters decide the language. Windows over the whole text, not
+    its head, keep ``lang_score`` an estimate of the share of the whole text: on long
+    documents with a banner or a footer in another language (lingua's test sentences joined to
+    12,000 characters, ``tests/benchmarks/bench_langid.py --long``), the head alone moved 52 of
+    300 keep decisions at 0.65, six windows of 1,000 characters 7, and labels on one-language
+    documents agreed with the whole text on 438 of 439."""
+    n = len(text)
+    if n <= chars:
+        return text
+    width = max(1, chars // windows)
+    if windows == 1:
+        return text[:width]
+    step = (n - width) / (windows - 1)
+    return "\n".join(text[int(i * step): int(i * step) + width] for i in range(windows))
+
+
 _DETECTORS: dict[str | None, Any] = {}
 
 
@@ -174,6 +195,11 @@ class LanguageId(MapStage):
 
     ``min_score`` and ``keep`` are thresholds (``rules``): stored rows re-decide from ``lang``
     and ``lang_score`` without running the detector again.
+
+    A text longer than ``sample_chars`` (6,000) is detected on ``sample_windows`` (6) evenly
+    spaced windows of it (``sample_text``): on the scale WARC's pages this took CLD2 from
+    0.23 to 0.13 s per 803 documents with no label or keep decision changed; ``sample_chars:
+    null`` detects whole texts.
     """
 
     type: Literal["langid"] = "langid"
@@ -181,6 +207,10 @@ class LanguageId(MapStage):
     keep: list[str] | None = None
     min_score: float = Field(default=0.65, ge=0.0, le=1.0)
     model: str | None = None
+    #: a text longer than this is detected on ``sample_windows`` evenly spaced windows of
+    #: it totalling this many characters (None: the whole text; see ``sample_text``)
+    sample_chars: int | None = Field(default=6000, ge=100)
+    sample_windows: int = Field(default=6, ge=1)
 
     _detector: Any = PrivateAttr(default=None)
 
@@ -237,7 +267,10 @@ class LanguageId(MapStage):
         codes: list[str | None] = [None] * n
         scores = np.zeros(n, np.float32)
         if len(todo):
-            got_codes, got_scores = self._detector.detect(col.take(pa.array(todo)).to_pylist())
+            texts = col.take(pa.array(todo)).to_pylist()
+            if self.sample_chars is not None:
+                texts = [sample_text(t, self.sample_chars, self.sample_windows) for t in texts]
+            got_codes, got_scores = self._detector.detect(texts)
             scores[todo] = got_scores
             for i, c in zip(todo.tolist(), got_codes):
                 codes[i] = c

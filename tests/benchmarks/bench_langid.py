@@ -26,6 +26,9 @@ Throughput: docs/s in this one process on one core (RAYON_NUM_THREADS=1, OMP=1),
 >200-char documents and on ~500-word English documents (wikitext-2 paragraphs joined).
 
 Run: ``.venv/bin/python tests/benchmarks/bench_langid.py [--per-lang 100] [--only NAME,...]``
+
+``--long``: the stage's window sampling of long texts (``sample_chars``) against detecting the
+whole text, on documents of > 12,000 characters, one language or mixed.
 """
 
 from __future__ import annotations
@@ -208,12 +211,61 @@ def _correct(gold: str, pred: str | None) -> bool:
     return p == gold or (p == "no" and gold in ("nb", "nn"))
 
 
+def long_sampling(per_lang: int = 6, min_chars: int = 12000) -> None:
+    """``--long``: the stage's window sampling (``sample_chars``) against the whole text, on
+    documents of > ``min_chars`` characters: one language each, and mixed (a document with a
+    tenth or a quarter of another language's text before it, a banner, or after it, a footer).
+    Prints accuracy, labels and keep decisions at 0.65 that differ from the whole text's,
+    mean |score change| and detection time, per setting."""
+    import random
+
+    import numpy as np
+
+    from curation.stages.langid import Cld2Detector, sample_text
+
+    docs = lingua_documents(per_lang, min_chars)
+    by: dict[str, list[str]] = defaultdict(list)
+    for g, t in docs:
+        by[g].append(t)
+    rng = random.Random(0)
+    langs = sorted(by)
+    mixed = []
+    for g in langs:
+        other = by[rng.choice([x for x in langs if x != g])][0]
+        for frac in (0.1, 0.25):
+            k = int(len(by[g][0]) * frac)
+            mixed += [(g, by[g][0] + "\n" + other[:k]), (g, other[:k] + "\n" + by[g][0])]
+    det = Cld2Detector()
+    print(f"{len(docs)} one-language documents ({len(langs)} languages, mean "
+          f"{np.mean([len(t) for _, t in docs]):,.0f} chars), {len(mixed)} mixed")
+    settings = [("whole text", None, 1), ("head 2000", 2000, 1), ("head 4000", 4000, 1), ("head 8000", 8000, 1),
+                ("4 x 500", 2000, 4), ("4 x 1000", 4000, 4), ("8 x 500", 4000, 8), ("6 x 1000", 6000, 6),
+                ("8 x 1000", 8000, 8)]
+    for name, set_ in (("one language", docs), ("mixed", mixed)):
+        texts, golds = [t for _, t in set_], [g for g, _ in set_]
+        ref_codes, ref_scores = det.detect(texts)
+        print(f"\n{name}: setting      accuracy  label!=whole  keep@0.65!=whole  mean|dscore|   seconds")
+        for label, chars, windows in settings:
+            xs = texts if chars is None else [sample_text(t, chars, windows) for t in texts]
+            t0 = time.perf_counter()
+            codes, scores = det.detect(xs)
+            dt = time.perf_counter() - t0
+            acc = np.mean([_correct(g, c) for g, c in zip(golds, codes)])
+            diff = sum(a != b for a, b in zip(codes, ref_codes))
+            keep = int(((scores >= 0.65) != (ref_scores >= 0.65)).sum())
+            print(f"  {label:12s} {acc:15.4f} {diff:13d} {keep:17d} {np.abs(scores - ref_scores).mean():13.4f} {dt:9.3f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--per-lang", type=int, default=100, help="documents per language (75 languages)")
     ap.add_argument("--only", default="", help="comma-separated candidate names")
     ap.add_argument("--long-docs", type=int, default=400, help="~500-word English docs for throughput")
+    ap.add_argument("--long", action="store_true", help="only: window sampling against the whole text, long docs")
     args = ap.parse_args()
+    if args.long:
+        long_sampling()
+        return
     docs = lingua_documents(args.per_lang)
     texts = [t for _, t in docs]
     golds = [g for g, _ in docs]
