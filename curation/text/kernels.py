@@ -217,3 +217,34 @@ def replace_spans(tok_start, tok_end, t, k, cut_at, cut_owner):
             out_e[w] = tok_end[i]
             w += 1
     return out_s, out_e
+
+
+@njit(cache=True, nogil=True)
+def gather_ranges(src, starts, lengths):
+    """``src[starts[i]:starts[i] + lengths[i]]`` for every i, concatenated."""
+    total = 0
+    for i in range(len(starts)):
+        total += lengths[i]
+    out = np.empty(total, src.dtype)
+    w = 0
+    for i in range(len(starts)):
+        s = starts[i]
+        for j in range(lengths[i]):
+            out[w + j] = src[s + j]
+        w += lengths[i]
+    return out
+
+
+@njit(cache=True, nogil=True)
+def chunks_with_high_bytes(b, c_start):
+    """Per chunk: whether a byte >= 0x80 lies between its start and the next chunk's start
+    (a non-ASCII character in it, or non-ASCII whitespace after it)."""
+    n = len(c_start)
+    out = np.zeros(n, np.bool_)
+    for i in range(n):
+        end = c_start[i + 1] if i + 1 < n else len(b)
+        for j in range(c_start[i], end):
+            if b[j] >= 0x80:
+                out[i] = True
+                break
+    return out

@@ -785,6 +785,8 @@ class Words(_PerDoc):
         out = Words(np.repeat(np.arange(len(docs), dtype=np.int64), counts), offsets,
                     self.start[idx] + shift, self.end[idx] + shift, b, None, buf, base)
         out._doff = doff
+        if "_cls" in self.__dict__:  # the bytes' classes move with them: no second pass over the text
+            out.__dict__["_cls"] = tk.gather_ranges(self._cls, self._doff[docs], np.diff(doff))
         for name in ("byte_lengths", "lengths", "symbol", "alpha", "punct", "ender", "hash"):
             if name in self.__dict__:
                 out.__dict__[name] = self.__dict__[name][idx]
@@ -915,10 +917,8 @@ def _split_words(b, doff, buf, base, special_cases: bool) -> Words:
         last_rb = rule_bytes[np.append(at[1:], len(rule_bytes)) - 1]
         cs, ce = c_start[rc], c_end[rc]
         length = ce - cs
-        has_high = np.zeros(len(c_start) + 1, dtype=bool)
         # (a non-ASCII space marks the chunk before it, which then just takes the full rules)
-        has_high[np.searchsorted(c_start, np.flatnonzero(b >= 0x80), side="right")] = True
-        ascii_ = ~has_high[rc + 1]
+        ascii_ = ~tk.chunks_with_high_bytes(b, c_start)[rc]
         # Fast path: ASCII chunks that are a plain core with one affix character at either
         # end ("word," "(word" "(word)"): decide the split from the neighbouring bytes.
         fast_end = ascii_ & (n_rb == 1) & (last_rb == ce - 1) & (length >= 2)
