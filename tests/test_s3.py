@@ -51,7 +51,8 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
     """The server, its environment for child processes, and an s3fs filesystem on it."""
-    pytest.importorskip("moto", reason="moto[server] (the dev extra) is not installed")
+    import moto  # noqa: F401  (in the dev extra that `make test` installs: missing is a failure, not a skip)
+
     port = _free_port()
     log = tmp_path_factory.mktemp("moto") / "server.log"
     with open(log, "wb") as out:
@@ -60,14 +61,16 @@ def s3(tmp_path_factory):
     deadline = time.time() + 60
     while time.time() < deadline:
         if proc.poll() is not None:
-            pytest.skip(f"the S3 test server could not start: {log.read_text()[-500:]}")
+            pytest.skip("the S3 test server (python -m moto.server) could not start on 127.0.0.1; it runs where "
+                        f"a local port can be bound. Its log: {log.read_text()[-500:]}")
         with socket.socket() as c:
             if c.connect_ex(("127.0.0.1", port)) == 0:
                 break
         time.sleep(0.2)
     else:
         proc.kill()
-        pytest.skip("the S3 test server did not answer within 60 s")
+        pytest.skip(f"the S3 test server (python -m moto.server) did not answer on 127.0.0.1:{port} within 60 s; "
+                    "it runs on a machine less loaded than this one")
     env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
     saved = {k: os.environ.get(k) for k in env}

@@ -10,12 +10,17 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import ClassVar, Literal
 
+import pyarrow.parquet as pq
 import pytest
 
 from conftest import REPO
+from curation.io.read import iter_read
 from curation.pipeline.dag import load_dag, parse_dag
-from curation.pipeline.executor import run_dag
+from curation.pipeline.executor import RootJob, _root_entries, make_plan, run_dag
+from curation.pipeline.rundir import RunDir
+from curation.stages.base import MapStage, StageResult
 
 MiB = 1 << 20
 
@@ -77,39 +82,21 @@ def test_batch_size_never_changes_a_byte(tmp_path, ray_session):
     assert tiny == default
 
 
-class BatchSizes:
+class SeeBatches(MapStage):
     """A pass-through map stage that records the size of every batch it is given."""
 
-    seen: list[int] = []
+    type: Literal["test_streaming:SeeBatches"] = "test_streaming:SeeBatches"
+    seen: ClassVar[list[int]] = []
 
-
-def _batch_sizes_stage():
-    from typing import Literal
-
-    from curation.stages.base import MapStage, StageResult
-
-    class SeeBatches(MapStage):
-        type: Literal["test_streaming:SeeBatches"] = "test_streaming:SeeBatches"
-
-        def process(self, batch, text=None):
-            BatchSizes.seen.append(batch.num_rows)
-            return StageResult(batch, None, text)
-
-    return SeeBatches
+    def process(self, batch, text=None):
+        SeeBatches.seen.append(batch.num_rows)
+        return StageResult(batch, None, text)
 
 
 def test_small_batches_after_extraction_are_joined_before_the_next_stage(tmp_path):
     # A read batch is cut by HTML bytes; what extraction keeps of it is a twentieth. The stage
     # after it gets the kept rows joined back up to the batch budget, in order, none lost.
-    import pyarrow.parquet as pq
-
-    from curation.io.read import iter_read
-    from curation.pipeline.executor import RootJob, _root_entries, make_plan
-    from curation.pipeline.rundir import RunDir
-    from curation.stages.base import registry
-
-    registry.setdefault("test_streaming:SeeBatches", _batch_sizes_stage())
-    BatchSizes.seen.clear()
+    SeeBatches.seen.clear()
     spec = {"name": "coalesce", "batch_size": 2000, "batch_bytes": 64 << 10,
             "inputs": {"crawl": {"format": "warc", "paths": [str(REPO / "tests/data/warc/dolma_sample-0000.warc.gz")],
                                  "source": "web"}},
@@ -127,7 +114,7 @@ def test_small_batches_after_extraction_are_joined_before_the_next_stage(tmp_pat
     # the read made many batches (64 KiB of HTML each); the stage after extraction saw few
     n_read = sum(1 for _ in iter_read(shard, dag.inputs["crawl"], dag.batch_size, dag.batch_bytes))
     assert n_read >= 4
-    assert len(BatchSizes.seen) < n_read / 2, (n_read, BatchSizes.seen)
-    assert sum(BatchSizes.seen) == extracted.num_rows == entries["see"]["rows"] > 0
+    assert len(SeeBatches.seen) < n_read / 2, (n_read, SeeBatches.seen)
+    assert sum(SeeBatches.seen) == extracted.num_rows == entries["see"]["rows"] > 0
     assert pq.read_table(rd.shard_path("see", shard.key)).column("id").to_pylist() == \
         extracted.column("id").to_pylist()

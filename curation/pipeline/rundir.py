@@ -208,12 +208,11 @@ class RunDir:
         if self.remote:
             present = set(location.files_under(self.stage_dir(stage))) | set(
                 location.files_under(location.join(self.root, REJECTED, stage)))
-            def there(rel: str) -> bool:
-                return self.path(rel) in present
+            there = present.__contains__
         else:
-            def there(rel: str) -> bool:
-                return Path(self.path(rel)).exists()
-        return {k: e for k, e in entries.items() if all(there(f) for f in manifest_format.entry_files(e))}
+            there = location.exists
+        return {k: e for k, e in entries.items()
+                if all(there(self.path(f)) for f in manifest_format.entry_files(e))}
 
     #: on object storage, a manifest with this many appended segments is folded into one file
     COMPACT_SEGMENTS = 64

@@ -62,8 +62,9 @@ _LEGACY = {"iw": "he", "in": "id", "ji": "yi", "jw": "jv", "mo": "ro"}
 # with RE2 (``base.LETTER_RE2``): Python's ``[^\W\d_]`` on every character it knows.
 # C0/C1 control characters: CLD2 rejects U+0080..U+009F (mojibake of windows-1252 quotes,
 # common in crawled text) as "invalid UTF-8"; they carry no language either.
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
-_CONTROL_RE2 = r"[\x{00}-\x{08}\x{0b}\x{0c}\x{0e}-\x{1f}\x{7f}-\x{9f}]"
+# (one pattern for Python's re and for RE2 through Arrow: both read two-digit \xHH)
+_CONTROL_PATTERN = r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]"
+_CONTROL = re.compile(_CONTROL_PATTERN)
 
 
 def normalize_lang(label: str | None) -> str | None:
@@ -106,11 +107,10 @@ class Cld2Detector:
         codes: list[str | None] = []
         scores = np.zeros(len(texts), np.float32)
         # one scan of the batch finds the few texts with control characters to clean
-        dirty = set(np.flatnonzero(pc.match_substring_regex(pa.array(texts, pa.string()), _CONTROL_RE2)
-                                   .to_numpy(zero_copy_only=False)).tolist()) if texts else set()
-        for i, t in enumerate(texts):
+        dirty = pc.match_substring_regex(pa.array(texts, pa.string()), _CONTROL_PATTERN).to_pylist()
+        for i, (t, has_control) in enumerate(zip(texts, dirty)):
             try:
-                reliable, _, details = detect(_CONTROL.sub(" ", t) if i in dirty else t)
+                reliable, _, details = detect(_CONTROL.sub(" ", t) if has_control else t)
             except error:  # nothing left that CLD2 accepts
                 codes.append(None)
                 continue
