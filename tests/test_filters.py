@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import random
 import re
 import unicodedata
 from collections import Counter
@@ -349,10 +350,56 @@ def test_words_agree_with_spacy_on_real_docs():
     ("#hashtag @user 1,000,000 2019-2020 12:30 a/b/c x=y <tag> ***",
      ["#", "hashtag", "@user", "1,000,000", "2019", "-", "2020", "12:30", "a", "/", "b", "/", "c", "x", "=",
       "y", "<", "tag", ">", "*", "*", "*"]),
+    # A unit is split off before special cases merge words ("m." is one); "$" after a number
+    # is split off like a unit.
+    ("raised $460m. for 25$ and 10kg. or 5мбар, (3km) 2$.",
+     ["raised", "$", "460", "m.", "for", "25", "$", "and", "10", "kg", ".", "or", "5", "мбар", ",", "(",
+      "3", "km", ")", "2$."]),
 ])
 def test_words_like_spacy_on_crafted_text(text, expected):
     # Expected lists are spaCy's (``spacy.blank("en")``, as datatrove uses it).
     assert words_of(text) == expected
+
+
+def _fuzz_texts(n_texts: int, seed: int = 7) -> list[str]:
+    """Texts of chunks built the way the rules read them (prefixes, a core of parts joined by
+    infixes, suffixes), and of random characters every rule looks at."""
+    rng = random.Random(seed)
+    pre = list("(\"“$#'…+-*<[") + ["..", "€"]
+    parts = ["word", "Word", "ABC", "x", "12", "3.5", "don't", "it's", "жук", "Ж", "é", "の", "U.S", "5kg",
+             "10m", "25$", "7мбар", "°C", "am", "10am", "http://x.com/a-b", "www.a.org", "e.g", "Mr", "s"]
+    infix = ["-", "--", "---", "----", "—", "——", "–", "~", "/", ":", "=", "<", ".", "..", "...", "…", ",",
+             "+", "*", "^", "’", "'", "²", "%", "&"]
+    suf = list(".,;:!?)\"”'’…+$%]") + ["'s", "’S", "..", "……", "………", "kg", "km"]
+    chars = list("aBcZé09") + ["ж", "の"] + list(".,'’-—–~…$€+()\"“”:/=%°#*^²!?<>;")
+    texts = []
+    for _ in range(n_texts):
+        chunks = []
+        for _ in range(rng.randint(1, 40)):
+            if rng.random() < 0.2:
+                chunks.append("".join(rng.choice(chars) for _ in range(rng.randint(1, 8))))
+                continue
+            core = rng.choice(parts)
+            for _ in range(rng.choice([0, 0, 1, 1, 2])):
+                core += rng.choice(infix) + rng.choice(parts)
+            chunks.append("".join(rng.choice(pre) for _ in range(rng.choice([0, 0, 0, 1, 2]))) + core
+                          + "".join(rng.choice(suf) for _ in range(rng.choice([0, 0, 1, 1, 2, 3]))))
+        texts.append("".join(c + rng.choice([" ", " ", "\n", "\u00a0"]) for c in chunks))
+    return texts
+
+
+def test_words_quick_paths_and_compiled_rules_agree_with_the_array_rules():
+    # ``reference=True`` sends every chunk through the array version of the full rules; the
+    # default takes compiled quick paths for plain and "word," chunks and the compiled rules
+    # for the rest. Same words on real pages and on fuzzed rule-heavy text.
+    texts = [d["text"] for d in REAL] + _fuzz_texts(400)
+    arr = pa.array(texts)
+    quick, full = split_words(arr), split_words(arr, reference=True)
+    assert len(quick.start) > 90_000
+    for i in range(len(texts)):
+        a = slice(quick.offsets[i], quick.offsets[i + 1])
+        b = slice(full.offsets[i], full.offsets[i + 1])
+        assert (quick.start[a].tolist(), quick.end[a].tolist()) == (full.start[b].tolist(), full.end[b].tolist()), texts[i]
 
 
 def test_words_per_document_with_slices_and_nulls():

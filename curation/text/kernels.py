@@ -12,6 +12,16 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+# Character class bits of spaCy's rules (``words._char_flags`` sets them per code point;
+# ``rule_starts`` reads them). Module constants, so numba compiles them in.
+(WSB, PRE, SUF, DIG, LOW, UPP, ALP, QUO, PCT, DOTX, SO, ISYM, FCK, HYP, DOP, RULE,
+ SPC) = (1 << i for i in range(17))
+
+# Byte class bits (``words._byte_class_of``; every byte of a multi-byte character carries its
+# code point's bits).
+(B_WS, B_RULE, B_PUN, B_LET, B_PC, B_TRM, B_DIG, B_PRE, B_SUF, B_LOW, B_UPP,
+ B_DOTX) = (1 << i for i in range(12))
+
 _GOLDEN = 0x9E3779B97F4A7C15
 _MIX1 = 0xBF58476D1CE4E5B9
 _MIX2 = 0x94D049BB133111EB
@@ -73,6 +83,119 @@ def find_keys(b, start, n_bytes, sorted_keys, order, sieve):
             hit[found] = order[j]
             found += 1
     return idx[:found], hit[:found]
+
+
+@njit(cache=True, nogil=True)
+def _ends_in_unit(b, digit, ce, unit_b, unit_n):
+    """Where the unit after the core's last digit (at ``digit``) starts ("5kg" -> 1), -1 if
+    the rest of the core is not a unit."""
+    n = ce - digit - 1
+    for u in range(len(unit_n)):
+        if unit_n[u] != n:
+            continue
+        same = True
+        for k in range(n):
+            if b[digit + 1 + k] != unit_b[u, k]:
+                same = False
+                break
+        if same:
+            return digit + 1
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def scan_chunks(b, cls, doff, unit_b, unit_n):
+    """Whitespace-separated chunks of every text (``doff``: text byte offsets), with the word
+    starts of the chunks decided here.
+
+    A chunk without a rule character is one word (kind 0). An ASCII chunk whose only rule
+    characters are one at either end ("word," "(word" "(word)") is decided from the
+    neighbouring bytes (kind 1). In both, a unit after a number at the end of the core
+    ("5kg", "25$"; rows of ``unit_b``, ``unit_n`` bytes long) is split off. The rest take
+    the full rules (kind 2). Returns (chunk starts, chunk ends, kind, core starts, core
+    ends, word-start mask of length B, chunk-end mask of length B + 1); a kind 2 chunk's
+    core is left to the full rules.
+    """
+    B = len(b)
+    n = 0
+    for d in range(len(doff) - 1):
+        prev_ws = True
+        for i in range(doff[d], doff[d + 1]):
+            ws = (cls[i] & B_WS) != 0
+            if prev_ws and not ws:
+                n += 1
+            prev_ws = ws
+    c_start = np.empty(n, np.int64)
+    c_end = np.empty(n, np.int64)
+    kind = np.zeros(n, np.int8)
+    core_s = np.empty(n, np.int64)
+    core_e = np.empty(n, np.int64)
+    starts = np.zeros(B, np.bool_)
+    ends = np.zeros(B + 1, np.bool_)
+    k = 0
+    for d in range(len(doff) - 1):
+        i = doff[d]
+        end = doff[d + 1]
+        while i < end:
+            if (cls[i] & B_WS) != 0:
+                i += 1
+                continue
+            s = i
+            n_rb = 0
+            first_rb = -1
+            last_rb = -1
+            high = False
+            last_digit = -1
+            while i < end and (cls[i] & B_WS) == 0:
+                if (cls[i] & B_DIG) != 0:
+                    last_digit = i
+                if (cls[i] & B_RULE) != 0:
+                    n_rb += 1
+                    if first_rb < 0:
+                        first_rb = i
+                    last_rb = i
+                if b[i] >= 0x80:
+                    high = True
+                i += 1
+            e = i
+            c_start[k] = s
+            c_end[k] = e
+            starts[s] = True
+            ends[e] = True
+            cs = s
+            ce = e
+            if n_rb > 0:
+                length = e - s
+                at_start = not high and n_rb == 1 and first_rb == s and length >= 2
+                at_end = not high and n_rb == 1 and last_rb == e - 1 and length >= 2
+                both = not high and n_rb == 2 and first_rb == s and last_rb == e - 1 and length >= 3
+                if at_start or at_end or both:
+                    kind[k] = 1
+                    # "+" before a digit stays on the number
+                    if (at_start or both) and (cls[s] & B_PRE) != 0 and not (
+                            b[s] == 0x2B and 0x30 <= b[s + 1] <= 0x39):
+                        cs = s + 1
+                        starts[cs] = True
+                    if at_end or both:
+                        x = e - 1
+                        pc_ = cls[x - 1]
+                        two_upper = (pc_ & B_UPP) != 0 and (cls[x - 2] & B_UPP) != 0 and x - 2 >= cs
+                        dot = b[x] == 0x2E and ((pc_ & (B_LOW | B_DIG | B_DOTX)) != 0 or two_upper)
+                        plus = b[x] == 0x2B and (pc_ & B_DIG) != 0
+                        if (cls[x] & B_SUF) != 0 or dot or plus:
+                            ce = x
+                            starts[x] = True
+                else:
+                    kind[k] = 2
+            if kind[k] != 2 and cs <= last_digit < ce - 1 and ce - last_digit - 1 <= unit_b.shape[1]:
+                u = _ends_in_unit(b, last_digit, ce, unit_b, unit_n)
+                if u > 0:
+                    starts[u] = True
+                    ce = u
+            core_s[k] = cs
+            core_e[k] = ce
+            k += 1
+    return c_start, c_end, kind, core_s, core_e, starts, ends
 
 
 @njit(cache=True, nogil=True)
@@ -171,6 +294,27 @@ def byte_classes(b, ascii_class, cp_class, cp_known):
 
 
 @njit(cache=True, nogil=True)
+def code_point_classes(cp, table, known):
+    """``table[c]`` for every code point, and the code points not yet ``known`` (the caller
+    classifies those and calls again)."""
+    out = np.empty(len(cp), table.dtype)
+    missing = np.empty(0, np.int64)
+    n_missing = 0
+    for i in range(len(cp)):
+        c = min(np.int64(cp[i]), len(known) - 1)
+        if known[c]:
+            out[i] = table[c]
+        else:
+            if n_missing == len(missing):
+                grown = np.empty(max(16, 2 * n_missing), np.int64)
+                grown[:n_missing] = missing[:n_missing]
+                missing = grown
+            missing[n_missing] = c
+            n_missing += 1
+    return out, missing[:n_missing]
+
+
+@njit(cache=True, nogil=True)
 def replace_spans(tok_start, tok_end, t, k, cut_at, cut_owner):
     """Word spans after replacements: replacement r turns words ``t[r] .. t[r]+k[r]-1`` into
     the pieces of their joint span cut at its ``cut_at`` offsets (``cut_owner`` == r, sorted
@@ -236,15 +380,177 @@ def gather_ranges(src, starts, lengths):
 
 
 @njit(cache=True, nogil=True)
-def chunks_with_high_bytes(b, c_start):
-    """Per chunk: whether a byte >= 0x80 lies between its start and the next chunk's start
-    (a non-ASCII character in it, or non-ASCII whitespace after it)."""
-    n = len(c_start)
-    out = np.zeros(n, np.bool_)
-    for i in range(n):
-        end = c_start[i + 1] if i + 1 < n else len(b)
-        for j in range(c_start[i], end):
-            if b[j] >= 0x80:
-                out[i] = True
+def _is_unit(cp, a, n, unit_cp, unit_len):
+    """Whether ``cp[a:a+n]`` is one of the units (rows of ``unit_cp``, ``unit_len`` long)."""
+    for u in range(len(unit_len)):
+        if unit_len[u] != n:
+            continue
+        same = True
+        for k in range(n):
+            if cp[a + k] != unit_cp[u, k]:
+                same = False
                 break
-    return out
+        if same:
+            return True
+    return False
+
+
+@njit(cache=True, nogil=True)
+def rule_starts(cp, f, unit_cp, unit_len):
+    """spaCy's English rules over chunks of code points joined by newlines (``f``: each code
+    point's class bits), one chunk at a time: the same word starts as the array version
+    ``words._rule_token_starts``, which is the reference the tests compare this with.
+
+    Per chunk: the prefix run (leading prefix characters), the suffix run (trailing suffix
+    characters, each judged by the characters before it), a unit split off after a number
+    at the end of the core, then infixes inside the core. Returns (starts, infix starts,
+    core start and end per chunk, chunks whose infixes wait on the URL check): a core that
+    looks like a URL is not cut, and that check is a regex the caller runs.
+    """
+    N = len(cp)
+    n_chunks = 1
+    for i in range(N):
+        if cp[i] == 0x0A:
+            n_chunks += 1
+    starts = np.zeros(N, np.bool_)
+    istarts = np.zeros(N, np.bool_)
+    multi = np.zeros(N, np.bool_)
+    tok = np.zeros(N, np.bool_)
+    irun = np.zeros(N, np.bool_)
+    core_s = np.empty(n_chunks, np.int64)
+    core_e = np.empty(n_chunks, np.int64)
+    url_cand = np.zeros(n_chunks, np.bool_)
+    s = 0
+    for c in range(n_chunks):
+        e = s
+        while e < N and cp[e] != 0x0A:
+            e += 1
+        # Dot runs: ".." and longer are one token wherever they are.
+        i = s
+        while i < e:
+            if cp[i] == 0x2E:
+                j = i
+                while j < e and cp[j] == 0x2E:
+                    j += 1
+                for k in range(i, j):
+                    multi[k] = j - i >= 2
+                i = j
+            else:
+                i += 1
+        # Prefix run ("+" only before a non-digit).
+        p = s
+        while p < e:
+            nf = f[p + 1] if p + 1 < e else 0
+            if not (((f[p] & PRE) != 0 and not (cp[p] == 0x2B and (nf & DIG) != 0)) or multi[p]):
+                break
+            p += 1
+        # Suffix run, from the right; a character's context is the characters before it.
+        q = e
+        while q > p:
+            i = q - 1
+            x = cp[i]
+            pf = f[i - 1] if i > s else 0
+            p2f = f[i - 2] if i - 2 >= s else 0
+            p2cp = cp[i - 2] if i - 2 >= s else 0
+            ctx_dot = x == 0x2E and not multi[i] and (
+                (pf & (DIG | LOW | DOTX | PCT | QUO)) != 0
+                or ((pf & UPP) != 0 and (p2f & UPP) != 0)
+                or ((pf & FCK) != 0 and p2cp == 0xB0))
+            s_of_apos = (x == 0x73 or x == 0x53) and i > s and (cp[i - 1] == 0x27 or cp[i - 1] == 0x2019)
+            if not ((f[i] & SUF) != 0 or multi[i] or s_of_apos or ctx_dot
+                    or (x == 0x2B and (pf & DIG) != 0)):
+                break
+            q -= 1
+        if e > s:
+            starts[s] = True
+        for i in range(s, p):
+            if not (cp[i] == 0x2E and i > s and cp[i - 1] == 0x2E):
+                starts[i] = True
+        if s < p < e:
+            starts[p] = True  # the core starts after the prefixes
+        # Suffix starts: not inside a dot run, not the "s" of "'s"; "……" pairs from the right.
+        i = q
+        while i < e:
+            x = cp[i]
+            if x == 0x2026:
+                j = i
+                while j < e and cp[j] == 0x2026:
+                    j += 1
+                for k in range(i, j):
+                    if k == i or (j - 1 - k) % 2 == 1:
+                        starts[k] = True
+                i = j
+                continue
+            cont_dot = x == 0x2E and i > s and cp[i - 1] == 0x2E
+            s_of_apos = (x == 0x73 or x == 0x53) and i > s and (cp[i - 1] == 0x27 or cp[i - 1] == 0x2019)
+            if not cont_dot and not s_of_apos:
+                starts[i] = True
+            i += 1
+        cs, ce = p, q
+        # A number followed by a unit or currency at the end of the core splits it off.
+        if ce > cs:
+            ld = -1
+            for i in range(ce - 1, max(cs, ce - 5) - 1, -1):
+                if (f[i] & DIG) != 0:
+                    ld = i
+                    break
+            if ld >= 0 and ld < ce - 1 and _is_unit(cp, ld + 1, ce - ld - 1, unit_cp, unit_len):
+                starts[ld + 1] = True
+                ce = ld + 1
+        core_s[c] = cs
+        core_e[c] = ce
+        # Infixes inside the core (lookarounds see only the core).
+        any_tok = False
+        any_dot = False
+        for i in range(cs, ce):
+            x = cp[i]
+            fi = f[i]
+            pic = i > cs
+            nic = i < ce - 1
+            pf = f[i - 1] if pic else 0
+            nf = f[i + 1] if nic else 0
+            ncp = cp[i + 1] if nic else 0
+            right_a = nic and (nf & ALP) != 0
+            left_an = pic and (pf & (ALP | DIG)) != 0
+            t = (fi & SO) != 0 or x == 0x2026
+            t = t or ((fi & DOP) != 0 and pic and (pf & DIG) != 0 and nic
+                      and ((nf & DIG) != 0 or ncp == 0x2D))
+            t = t or (x == 0x2E and not multi[i] and pic and (pf & (LOW | QUO)) != 0 and nic
+                      and (nf & (UPP | QUO)) != 0)
+            t = t or (x == 0x2C and pic and (pf & ALP) != 0 and right_a)
+            t = t or ((fi & ISYM) != 0 and left_an and right_a)
+            tok[i] = t
+            irun[i] = multi[i]
+            any_dot = any_dot or x == 0x2E
+        # Hyphen runs between a letter/digit and a letter: "-", "--", "---", "—", "——", "–", "~".
+        i = cs
+        while i < ce:
+            if (f[i] & HYP) == 0:
+                i += 1
+                continue
+            j = i
+            while j < ce and cp[j] == cp[i]:
+                j += 1
+            x = cp[i]
+            max_len = 3 if x == 0x2D else (2 if x == 0x2014 else 1)
+            left_an = i > cs and (f[i - 1] & (ALP | DIG)) != 0
+            right_a = j < ce and (f[j] & ALP) != 0
+            if j - i <= max_len and left_an and right_a:
+                for k in range(i, j):
+                    irun[k] = True
+            i = j
+        for i in range(cs, ce):
+            if not (tok[i] or irun[i]):
+                continue
+            any_tok = True
+            if not (irun[i] and i > cs and irun[i - 1] and cp[i - 1] == cp[i]):
+                istarts[i] = True
+            goes_on = irun[i] and i + 1 < ce and irun[i + 1] and cp[i + 1] == cp[i]
+            if not goes_on and i + 1 < ce:
+                istarts[i + 1] = True
+        url_cand[c] = any_tok and any_dot
+        for i in range(cs, ce):
+            tok[i] = False
+            irun[i] = False
+        s = e + 1
+    return starts, istarts, core_s, core_e, url_cand

@@ -328,9 +328,10 @@ _URL_RE = (
     r"[A-Za-z0-9\x{a1}-\x{ffff}]\.)+\p{Ll}\p{Ll}+)(?::[0-9][0-9]+)?(?:[/?#]\S*)?$"
 )
 
-# Character classes, one bit each.
+# Character classes, one bit each (defined with the compiled rules that read them).
 (_WSB, _PRE, _SUF, _DIG, _LOW, _UPP, _ALP, _QUO, _PCT, _DOTX, _SO, _ISYM, _FCK, _HYP, _DOP,
- _RULE, _SPC) = (1 << i for i in range(17))
+ _RULE, _SPC) = (tk.WSB, tk.PRE, tk.SUF, tk.DIG, tk.LOW, tk.UPP, tk.ALP, tk.QUO, tk.PCT, tk.DOTX,
+                 tk.SO, tk.ISYM, tk.FCK, tk.HYP, tk.DOP, tk.RULE, tk.SPC)
 
 
 def _char_flags(c: str) -> int:
@@ -385,6 +386,22 @@ def _flags(cp: np.ndarray) -> np.ndarray:
     if _ASCII_FLAGS is None:
         _ASCII_FLAGS = np.array([_char_flags(chr(i)) for i in range(128)], dtype=np.uint32)
     return _classify(cp, _char_flags, _ASCII_FLAGS, _FLAG_CACHE, np.uint32)
+
+
+_CP_FLAGS = np.zeros(0x110000, np.uint32)  # ``_char_flags`` by code point, filled on demand
+_CP_FLAGS_KNOWN = np.zeros(0x110000, bool)
+
+
+def _flags_compiled(cp: np.ndarray) -> np.ndarray:
+    """``_flags`` by one compiled table lookup (each distinct character classified once per
+    process)."""
+    out, missing = tk.code_point_classes(cp, _CP_FLAGS, _CP_FLAGS_KNOWN)
+    if len(missing):
+        for c in np.unique(missing).tolist():
+            _CP_FLAGS[c] = _char_flags(chr(c))
+            _CP_FLAGS_KNOWN[c] = True
+        out, missing = tk.code_point_classes(cp, _CP_FLAGS, _CP_FLAGS_KNOWN)
+    return out
 
 
 def _special_cases() -> dict[str, tuple[int, ...]]:
@@ -656,6 +673,38 @@ def _rule_token_starts(cp: np.ndarray):
 _UNIT_STRINGS = pa.array(_UNITS + list(_CURRENCY) + ["+"])
 
 
+@functools.lru_cache(maxsize=1)
+def _unit_table() -> tuple[np.ndarray, np.ndarray]:
+    """The unit strings as rows of code points (zero-padded) and their lengths."""
+    units = _UNIT_STRINGS.to_pylist()
+    table = np.zeros((len(units), max(map(len, units))), np.uint32)
+    for i, u in enumerate(units):
+        table[i, :len(u)] = [ord(c) for c in u]
+    return table, np.array([len(u) for u in units], np.int64)
+
+
+def _compiled_rule_starts(cp: np.ndarray):
+    """``_rule_token_starts`` by the compiled rules (``kernels.rule_starts``); the array
+    version stays as the reference the tests hold this to."""
+    N = len(cp)
+    starts, istarts, core_s, core_e, url_cand = tk.rule_starts(cp, _flags_compiled(cp), *_unit_table())
+    cand = np.flatnonzero(url_cand)
+    if len(cand):
+        url = _mask(pc.match_substring_regex(_spans_to_strings(cp, core_s[cand], core_e[cand]), _URL_RE))
+        for c in cand[url].tolist():  # a core that looks like a URL keeps its infixes
+            istarts[core_s[c]:core_e[c]] = False
+    starts |= istarts
+    tok = np.flatnonzero(starts)
+    # A word that is a whole core: it starts the core, and no word starts before its end.
+    c_end = np.append(np.flatnonzero(cp == 0x0A), N)
+    c = np.flatnonzero(core_e > core_s)
+    cs, ce = core_s[c], core_e[c]
+    cum = np.cumsum(starts, dtype=np.int64)
+    ends_there = np.append(starts, True)[np.where(ce == c_end[c], N, ce)]
+    whole = (cum[ce - 1] == cum[cs]) & ends_there
+    return tok, cs[whole], ce[whole]
+
+
 def _spans_to_strings(cp: np.ndarray, a: np.ndarray, b: np.ndarray) -> pa.Array:
     """Arrow strings of the code point spans [a, b) (spans hold no newline)."""
     if len(a) == 0:
@@ -672,7 +721,8 @@ def _spans_to_strings(cp: np.ndarray, a: np.ndarray, b: np.ndarray) -> pa.Array:
 # Byte classes (one bit each) for the byte-level pass; every byte of a non-ASCII character
 # gets the classes of its code point.
 (_B_WS, _B_RULE, _B_PUN, _B_LET, _B_PC, _B_TRM, _B_DIG, _B_PRE, _B_SUF, _B_LOW, _B_UPP,
- _B_DOTX) = (1 << i for i in range(12))
+ _B_DOTX) = (tk.B_WS, tk.B_RULE, tk.B_PUN, tk.B_LET, tk.B_PC, tk.B_TRM, tk.B_DIG, tk.B_PRE, tk.B_SUF,
+             tk.B_LOW, tk.B_UPP, tk.B_DOTX)
 
 
 def _byte_class_of(c: str) -> int:
@@ -863,12 +913,14 @@ class Words(_PerDoc):
         return _byte_spans(self._buf, self._base, self.start, self.end)
 
 
-def split_words(texts: pa.Array, special_cases: bool = True) -> Words:
+def split_words(texts: pa.Array, special_cases: bool = True, reference: bool = False) -> Words:
     """English words of every text, split like spaCy's rule tokenizer (whitespace dropped).
 
     This reproduces ``datatrove.utils.text.split_into_words(text, "en")`` (spaCy's
     ``blank("en")`` tokenizer) up to rare special cases. Every call splits: to split a batch
     once and hand the words to the next stage, use ``curation.text.state.TextState``.
+    ``reference``: every chunk through the array version of the full rules, no compiled
+    quick paths (the tests compare the two; same words, several times slower).
     """
     n_docs = len(texts)
     b, doff, buf, base = _text_bytes(texts)
@@ -877,107 +929,39 @@ def split_words(texts: pa.Array, special_cases: bool = True) -> Words:
     if B == 0:
         words = Words(z, np.zeros(n_docs + 1, np.int64), z, z, b, b, buf, base)
     else:
-        words = _split_words(b, doff, buf, base, special_cases)
+        words = _split_words(b, doff, buf, base, special_cases, reference)
     words._doff = doff
     return words
 
 
-def _split_words(b, doff, buf, base, special_cases: bool) -> Words:
+def _split_words(b, doff, buf, base, special_cases: bool, reference: bool = False) -> Words:
     n_docs = len(doff) - 1
-    B = len(b)
-    z = np.zeros(0, np.int64)
     cls = _byte_classes(b)
-    ws = (cls & _B_WS) != 0
-    nonws = ~ws
-    nonempty = doff[1:] > doff[:-1]
-    brk = np.ones(B, dtype=bool)  # no chunk continues from byte i-1 to byte i
-    brk[1:] = ws[:-1]
-    brk[doff[:-1][nonempty]] = True
-    first = nonws & brk
-    brk_after = np.ones(B, dtype=bool)
-    brk_after[:-1] = ws[1:]
-    brk_after[doff[1:][nonempty] - 1] = True
-    c_start = np.flatnonzero(first)
-    c_end = np.flatnonzero(nonws & brk_after) + 1
-
-    starts = first
-    # Spans that are a whole core (a plain chunk, or what is left of a chunk after its
-    # affixes): one-word special cases apply to them, and units to the ones not cut by the
-    # full rules (those cut units themselves).
-    cores_s, cores_e, unit_ok = [c_start], [c_end], [np.ones(len(c_start), dtype=bool)]
-    rule_bytes = np.flatnonzero((cls & _B_RULE) != 0)
-    if len(rule_bytes):
-        rb_chunk = np.searchsorted(c_start, rule_bytes, side="right") - 1
-        new = np.ones(len(rule_bytes), dtype=bool)
-        new[1:] = rb_chunk[1:] != rb_chunk[:-1]
-        at = np.flatnonzero(new)
-        rc = rb_chunk[at]  # chunks holding a rule character
-        n_rb = np.diff(np.append(at, len(rule_bytes)))
-        first_rb = rule_bytes[at]
-        last_rb = rule_bytes[np.append(at[1:], len(rule_bytes)) - 1]
-        cs, ce = c_start[rc], c_end[rc]
-        length = ce - cs
-        # (a non-ASCII space marks the chunk before it, which then just takes the full rules)
-        ascii_ = ~tk.chunks_with_high_bytes(b, c_start)[rc]
-        # Fast path: ASCII chunks that are a plain core with one affix character at either
-        # end ("word," "(word" "(word)"): decide the split from the neighbouring bytes.
-        fast_end = ascii_ & (n_rb == 1) & (last_rb == ce - 1) & (length >= 2)
-        fast_start = ascii_ & (n_rb == 1) & (first_rb == cs) & (length >= 2)
-        fast_both = ascii_ & (n_rb == 2) & (first_rb == cs) & (last_rb == ce - 1) & (length >= 3)
-        fast = fast_end | fast_start | fast_both
-        pre = (fast_start | fast_both) & _ascii_prefix(b, cls, cs)
-        suf = (fast_end | fast_both) & _ascii_suffix(b, cls, ce - 1, cs + pre)
-        starts[cs[pre] + 1] = True
-        starts[ce[suf] - 1] = True
-        f_idx = np.flatnonzero(fast)
-        cores_s.append(cs[f_idx] + pre[f_idx])
-        cores_e.append(ce[f_idx] - suf[f_idx])
-        unit_ok.append(np.ones(len(f_idx), dtype=bool))
-        unit_ok[0][rc] = False  # a rule chunk is not a whole core as it stands
-        # Full rules for the rest, on code points.
-        slow = np.flatnonzero(~fast)
-        if len(slow):
-            tok, core_a, core_b = _rule_chunks(b, c_start[rc[slow]], c_end[rc[slow]])
-            starts[tok] = True
-            cores_s.append(core_a)
-            cores_e.append(core_b)
-            unit_ok.append(np.zeros(len(core_a), dtype=bool))
-    ends = np.zeros(B + 1, dtype=bool)
-    ends[c_end] = True
+    # Chunks, and the words of the plain ones and of ASCII "word," "(word)" (compiled).
+    c_start, c_end, kind, core_s, core_e, starts, ends = tk.scan_chunks(b, cls, doff, *_unit_bytes())
+    if reference:  # every chunk by the array rules: what the tests hold the quick paths to
+        kind[:], starts[:] = 2, False
+    quick = np.flatnonzero(kind != 2)
+    slow = np.flatnonzero(kind == 2)
+    # Spans that are a whole core (what is left of a chunk after its affixes and a unit):
+    # one-word special cases apply to them.
+    cores_s, cores_e = core_s[quick], core_e[quick]
+    if len(slow):  # the full rules for the rest, on code points
+        tok, core_a, core_b = _rule_chunks(b, c_start[slow], c_end[slow], reference)
+        starts[tok] = True
+        cores_s, cores_e = np.concatenate((cores_s, core_a)), np.concatenate((cores_e, core_b))
     tok_start, tok_end = _spans_from_starts(starts, ends)
     if special_cases:
-        tok_start, tok_end = _apply_special_cases(
-            b, cls, tok_start, tok_end, np.concatenate(cores_s), np.concatenate(cores_e),
-            np.concatenate(unit_ok))
+        tok_start, tok_end = _apply_special_cases(b, tok_start, tok_end, cores_s, cores_e)
     offsets = np.searchsorted(tok_start, doff).astype(np.int64)
     offsets[-1] = len(tok_start)
     doc = np.repeat(np.arange(n_docs, dtype=np.int64), np.diff(offsets))
     return Words(doc, offsets, tok_start, tok_end, b, cls, buf, base)
 
 
-def _ascii_prefix(b: np.ndarray, cls: np.ndarray, pos: np.ndarray) -> np.ndarray:
-    """Whether the ASCII character at ``pos`` (a chunk's first) is split off as a prefix."""
-    nxt = b[np.minimum(pos + 1, len(b) - 1)]
-    is_plus_digit = (b[pos] == 0x2B) & (nxt >= 0x30) & (nxt <= 0x39)
-    return ((cls[pos] & _B_PRE) != 0) & ~is_plus_digit
-
-
-def _ascii_suffix(b: np.ndarray, cls: np.ndarray, pos: np.ndarray, core_start: np.ndarray) -> np.ndarray:
-    """Whether the ASCII character at ``pos`` (a chunk's last, after a plain ASCII core
-    starting at ``core_start``) is split off as a suffix."""
-    prev = np.maximum(pos - 1, 0)
-    prev2 = np.maximum(pos - 2, 0)
-    pc_ = cls[prev]
-    low_or_digit = (pc_ & (_B_LOW | _B_DIG | _B_DOTX)) != 0
-    two_upper = ((pc_ & _B_UPP) != 0) & ((cls[prev2] & _B_UPP) != 0) & (pos - 2 >= core_start)
-    dot = (b[pos] == 0x2E) & (low_or_digit | two_upper)
-    plus = (b[pos] == 0x2B) & ((pc_ & _B_DIG) != 0)
-    return ((cls[pos] & _B_SUF) != 0) | dot | plus
-
-
-def _rule_chunks(b: np.ndarray, cs: np.ndarray, ce: np.ndarray):
+def _rule_chunks(b: np.ndarray, cs: np.ndarray, ce: np.ndarray, reference: bool = False):
     """Run the full rules on some chunks (byte spans): word starts and whole-core spans, in
-    bytes of ``b``."""
+    bytes of ``b`` (``reference``: by the array version of the rules)."""
     lens = ce - cs
     # Gather their bytes, joined by newlines, and decode to code points.
     total = int(lens.sum()) + len(cs)
@@ -986,7 +970,7 @@ def _rule_chunks(b: np.ndarray, cs: np.ndarray, ce: np.ndarray):
     sep_at = np.cumsum(lens + 1) - 1
     sub[sep_at] = 0x0A
     cp = np.frombuffer(sub[:-1].tobytes().decode("utf-8").encode("utf-32-le"), dtype=np.uint32)
-    tok, core_a, core_b = _rule_token_starts(cp)
+    tok, core_a, core_b = (_rule_token_starts if reference else _compiled_rule_starts)(cp)
     # Char positions in the joined chunks -> byte positions in the text.
     wide = np.flatnonzero(cp >= 0x80)
     extra = np.zeros(len(wide) + 1, dtype=np.int64)
@@ -1005,16 +989,14 @@ def _rule_chunks(b: np.ndarray, cs: np.ndarray, ce: np.ndarray):
     return text_bytes(tok), a, a + (sub_bytes(core_b) - sub_bytes(core_a))
 
 
-def _apply_special_cases(b, cls, tok_start, tok_end, core_s, core_e, unit_ok):
-    """Special cases and units, at byte level; returns the new word spans.
+def _apply_special_cases(b, tok_start, tok_end, core_s, core_e):
+    """Special cases, at byte level; returns the new word spans.
 
     - A special string the rules cut into k > 1 words ("Mr." -> "Mr" "."; ":)" -> ":" ")")
       is merged wherever those words follow each other without space (spaCy's special-case
       matcher; longer matches first, of equal ones the later), then cut as it says.
     - A special string the rules leave whole ("don't", "cannot", "10am") is cut as it says
       when it is a whole core.
-    - A number followed by a unit ("5kg", "N500m") splits off the unit in whole cores the
-      full rules did not already handle.
 
     Each change replaces k consecutive words by the pieces of their span; the result is
     assembled with one ``np.repeat`` (no per-word work).
@@ -1064,29 +1046,6 @@ def _apply_special_cases(b, cls, tok_start, tok_end, core_s, core_e, unit_ok):
         t = np.searchsorted(tok_start, core_s[c])
         ok = (tok_end[t] == core_e[c]) & ~taken[t]
         replace(t[ok], 1, core_s[c[ok]], cuts[hit[ok]])
-    # Units after a number: a digit followed by the rest of its word, if that is a unit.
-    digits = np.flatnonzero((cls & _B_DIG) != 0)
-    if len(digits):
-        d = digits[(cls[np.minimum(digits + 1, len(b) - 1)] & _B_DIG) == 0]
-        t = np.searchsorted(tok_start, d + 1, side="right") - 1
-        tail = tok_end[np.maximum(t, 0)] - d - 1
-        ok = (t >= 0) & (tail >= 1) & (tail <= 6)
-        d, t, tail = d[ok], t[ok], tail[ok]
-        whole = np.zeros(len(b) + 1, dtype=bool)
-        whole[core_s[unit_ok]] = True
-        ok = whole[tok_start[t]] & ~taken[t] & (tok_start[t] <= d)
-        d, t, tail = d[ok], t[ok], tail[ok]
-        if len(d):
-            ukeys, uorder, usieve = _unit_keys()
-            d, _ = _find_keys(b, d + 1, tail, ukeys, uorder, usieve, d)
-            t = np.searchsorted(tok_start, d + 1, side="right") - 1
-            t, first = np.unique(t, return_index=True)  # one unit per word
-            d = d[first]
-            base = sum(len(x) for x in rep_t)
-            rep_t.append(t)
-            rep_k.append(np.ones(len(t), dtype=np.int64))
-            rep_off.append(d + 1)
-            rep_owner.append(base + np.arange(len(t)))
     t = np.concatenate(rep_t) if rep_t else np.zeros(0, np.int64)
     if not len(t):
         return tok_start, tok_end
@@ -1153,8 +1112,14 @@ def _one_word_split_keys() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 @functools.lru_cache(maxsize=1)
-def _unit_keys() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    return (*_key_table(_UNITS), _key_filter(_UNITS))
+def _unit_bytes() -> tuple[np.ndarray, np.ndarray]:
+    """What the rules split off after a number (units, currency signs, "+") as rows of UTF-8
+    bytes, zero-padded, and their lengths."""
+    units = [u.encode() for u in _UNIT_STRINGS.to_pylist()]
+    table = np.zeros((len(units), max(map(len, units))), np.uint8)
+    for i, u in enumerate(units):
+        table[i, :len(u)] = list(u)
+    return table, np.array([len(u) for u in units], np.int64)
 
 
 def _spans_from_starts(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
