@@ -236,6 +236,27 @@ def test_gopher_quality_signals_equal_reference_on_real_docs():
         assert_signals_equal(row, ref_gopher_quality(d["text"], words_of(d["text"])), d["id"])
 
 
+def test_gopher_marks_equal_python_on_every_kind_of_whitespace():
+    # The compiled byte scans behind the symbol, ellipsis, bullet and ellipsis-line signals,
+    # against str.count / lstrip / rstrip on texts with every character str.isspace knows.
+    rng = random.Random(3)
+    spaces = [c for c in map(chr, range(0x3001)) if c.isspace() and c not in "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"]
+    pieces = ["#", "...", "....", "…", "..", "-", "•", "word", "é", "ж", "\u2026\u2026", "a.b"] + spaces * 2
+    texts = ["".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+             + "".join(rng.choice(["\n", "\r\n", "\u2028"]) + "".join(rng.choice(pieces) for _ in range(rng.randint(0, 8)))
+                       for _ in range(rng.randint(0, 4))) for _ in range(3000)]
+    arr = pa.array(texts)
+    hashes, ellipses = text_signals.hashes_and_ellipses(arr)
+    assert hashes.tolist() == [t.count("#") for t in texts]
+    assert ellipses.tolist() == [t.count("...") + t.count("…") for t in texts]
+    lines = split_lines(arr)
+    bullet, ell = text_signals.bullet_and_ellipsis_lines(arr, lines)
+    py_lines = [line for t in texts for line in t.splitlines()]
+    assert bullet.tolist() == [line.lstrip().startswith(("•", "-")) for line in py_lines]
+    assert ell.tolist() == [line.rstrip().endswith(("...", "…")) for line in py_lines]
+    assert 0 < sum(bullet) < len(py_lines) and 0 < sum(ell) < len(py_lines)
+
+
 def test_gopher_repetition_signals_equal_reference_on_real_docs():
     texts = [d["text"] for d in REAL]
     table = GopherRepetitionFilter().process(batch(texts)).table.to_pylist()

@@ -457,12 +457,9 @@ class GopherQualityFilter(_FilterStage):
         with np.errstate(invalid="ignore", divide="ignore"):
             # Undefined (NaN) without words, like np.mean([]) in datatrove: no rule fires.
             mean_len = np.where(n_real > 0, real_chars / np.maximum(n_real, 1), np.nan)
-        hashes = ts._np(pc.count_substring(texts, "#"))
-        ellipses = ts._np(pc.count_substring(texts, "...")) + ts._np(pc.count_substring(texts, "…"))
+        hashes, ellipses = ts.hashes_and_ellipses(texts)
         lines = text.lines
-        ws = ts.re2_class(ts.PY_WHITESPACE)
-        bullet = ts._mask(pc.match_substring_regex(lines.values, f"^[{ws}]*[•\\-]"))
-        ell_end = ts._mask(pc.match_substring_regex(lines.values, f"(?:\\.\\.\\.|…)[{ws}]*$"))
+        bullet, ell_end = ts.bullet_and_ellipsis_lines(texts, lines)
         n_lines = lines.counts
         stop_idx = words.match(self.stop_words)
         stop_idx = _match_elisions(words, self.stop_words, stop_idx)

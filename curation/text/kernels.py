@@ -249,47 +249,63 @@ def span_char_counts(b, start, end):
 
 @njit(cache=True, nogil=True)
 def byte_classes(b, ascii_class, cp_class, cp_known):
-    """Class bits of every byte: ASCII from ``ascii_class``, every byte of a multi-byte
-    character from ``cp_class`` of its code point. Returns (classes, code points not yet in
-    ``cp_known``); the caller classifies those and calls again (rare after the first batch)."""
+    """Class bits of every byte: ASCII from ``ascii_class`` (256 entries, 0 for bytes >= 0x80),
+    every byte of a multi-byte character from ``cp_class`` of its code point. Returns
+    (classes, code points not yet in ``cp_known``); the caller classifies those and calls
+    again (rare after the first batch).
+
+    One table lookup per byte (a loop LLVM vectorises), then the non-ASCII characters, found
+    32 bytes at a time: text is mostly ASCII, and a branch per byte cost twice as much."""
     n = len(b)
     out = np.empty(n, np.uint16)
+    for i in range(n):
+        out[i] = ascii_class[b[i]]
     missing = np.empty(0, np.int64)
     n_missing = 0
     i = 0
-    while i < n:
-        c = b[i]
-        if c < 0x80:
-            out[i] = ascii_class[c]
-            i += 1
+    blk = 0
+    while blk < n:
+        top = min(blk + 32, n)
+        acc = 0
+        for k in range(blk, top):
+            acc |= b[k]
+        if acc < 0x80:
+            blk = top
             continue
-        if c >= 0xF0:
-            nb, cp = 4, np.int64(c & 0x07)
-        elif c >= 0xE0:
-            nb, cp = 3, np.int64(c & 0x0F)
-        elif c >= 0xC0:
-            nb, cp = 2, np.int64(c & 0x1F)
-        else:  # a stray continuation byte (not in valid UTF-8)
-            out[i] = 0
-            i += 1
-            continue
-        nb = min(nb, n - i)
-        for k in range(1, nb):
-            cp = (cp << 6) | (b[i + k] & 0x3F)
-        cp = min(cp, len(cp_known) - 1)
-        v = np.uint16(0)
-        if cp_known[cp]:
-            v = cp_class[cp]
-        else:
-            if n_missing == len(missing):
-                grown = np.empty(max(16, 2 * n_missing), np.int64)
-                grown[:n_missing] = missing[:n_missing]
-                missing = grown
-            missing[n_missing] = cp
-            n_missing += 1
-        for k in range(nb):
-            out[i + k] = v
-        i += nb
+        i = max(i, blk)  # a character begun in the block before may reach into this one
+        while i < top:
+            c = b[i]
+            if c < 0x80:
+                i += 1
+                continue
+            if c >= 0xF0:
+                nb, cp = 4, np.int64(c & 0x07)
+            elif c >= 0xE0:
+                nb, cp = 3, np.int64(c & 0x0F)
+            elif c >= 0xC0:
+                nb, cp = 2, np.int64(c & 0x1F)
+            else:  # a stray continuation byte (not in valid UTF-8)
+                out[i] = 0
+                i += 1
+                continue
+            nb = min(nb, n - i)
+            for k in range(1, nb):
+                cp = (cp << 6) | (b[i + k] & 0x3F)
+            cp = min(cp, len(cp_known) - 1)
+            v = np.uint16(0)
+            if cp_known[cp]:
+                v = cp_class[cp]
+            else:
+                if n_missing == len(missing):
+                    grown = np.empty(max(16, 2 * n_missing), np.int64)
+                    grown[:n_missing] = missing[:n_missing]
+                    missing = grown
+                missing[n_missing] = cp
+                n_missing += 1
+            for k in range(nb):
+                out[i + k] = v
+            i += nb
+        blk = top
     return out, missing[:n_missing]
 
 
@@ -554,3 +570,96 @@ def rule_starts(cp, f, unit_cp, unit_len):
             irun[i] = False
         s = e + 1
     return starts, istarts, core_s, core_e, url_cand
+
+
+@njit(cache=True, nogil=True)
+def _space_after(b, i, e):
+    """Bytes of the Python whitespace character (``str.isspace``) starting at ``i``, 0 if
+    none; ``e``: end of the span."""
+    c = b[i]
+    if c < 0x80:
+        return 1 if (9 <= c <= 13 or 28 <= c <= 32) else 0
+    if c == 0xC2 and i + 1 < e and (b[i + 1] == 0x85 or b[i + 1] == 0xA0):
+        return 2
+    if i + 2 < e:
+        c1, c2 = b[i + 1], b[i + 2]
+        if c == 0xE1 and c1 == 0x9A and c2 == 0x80:  # U+1680
+            return 3
+        if c == 0xE2 and c1 == 0x80 and (c2 <= 0x8A or c2 == 0xA8 or c2 == 0xA9 or c2 == 0xAF):
+            return 3  # U+2000-200A, 2028, 2029, 202F (c2 >= 0x80 in valid UTF-8)
+        if c == 0xE2 and c1 == 0x81 and c2 == 0x9F:  # U+205F
+            return 3
+        if c == 0xE3 and c1 == 0x80 and c2 == 0x80:  # U+3000
+            return 3
+    return 0
+
+
+@njit(cache=True, nogil=True)
+def _space_before(b, s, k):
+    """Bytes of the Python whitespace character ending just before ``k`` (span from ``s``),
+    0 if none."""
+    if k - 1 >= s and b[k - 1] < 0x80:
+        return _space_after(b, k - 1, k)
+    if k - 2 >= s and b[k - 2] == 0xC2:
+        return _space_after(b, k - 2, k)
+    if k - 3 >= s and b[k - 3] >= 0xE0:  # a three-byte character ending at k
+        return _space_after(b, k - 3, k)
+    return 0
+
+
+@njit(cache=True, nogil=True)
+def _ellipsis_at(b, i, e):
+    """Whether "..." or "…" starts at ``i`` (before ``e``)."""
+    if i + 2 >= e:
+        return False
+    return ((b[i] == 0x2E and b[i + 1] == 0x2E and b[i + 2] == 0x2E)
+            or (b[i] == 0xE2 and b[i + 1] == 0x80 and b[i + 2] == 0xA6))
+
+
+@njit(cache=True, nogil=True)
+def hashes_and_ellipses(b, doff):
+    """Per text: ``text.count("#")`` and ``text.count("...") + text.count("…")`` (counted
+    without overlaps, as ``str.count`` does), in one pass."""
+    n = len(doff) - 1
+    hashes = np.zeros(n, np.int64)
+    ellipses = np.zeros(n, np.int64)
+    for d in range(n):
+        i = doff[d]
+        end = doff[d + 1]
+        while i < end:
+            if b[i] == 0x23:
+                hashes[d] += 1
+            elif _ellipsis_at(b, i, end):
+                ellipses[d] += 1
+                i += 3
+                continue
+            i += 1
+    return hashes, ellipses
+
+
+@njit(cache=True, nogil=True)
+def bullet_and_ellipsis_lines(b, start, length):
+    """Per line (byte spans): ``line.lstrip().startswith(("•", "-"))`` and
+    ``line.rstrip().endswith(("...", "…"))``."""
+    m = len(start)
+    bullet = np.zeros(m, np.bool_)
+    ellipsis = np.zeros(m, np.bool_)
+    for j in range(m):
+        s = start[j]
+        e = s + length[j]
+        i = s
+        while i < e:
+            w = _space_after(b, i, e)
+            if w == 0:
+                break
+            i += w
+        if i < e:
+            bullet[j] = b[i] == 0x2D or (b[i] == 0xE2 and i + 2 < e and b[i + 1] == 0x80 and b[i + 2] == 0xA2)
+        k = e
+        while k > i:
+            w = _space_before(b, i, k)
+            if w == 0:
+                break
+            k -= w
+        ellipsis[j] = k - 3 >= i and _ellipsis_at(b, k - 3, k)
+    return bullet, ellipsis

@@ -270,6 +270,20 @@ def ends_with_any(values: pa.Array, chars) -> np.ndarray:
     return _mask(pc.match_substring_regex(values, f"[{re2_class(chars)}]$"))
 
 
+def hashes_and_ellipses(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Per text: how many "#", and how many "..." or "…" (as ``str.count``), in one
+    compiled pass over the bytes."""
+    b, doff, _, _ = _text_bytes(texts)
+    return tk.hashes_and_ellipses(b, doff)
+
+
+def bullet_and_ellipsis_lines(texts: pa.Array, lines: Segments) -> tuple[np.ndarray, np.ndarray]:
+    """Per line of ``lines`` (``split_lines(texts)``): starts with "•" or "-" after its
+    leading whitespace; ends with "..." or "…" before its trailing whitespace."""
+    b, _, _, _ = _text_bytes(texts)
+    return tk.bullet_and_ellipsis_lines(b, lines.byte_start, lines.byte_len)
+
+
 def duplicate_stats(seg: Segments, lengths: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Per document: parts equal to an earlier part of the same document, and their chars.
 
