@@ -222,29 +222,29 @@ def spans_from_starts(starts, ends):
 
 
 @njit(cache=True, nogil=True)
-def span_bit_counts(cls, start, end, bit):
-    """Per span ``[start, end)``: how many bytes have class ``bit`` set."""
-    out = np.zeros(len(start), np.int64)
-    for i in range(len(start)):
+def word_measures(b, cls, start, end):
+    """Per span ``[start, end)`` of UTF-8 bytes, in one pass: characters (bytes that are not
+    continuation bytes), and whether all bytes carry ``B_PUN``, some byte ``B_LET``, all
+    bytes ``B_PC``."""
+    m = len(start)
+    chars = np.zeros(m, np.int64)
+    symbol = np.zeros(m, np.bool_)
+    alpha = np.zeros(m, np.bool_)
+    punct = np.zeros(m, np.bool_)
+    for i in range(m):
         c = 0
-        for j in range(start[i], end[i]):
-            if cls[j] & bit:
-                c += 1
-        out[i] = c
-    return out
-
-
-@njit(cache=True, nogil=True)
-def span_char_counts(b, start, end):
-    """Per span of UTF-8 bytes: characters (bytes that are not continuation bytes)."""
-    out = np.zeros(len(start), np.int64)
-    for i in range(len(start)):
-        c = 0
+        all_ = 0xFFFF
+        any_ = 0
         for j in range(start[i], end[i]):
             if (b[j] & 0xC0) != 0x80:
                 c += 1
-        out[i] = c
-    return out
+            all_ &= cls[j]
+            any_ |= cls[j]
+        chars[i] = c
+        symbol[i] = (all_ & B_PUN) != 0
+        alpha[i] = (any_ & B_LET) != 0
+        punct[i] = (all_ & B_PC) != 0
+    return chars, symbol, alpha, punct
 
 
 @njit(cache=True, nogil=True)

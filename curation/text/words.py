@@ -860,28 +860,33 @@ class Words(_PerDoc):
     def byte_lengths(self) -> np.ndarray:
         return self.end - self.start
 
+    def _measured(self, name: str) -> np.ndarray:
+        """``lengths``, ``symbol``, ``alpha`` and ``punct`` come from one compiled pass over
+        the words' bytes; whichever is asked first measures all four."""
+        chars, symbol, alpha, punct = tk.word_measures(self._b, self._cls, self.start, self.end)
+        for key, value in (("lengths", chars), ("symbol", symbol), ("alpha", alpha), ("punct", punct)):
+            self.__dict__.setdefault(key, value)
+        return self.__dict__[name]
+
     @functools.cached_property
     def lengths(self) -> np.ndarray:
         """Characters per word (what ``len`` counts)."""
-        return tk.span_char_counts(self._b, self.start, self.end)
-
-    def _class_count(self, bit: int) -> np.ndarray:
-        return tk.span_bit_counts(self._cls, self.start, self.end, bit)
+        return self._measured("lengths")
 
     @functools.cached_property
     def symbol(self) -> np.ndarray:
         """Only characters from datatrove's PUNCTUATION_SET."""
-        return self._class_count(_B_PUN) == self.byte_lengths
+        return self._measured("symbol")
 
     @functools.cached_property
     def alpha(self) -> np.ndarray:
         """Has a letter (``str.isalpha`` on some character)."""
-        return self._class_count(_B_LET) > 0
+        return self._measured("alpha")
 
     @functools.cached_property
     def punct(self) -> np.ndarray:
         """Only Unicode punctuation characters (spaCy's ``is_punct``)."""
-        return self._class_count(_B_PC) == self.byte_lengths
+        return self._measured("punct")
 
     @functools.cached_property
     def ender(self) -> np.ndarray:
