@@ -105,33 +105,32 @@ def _ends_in_unit(b, digit, ce, unit_b, unit_n):
 
 @njit(cache=True, nogil=True)
 def scan_chunks(b, cls, doff, unit_b, unit_n):
-    """Whitespace-separated chunks of every text (``doff``: text byte offsets), with the word
-    starts of the chunks decided here.
+    """Whitespace-separated chunks of every text (``doff``: text byte offsets), and how the
+    quick rules cut them.
 
     A chunk without a rule character is one word (kind 0). An ASCII chunk whose only rule
     characters are one at either end ("word," "(word" "(word)") is decided from the
     neighbouring bytes (kind 1). In both, a unit after a number at the end of the core
     ("5kg", "25$"; rows of ``unit_b``, ``unit_n`` bytes long) is split off. The rest take
-    the full rules (kind 2). Returns (chunk starts, chunk ends, kind, core starts, core
-    ends, word-start mask of length B, chunk-end mask of length B + 1); a kind 2 chunk's
-    core is left to the full rules.
+    the full rules (kind 2).
+
+    Returns per chunk: start, end, kind, core start, core end (before a unit) and where the
+    suffix starts (the unit, if any, runs from the core end to there). A quick chunk's
+    words are the non-empty spans among prefix, core, unit and suffix.
     """
-    B = len(b)
     n = 0
     for d in range(len(doff) - 1):
         prev_ws = True
         for i in range(doff[d], doff[d + 1]):
             ws = (cls[i] & B_WS) != 0
-            if prev_ws and not ws:
-                n += 1
+            n += prev_ws & (not ws)
             prev_ws = ws
     c_start = np.empty(n, np.int64)
     c_end = np.empty(n, np.int64)
-    kind = np.zeros(n, np.int8)
+    kind = np.empty(n, np.int8)
     core_s = np.empty(n, np.int64)
     core_e = np.empty(n, np.int64)
-    starts = np.zeros(B, np.bool_)
-    ends = np.zeros(B + 1, np.bool_)
+    suf_s = np.empty(n, np.int64)
     k = 0
     for d in range(len(doff) - 1):
         i = doff[d]
@@ -141,83 +140,112 @@ def scan_chunks(b, cls, doff, unit_b, unit_n):
                 i += 1
                 continue
             s = i
-            n_rb = 0
-            first_rb = -1
-            last_rb = -1
-            high = False
-            last_digit = -1
-            while i < end and (cls[i] & B_WS) == 0:
-                if (cls[i] & B_DIG) != 0:
-                    last_digit = i
-                if (cls[i] & B_RULE) != 0:
-                    n_rb += 1
-                    if first_rb < 0:
-                        first_rb = i
-                    last_rb = i
-                if b[i] >= 0x80:
-                    high = True
+            any_cls = 0
+            any_b = 0
+            while i < end:
+                x = cls[i]
+                if (x & B_WS) != 0:
+                    break
+                any_cls |= x
+                any_b |= b[i]
                 i += 1
             e = i
             c_start[k] = s
             c_end[k] = e
-            starts[s] = True
-            ends[e] = True
+            kind[k] = 0
             cs = s
             ce = e
-            if n_rb > 0:
-                length = e - s
-                at_start = not high and n_rb == 1 and first_rb == s and length >= 2
-                at_end = not high and n_rb == 1 and last_rb == e - 1 and length >= 2
-                both = not high and n_rb == 2 and first_rb == s and last_rb == e - 1 and length >= 3
-                if at_start or at_end or both:
-                    kind[k] = 1
-                    # "+" before a digit stays on the number
-                    if (at_start or both) and (cls[s] & B_PRE) != 0 and not (
-                            b[s] == 0x2B and 0x30 <= b[s + 1] <= 0x39):
-                        cs = s + 1
-                        starts[cs] = True
-                    if at_end or both:
-                        x = e - 1
-                        pc_ = cls[x - 1]
-                        two_upper = (pc_ & B_UPP) != 0 and (cls[x - 2] & B_UPP) != 0 and x - 2 >= cs
-                        dot = b[x] == 0x2E and ((pc_ & (B_LOW | B_DIG | B_DOTX)) != 0 or two_upper)
-                        plus = b[x] == 0x2B and (pc_ & B_DIG) != 0
-                        if (cls[x] & B_SUF) != 0 or dot or plus:
-                            ce = x
-                            starts[x] = True
-                else:
-                    kind[k] = 2
-            if kind[k] != 2 and cs <= last_digit < ce - 1 and ce - last_digit - 1 <= unit_b.shape[1]:
-                u = _ends_in_unit(b, last_digit, ce, unit_b, unit_n)
-                if u > 0:
-                    starts[u] = True
-                    ce = u
+            if (any_cls & B_RULE) != 0:
+                kind[k] = 2
+                if any_b < 0x80 and e - s >= 2:
+                    n_rb = 0
+                    for j in range(s, e):
+                        if (cls[j] & B_RULE) != 0:
+                            n_rb += 1
+                    first = (cls[s] & B_RULE) != 0
+                    last = (cls[e - 1] & B_RULE) != 0
+                    at_start = n_rb == 1 and first
+                    at_end = n_rb == 1 and last
+                    both = n_rb == 2 and first and last and e - s >= 3
+                    if at_start or at_end or both:
+                        kind[k] = 1
+                        # "+" before a digit stays on the number
+                        if (at_start or both) and (cls[s] & B_PRE) != 0 and not (
+                                b[s] == 0x2B and 0x30 <= b[s + 1] <= 0x39):
+                            cs = s + 1
+                        if at_end or both:
+                            x = e - 1
+                            pc_ = cls[x - 1]
+                            two_upper = (pc_ & B_UPP) != 0 and (cls[x - 2] & B_UPP) != 0 and x - 2 >= cs
+                            dot = b[x] == 0x2E and ((pc_ & (B_LOW | B_DIG | B_DOTX)) != 0 or two_upper)
+                            plus = b[x] == 0x2B and (pc_ & B_DIG) != 0
+                            if (cls[x] & B_SUF) != 0 or dot or plus:
+                                ce = x
+            suf_s[k] = ce
+            if kind[k] != 2 and (any_cls & B_DIG) != 0:
+                # the core's last digit, if the rest of the core could be a unit
+                lo = max(cs, ce - unit_b.shape[1] - 1)
+                j = ce - 1
+                while j >= lo and (cls[j] & B_DIG) == 0:
+                    j -= 1
+                if lo <= j < ce - 1:
+                    u = _ends_in_unit(b, j, ce, unit_b, unit_n)
+                    if u > 0:
+                        ce = u
             core_s[k] = cs
             core_e[k] = ce
             k += 1
-    return c_start, c_end, kind, core_s, core_e, starts, ends
+    return c_start, c_end, kind, core_s, core_e, suf_s
 
 
 @njit(cache=True, nogil=True)
-def spans_from_starts(starts, ends):
-    """Word spans from a start mask (length B) and a chunk-end mask (length B + 1): a word
-    runs from a start to the next start or chunk end."""
-    B = len(starts)
-    n = 0
-    for i in range(B):
-        if starts[i]:
-            n += 1
-    out_s = np.empty(n, np.int64)
-    out_e = np.empty(n, np.int64)
-    k = -1
-    for i in range(B + 1):
-        bound = ends[i] or (i < B and starts[i])
-        if bound and k >= 0 and out_e[k] < 0:
-            out_e[k] = i
-        if i < B and starts[i]:
-            k += 1
-            out_s[k] = i
-            out_e[k] = -1
+def word_spans(c_start, c_end, kind, core_s, core_e, suf_s, slow_tok):
+    """Word spans of all chunks: a quick chunk's non-empty pieces (prefix, core, unit,
+    suffix), a kind 2 chunk's words from each of its starts in ``slow_tok`` (sorted, what
+    the full rules found) to the next or the chunk end."""
+    n = len(c_start)
+    total = 0
+    p = 0
+    for k in range(n):
+        if kind[k] == 2:
+            while p < len(slow_tok) and slow_tok[p] < c_end[k]:
+                total += 1
+                p += 1
+        else:
+            total += 1 + (core_s[k] > c_start[k]) + (suf_s[k] > core_e[k]) + (suf_s[k] < c_end[k])
+    out_s = np.empty(total, np.int64)
+    out_e = np.empty(total, np.int64)
+    w = 0
+    p = 0
+    for k in range(n):
+        s = c_start[k]
+        e = c_end[k]
+        if kind[k] == 2:
+            first = w
+            while p < len(slow_tok) and slow_tok[p] < e:
+                if w > first:
+                    out_e[w - 1] = slow_tok[p]
+                out_s[w] = slow_tok[p]
+                w += 1
+                p += 1
+            if w > first:
+                out_e[w - 1] = e
+            continue
+        if core_s[k] > s:
+            out_s[w] = s
+            out_e[w] = core_s[k]
+            w += 1
+        out_s[w] = core_s[k]
+        out_e[w] = core_e[k]
+        w += 1
+        if suf_s[k] > core_e[k]:
+            out_s[w] = core_e[k]
+            out_e[w] = suf_s[k]
+            w += 1
+        if suf_s[k] < e:
+            out_s[w] = suf_s[k]
+            out_e[w] = e
+            w += 1
     return out_s, out_e
 
 

@@ -956,20 +956,20 @@ def split_words(texts: pa.Array, special_cases: bool = True, reference: bool = F
 def _split_words(b, doff, buf, base, special_cases: bool, reference: bool = False) -> Words:
     n_docs = len(doff) - 1
     cls = _byte_classes(b)
-    # Chunks, and the words of the plain ones and of ASCII "word," "(word)" (compiled).
-    c_start, c_end, kind, core_s, core_e, starts, ends = tk.scan_chunks(b, cls, doff, *_unit_bytes())
+    # Chunks, and how the quick rules cut plain ones and ASCII "word," "(word)" (compiled).
+    c_start, c_end, kind, core_s, core_e, suf_s = tk.scan_chunks(b, cls, doff, *_unit_bytes())
     if reference:  # every chunk by the array rules: what the tests hold the quick paths to
-        kind[:], starts[:] = 2, False
+        kind[:] = 2
     quick = np.flatnonzero(kind != 2)
     slow = np.flatnonzero(kind == 2)
     # Spans that are a whole core (what is left of a chunk after its affixes and a unit):
     # one-word special cases apply to them.
     cores_s, cores_e = core_s[quick], core_e[quick]
+    tok = np.zeros(0, np.int64)
     if len(slow):  # the full rules for the rest, on code points
         tok, core_a, core_b = _rule_chunks(b, c_start[slow], c_end[slow], reference)
-        starts[tok] = True
         cores_s, cores_e = np.concatenate((cores_s, core_a)), np.concatenate((cores_e, core_b))
-    tok_start, tok_end = _spans_from_starts(starts, ends)
+    tok_start, tok_end = tk.word_spans(c_start, c_end, kind, core_s, core_e, suf_s, tok)
     if special_cases:
         tok_start, tok_end = _apply_special_cases(b, tok_start, tok_end, cores_s, cores_e)
     offsets = np.searchsorted(tok_start, doff).astype(np.int64)
@@ -1139,11 +1139,6 @@ def _unit_bytes() -> tuple[np.ndarray, np.ndarray]:
     for i, u in enumerate(units):
         table[i, :len(u)] = list(u)
     return table, np.array([len(u) for u in units], np.int64)
-
-
-def _spans_from_starts(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Word spans from a start mask (length B) and a chunk-end mask (length B + 1)."""
-    return tk.spans_from_starts(starts, ends)
 
 
 def _byte_spans(buf: pa.Buffer, base: int, start: np.ndarray, end: np.ndarray, gaps: bool = True) -> pa.Array:
