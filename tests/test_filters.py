@@ -257,6 +257,16 @@ def test_gopher_marks_equal_python_on_every_kind_of_whitespace():
     assert 0 < sum(bullet) < len(py_lines) and 0 < sum(ell) < len(py_lines)
 
 
+def test_duplicate_parts_counted_like_python_within_each_document():
+    rng = random.Random(5)
+    parts = ["", "a", "ab", "é", "ж ж", "the same line", "the same line ", "x" * 300, "…"]
+    docs = [[rng.choice(parts) for _ in range(rng.randint(0, 30))] for _ in range(400)]
+    seg = text_signals.Segments.from_lists(pa.array(docs, pa.list_(pa.string())))
+    count, chars = text_signals.duplicate_stats(seg)
+    assert (count.tolist(), chars.tolist()) == ([_duplicates(d)[0] for d in docs], [_duplicates(d)[1] for d in docs])
+    assert count.sum() > 1000  # and nothing counted across documents: each starts afresh
+
+
 def test_gopher_repetition_signals_equal_reference_on_real_docs():
     texts = [d["text"] for d in REAL]
     table = GopherRepetitionFilter().process(batch(texts)).table.to_pylist()
