@@ -691,3 +691,47 @@ def bullet_and_ellipsis_lines(b, start, length):
             k -= w
         ellipsis[j] = k - 3 >= i and _ellipsis_at(b, k - 3, k)
     return bullet, ellipsis
+
+
+@njit(cache=True, nogil=True)
+def join_spans(b, start, end, sep):
+    """The byte spans ``b[start[i]:end[i]]`` joined by the byte ``sep``."""
+    total = len(start) - 1 if len(start) else 0
+    for i in range(len(start)):
+        total += end[i] - start[i]
+    out = np.empty(max(total, 0), np.uint8)
+    w = 0
+    for i in range(len(start)):
+        if i:
+            out[w] = sep
+            w += 1
+        for j in range(start[i], end[i]):
+            out[w] = b[j]
+            w += 1
+    return out
+
+
+@njit(cache=True, nogil=True)
+def char_text_bytes(cp, start):
+    """For code points of spans joined by newlines (span i began at byte ``start[i]`` of the
+    text): the text byte of every char position, and of the end (``len(cp)``); a newline's
+    position maps to the end of its span."""
+    out = np.empty(len(cp) + 1, np.int64)
+    j = 0
+    pos = start[0] if len(start) else 0
+    for i in range(len(cp)):
+        out[i] = pos
+        c = cp[i]
+        if c == 0x0A:
+            j += 1
+            pos = start[j]
+        elif c < 0x80:
+            pos += 1
+        elif c < 0x800:
+            pos += 2
+        elif c < 0x10000:
+            pos += 3
+        else:
+            pos += 4
+    out[len(cp)] = pos
+    return out

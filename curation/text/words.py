@@ -981,31 +981,12 @@ def _split_words(b, doff, buf, base, special_cases: bool, reference: bool = Fals
 def _rule_chunks(b: np.ndarray, cs: np.ndarray, ce: np.ndarray, reference: bool = False):
     """Run the full rules on some chunks (byte spans): word starts and whole-core spans, in
     bytes of ``b`` (``reference``: by the array version of the rules)."""
-    lens = ce - cs
-    # Gather their bytes, joined by newlines, and decode to code points.
-    total = int(lens.sum()) + len(cs)
-    src = np.repeat(cs - (np.cumsum(lens + 1) - (lens + 1)), lens + 1) + np.arange(total)
-    sub = b[np.minimum(src, len(b) - 1)]
-    sep_at = np.cumsum(lens + 1) - 1
-    sub[sep_at] = 0x0A
-    cp = np.frombuffer(sub[:-1].tobytes().decode("utf-8").encode("utf-32-le"), dtype=np.uint32)
+    # Their bytes joined by newlines, decoded to code points.
+    joined = tk.join_spans(b, cs, ce, 0x0A)
+    cp = np.frombuffer(joined.tobytes().decode("utf-8").encode("utf-32-le"), dtype=np.uint32)
     tok, core_a, core_b = (_rule_token_starts if reference else _compiled_rule_starts)(cp)
-    # Char positions in the joined chunks -> byte positions in the text.
-    wide = np.flatnonzero(cp >= 0x80)
-    extra = np.zeros(len(wide) + 1, dtype=np.int64)
-    np.cumsum((cp[wide] >= 0x800).astype(np.int64) + (cp[wide] >= 0x10000) + 1, out=extra[1:])
-    chunk_base = sep_at - lens  # byte where each joined chunk starts
-
-    def sub_bytes(pos: np.ndarray) -> np.ndarray:
-        return pos + extra[np.searchsorted(wide, pos)]
-
-    def text_bytes(pos: np.ndarray) -> np.ndarray:
-        sb = sub_bytes(pos)
-        which = np.searchsorted(sep_at, sb, side="right")  # index of the chunk
-        return cs[which] + (sb - chunk_base[which])
-
-    a = text_bytes(core_a)
-    return text_bytes(tok), a, a + (sub_bytes(core_b) - sub_bytes(core_a))
+    at = tk.char_text_bytes(cp, cs)  # char position in the joined chunks -> byte in the text
+    return at[tok], at[core_a], at[core_b]
 
 
 def _apply_special_cases(b, tok_start, tok_end, core_s, core_e):
