@@ -61,8 +61,8 @@ def short_keys(b, start, n_bytes):
 def find_keys(b, start, n_bytes, sorted_keys, order, sieve):
     """Spans ``b[start:start+n]`` equal to one of the keys: (span indices, key indices).
 
-    ``sieve`` over (first byte, last byte, length) rules out almost every span before its
-    key is computed; the key is then looked up by binary search."""
+    ``sieve`` (per first and last byte, a bit per length) rules out almost every span
+    before its key is computed; the key is then looked up by binary search."""
     m = len(start)
     idx = np.empty(m, np.int64)
     hit = np.empty(m, np.int64)
@@ -73,8 +73,7 @@ def find_keys(b, start, n_bytes, sorted_keys, order, sieve):
         if n <= 0 or n > 16 or nk == 0:
             continue
         s = start[i]
-        slot = (np.int64(b[s]) << 13) | (np.int64(b[s + n - 1]) << 5) | min(n, 31)
-        if not sieve[slot]:
+        if not (sieve[(np.int64(b[s]) << 8) | np.int64(b[s + n - 1])] >> np.uint32(n)) & np.uint32(1):
             continue
         key = short_key(b, s, n)
         j = np.searchsorted(sorted_keys, key)

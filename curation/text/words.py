@@ -1060,7 +1060,7 @@ def _find_keys(b, start, n_bytes, keys, order, sieve, carry):
     """The spans whose bytes equal one of the keys: (their ``carry`` values, key indices).
 
     A table over (first byte, last byte, length) rules out almost every span before the
-    exact 64-bit key is computed (compiled: ``kernels.find_keys``)."""
+    exact 64-bit key is computed (compiled: ``kernels.find_keys``; ``_key_filter``)."""
     if not len(start):
         return carry, np.zeros(0, np.int64)
     idx, hit = tk.find_keys(b, np.ascontiguousarray(start, np.int64), np.ascontiguousarray(n_bytes, np.int64),
@@ -1068,17 +1068,13 @@ def _find_keys(b, start, n_bytes, keys, order, sieve, carry):
     return carry[idx], hit
 
 
-def _sieve_slot(first: np.ndarray, last: np.ndarray, n_bytes: np.ndarray) -> np.ndarray:
-    # int32 arithmetic: the slot has 21 bits.
-    return ((first.astype(np.int32) << 13) | (last.astype(np.int32) << 5)
-            | np.minimum(n_bytes, 31).astype(np.int32))
-
-
 def _key_filter(values) -> np.ndarray:
-    sieve = np.zeros(1 << 21, dtype=bool)
-    raw = [v.encode() for v in values]
-    sieve[_sieve_slot(np.array([r[0] for r in raw]), np.array([r[-1] for r in raw]),
-                      np.array([len(r) for r in raw]))] = True
+    """Per (first byte, last byte): a bit for each length a key with those ends has (keys
+    are at most 16 bytes). 256 KiB, so the probe per span stays in cache."""
+    sieve = np.zeros(1 << 16, dtype=np.uint32)
+    for v in values:
+        raw = v.encode()
+        sieve[(raw[0] << 8) | raw[-1]] |= np.uint32(1 << len(raw))
     return sieve
 
 
