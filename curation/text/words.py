@@ -315,16 +315,21 @@ def duplicate_stats(seg: Segments, lengths: np.ndarray | None = None) -> tuple[n
 # is kept whole if it looks like a URL, else cut at infixes (hyphens and slashes between
 # letters, "..." inside a word, ...).
 #
-# Most chunks are plain words (no punctuation or symbol): one word each, found with a few
-# byte comparisons. Chunks that are a plain ASCII core with one affix character at either end
-# ("word," "(word)") are decided from the neighbouring bytes. Only the rest go through the
-# full rules, decoded to code points, where every rule is an array expression: a table gives
-# each character its classes, the prefix run of a chunk is its leading stretch of prefix
-# characters, the suffix run its trailing stretch of suffix characters, infixes are
-# conditions on a character and its neighbours. Stripping a whole run at once gives spaCy's
-# words; special cases are then applied at byte level, as spaCy's special-case matcher does
-# (merge the words a special string was cut into wherever they touch, cut one-word special
-# cases), comparing 16-byte packed keys of candidate spans with the special strings.
+# One compiled pass (``kernels.scan_chunks``) finds the chunks and sorts them. Most are plain
+# words (no punctuation or symbol): one word each. ASCII chunks that are a plain core with one
+# affix character at either end ("word," "(word)") are decided from the neighbouring bytes. In
+# both, a unit after a number at the end of the core ("5kg", "25$") is split off. Only the rest
+# go through the full rules, decoded to code points, compiled one chunk at a time
+# (``kernels.rule_starts``): a table gives each character its classes, the prefix run of a
+# chunk is its leading stretch of prefix characters, the suffix run its trailing stretch of
+# suffix characters, infixes are conditions on a character and its neighbours. Stripping a
+# whole run at once gives spaCy's words. The array version of the same rules
+# (``_rule_token_starts``, every rule a numpy expression) is the reference: with
+# ``split_words(..., reference=True)`` every chunk goes through it, and the tests compare the
+# two on real pages and fuzzed text. Special cases are then applied at byte level, as spaCy's
+# special-case matcher does after affixes and units are split (merge the words a special
+# string was cut into wherever they touch, cut one-word special cases), comparing 16-byte
+# packed keys of candidate spans with the special strings.
 
 _QUOTES = "'\"”“`‘´’‚,„»«「」『』（）〔〕【】《》〈〉〈〉⟦⟧"
 _PUNCT = "…,:;!?¿؟¡()[]{}<>_#*&。？！，、；：～·।،۔؛٪"
