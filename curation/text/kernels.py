@@ -85,21 +85,20 @@ def find_keys(b, start, n_bytes, sorted_keys, order, sieve):
 
 
 @njit(cache=True, nogil=True)
-def _ends_in_unit(b, digit, ce, unit_b, unit_n):
-    """Where the unit after the core's last digit (at ``digit``) starts ("5kg" -> 1), -1 if
-    the rest of the core is not a unit."""
-    n = ce - digit - 1
-    for u in range(len(unit_n)):
-        if unit_n[u] != n:
+def _is_unit(x, a, n, unit_rows, unit_len):
+    """Whether ``x[a:a+n]`` (code points or bytes) is one of the units (rows of
+    ``unit_rows`` in the same encoding, ``unit_len`` long)."""
+    for u in range(len(unit_len)):
+        if unit_len[u] != n:
             continue
         same = True
         for k in range(n):
-            if b[digit + 1 + k] != unit_b[u, k]:
+            if x[a + k] != unit_rows[u, k]:
                 same = False
                 break
         if same:
-            return digit + 1
-    return -1
+            return True
+    return False
 
 
 @njit(cache=True, nogil=True)
@@ -187,10 +186,8 @@ def scan_chunks(b, cls, doff, unit_b, unit_n):
                 j = ce - 1
                 while j >= lo and (cls[j] & B_DIG) == 0:
                     j -= 1
-                if lo <= j < ce - 1:
-                    u = _ends_in_unit(b, j, ce, unit_b, unit_n)
-                    if u > 0:
-                        ce = u
+                if lo <= j < ce - 1 and _is_unit(b, j + 1, ce - j - 1, unit_b, unit_n):
+                    ce = j + 1
             core_s[k] = cs
             core_e[k] = ce
             k += 1
@@ -423,19 +420,9 @@ def gather_ranges(src, starts, lengths):
 
 
 @njit(cache=True, nogil=True)
-def _is_unit(cp, a, n, unit_cp, unit_len):
-    """Whether ``cp[a:a+n]`` is one of the units (rows of ``unit_cp``, ``unit_len`` long)."""
-    for u in range(len(unit_len)):
-        if unit_len[u] != n:
-            continue
-        same = True
-        for k in range(n):
-            if cp[a + k] != unit_cp[u, k]:
-                same = False
-                break
-        if same:
-            return True
-    return False
+def _s_after_apostrophe(cp, i, s):
+    """Whether ``cp[i]`` is the "s"/"S" of "'s" / "’s" (chunk from ``s``)."""
+    return (cp[i] == 0x73 or cp[i] == 0x53) and i > s and (cp[i - 1] == 0x27 or cp[i - 1] == 0x2019)
 
 
 @njit(cache=True, nogil=True)
@@ -499,7 +486,7 @@ def rule_starts(cp, f, unit_cp, unit_len):
                 (pf & (DIG | LOW | DOTX | PCT | QUO)) != 0
                 or ((pf & UPP) != 0 and (p2f & UPP) != 0)
                 or ((pf & FCK) != 0 and p2cp == 0xB0))
-            s_of_apos = (x == 0x73 or x == 0x53) and i > s and (cp[i - 1] == 0x27 or cp[i - 1] == 0x2019)
+            s_of_apos = _s_after_apostrophe(cp, i, s)
             if not ((f[i] & SUF) != 0 or multi[i] or s_of_apos or ctx_dot
                     or (x == 0x2B and (pf & DIG) != 0)):
                 break
@@ -525,7 +512,7 @@ def rule_starts(cp, f, unit_cp, unit_len):
                 i = j
                 continue
             cont_dot = x == 0x2E and i > s and cp[i - 1] == 0x2E
-            s_of_apos = (x == 0x73 or x == 0x53) and i > s and (cp[i - 1] == 0x27 or cp[i - 1] == 0x2019)
+            s_of_apos = _s_after_apostrophe(cp, i, s)
             if not cont_dot and not s_of_apos:
                 starts[i] = True
             i += 1

@@ -382,45 +382,27 @@ def _char_flags(c: str) -> int:
     return f
 
 
-_ASCII_FLAGS: np.ndarray | None = None
-_FLAG_CACHE: dict[int, int] = {}
-
-
-def _classify(cp: np.ndarray, of, ascii_table: np.ndarray, cache: dict[int, int], dtype) -> np.ndarray:
-    """Per code point class bits: ASCII from a table, others from a cache filled on demand
-    (a batch holds few distinct non-ASCII characters)."""
-    out = ascii_table[np.minimum(cp, 127)].astype(dtype)
-    high = np.flatnonzero(cp >= 128)
-    if len(high):
-        uniq, inv = np.unique(cp[high], return_inverse=True)
-        missing = [int(c) for c in uniq if int(c) not in cache]
-        for c in missing:  # once per distinct character per process
-            cache[c] = of(chr(c))
-        out[high] = np.array([cache[int(c)] for c in uniq], dtype=dtype)[inv]
-    return out
-
-
-def _flags(cp: np.ndarray) -> np.ndarray:
-    global _ASCII_FLAGS
-    if _ASCII_FLAGS is None:
-        _ASCII_FLAGS = np.array([_char_flags(chr(i)) for i in range(128)], dtype=np.uint32)
-    return _classify(cp, _char_flags, _ASCII_FLAGS, _FLAG_CACHE, np.uint32)
-
-
 _CP_FLAGS = np.zeros(0x110000, np.uint32)  # ``_char_flags`` by code point, filled on demand
 _CP_FLAGS_KNOWN = np.zeros(0x110000, bool)
 
 
-def _flags_compiled(cp: np.ndarray) -> np.ndarray:
-    """``_flags`` by one compiled table lookup (each distinct character classified once per
-    process)."""
-    out, missing = tk.code_point_classes(cp, _CP_FLAGS, _CP_FLAGS_KNOWN)
+def _looked_up(lookup, table: np.ndarray, known: np.ndarray, classify):
+    """``lookup()`` (a compiled table lookup returning (classes, code points not yet known));
+    the unknown code points are classified with ``classify`` once per process and the lookup
+    is run again (rare after the first batch)."""
+    out, missing = lookup()
     if len(missing):
         for c in np.unique(missing).tolist():
-            _CP_FLAGS[c] = _char_flags(chr(c))
-            _CP_FLAGS_KNOWN[c] = True
-        out, missing = tk.code_point_classes(cp, _CP_FLAGS, _CP_FLAGS_KNOWN)
+            table[c] = classify(chr(c))
+            known[c] = True
+        out, missing = lookup()
     return out
+
+
+def _flags(cp: np.ndarray) -> np.ndarray:
+    """``_char_flags`` of every code point."""
+    return _looked_up(lambda: tk.code_point_classes(cp, _CP_FLAGS, _CP_FLAGS_KNOWN), _CP_FLAGS, _CP_FLAGS_KNOWN,
+                      _char_flags)
 
 
 def _special_cases() -> dict[str, tuple[int, ...]]:
@@ -692,13 +674,14 @@ def _rule_token_starts(cp: np.ndarray):
 _UNIT_STRINGS = pa.array(_UNITS + list(_CURRENCY) + ["+"])
 
 
-@functools.lru_cache(maxsize=1)
-def _unit_table() -> tuple[np.ndarray, np.ndarray]:
-    """The unit strings as rows of code points (zero-padded) and their lengths."""
-    units = _UNIT_STRINGS.to_pylist()
-    table = np.zeros((len(units), max(map(len, units))), np.uint32)
+@functools.lru_cache(maxsize=2)
+def _unit_rows(bytes_: bool) -> tuple[np.ndarray, np.ndarray]:
+    """What the rules split off after a number (units, currency signs, "+") as zero-padded
+    rows of code points, or of UTF-8 bytes (``bytes_``), and their lengths."""
+    units = [list(u.encode()) if bytes_ else [ord(c) for c in u] for u in _UNIT_STRINGS.to_pylist()]
+    table = np.zeros((len(units), max(map(len, units))), np.uint8 if bytes_ else np.uint32)
     for i, u in enumerate(units):
-        table[i, :len(u)] = [ord(c) for c in u]
+        table[i, :len(u)] = u
     return table, np.array([len(u) for u in units], np.int64)
 
 
@@ -706,7 +689,7 @@ def _compiled_rule_starts(cp: np.ndarray):
     """``_rule_token_starts`` by the compiled rules (``kernels.rule_starts``); the array
     version stays as the reference the tests hold this to."""
     N = len(cp)
-    starts, istarts, core_s, core_e, url_cand = tk.rule_starts(cp, _flags_compiled(cp), *_unit_table())
+    starts, istarts, core_s, core_e, url_cand = tk.rule_starts(cp, _flags(cp), *_unit_rows(bytes_=False))
     cand = np.flatnonzero(url_cand)
     if len(cand):
         url = _mask(pc.match_substring_regex(_spans_to_strings(cp, core_s[cand], core_e[cand]), _URL_RE))
@@ -785,13 +768,8 @@ _CP_KNOWN = np.zeros(0x110000, bool)
 def _byte_classes(b: np.ndarray) -> np.ndarray:
     """Class bits of every byte (non-ASCII characters classified from their code points,
     each distinct one once per process)."""
-    cls, missing = tk.byte_classes(b, _ASCII_CLASS, _CP_CLASS, _CP_KNOWN)
-    if len(missing):
-        for c in np.unique(missing).tolist():
-            _CP_CLASS[c] = _byte_class_of(chr(c))
-            _CP_KNOWN[c] = True
-        cls, missing = tk.byte_classes(b, _ASCII_CLASS, _CP_CLASS, _CP_KNOWN)
-    return cls
+    return _looked_up(lambda: tk.byte_classes(b, _ASCII_CLASS, _CP_CLASS, _CP_KNOWN), _CP_CLASS, _CP_KNOWN,
+                      _byte_class_of)
 
 
 def _py_short_key(s: str) -> int:
@@ -962,7 +940,7 @@ def _split_words(b, doff, buf, base, special_cases: bool, reference: bool = Fals
     n_docs = len(doff) - 1
     cls = _byte_classes(b)
     # Chunks, and how the quick rules cut plain ones and ASCII "word," "(word)" (compiled).
-    c_start, c_end, kind, core_s, core_e, suf_s = tk.scan_chunks(b, cls, doff, *_unit_bytes())
+    c_start, c_end, kind, core_s, core_e, suf_s = tk.scan_chunks(b, cls, doff, *_unit_rows(bytes_=True))
     if reference:  # every chunk by the array rules: what the tests hold the quick paths to
         kind[:] = 2
     quick = np.flatnonzero(kind != 2)
@@ -1110,17 +1088,6 @@ def _one_word_split_keys() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     cuts = np.array([_cut_mask(len(w[:c].encode()) for c in SPECIAL_CASES[w]) for w in sel],
                     dtype=np.uint64)
     return table, order, cuts, _key_filter(sel)
-
-
-@functools.lru_cache(maxsize=1)
-def _unit_bytes() -> tuple[np.ndarray, np.ndarray]:
-    """What the rules split off after a number (units, currency signs, "+") as rows of UTF-8
-    bytes, zero-padded, and their lengths."""
-    units = [u.encode() for u in _UNIT_STRINGS.to_pylist()]
-    table = np.zeros((len(units), max(map(len, units))), np.uint8)
-    for i, u in enumerate(units):
-        table[i, :len(u)] = list(u)
-    return table, np.array([len(u) for u in units], np.int64)
 
 
 def _byte_spans(buf: pa.Buffer, base: int, start: np.ndarray, end: np.ndarray, gaps: bool = True) -> pa.Array:
