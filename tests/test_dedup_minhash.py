@@ -27,7 +27,8 @@ from dedup_helpers import datasketch_removals, run_global, union_find, write_ups
 from curation.pipeline.rundir import RunDir
 from curation.dedup.minhash import ArtifactMismatch, band_hashes, lsh_params
 from curation.stages import dedup_minhash
-from curation.stages.dedup_minhash import REPORT, MinHashDedup, candidate_edges, read_signatures
+from curation.dedup.lsh import candidate_edges, read_signatures
+from curation.stages.dedup_minhash import REPORT, MinHashDedup
 
 DEDUP = DATA / "dedup"
 STAGE = dict(input="up", ngram=5, num_perm=128, threshold=0.8, partitions=4)

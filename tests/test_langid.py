@@ -16,7 +16,8 @@ from pydantic import ValidationError
 
 from conftest import DATA, REPO
 from curation.quality.classifier import LOADS, ModelLoadError, train_fasttext_isolated
-from curation.stages.langid import LanguageId, detector_for, normalize_lang, sample_text
+from curation.quality.langid import detector_for, normalize_lang, sample_text
+from curation.stages.langid import LanguageId
 
 FIXTURE = DATA / "langid" / "lingua_docs_gt200chars_14lang.jsonl.gz"
 

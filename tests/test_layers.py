@@ -1,11 +1,15 @@
 """The code's shape, checked: imports only go down the layers of ARCHITECTURE.md, no stage
 imports another stage, no import cycle, and the trainer never imports curation beyond the
-on-disk formats. Imports under ``if TYPE_CHECKING:`` are annotations, not dependencies."""
+on-disk formats. Imports under ``if TYPE_CHECKING:`` are annotations, not dependencies, except
+that a stage does not import the pipeline even for its types (stages are typed against
+``curation.stages.context``, which the pipeline implements)."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -37,14 +41,15 @@ def _is_type_checking(node: ast.If) -> bool:
     return (isinstance(t, ast.Name) and t.id == "TYPE_CHECKING") or (isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
 
 
-def _imports(path: Path, module: str, known: dict[str, Path]) -> set[str]:
-    """Project modules ``module`` imports (anywhere in the file, TYPE_CHECKING blocks excluded)."""
+def _imports(path: Path, module: str, known: dict[str, Path], types: bool = False) -> set[str]:
+    """Project modules ``module`` imports (anywhere in the file; TYPE_CHECKING blocks excluded
+    unless ``types``)."""
     tree = ast.parse(path.read_text())
     found: set[str] = set()
 
     def visit(node: ast.AST) -> None:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and _is_type_checking(child):
+            if isinstance(child, ast.If) and _is_type_checking(child) and not types:
                 for sub in child.orelse:
                     visit(sub)
                 continue
@@ -68,9 +73,13 @@ def _layer(module: str) -> tuple[str, int] | None:
     return best
 
 
-def _graph() -> dict[str, set[str]]:
+def _graph(types: bool = False) -> dict[str, set[str]]:
     known = _modules()
-    return {m: _imports(f, m, known) for m, f in known.items()}
+    return {m: _imports(f, m, known, types) for m, f in known.items()}
+
+
+#: what every stage may import from its own layer: the stage API and the context it is handed
+STAGE_FACILITIES = ("curation.stages.base", "curation.stages.context")
 
 
 def test_imports_only_go_down_the_layers():
@@ -92,8 +101,24 @@ def test_imports_only_go_down_the_layers():
 
 def test_no_stage_imports_another_stage():
     bad = [f"{mod} -> {d}" for mod, deps in _graph().items() if mod.startswith("curation.stages.")
-           for d in deps if d.startswith("curation.stages.") and d not in ("curation.stages.base",)
+           for d in deps if d.startswith("curation.stages.") and d not in STAGE_FACILITIES
            and not mod.endswith("__init__") and mod != "curation.stages"]
+    assert not bad, "\n".join(sorted(bad))
+
+
+def test_no_stage_imports_the_pipeline_even_for_types():
+    """The stage layer owns its contract: ``run(ctx: StageContext)``, ``ShardSink``,
+    ``RunSource``; no type-level arrow runs back up from stages to the pipeline."""
+    bad = [f"{mod} -> {d}" for mod, deps in _graph(types=True).items() if mod.startswith("curation.stages")
+           for d in deps if d.startswith("curation.pipeline")]
+    assert not bad, "\n".join(sorted(bad))
+
+
+def test_algorithms_import_no_stage_and_no_pipeline_even_for_types():
+    """What stages share lives below them and knows neither stages nor the run directory."""
+    below = tuple(p for p, rank in LAYERS.items() if rank < LAYERS["curation.stages"])
+    bad = [f"{mod} -> {d}" for mod, deps in _graph(types=True).items() if mod.startswith(below)
+           for d in deps if d.startswith(("curation.stages", "curation.pipeline"))]
     assert not bad, "\n".join(sorted(bad))
 
 
@@ -103,8 +128,9 @@ def test_training_imports_only_the_curation_formats():
     assert not bad, "\n".join(sorted(bad))
 
 
-def test_no_import_cycle():
-    graph = _graph()
+@pytest.mark.parametrize("types", [False, True], ids=["run time", "with type-only imports"])
+def test_no_import_cycle(types):
+    graph = _graph(types)
     # a package's __init__ that re-exports its modules is not a cycle through its children
     state: dict[str, int] = {}
     stack: list[str] = []

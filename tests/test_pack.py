@@ -12,7 +12,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from curation.stages.pack import Pack, PackError, best_fit_decreasing, concat_chunks, pack_window, split_long
+from curation.sampling.packing import best_fit_decreasing, concat_chunks, pack_window, split_long
+from curation.stages.pack import Pack, PackError
 from curation.stages.tokenize import int32_lists
 from test_mix import mix_multi_run
 

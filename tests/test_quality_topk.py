@@ -7,20 +7,21 @@ import numpy as np
 import pytest
 
 from curation.quality.topk import LEVELS, Prefix, choose_bin, cut, score_keys
+from curation.sampling.radix import Search, narrow
 
 
 def _top_k(shards: list[np.ndarray], k: int, cap: int) -> tuple[set, int]:
-    """The stage's driver loop over in-memory shards; returns (kept (shard, row) set, passes)."""
+    """The stage's selection over in-memory shards; returns (kept (shard, row) set, passes)."""
     valid = [s[~np.isnan(s)] for s in shards]
+
+    def refine(level, prefixes):
+        hist = np.sum([prefixes["top"].histogram(score_keys(v)) for v in valid], axis=0)
+        return {"top": (hist, hist)}
+
     hist = np.sum([Prefix().histogram(score_keys(v)) for v in valid], axis=0)
-    prefix, need, passes = Prefix(), k, 1
-    while True:
-        b, above = choose_bin(hist, need)
-        prefix, need = prefix.extend(b), need - above
-        if hist[b] <= cap or prefix.level == LEVELS:
-            break
-        hist = np.sum([prefix.histogram(score_keys(v)) for v in valid], axis=0)
-        passes += 1
+    search = Search(Prefix(), k, hist, hist)
+    passes = 1 + narrow({"top": search}, choose_bin, refine, cap)
+    prefix, need = search.prefix, search.need
     cands = []
     for i, s in enumerate(shards):
         rows = np.flatnonzero(~np.isnan(s))

@@ -1,5 +1,8 @@
 """What a global stage (dedup, mix, pack, quality keep_top...) gets from the executor: its
-upstream shards, the run directory, and named, resumable phases of bounded Ray tasks.
+upstream shards, its output shards, work folder and reports, and named, resumable phases of
+bounded Ray tasks. ``GlobalContext`` implements the stage layer's ``StageContext``
+(``curation/stages/context.py``): stages are typed against that, never against this class or
+the run directory.
 
 A global stage's ``run(ctx)`` reads as a list of phases::
 
@@ -22,7 +25,8 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from curation.formats.manifest import parse_lines
 from curation.io.artifacts import check_header
@@ -30,8 +34,41 @@ from curation.io import files, location
 from curation.pipeline.rundir import RunDir, ShardOutput
 from curation.pipeline.tasks import Resources, TasksFailed, peak_rss_mb, run_measured
 
+if TYPE_CHECKING:  # pragma: no cover
+    from curation.pipeline.dag import Dag
+    from curation.stages.base import Stage
+
 PHASES = "_phases"
 PHASES_REPORT = "_phases.json"
+
+
+class RunView:
+    """A run read through its DAG, as a stage sees its input's run (``RunSource``): a node's
+    folder, committed shards, stage and params hash. Without ``dag``, the run's ``dag.yaml``."""
+
+    def __init__(self, rundir: RunDir, dag: Dag | None = None):
+        self.rundir, self._dag = rundir, dag
+        self.root = rundir.root
+
+    @cached_property
+    def dag(self) -> Dag:
+        return self._dag if self._dag is not None else self.rundir.load_dag()
+
+    @cached_property
+    def hashes(self) -> dict[str, str]:
+        return self.dag.hashes()
+
+    def stage_dir(self, node: str) -> str:
+        return self.rundir.stage_dir(node)
+
+    def node_shards(self, node: str) -> list[tuple[str, str]]:
+        return self.rundir.shard_files(self.dag, node, self.hashes)
+
+    def node_stage(self, node: str) -> Stage | None:
+        return self.dag.stages.get(node)
+
+    def node_hash(self, node: str) -> str:
+        return self.hashes[node]
 
 
 @dataclass
@@ -46,10 +83,16 @@ class GlobalContext:
     report: Callable[[str, int, int], None] = field(default=lambda phase, done, total: None)
     #: name -> {jobs, ran, seconds, max_task_seconds, peak_worker_rss_mb}, in the order run
     phases: dict[str, dict] = field(default_factory=dict)
+    #: the run the stage's input comes from (default: this run, read through its dag.yaml)
+    source: RunView | None = None
+
+    def __post_init__(self) -> None:
+        if self.source is None:
+            self.source = RunView(self.rundir)
 
     @property
-    def run_dir(self) -> str:
-        return self.rundir.root
+    def stage_dir(self) -> str:
+        return self.rundir.stage_dir(self.name)
 
     @property
     def work_dir(self) -> str:
@@ -66,6 +109,15 @@ class GlobalContext:
 
     def committed(self) -> dict[str, dict]:
         return self.rundir.committed(self.name, self.params_hash)
+
+    def entries(self) -> dict[str, dict]:
+        return self.rundir.entries(self.name)
+
+    def finished(self, keys: Sequence[str], report: str) -> bool:
+        return not set(keys) - self.done_keys() and self.read_report(report) is not None
+
+    def read_report(self, filename: str) -> dict | None:
+        return self.rundir.read_report(self.name, filename)
 
     def commit(self, entries: list[dict]) -> None:
         self.rundir.commit(entries)
@@ -172,27 +224,6 @@ class GlobalContext:
 
         self._run(phase, fn, list(items), True, on_result)
         return results
-
-    def map_and_commit(self, fn: Callable[..., dict], items: Sequence[tuple], phase: str) -> None:
-        """``fn(*item)`` for every item, each returning a manifest entry committed as it arrives
-        (batched), so a killed run keeps the shards it finished."""
-        pending: list[dict] = []
-        done = 0
-
-        def on_result(i: int, entry: dict) -> None:
-            nonlocal done
-            pending.append(entry)
-            if len(pending) >= max(1, self.workers):
-                self.commit(pending)
-                pending.clear()
-            done += 1
-            self.report(phase, done, len(items))
-
-        try:
-            self._run(phase, fn, list(items), True, on_result)
-        finally:
-            if pending:
-                self.commit(pending)
 
     def finish(self, keep_work: bool = False) -> None:
         """After the stage committed: record its work folder's size in ``_phases.json`` and

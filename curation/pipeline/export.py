@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from curation.export import hand_off
 from curation.export.common import ExportError
 from curation.formats.manifest import MANIFEST
-from curation.pipeline.context import GlobalContext
+from curation.pipeline.context import GlobalContext, RunView
 from curation.pipeline.executor import _init_ray
 from curation.pipeline.rundir import RunDir, stage_of
 from curation.stages.export import EXPORT_MANIFEST, Export
@@ -51,11 +51,12 @@ def export_stage(stage_path: str | Path, fmt: str, out: str | Path, tokenizer: s
     dag = source.load_dag()
     hashes = dag.hashes()
     upstream = source.shard_files(dag, node, hashes)
-    stage.check(source, dag, node, upstream)  # refuse before Ray starts
+    view = RunView(source, dag)
+    stage.check(view, node, upstream)  # refuse before Ray starts
     workers = _init_ray(address, workers)
     ctx = GlobalContext(RunDir(out.parent), out.name, stage.params_hash([hashes[node]]), workers, upstream,
-                        Export.resources, report=report or (lambda phase, done, total: None))
-    manifest = stage.export(ctx, source, node)
+                        Export.resources, report=report or (lambda phase, done, total: None), source=view)
+    manifest = stage.export(ctx, node)
     ctx.finish(keep_work=stage.keep_work)
     return manifest
 

@@ -3,7 +3,7 @@
 Each score in [0, 1] gets a monotone 32-bit key, ``floor(score * 2^32)``. Shards send
 256-bin histograms of one key byte at a time (top byte first, then the next byte among the
 keys that share the chosen prefix...), the driver adds them and follows the bin holding the
-k-th largest score. Once the chosen bin holds at most ``gather_cap`` scores (or all four
+k-th largest score (``curation.sampling.radix.narrow`` with ``choose_bin``). Once the chosen bin holds at most ``gather_cap`` scores (or all four
 bytes are fixed), the shards send those few (score, id, row) triples and the driver sorts
 them: exactly k documents are kept, ties at the cut broken by (id, shard, row). Memory on
 the driver: a few 256-bin histograms plus at most ``gather_cap`` triples (more only when more
@@ -13,11 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from curation.sampling.prefix import KeyPrefix
-
-BINS = 256
-LEVELS = 4  # bytes of the key
-GATHER_CAP = 100_000
+from curation.sampling.radix import KeyPrefix
 
 
 def score_keys(scores: np.ndarray) -> np.ndarray:
@@ -37,12 +33,16 @@ class Prefix(KeyPrefix):
         return np.bincount(self.next_digit(keys)[1], minlength=BINS)
 
 
-def choose_bin(counts: np.ndarray, k: int) -> tuple[int, int]:
-    """(bin holding the k-th largest, number of scores in higher bins); ``1 <= k <= counts.sum()``."""
+BINS = Prefix.bins()  # 256
+LEVELS = Prefix.levels()  # bytes of the key
+
+
+def choose_bin(counts: np.ndarray, k: int) -> tuple[int, slice]:
+    """(bin holding the k-th largest, the higher bins: all kept); ``1 <= k <= counts.sum()``."""
     above = np.cumsum(counts[::-1])  # above[i]: scores in the top i+1 bins
     i = int(np.searchsorted(above, k))  # first top-(i+1) block reaching k
     b = BINS - 1 - i
-    return b, int(above[i] - counts[b])
+    return b, slice(b + 1, None)
 
 
 def cut(candidates: list[tuple[float, str, str, int]], need: int) -> tuple[float, tuple[str, str, int]]:

@@ -6,7 +6,8 @@ whole epochs, plus a partial epoch of ``rem = T - full * A`` tokens. Every docum
 while they fit in ``rem`` — the same as walking a seeded random permutation, so the realised
 total is within one document of the target. The cut point ``(u, id)`` per source is found from
 merged per-shard histograms of ``u``'s 4-bit digits (documents and tokens per digit), refined
-digit by digit only while the chosen bin is large, then from the few documents left in it. A
+digit by digit only while the chosen bin is large, then from the few documents left in it
+(``curation.sampling.radix.narrow`` with ``choose_bin``). A
 map task then knows each of its documents' copies from (seed, source, id, cut) alone.
 
 Output order: each shard's copies of a source, in emission order (epoch by epoch, each epoch
@@ -24,11 +25,7 @@ import numpy as np
 import xxhash
 
 from curation.dedup.minhash import mix64
-from curation.sampling.prefix import KeyPrefix
-
-BINS = 16  # a shard's histogram is 2 x 16 numbers per source: small at 1e5 shards
-LEVELS = 16  # 4-bit digits of u
-GATHER_CAP = 100_000
+from curation.sampling.radix import KeyPrefix
 
 
 def source_targets(available: dict[str, int], weights: dict[str, float], total: float,
@@ -70,6 +67,9 @@ class Prefix(KeyPrefix):
     KEY_BITS = 64
 
 
+BINS = Prefix.bins()  # 16: a shard's histogram is 2 x 16 numbers per source, small at 1e5 shards
+
+
 def histogram(u: np.ndarray, tokens: np.ndarray, prefix: Prefix) -> tuple[list[int], list[int]]:
     """(documents, tokens) per value of the next digit of ``u``, among keys with ``prefix``."""
     m, b = prefix.next_digit(u)
@@ -77,12 +77,12 @@ def histogram(u: np.ndarray, tokens: np.ndarray, prefix: Prefix) -> tuple[list[i
             np.bincount(b, weights=tokens[m].astype(np.float64), minlength=BINS).astype(np.int64).tolist())
 
 
-def choose_bin(tokens: np.ndarray, budget: int) -> tuple[int, int]:
+def choose_bin(tokens: np.ndarray, budget: int) -> tuple[int, slice]:
     """The bin where ascending cumulative tokens pass ``budget`` (``0 <= budget < tokens.sum()``),
-    and the tokens of the bins below it (all taken)."""
+    and the bins below it (all taken)."""
     cum = np.cumsum(tokens)
     b = int(np.searchsorted(cum, budget, side="right"))
-    return b, int(cum[b] - tokens[b])
+    return b, slice(0, b)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ Three kinds:
 - ``MapStage``: row-local. ``process(batch, text=None) -> StageResult``. Consecutive map
   stages fuse into one Ray task per shard (read once, write once).
 - ``GlobalStage``: needs to see the whole corpus (dedup, mix, pack, corpus quantiles).
-  ``run(ctx)`` drives its own Ray phases through a ``GlobalContext``.
+  ``run(ctx)`` drives its own Ray phases through a ``StageContext`` (``curation.stages.context``).
 - ``UnionStage``: concatenates several upstreams; writes nothing itself.
 
 A filter never silently drops: ``StageResult.reasons`` holds, per row, ``None`` (kept)
@@ -52,7 +52,7 @@ import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:  # pragma: no cover
-    from curation.pipeline.context import GlobalContext
+    from curation.stages.context import StageContext
     from curation.text.state import TextState
 
 #: Bump when a stage's output for the same parameters changes meaning; part of every params hash.
@@ -445,7 +445,7 @@ class GlobalStage(Stage):
     keep_work: bool = False
 
     @abstractmethod
-    def run(self, ctx: GlobalContext) -> None:
+    def run(self, ctx: StageContext) -> None:
         """Read every upstream shard through ``ctx``, write output shards through ``ctx``."""
 
 

@@ -8,7 +8,7 @@ A key is two 64-bit hashes of the normalised text (NFKC, casefold, whitespace ru
 of the whole document (``level: document``) or of each non-blank line (``level: paragraph``;
 lines are paragraphs in extracted web text, as in cc_net). See ``curation.dedup.exact``.
 
-Phases (``GlobalContext.phase``: resumable, timed; results never depend on the worker count):
+Phases (``StageContext.phase``: resumable, timed; results never depend on the worker count):
 
 1. keys (one task per upstream shard): hash every document or paragraph; write the keys with
    their partition (a hash prefix) to ``_work/<params>/keys/<shard>.parquet``.
@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -48,10 +48,8 @@ from curation.io.artifacts import read_partition, write_partitioned
 from curation.io.files import safe_names
 from curation.io.shards import split_kept_rejected
 from curation.stages.base import GlobalStage, Resources, registry
+from curation.stages.context import ShardSink, StageContext
 
-if TYPE_CHECKING:  # pragma: no cover
-    from curation.pipeline.context import GlobalContext
-    from curation.pipeline.rundir import ShardOutput
 
 #: Bump when keys or the choice of duplicates change for the same parameters.
 EXACT_VERSION = 3  # 3: key files indexed by partition
@@ -183,7 +181,7 @@ def partition_task(job: PartitionJob) -> dict:
 
 @dataclass(frozen=True)
 class ApplyJob:
-    out: ShardOutput
+    out: ShardSink
     path: str
     shard: int
     dup_files: tuple[str, ...]
@@ -280,13 +278,13 @@ class ExactDedup(GlobalStage):
             out.append(f)
         return out
 
-    def run(self, ctx: GlobalContext) -> None:
+    def run(self, ctx: StageContext) -> None:
         keys = [k for k, _ in ctx.upstream]
         paths = [p for _, p in ctx.upstream]
         header = self.header()
         ctx.check_work_header(header, create=False)
-        bloom_dir = location.join(ctx.rundir.stage_dir(ctx.name), BLOOM_DIR)
-        if not set(keys) - ctx.done_keys() and ctx.rundir.read_report(ctx.name, REPORT) is not None:
+        bloom_dir = location.join(ctx.stage_dir, BLOOM_DIR)
+        if ctx.finished(keys, REPORT):
             return
         work = ctx.work_dir
         ctx.check_work_header(header)
@@ -306,7 +304,7 @@ class ExactDedup(GlobalStage):
                       commit=True)
         self._write_report(ctx, bloom_dir)
 
-    def _write_report(self, ctx: GlobalContext, bloom_dir: str) -> None:
+    def _write_report(self, ctx: StageContext, bloom_dir: str) -> None:
         parts = [r for r in ctx.recorded("partitions") if r is not None]
         m = sum(p["m"] for p in parts)
         ctx.write_report(REPORT, {

@@ -14,7 +14,8 @@ Phases, each a set of Ray tasks whose output does not depend on the worker count
    sorted by partition = prefix of the bucket hash. A killed run keeps finished shards.
 2. candidates (one task per partition): group that partition's bucket rows by (band,
    bucket); each bucket links its members to its smallest doc (a star: edges grow with
-   members, not with their square, and the components are those of all pairs). With
+   members, not with their square, and the components are those of all pairs;
+   ``curation.dedup.lsh``). With
    ``verify_jaccard`` an edge survives only if the true shingle Jaccard reaches the threshold.
 3. components (``curation.dedup.components``): large-star / small-star rounds over
    hash-partitioned edge files; no task holds more than its partition's edges. A component
@@ -36,8 +37,7 @@ per-phase seconds and docs/s, and peak worker RSS.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -46,6 +46,7 @@ from pydantic import Field, model_validator
 
 from curation.io import location
 from curation.dedup.components import connected_components, edge_header, read_labels, symmetric, write_edges
+from curation.dedup.lsh import EMPTY_BUCKETS, bucket_partition, candidate_edges, signature_table
 from curation.io.artifacts import read_partition, write_partitioned
 from curation.io.files import safe_names
 from curation.io.rows import take_rows
@@ -60,81 +61,14 @@ from curation.dedup.minhash import (
     shingle_sets,
     write_artifact,
 )
-if TYPE_CHECKING:  # pragma: no cover
-    from curation.pipeline.context import GlobalContext
-    from curation.pipeline.rundir import ShardOutput
-
 from curation.stages.base import GlobalStage, Resources, registry
+from curation.stages.context import ShardSink, StageContext
 
 #: Bump when buckets, edges or the choice of keepers change for the same parameters.
 MINHASH_DEDUP_VERSION = 2  # 2: bucket files indexed by partition
 REPORT = "_minhash_report.json"
 REASON_PREFIX = "minhash_dedup:cluster="
 _SIG_BATCH = 4096  # documents per signature batch: bounds a task's working memory
-
-
-def bucket_partition(buckets: np.ndarray, partitions: int) -> np.ndarray:
-    """Partition of a bucket from its hash's top 32 bits."""
-    return ((buckets >> np.uint64(32)) * np.uint64(partitions) >> np.uint64(32)).astype(np.int32)
-
-
-def bucket_groups(band: np.ndarray, bucket: np.ndarray, doc: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sort bucket rows by (band, bucket, doc); returns (order, group start offsets + end)."""
-    order = np.lexsort((doc, bucket, band))
-    b, h = band[order], bucket[order]
-    new = np.r_[True, (b[1:] != b[:-1]) | (h[1:] != h[:-1])] if len(order) else np.zeros(0, bool)
-    return order, np.r_[np.flatnonzero(new), len(order)]
-
-
-def candidate_edges(band: np.ndarray, bucket: np.ndarray, doc: np.ndarray, all_pairs: bool = False
-                    ) -> tuple[np.ndarray, np.ndarray]:
-    """Candidate edges (u < v) of LSH buckets, deduplicated. Default: a star per bucket (its
-    smallest doc to each other member), which has the same connected components as all
-    pairs; ``all_pairs=True`` lists every pair sharing a bucket (datasketch's candidates)."""
-    order, bounds = bucket_groups(band, bucket, doc)
-    d = doc[order]
-    sizes = np.diff(bounds)
-    multi = sizes >= 2
-    if not multi.any():
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    starts, sizes = bounds[:-1][multi], sizes[multi]
-    if not all_pairs:
-        u = np.repeat(d[starts], sizes - 1)
-        idx = np.arange(int((sizes - 1).sum())) + np.repeat(starts + 1 - (np.cumsum(sizes - 1) - (sizes - 1)), sizes - 1)
-        v = d[idx]
-    else:
-        us, vs = [], []
-        for s, n in zip(starts.tolist(), sizes.tolist()):
-            i, j = np.triu_indices(n, 1)
-            us.append(d[s + i])
-            vs.append(d[s + j])
-        u, v = np.concatenate(us), np.concatenate(vs)
-    keep = u != v  # a document never pairs with itself (duplicate rows)
-    u, v = np.minimum(u[keep], v[keep]), np.maximum(u[keep], v[keep])
-    if len(u) == 0:
-        return u, v
-    o = np.lexsort((v, u))
-    u, v = u[o], v[o]
-    first = np.r_[True, (u[1:] != u[:-1]) | (v[1:] != v[:-1])]
-    return u[first].astype(np.int64), v[first].astype(np.int64)
-
-
-def _sig_table(doc: np.ndarray, sig: np.ndarray, n: np.ndarray, quality: np.ndarray | None) -> pa.Table:
-    cols = {"doc": pa.array(doc, pa.int64()),
-            "signature": pa.FixedSizeListArray.from_arrays(pa.array(sig.ravel(), pa.uint32()), sig.shape[1]),
-            "num_shingles": pa.array(n.astype(np.int32))}
-    if quality is not None:
-        cols["quality"] = pa.array(quality, pa.float64())
-    return pa.table(cols)
-
-
-def read_signatures(path: str | Path, header: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(doc, signatures uint32[n, num_perm], num_shingles) of a persisted signature file."""
-    t = read_artifact(path, header)
-    sig = t.column("signature").combine_chunks()
-    k = sig.type.list_size
-    return (t.column("doc").to_numpy(), sig.values.to_numpy().reshape(-1, k),
-            t.column("num_shingles").to_numpy())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -169,7 +103,7 @@ def signature_task(job: SignatureJob) -> dict:
         q = None
         if job.with_quality:
             q = pc.fill_null(batch.column("quality").cast(pa.float64()), float("nan")).to_numpy(zero_copy_only=False)
-        sig_parts.append(_sig_table(doc, sig, n, q))
+        sig_parts.append(signature_table(doc, sig, n, q))
         has = n > 0  # a document without words has no shingles: it never collides
         flat = band_hashes(sig[has], job.bands, job.rows, job.hasher.seed).ravel()
         parts.append(bucket_partition(flat, job.partitions))
@@ -177,20 +111,16 @@ def signature_task(job: SignatureJob) -> dict:
             "band": pa.array(np.tile(np.arange(job.bands, dtype=np.int32), int(has.sum()))),
             "bucket": pa.array(flat), "doc": pa.array(np.repeat(doc[has], job.bands))}))
     k = job.hasher.num_perm
-    sigs = pa.concat_tables(sig_parts) if sig_parts else _sig_table(
+    sigs = pa.concat_tables(sig_parts) if sig_parts else signature_table(
         np.zeros(0, np.int64), np.zeros((0, k), np.uint32), np.zeros(0, np.int64),
         np.zeros(0) if job.with_quality else None)
-    buckets = pa.concat_tables(bucket_parts) if bucket_parts else _EMPTY_BUCKETS
+    buckets = pa.concat_tables(bucket_parts) if bucket_parts else EMPTY_BUCKETS
     part = np.concatenate(parts) if parts else np.zeros(0, np.int32)
     order = np.lexsort((buckets.column("doc").to_numpy(), buckets.column("bucket").to_numpy(),
                         buckets.column("band").to_numpy(), part))
     write_artifact(sigs, job.sig_out, job.header, row_group_size=8192)
     write_partitioned(buckets.take(pa.array(order)), part[order], job.bucket_out, job.header)
     return {"docs": lo, "bucket_rows": buckets.num_rows}
-
-
-_EMPTY_BUCKETS = pa.table({"band": pa.array([], pa.int32()), "bucket": pa.array([], pa.uint64()),
-                           "doc": pa.array([], pa.int64())})
 
 
 @dataclass(frozen=True)
@@ -232,7 +162,7 @@ class CandidatesJob:
 def candidate_task(job: CandidatesJob) -> dict:
     """Phase 2 for one partition: its buckets' star edges, sent to step 0 of the components."""
     parts = [read_partition(f, job.p, job.header, columns=["band", "bucket", "doc"]) for f in job.bucket_files]
-    t = pa.concat_tables(parts) if parts else _EMPTY_BUCKETS
+    t = pa.concat_tables(parts) if parts else EMPTY_BUCKETS
     if t.num_rows:
         u, v = candidate_edges(t.column("band").to_numpy(), t.column("bucket").to_numpy(), t.column("doc").to_numpy())
     else:
@@ -299,7 +229,7 @@ def keeper_task(job: KeeperJob) -> dict:
 
 @dataclass(frozen=True)
 class ApplyJob:
-    out: ShardOutput
+    out: ShardSink
     path: str
     lo: int
     hi: int
@@ -398,11 +328,11 @@ class MinHashDedup(GlobalStage):
                            "partitions": self.partitions, "verify_jaccard": self.verify_jaccard,
                            "keep": self.keep}}
 
-    def run(self, ctx: GlobalContext) -> None:
+    def run(self, ctx: StageContext) -> None:
         keys = [k for k, _ in ctx.upstream]
         paths = [p for _, p in ctx.upstream]
         ctx.check_work_header(self.header(), create=False)
-        if not set(keys) - ctx.done_keys() and ctx.rundir.read_report(ctx.name, REPORT) is not None:
+        if ctx.finished(keys, REPORT):
             return
         if self.keep == "highest_quality":
             missing = [p for p in paths if "quality" not in location.read_schema(p).names]
@@ -445,7 +375,7 @@ class MinHashDedup(GlobalStage):
                      labels, keeper_files, header, cc_head) for i in range(len(paths))], commit=True)
         self._write_report(ctx, keys, int(offsets[-1]), cand, comp, header)
 
-    def _write_report(self, ctx: GlobalContext, keys: list[str], total_docs: int, cand: list[dict],
+    def _write_report(self, ctx: StageContext, keys: list[str], total_docs: int, cand: list[dict],
                       comp: Any, header: dict) -> None:
         entries = ctx.committed()
         removed = sum(int(entries[k].get("rejected_rows", 0)) for k in keys if k in entries)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -35,12 +35,9 @@ from curation.export.common import Docs, ExportError, Rows, TokenInfo
 from curation.formats.packed import TOKENIZER_METADATA
 from curation.io.files import safe_names
 from curation.stages.base import GlobalStage, Resources, registry
+from curation.stages.context import RunSource, ShardSink, StageContext
 from curation.tokenizer.model import Tokenizer, TokenizerError, checked_tokenizer_dir, tokenizer_fingerprint
 
-if TYPE_CHECKING:  # pragma: no cover
-    from curation.pipeline.context import GlobalContext
-    from curation.pipeline.dag import Dag
-    from curation.pipeline.rundir import RunDir, ShardOutput
 
 EXPORT_MANIFEST = "export.json"
 #: rows per batch a task reads (and hands its writer)
@@ -101,7 +98,7 @@ def rows_of(batch: pa.RecordBatch) -> tuple[Rows, list[dict[str, int]]]:
 
 @dataclass(frozen=True)
 class ExportJob:
-    out: ShardOutput  # keyed by the upstream shard key (the manifest line's key)
+    out: ShardSink  # keyed by the upstream shard key (the manifest line's key)
     index: int  # its place in the run's order
     name: str  # output files' base name
     path: str  # upstream Parquet shard
@@ -159,10 +156,9 @@ def export_task(job: ExportJob) -> dict:
 # what the tokens are
 
 
-def recorded_tokenizer(source: RunDir, dag: Dag, node: str) -> tuple[dict | None, str | None]:
+def recorded_tokenizer(source: RunSource, node: str) -> tuple[dict | None, str | None]:
     """(the tokenizer description the tokens were made with, from the nearest shards upstream of
     ``node`` whose footers record one; the directory of the tokenize stage upstream, or None)."""
-    hashes = dag.hashes()
     desc: dict | None = None
     directory: str | None = None
     todo, seen = [node], set()
@@ -173,7 +169,7 @@ def recorded_tokenizer(source: RunDir, dag: Dag, node: str) -> tuple[dict | None
         seen.add(n)
         if desc is None:
             found = {}
-            for _, path in source.shard_files(dag, n, hashes):
+            for _, path in source.node_shards(n):
                 meta = location.read_schema(path).metadata or {}
                 if TOKENIZER_METADATA in meta:
                     d = json.loads(meta[TOKENIZER_METADATA])
@@ -182,7 +178,7 @@ def recorded_tokenizer(source: RunDir, dag: Dag, node: str) -> tuple[dict | None
                 raise ExportError(f"{source.stage_dir(n)}: tokens made with {len(found)} different tokenizers; "
                                   "export each branch on its own")
             desc = next(iter(found.values()), None)
-        st = dag.stages.get(n)
+        st = source.node_stage(n)
         if st is not None:
             if st.type == "tokenize" and directory is None:
                 directory = getattr(st, "tokenizer", None)
@@ -190,10 +186,10 @@ def recorded_tokenizer(source: RunDir, dag: Dag, node: str) -> tuple[dict | None
     return desc, directory
 
 
-def resolve_tokens(source: RunDir, dag: Dag, node: str, tokenizer: str | None) -> TokenInfo:
+def resolve_tokens(source: RunSource, node: str, tokenizer: str | None) -> TokenInfo:
     """The tokenizer of ``node``'s tokens, checked against ``tokenizer`` when one is given."""
     where = str(source.stage_dir(node))
-    desc, directory = recorded_tokenizer(source, dag, node)
+    desc, directory = recorded_tokenizer(source, node)
     if tokenizer:
         try:
             given = Tokenizer.load(tokenizer).describe()
@@ -253,10 +249,10 @@ class Export(GlobalStage):
             p["tokenizer"] = {"fingerprint": tokenizer_fingerprint(self.tokenizer)}
         return p
 
-    def run(self, ctx: GlobalContext) -> None:
-        self.export(ctx, ctx.rundir, self.input)
+    def run(self, ctx: StageContext) -> None:
+        self.export(ctx, self.input)
 
-    def check(self, source: RunDir, dag: Dag, node: str, upstream: list[tuple[str, str]]) -> tuple[str, TokenInfo]:
+    def check(self, source: RunSource, node: str, upstream: list[tuple[str, str]]) -> tuple[str, TokenInfo]:
         """(unit, tokenizer) of ``node``'s shards ``upstream``; raises ``ExportError`` for what
         cannot be exported (checked before any task starts)."""
         assert self.format in FORMATS
@@ -264,25 +260,25 @@ class Export(GlobalStage):
         if not upstream:
             raise ExportError(f"{where}: no committed shards to export (run the pipeline first)")
         unit = unit_of([p for _, p in upstream], where)
-        info = resolve_tokens(source, dag, node, self.tokenizer)
+        info = resolve_tokens(source, node, self.tokenizer)
         if self.format in TEXT_FORMATS and info.dir is None and (
                 unit == "rows" or any("text" not in location.read_schema(p).names for _, p in upstream)):
             raise ExportError(f"{where}: {self.format} export decodes tokens the stage holds without text and "
                               "needs the tokenizer that made them: pass --tokenizer DIR")
         return unit, info
 
-    def export(self, ctx: GlobalContext, source: RunDir, node: str) -> dict:
-        """Export ``node`` of the run ``source`` (its shards are ``ctx.upstream``) into
+    def export(self, ctx: StageContext, node: str) -> dict:
+        """Export ``node`` of the run ``ctx.source`` (its shards are ``ctx.upstream``) into
         ``ctx``'s stage folder. Returns the manifest written as ``export.json``."""
-        dag = source.load_dag()
-        unit, info = self.check(source, dag, node, ctx.upstream)
-        if ctx.rundir.remote:  # the formats' writers (memmapped .bin/.idx, MDS) need a local folder
-            raise ExportError(f"{ctx.rundir.stage_dir(ctx.name)}: exports are written to a local folder; "
+        source = ctx.source
+        unit, info = self.check(source, node, ctx.upstream)
+        if location.is_remote(ctx.stage_dir):  # the formats' writers (memmapped .bin/.idx, MDS) need a local folder
+            raise ExportError(f"{ctx.stage_dir}: exports are written to a local folder; "
                               "export the stage with `refinery export RUN/STAGE --out DIR` on a local DIR")
-        out = Path(ctx.rundir.stage_dir(ctx.name))
+        out = Path(ctx.stage_dir)
         # files an earlier export into this folder wrote (another format, say): removed at the end
-        earlier = {f["path"] for e in ctx.rundir.entries(ctx.name).values() for f in e.get("export", {}).get("files", [])}
-        earlier |= {f["path"] for f in (ctx.rundir.read_report(ctx.name, EXPORT_MANIFEST) or {}).get("files", [])}
+        earlier = {f["path"] for e in ctx.entries().values() for f in e.get("export", {}).get("files", [])}
+        earlier |= {f["path"] for f in (ctx.read_report(EXPORT_MANIFEST) or {}).get("files", [])}
         # a committed shard whose files are gone is redone (a later manifest line replaces it)
         gone = [e for e in ctx.committed().values()
                 if not all((out / f["path"]).is_file() for f in e.get("export", {}).get("files", []))]
@@ -296,7 +292,7 @@ class Export(GlobalStage):
         results = [e["export"] for e in ctx.phase("export", export_task, jobs, commit=True)]
         folder_files = format_module(self.format).finish(out, results, info)
         manifest = summarize(self.format, unit, info, results, folder_files)
-        manifest["source"] = {"run": str(source.root), "node": node, "params_hash": dag.hashes()[node]}
+        manifest["source"] = {"run": str(source.root), "node": node, "params_hash": source.node_hash(node)}
         for path in earlier - {f["path"] for f in manifest["files"]}:
             if Path(path).name == path and not path.startswith("."):  # only names this code writes
                 (out / path).unlink(missing_ok=True)

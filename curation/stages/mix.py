@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -36,8 +36,6 @@ from curation.io.files import safe_names
 from curation.io.shards import split_kept_rejected
 from curation.sampling.mixture import (
     BINS,
-    GATHER_CAP,
-    LEVELS,
     Cut,
     Prefix,
     choose_bin,
@@ -48,12 +46,9 @@ from curation.sampling.mixture import (
     histogram,
     source_targets,
 )
-
-if TYPE_CHECKING:  # pragma: no cover
-    from curation.pipeline.context import GlobalContext
-    from curation.pipeline.rundir import ShardOutput
-
+from curation.sampling.radix import GATHER_CAP, Search, narrow
 from curation.stages.base import GlobalStage, registry
+from curation.stages.context import ShardSink, StageContext
 
 REPORT = "_mix_report.json"
 MIX_VERSION = 2  # 2: per-document choice from (seed, source, id); positions per shard
@@ -204,7 +199,7 @@ class Choice:
 
 @dataclass(frozen=True)
 class ScatterJob:
-    out: ShardOutput
+    out: ShardSink
     shard: int
     path: str
     scatter_file: str
@@ -252,7 +247,7 @@ def scatter_task(job: ScatterJob) -> dict:
 
 @dataclass(frozen=True)
 class GatherJob:
-    out: ShardOutput
+    out: ShardSink
     j: int
     files: tuple[str, ...]
     schema: pa.Schema
@@ -335,42 +330,31 @@ class Mix(GlobalStage):
         z = sum(raw.values())
         return {s: w / z for s, w in raw.items()}
 
-    def _cuts(self, ctx: GlobalContext, paths: list[str], counts: dict, rem: dict[str, int]) -> dict:
+    def _cuts(self, ctx: StageContext, paths: list[str], counts: dict, rem: dict[str, int]) -> dict:
         """Per source with a partial epoch: its cut, and the documents and tokens it takes."""
-        state = {s: {"prefix": Prefix(), "budget": r, "docs": 0, "tokens": 0, "hist": counts[s]["hist"]}
+        state = {s: Search(Prefix(), r, *(np.asarray(h, np.int64) for h in counts[s]["hist"]))
                  for s, r in rem.items() if r > 0}
-        active = dict(state)
-        while True:
-            for s, st in list(active.items()):
-                docs, toks = (np.asarray(h, np.int64) for h in st["hist"])
-                b, below = choose_bin(toks, st["budget"])
-                st["prefix"], st["budget"] = st["prefix"].extend(b), st["budget"] - below
-                st["tokens"] += below
-                st["docs"] += int(docs[:b].sum())
-                if docs[b] <= GATHER_CAP or st["prefix"].level == LEVELS:
-                    del active[s]
-            if not active:
-                break
-            level = next(iter(active.values()))["prefix"].level
-            prefixes = tuple((s, st["prefix"]) for s, st in sorted(active.items()))
-            hists = ctx.phase(f"refine{level}", refine_task, [RefineJob(p, self.seed, prefixes) for p in paths],
-                              fold=_merge_hists)
-            for s in active:
-                active[s]["hist"] = hists[s]
+
+        def refine(level: int, prefixes: dict) -> dict:
+            job_prefixes = tuple(sorted(prefixes.items()))
+            return ctx.phase(f"refine{level}", refine_task, [RefineJob(p, self.seed, job_prefixes) for p in paths],
+                             fold=_merge_hists)
+
+        narrow(state, choose_bin, refine, GATHER_CAP)
         out = {}
         if state:
-            prefixes = tuple((s, st["prefix"]) for s, st in sorted(state.items()))
+            prefixes = tuple((s, st.prefix) for s, st in sorted(state.items()))
             found: dict[str, list] = ctx.phase("cut", cut_task, [RefineJob(p, self.seed, prefixes) for p in paths],
                                                fold=lambda acc, r: {s: (acc or {}).get(s, []) + v for s, v in r.items()})
             for s, st in state.items():
-                cut, taken = final_cut([tuple(c) for c in found.get(s, [])], st["budget"])
+                cut, taken = final_cut([tuple(c) for c in found.get(s, [])], st.need)
                 n_taken = sum(1 for c in found.get(s, []) if cut.u is None or (c[0], c[1]) < (cut.u, cut.id))
-                out[s] = {"cut": cut, "docs": st["docs"] + n_taken, "tokens": st["tokens"] + taken,
-                          "gap": st["budget"] - taken}
+                out[s] = {"cut": cut, "docs": st.keys_passed + n_taken, "tokens": st.weight_passed + taken,
+                          "gap": st.need - taken}
             self._fill(ctx, paths, out)
         return out
 
-    def _fill(self, ctx: GlobalContext, paths: list[str], cuts: dict) -> None:
+    def _fill(self, ctx: StageContext, paths: list[str], cuts: dict) -> None:
         """First-fit the gap each cut leaves with the documents after it, in (u, id) order, in
         rounds of at most ``FILL_PER_SHARD`` candidates per shard."""
         bound: dict[str, tuple[int, str] | None] = {s: None for s, c in cuts.items() if c["cut"].u is not None}
@@ -401,12 +385,12 @@ class Mix(GlobalStage):
 
     # -- running -------------------------------------------------------------------------------
 
-    def run(self, ctx: GlobalContext) -> None:
+    def run(self, ctx: StageContext) -> None:
         keys = [k for k, _ in ctx.upstream]
         paths = [p for _, p in ctx.upstream]
         if not paths:
             raise MixError("mix: upstream has no shards")
-        if not set(keys) - ctx.done_keys() and ctx.rundir.read_report(ctx.name, REPORT) is not None:
+        if ctx.finished(keys, REPORT):
             return
         counts = ctx.phase("count", count_task, [CountJob(p, self.seed) for p in paths], fold=_merge)
         names = sorted(counts)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -27,13 +27,11 @@ from pydantic import BaseModel, Field, PrivateAttr, field_validator, model_valid
 
 from curation.io import location
 from curation.io.files import safe_names, write_parquet
-from curation.quality.topk import BINS, GATHER_CAP, LEVELS, Prefix, choose_bin, cut, score_keys
+from curation.quality.topk import BINS, Prefix, choose_bin, cut, score_keys
 from curation.io.shards import split_kept_rejected
-if TYPE_CHECKING:  # pragma: no cover
-    from curation.pipeline.context import GlobalContext
-    from curation.pipeline.rundir import ShardOutput
-
+from curation.sampling.radix import GATHER_CAP, Search, narrow
 from curation.stages.base import GlobalStage, MapStage, Stage, StageResult, registry
+from curation.stages.context import ShardSink, StageContext
 
 REPORT = "_quality_report.json"
 
@@ -148,7 +146,7 @@ def gather_task(job: GatherJob) -> list[list]:
 
 @dataclass(frozen=True)
 class CutJob:
-    out: ShardOutput
+    out: ShardSink
     path: str
     scores: str
     threshold: float
@@ -264,7 +262,7 @@ class QualityTop(_Model, GlobalStage):
             raise ValueError("give min_score or keep_top, not both")
         return self
 
-    def run(self, ctx: GlobalContext) -> None:
+    def run(self, ctx: StageContext) -> None:
         from curation.quality.classifier import load_scorer
 
         if self.model is not None:  # a bad model fails here, before any task
@@ -276,7 +274,7 @@ class QualityTop(_Model, GlobalStage):
                                  "model or put a quality stage upstream")
         keys = [k for k, _ in ctx.upstream]
         paths = dict(ctx.upstream)
-        if not set(keys) - ctx.done_keys() and ctx.rundir.read_report(ctx.name, REPORT) is not None:
+        if ctx.finished(keys, REPORT):
             return
         scores = {k: location.join(ctx.work_dir, "scores", f"{n}.parquet") for k, n in zip(keys, safe_names(keys))}
         facts = ctx.phase("score", score_task, [ScoreJob(paths[k], self.model, self.positive_label, scores[k])
@@ -286,18 +284,17 @@ class QualityTop(_Model, GlobalStage):
         k = min(int(round(self.keep_top * n)), with_text)
         threshold, boundary = float("inf"), None
         if k > 0:
-            hist = np.asarray(facts["histogram"], np.int64)
-            prefix, need = Prefix(), k
-            while True:
-                b, above = choose_bin(hist, need)
-                prefix, need = prefix.extend(b), need - above
-                if hist[b] <= GATHER_CAP or prefix.level == LEVELS:
-                    break
-                hist = ctx.phase(f"refine{prefix.level}", refine_task, [RefineJob(scores[key], prefix) for key in keys],
+            def refine(level: int, prefixes: dict) -> dict:
+                hist = ctx.phase(f"refine{level}", refine_task, [RefineJob(scores[key], prefixes["top"]) for key in keys],
                                  fold=lambda acc, h: np.asarray(h, np.int64) + (0 if acc is None else acc))
-            found = ctx.phase("gather", gather_task, [GatherJob(paths[key], key, scores[key], prefix) for key in keys],
-                              fold=lambda acc, part: (acc or []) + part)
-            threshold, bnd = cut([tuple(c) for c in found], need)
+                return {"top": (hist, hist)}
+
+            hist = np.asarray(facts["histogram"], np.int64)
+            search = Search(Prefix(), k, hist, hist)
+            narrow({"top": search}, choose_bin, refine, GATHER_CAP)
+            found = ctx.phase("gather", gather_task, [GatherJob(paths[key], key, scores[key], search.prefix)
+                                                      for key in keys], fold=lambda acc, part: (acc or []) + part)
+            threshold, bnd = cut([tuple(c) for c in found], search.need)
             boundary = tuple(bnd)
         ctx.phase("cut", cut_task, [CutJob(ctx.output(key), paths[key], scores[key],
                                            threshold, boundary) for key in keys], commit=True)

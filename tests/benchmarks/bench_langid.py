@@ -221,7 +221,7 @@ def long_sampling(per_lang: int = 6, min_chars: int = 12000) -> None:
 
     import numpy as np
 
-    from curation.stages.langid import Cld2Detector, sample_text
+    from curation.quality.langid import Cld2Detector, sample_text
 
     docs = lingua_documents(per_lang, min_chars)
     by: dict[str, list[str]] = defaultdict(list)

@@ -33,7 +33,7 @@ from bench_tokenizer import REPO, build_corpus  # noqa: E402
 sys.path.insert(0, str(REPO))
 from curation.pipeline.dag import parse_dag  # noqa: E402
 from curation.pipeline.executor import run_dag  # noqa: E402
-from curation.stages.pack import pack_window  # noqa: E402
+from curation.sampling.packing import pack_window  # noqa: E402
 
 
 def dag(corpus: Path, tokenizer: Path, stages: dict, sources: list[str]) -> dict:

@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-from curation.stages.langid import normalize_lang  # noqa: E402
+from curation.quality.langid import normalize_lang  # noqa: E402
 
 #: Languages shipped: FineWeb-2 has a config, CLD2 reports the code, and the stop words pass
 #: the sanity check of tests/benchmarks/bench_lang_rules.py on lingua's sentences (see
