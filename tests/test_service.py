@@ -44,7 +44,10 @@ def _free_port() -> int:
 class ServiceProcess:
     """`curation.service.app.serve` in a subprocess, restartable on the same port and runs dir."""
 
-    def __init__(self, root: Path, allowed_roots: list[Path], max_concurrent: int = 2):
+    def __init__(self, root: Path, allowed_roots: list[Path], max_concurrent: int = 2,
+                 extra_args: list[str] = (), env: dict[str, str] | None = None):
+        self.extra_args = list(extra_args)
+        self.env = dict(env or {})
         self.root = root
         self.runs_dir = root / "runs"
         self.token_file = root / "token"
@@ -69,7 +72,8 @@ class ServiceProcess:
                "--max-concurrent", str(self.max_concurrent)]
         for r in self.allowed_roots:
             cmd += ["--allowed-root", r]
-        env = {**os.environ, "RAY_TMPDIR": str(self.root)}
+        cmd += self.extra_args
+        env = {**os.environ, "RAY_TMPDIR": str(self.root), **self.env}
         env.pop("RAY_ADDRESS", None)
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)

@@ -22,6 +22,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import re
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -38,6 +42,92 @@ from curation.stages.base import StageTypeError
 
 class DagError(ValueError):
     """A DAG file that cannot run; the message names the file and the field."""
+
+
+class StageModuleRefused(DagError):
+    """A ``module:Class`` stage whose module is not on the allow-list in force (the service's
+    ``--stage-modules``). Raised before anything is imported. ``brief``: the message without
+    the DAG file's location (for clients that must not learn server paths)."""
+
+    def __init__(self, where: str, stage: str, brief: str):
+        super().__init__(f"{where}: {brief}")
+        self.stage = stage
+        self.brief = brief
+
+
+# ---------------------------------------------------------------------------------------------
+# which modules a ``type: module:Class`` stage may come from
+
+#: None: any importable module (the CLI: the user owns the process). A tuple of module
+#: prefixes: only those (``mypkg`` allows ``mypkg`` and ``mypkg.sub``, not ``mypkg2``), and no
+#: error message names a file on this machine. The service sets it for every request.
+_STAGE_MODULES: ContextVar[tuple[str, ...] | None] = ContextVar("refinery_stage_modules", default=None)
+_MODULE_PREFIX = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_log = logging.getLogger("refinery.stage_modules")
+
+
+def parse_stage_modules(values: Any) -> tuple[str, ...]:
+    """Module prefixes from ``"a,b"`` or a list of them; ValueError on anything that is not a
+    dotted Python name (a prefix never matches a path or a pattern)."""
+    items = values.split(",") if isinstance(values, str) else list(values or ())
+    out: list[str] = []
+    for v in items:
+        for part in str(v).split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if not _MODULE_PREFIX.match(part):
+                raise ValueError(f"stage module {part!r}: a module prefix is a dotted Python name (mypkg, mypkg.filters)")
+            out.append(part)
+    return tuple(dict.fromkeys(out))
+
+
+@contextmanager
+def stage_modules_allowed(prefixes: Any):
+    """Within this block (this thread / task and what it spawns with the context), a
+    ``module:Class`` stage type loads only from modules under ``prefixes``."""
+    token = _STAGE_MODULES.set(parse_stage_modules(prefixes))
+    try:
+        yield
+    finally:
+        _STAGE_MODULES.reset(token)
+
+
+def stage_modules_in_force() -> tuple[str, ...] | None:
+    return _STAGE_MODULES.get()
+
+
+def stage_module_allowed(stype: str, allowed: tuple[str, ...] | None) -> bool:
+    """Whether a stage ``type`` may be loaded under ``allowed`` (built-in names always may)."""
+    if ":" not in stype or allowed is None:
+        return True
+    module = stype.partition(":")[0]
+    return any(module == p or module.startswith(p + ".") for p in allowed)
+
+
+def refused_stage_types(data: Any, allowed: tuple[str, ...] | None) -> list[tuple[str, str]]:
+    """``(stage name, type)`` of every ``module:Class`` stage in a raw (unvalidated) DAG mapping
+    that ``allowed`` does not cover: a check that imports nothing."""
+    stages = data.get("stages") if isinstance(data, dict) else None
+    items: list[tuple[Any, Any]] = []
+    if isinstance(stages, dict):
+        items = list(stages.items())
+    elif isinstance(stages, list):
+        items = [kv for item in stages if isinstance(item, dict) for kv in item.items()]
+    out = []
+    for name, params in items:
+        stype = params.get("type") if isinstance(params, dict) else None
+        if isinstance(stype, str) and not stage_module_allowed(stype, allowed):
+            out.append((str(name), stype))
+    return out
+
+
+def _refusal(stype: str, allowed: tuple[str, ...]) -> str:
+    if allowed:
+        return (f"{stype!r}: this service loads stages of your own only from the modules its operator "
+                f"allowed ({', '.join(allowed)}); use a built-in stage type or one of those")
+    return (f"{stype!r}: this service runs built-in stage types only; its operator can allow modules "
+            "with `refinery serve --stage-modules mypkg,...`")
 
 
 class _DagFile(BaseModel):
@@ -240,9 +330,17 @@ def parse_dag(data: Any, path: str = "<dag>", base_dir: str | None = None) -> Da
         stype = params.setdefault("type", name if name in registry else None)
         if stype is None:
             raise DagError(f"{where}: stages.{name}.type: missing (known types: {', '.join(sorted(registry))})")
+        allowed = _STAGE_MODULES.get()
+        if not stage_module_allowed(str(stype), allowed):
+            raise StageModuleRefused(where, name, f"stages.{name}.type: {_refusal(str(stype), allowed)}")
         try:
             cls = registry.resolve(str(stype), _search_paths(path, base_dir))
         except StageTypeError as e:
+            if allowed is not None and ":" in str(stype):
+                # the import error may name files on this machine: those go to the log only
+                _log.warning("%s: stages.%s.type: %s", where, name, e)
+                raise DagError(f"{where}: stages.{name}.type: cannot load {str(stype)!r} from an allowed module "
+                               "(the service's log has the reason)") from None
             raise DagError(f"{where}: stages.{name}.type: {e}") from None
         if stype == "select":
             params.setdefault("name", name)  # dropped rows say which select dropped them

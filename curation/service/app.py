@@ -26,6 +26,7 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Redirect
 from pydantic import BaseModel, ConfigDict
 from starlette.requests import HTTPConnection
 
+from curation.pipeline.dag import StageModuleRefused
 from curation.pipeline.rundir import RunDir
 from curation.service import browse
 from curation.service.auth import COOKIE, PathPolicy, TokenAuth, load_token
@@ -325,6 +326,22 @@ class GuardMiddleware:
         await self.app(scope, limited_receive, send_secure)
 
 
+class StageModulesMiddleware:
+    """Every request runs with the operator's ``--stage-modules`` allow-list in force: whatever
+    a route validates (a submitted DAG, a run's dag.yaml for stats or browsing) imports no
+    module outside it, and load errors name no file of this machine."""
+
+    def __init__(self, app, stage_modules: tuple[str, ...]):
+        self.app = app
+        self.stage_modules = tuple(stage_modules)
+
+    async def __call__(self, scope, receive, send):
+        from curation.pipeline.dag import stage_modules_allowed
+
+        with stage_modules_allowed(self.stage_modules):  # a ContextVar: threadpool routes inherit it
+            await self.app(scope, receive, send)
+
+
 # ---------------------------------------------------------------------------------------------
 # the app
 
@@ -360,12 +377,18 @@ def _session_redirect(request: Request, auth: TokenAuth) -> RedirectResponse:
 def create_app(runs_dir: str | Path, token: str, address: str | None = None,
                allowed_roots: Iterable[str | Path] = (), base_dir: str | Path | None = None,
                max_concurrent: int = 2, max_body_bytes: int = MiB, sql_timeout_s: float = 10.0,
-               sql_max_rows: int = 1000, sql_max_concurrent: int = 4) -> FastAPI:
+               sql_max_rows: int = 1000, sql_max_concurrent: int = 4,
+               stage_modules: Iterable[str] | str = ()) -> FastAPI:
     """The FastAPI application. Starting it (lifespan) starts the run scheduler; stopping it
-    leaves runs running. ``base_dir`` (default: the CWD) anchors relative input paths."""
+    leaves runs running. ``base_dir`` (default: the CWD) anchors relative input paths.
+    ``stage_modules``: module prefixes ``type: module:Class`` stages may come from (default:
+    none; the service imports no module a client names)."""
+    from curation.pipeline.dag import parse_stage_modules
+
     auth = TokenAuth(token)
     policy = PathPolicy(list(allowed_roots), base_dir or os.getcwd())
-    runs = RunManager(runs_dir, policy, address=address, max_concurrent=max_concurrent)
+    stage_modules = parse_stage_modules(stage_modules)
+    runs = RunManager(runs_dir, policy, address=address, max_concurrent=max_concurrent, stage_modules=stage_modules)
     # cached as JSON bytes: a warm hit is then a file stat and a copy, no validation or encoding
     stats_cache = StatsCache(lambda d: json.dumps(stats_payload(d)).encode())
     sql_slots = threading.BoundedSemaphore(sql_max_concurrent)
@@ -386,6 +409,8 @@ def create_app(runs_dir: str | Path, token: str, address: str | None = None,
     app.state.runs = runs
     app.state.auth = auth
     app.state.policy = policy
+    app.state.stage_modules = stage_modules
+    app.add_middleware(StageModulesMiddleware, stage_modules=stage_modules)
     app.add_middleware(GuardMiddleware, auth=auth, max_body_bytes=max_body_bytes)
 
     @app.exception_handler(RunMissing)
@@ -399,6 +424,12 @@ def create_app(runs_dir: str | Path, token: str, address: str | None = None,
     @app.exception_handler(SubmitError)
     async def _refused(request: Request, e: SubmitError):
         return JSONResponse({"detail": str(e)}, status_code=e.status)
+
+    @app.exception_handler(StageModuleRefused)
+    async def _module_refused(request: Request, e: StageModuleRefused):
+        # a run's dag.yaml (made with the CLI, or admitted under another allow-list) names a
+        # module this service does not load: refused, and the file's location is not said
+        return JSONResponse({"detail": f"the run's DAG: {e.brief}"}, status_code=403)
 
     @app.exception_handler(SqlRejected)
     async def _sql_refused(request: Request, e: SqlRejected):
@@ -640,7 +671,8 @@ class _RedactToken(logging.Filter):
 
 def serve(runs_dir: str | Path, address: str | None = "auto", token_file: str | Path | None = None,
           host: str = "127.0.0.1", port: int = 8080, allowed_roots: Iterable[str | Path] = (),
-          max_concurrent: int = 2, base_dir: str | Path | None = None) -> None:
+          max_concurrent: int = 2, base_dir: str | Path | None = None,
+          stage_modules: Iterable[str] | str = ()) -> None:
     """Run the service until interrupted. Runs it started keep running after it stops.
 
     ``address``: the Ray cluster each run connects to (``auto``, ``ray://head:10001``), or
@@ -648,7 +680,8 @@ def serve(runs_dir: str | Path, address: str | None = "auto", token_file: str | 
     submitted DAGs resolve against ``base_dir`` (default: the current directory), which also
     becomes the service's and the runs' working directory, so relative stage parameters
     (tokenizer paths) mean the same thing to the validator and to the run. Allowed roots
-    default to ``base_dir``.
+    default to ``base_dir``. ``stage_modules``: the module prefixes ``type: module:Class``
+    stages may be loaded from (default: none).
     """
     import uvicorn
 
@@ -660,7 +693,7 @@ def serve(runs_dir: str | Path, address: str | None = "auto", token_file: str | 
     if address in ("", "local"):
         address = None
     app = create_app(runs_dir, token, address=address, allowed_roots=roots, base_dir=base,
-                     max_concurrent=max_concurrent)
+                     max_concurrent=max_concurrent, stage_modules=stage_modules)
     config = uvicorn.Config(app, host=host, port=port, log_level="info", proxy_headers=False,
                             timeout_keep_alive=5, server_header=False)
     server = uvicorn.Server(config)
@@ -668,5 +701,6 @@ def serve(runs_dir: str | Path, address: str | None = "auto", token_file: str | 
     app.state.runs.start()  # here rather than only in the lifespan: a busy runs dir fails loudly
     policy = app.state.policy
     print(f"[refinery serve] http://{host}:{port}/  runs: {runs_dir}  ray: {address or 'embedded per run'}  "
-          f"inputs under: {policy.describe()}  max concurrent runs: {max_concurrent}", file=sys.stderr, flush=True)
+          f"inputs under: {policy.describe()}  max concurrent runs: {max_concurrent}  "
+          f"stage modules: {', '.join(app.state.stage_modules) or 'built-in only'}", file=sys.stderr, flush=True)
     server.run()

@@ -94,12 +94,32 @@ def _check_stage_params(stages: Any, policy: PathPolicy, where: str, as_written:
             raise SubmitError(f"{where}: {e}", 403) from None
 
 
-def admit_dag(text: str, policy: PathPolicy, where: str = "submitted.yaml"):
+def check_stage_modules(data: Any, stage_modules: tuple[str, ...], where: str) -> None:
+    """Refuse (403) a ``module:Class`` stage whose module the operator did not allow, before
+    anything is imported: the service imports no module a client names."""
+    from curation.pipeline.dag import _refusal, refused_stage_types
+
+    refused = refused_stage_types(data, tuple(stage_modules))
+    if refused:
+        name, stype = refused[0]
+        raise SubmitError(f"{where}: stages.{name}.type: {_refusal(stype, tuple(stage_modules))}", 403)
+
+
+def admit_dag(text: str, policy: PathPolicy, where: str = "submitted.yaml", stage_modules: tuple[str, ...] = ()):
     """Validate a submitted DAG and pin its inputs: every glob is expanded now, every match
     resolved (symlinks followed) and checked against the allowed roots, and the DAG to run
     lists those resolved files. A file swapped for a symlink later is then not picked up by a
-    resume, and what was checked is exactly what runs. Returns the resolved ``Dag``."""
-    from curation.pipeline.dag import DagError, parse_dag
+    resume, and what was checked is exactly what runs. Returns the resolved ``Dag``.
+
+    ``module:Class`` stages load only from modules under ``stage_modules`` (default: none)."""
+    from curation.pipeline.dag import stage_modules_allowed
+
+    with stage_modules_allowed(stage_modules):
+        return _admit_dag(text, policy, where, tuple(stage_modules))
+
+
+def _admit_dag(text: str, policy: PathPolicy, where: str, stage_modules: tuple[str, ...]):
+    from curation.pipeline.dag import DagError, StageModuleRefused, parse_dag
     from curation.io.inputs import InputError, expand_paths
 
     _refuse_aliases(text, where)
@@ -109,6 +129,7 @@ def admit_dag(text: str, policy: PathPolicy, where: str = "submitted.yaml"):
         raise SubmitError(f"{where}: invalid YAML: {e}".replace("\n", " ")) from None
     if not isinstance(data, dict):
         raise SubmitError(f"{where}: a DAG is a YAML mapping with name, inputs, stages, output")
+    check_stage_modules(data, stage_modules, where)
     # Locations first, on the raw text, so a refused path is refused before any validator
     # (e.g. a tokenizer check) touches the disk outside the roots.
     inputs = data.get("inputs")
@@ -124,6 +145,8 @@ def admit_dag(text: str, policy: PathPolicy, where: str = "submitted.yaml"):
     _check_stage_params(data.get("stages"), policy, where)
     try:
         dag = parse_dag(data, where, policy.base_dir)
+    except StageModuleRefused as e:
+        raise SubmitError(str(e), 403) from None
     except DagError as e:
         raise SubmitError(str(e)) from None
     # Validators may have turned relative parameters into absolute paths: check those too.
@@ -246,9 +269,10 @@ class RunManager:
 
     def __init__(self, runs_dir: str | Path, policy: PathPolicy, address: str | None = None,
                  max_concurrent: int = 2, poll_s: float = 0.5, cancel_grace_s: float = 10.0,
-                 python: str = sys.executable):
+                 python: str = sys.executable, stage_modules: tuple[str, ...] = ()):
         self.runs_dir = Path(runs_dir).resolve()
         self.policy = policy
+        self.stage_modules = tuple(stage_modules)
         self.address = address or None
         self.max_concurrent = max(1, int(max_concurrent))
         self.poll_s = poll_s
@@ -476,7 +500,7 @@ class RunManager:
 
     def submit(self, text: str, where: str = "submitted.yaml") -> dict[str, Any]:
         """Admit a DAG (SubmitError if refused) and queue it. Returns the run's description."""
-        dag = admit_dag(text, self.policy, where)
+        dag = admit_dag(text, self.policy, where, self.stage_modules)
         rid = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
         d = self.runs_dir / rid
         d.mkdir(parents=True)
@@ -552,6 +576,12 @@ class RunManager:
                 raise RunConflict(f"run {run_id} is {state}; only failed or cancelled runs can be resumed")
             if self._alive(run_id, meta):
                 raise RunConflict(f"run {run_id} is still stopping; retry in a few seconds")
+            # admitted under the allow-list of its day: the one in force now decides a rerun
+            try:
+                dag_data = yaml.load(Path(RunDir(d).dag_file).read_text(), Loader=_YamlLoader)
+            except (OSError, yaml.YAMLError):
+                dag_data = None
+            check_stage_modules(dag_data, self.stage_modules, f"run {run_id}")
             for k in ("pid", "pid_start", "exit_code", "cancelled_at", "launch_error", "ended", "started"):
                 meta.pop(k, None)
             meta.update(state="queued", queued_at=time.time(), attempt=int(meta.get("attempt") or 1) + 1)
