@@ -80,6 +80,65 @@ def test_stop_and_resume_is_bitwise_identical(tmp_path, data, straight):
     assert sorted(p.name for p in (tmp_path / "halves" / "checkpoints").glob("step_*")) == ["step_00000020", "step_00000024"]
 
 
+def test_async_checkpoints_resume_bitwise_identical(tmp_path, data, straight):
+    """``checkpoint.async_save``: dcp.async_save writes while training goes on; each checkpoint
+    becomes visible at the next save or the end, and resuming from one is still exact."""
+    path = config(tmp_path, data, "async", checkpoint={"async_save": True})
+    assert main(str(path), overrides=[f"train.stop_at_step={STEPS // 2}"]) == 0
+    ckpts = tmp_path / "async" / "checkpoints"
+    assert (ckpts / "latest").read_text().strip() == f"step_{STEPS // 2:08d}"
+    assert not list(ckpts.glob(".tmp-*"))  # the last one was finished before the run exited
+    assert main(str(path)) == 0
+    a, b = per_step(straight), per_step(tmp_path / "async")
+    assert all(a[s] == b[s] for s in range(STEPS))
+
+
+def test_guard_off_reads_nothing_per_step_and_trains_the_same(tmp_path, data, straight, monkeypatch):
+    """``guard.enabled: false``: no host read of loss or grad norm inside a step (they are
+    read once per logging interval); the steps are the same as with the guard on."""
+    import torch
+
+    import training.train as train_mod
+
+    reads = {"n": 0}
+    real_step = train_mod.Trainer.train_step
+
+    def counting_step(self, step, batch):
+        before = reads["n"]
+        opt_step = self.optimizer.step
+
+        def uncounted(*a, **k):  # CPU AdamW reads its own step counter; fused CUDA AdamW does not
+            reads["paused"] = True
+            try:
+                return opt_step(*a, **k)
+            finally:
+                reads["paused"] = False
+
+        self.optimizer.step = uncounted
+        try:
+            out = real_step(self, step, batch)
+        finally:
+            del self.optimizer.step
+        assert reads["n"] == before, f"step {step} read a device value back to the host"
+        return out
+
+    for name in ("item", "tolist", "__float__"):
+        real = getattr(torch.Tensor, name)
+
+        def wrapped(self, *a, _real=real, **k):
+            reads["n"] += not reads.get("paused")
+            return _real(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, wrapped)
+    monkeypatch.setattr(train_mod.Trainer, "train_step", counting_step)
+    path = config(tmp_path, data, "noguard", guard={"enabled": False}, metrics={"every": 4, "progress": "off"})
+    assert main(str(path), overrides=["train.stop_at_step=8"]) == 0
+    a = per_step(straight)
+    got = {r["step"]: r for r in map(json.loads, (tmp_path / "noguard" / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "train"}
+    assert sorted(got) == [3, 7]
+    assert got[7]["loss_step"] == pytest.approx(a[7][0], rel=1e-6) and got[7]["grad_norm"] == pytest.approx(a[7][1], rel=1e-6)
+
+
 def test_sigkill_and_resume_is_bitwise_identical(tmp_path, data, straight):
     path = config(tmp_path, data, "killed")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}

@@ -1,5 +1,9 @@
 """What the trainer tests share: a small model, writing a config, reading metrics.jsonl, and
-launching the trainer under torchrun on CPU."""
+launching the trainer under torchrun on CPU.
+
+Every config written here pins ``train.device: cpu`` unless a test says otherwise: the CPU
+suite means the same on a GPU machine (CUDA variants live in tests/test_train_gpu.py, marked
+``gpu``, with bf16 tolerances)."""
 
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ def write_config(tmp_path: Path, name: str, raw: dict, **sections) -> Path:
     raw = {"run_dir": str(tmp_path / name), **raw}
     for key, value in sections.items():
         raw[key] = {**raw.get(key, {}), **value} if isinstance(value, dict) else value
+    raw["train"] = {"device": "cpu", **raw.get("train", {})}
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
@@ -36,12 +41,17 @@ def losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in records(run_dir)}
 
 
-def torchrun(config_path: Path, *overrides: str, nproc: int = 2) -> None:
-    """Run the trainer under torchrun on CPU; fail with its output if it fails."""
+def torchrun(config_path: Path, *overrides: str, nproc: int = 2, check: bool = True, timeout: float = 300,
+             resume: str | None = None) -> subprocess.CompletedProcess:
+    """Run the trainer under torchrun on CPU; with ``check``, fail with its output if it fails."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "-m", "training", str(config_path)]
     for o in overrides:
         cmd += ["--set", o]
+    if resume is not None:
+        cmd += ["--resume", resume]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    if check:
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc

@@ -99,6 +99,23 @@ def _has_triton() -> bool:
     return has_triton()
 
 
+#: Keywords the trainer passes to each kernel: probed by signature, not only by import.
+VARLEN_KEYWORDS = ("window_size", "enable_gqa")
+FLASH_KEYWORDS = ("dropout_p", "softmax_scale", "causal", "deterministic")
+
+
+def _missing_keywords(fn, names: tuple[str, ...]) -> list[str]:
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # no introspectable signature: trust the import
+        return []
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return []
+    return [n for n in names if n not in params]
+
+
 def flash_available() -> bool:
     """True when the flash-attn package imports and CUDA is present."""
     return _flash_varlen() is not None and torch.cuda.is_available()
@@ -112,10 +129,15 @@ def unavailable(backend: str, device: torch.device) -> str | None:
     if backend == "flash":
         if _flash_varlen() is None:
             return "flash-attn is not installed (pip install flash-attn, or pip install '.[gpu]')"
+        if (missing := _missing_keywords(_flash_varlen(), FLASH_KEYWORDS)):
+            return f"this flash-attn's flash_attn_varlen_func takes no {', '.join(missing)}"
         return None if cuda else "flash-attn runs on CUDA only"
     if backend == "varlen":
         if _torch_varlen() is None:
             return f"torch {torch.__version__} has no torch.nn.attention.varlen.varlen_attn (a newer torch has)"
+        if (missing := _missing_keywords(_torch_varlen(), VARLEN_KEYWORDS)):
+            # a prototype API: its keywords moved between releases; fail here, not at the first forward
+            return f"torch {torch.__version__}'s varlen_attn takes no {', '.join(missing)} (the trainer calls it with {', '.join(VARLEN_KEYWORDS)})"
         if not cuda:
             return "torch's varlen_attn runs on CUDA only"
         if torch.cuda.get_device_capability(device) < (8, 0) or not torch.backends.cuda.is_flash_attention_available():
@@ -222,18 +244,28 @@ def varlen_cu_seqlens(doc_ids: torch.Tensor | None, batch: int, length: int, dev
     """int32 cumulative sequence lengths over the flattened (B*T) tokens, and the longest one.
 
     Sequence boundaries are the same as ``document_causal_mask``'s: a new sequence starts
-    at every row start and wherever the document id changes.
+    at every row start and wherever the document id changes. A device tensor costs one
+    device-to-host read for the longest length: the trainer computes both on the data thread
+    instead (``varlen_boundaries``) and hands them in.
     """
     if doc_ids is None:
         cu = torch.arange(0, (batch + 1) * length, length, dtype=torch.int32, device=device)
         return cu, length
-    starts = torch.ones_like(doc_ids, dtype=torch.bool)
+    cu, max_len = varlen_boundaries(doc_ids.cpu().numpy())
+    return torch.from_numpy(cu).to(device), max_len
+
+
+def varlen_boundaries(doc_ids: np.ndarray) -> tuple[np.ndarray, int]:
+    """Host version of ``varlen_cu_seqlens`` for (B, T) document ids: int32 ``cu_seqlens`` and
+    ``max_seqlen`` rounded up to a power of two (at most T). The kernels use it only to size
+    their grid, so rounding up is exact; few distinct values keep a compiled block from
+    recompiling for every batch."""
+    b, t = doc_ids.shape
+    starts = np.ones((b, t), dtype=bool)
     starts[:, 1:] = doc_ids[:, 1:] != doc_ids[:, :-1]
-    idx = torch.nonzero(starts.flatten(), as_tuple=False).flatten()
-    total = torch.tensor([batch * length], device=device, dtype=idx.dtype)
-    cu = torch.cat([idx, total]).to(torch.int32)
-    max_len = int((cu[1:] - cu[:-1]).max().item())
-    return cu, max_len
+    cu = np.append(np.flatnonzero(starts), b * t).astype(np.int32)
+    longest = int(np.diff(cu).max()) if len(cu) > 1 else t
+    return cu, min(t, 1 << max(0, longest - 1).bit_length())
 
 
 def run_ids(doc_ids: torch.Tensor) -> torch.Tensor:
@@ -332,11 +364,13 @@ class AttentionMeta:
     kernel: object = None  # flash / varlen / flex: the function (looked up here, not in a compiled block)
 
     @classmethod
-    def build(cls, doc_ids: torch.Tensor | None, batch: int, length: int, device: torch.device, backend: str) -> AttentionMeta:
+    def build(cls, doc_ids: torch.Tensor | None, batch: int, length: int, device: torch.device, backend: str,
+              cu_seqlens: torch.Tensor | None = None, max_seqlen: int = 0) -> AttentionMeta:
         if backend in ("flash", "varlen"):
-            cu, max_len = varlen_cu_seqlens(doc_ids, batch, length, device)
+            if cu_seqlens is None or doc_ids is None:
+                cu_seqlens, max_seqlen = varlen_cu_seqlens(doc_ids, batch, length, device)
             kernel = _flash_varlen() if backend == "flash" else _torch_varlen()
-            return cls(backend, cu_seqlens=cu, max_seqlen=max_len, kernel=kernel)
+            return cls(backend, cu_seqlens=cu_seqlens, max_seqlen=max_seqlen, kernel=kernel)
         if backend == "flex":
             # Compiled on CUDA (a fused block-sparse kernel); eager elsewhere: forward only,
             # and it materialises the scores (tests).
@@ -364,15 +398,23 @@ def _attend_segments(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seg: Seg
     return out.view(b, t, h, d)
 
 
-@torch.compiler.disable  # max_seqlen is a Python int that changes with every batch: run it eagerly
-def _attend_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMeta) -> torch.Tensor:
+@torch.compiler.disable  # flash-attn's Python entry point: kept out of the compiled block
+def _attend_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMeta) -> torch.Tensor:
     b, t, h, d = q.shape
-    args = (q.reshape(b * t, h, d), k.reshape(b * t, k.shape[2], d), v.reshape(b * t, v.shape[2], d),
-            meta.cu_seqlens, meta.cu_seqlens, meta.max_seqlen, meta.max_seqlen)
-    if meta.backend == "flash":
-        out = meta.kernel(*args, dropout_p=0.0, softmax_scale=None, causal=True)
-    else:
-        out = meta.kernel(*args, window_size=(-1, 0), enable_gqa=k.shape[2] != h)  # (-1, 0): causal
+    out = meta.kernel(q.reshape(b * t, h, d), k.reshape(b * t, k.shape[2], d), v.reshape(b * t, v.shape[2], d),
+                      meta.cu_seqlens, meta.cu_seqlens, meta.max_seqlen, meta.max_seqlen, dropout_p=0.0,
+                      softmax_scale=None, causal=True, deterministic=torch.are_deterministic_algorithms_enabled())
+    return out.view(b, t, h, d)
+
+
+def _attend_torch_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMeta) -> torch.Tensor:
+    # torch's varlen_attn is a registered custom op (torch_attn::_varlen_attn): it compiles
+    # inside the block's graph. max_seqlen is a power of two (varlen_boundaries), so a block
+    # sees at most log2(T) values of it.
+    b, t, h, d = q.shape
+    out = meta.kernel(q.reshape(b * t, h, d), k.reshape(b * t, k.shape[2], d), v.reshape(b * t, v.shape[2], d),
+                      meta.cu_seqlens, meta.cu_seqlens, meta.max_seqlen, meta.max_seqlen,
+                      window_size=(-1, 0), enable_gqa=k.shape[2] != h)  # (-1, 0): causal
     return out.view(b, t, h, d)
 
 
@@ -380,8 +422,10 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMet
     """Causal (document-masked) attention. q: (B,T,H,D); k, v: (B,T,KV,D) -> (B,T,H,D)."""
     b, t, h, d = q.shape
     gqa = k.shape[2] != h
-    if meta.backend in ("flash", "varlen"):
-        return _attend_varlen(q, k, v, meta)
+    if meta.backend == "flash":
+        return _attend_flash(q, k, v, meta)
+    if meta.backend == "varlen":
+        return _attend_torch_varlen(q, k, v, meta)
     if meta.segments is not None:
         return _attend_segments(q, k, v, meta.segments)
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)

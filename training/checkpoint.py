@@ -16,6 +16,11 @@ A checkpoint is a directory ``step_00001000/``:
 Everything is written into ``.tmp-step_...`` and renamed into place by rank 0 once every
 rank has finished, then the ``latest`` pointer file is replaced (also atomically). A kill
 at any moment leaves either the previous checkpoint or the new one, never half of one.
+
+With ``async_save`` the tensors are staged to host memory and written by ``dcp.async_save``
+on a background thread (over its own gloo group, so its collectives never interleave with
+training's) while training goes on; the rename happens at the next ``save`` or ``wait`` --
+until then the checkpoint is invisible, as a synchronous one is until its rename.
 """
 
 from __future__ import annotations
@@ -63,17 +68,25 @@ def step_of(path: Path) -> int:
 class Checkpointer:
     """Saves to ``directory/step_XXXXXXXX``, keeps the last ``keep``, maintains ``latest``."""
 
-    def __init__(self, directory: str | Path, keep: int, env: DistEnv):
-        self.dir, self.keep, self.env = Path(directory), keep, env
+    def __init__(self, directory: str | Path, keep: int, env: DistEnv, async_save: bool = False):
+        self.dir, self.keep, self.env, self.async_save = Path(directory), keep, env, async_save
+        self._pending: tuple | None = None  # an async save still writing: (future, finish args)
+        self._group = None
+        if async_save and env.distributed:
+            import torch.distributed as dist
+
+            self._group = dist.new_group(backend="gloo")  # collective: every rank builds it here
         if env.is_main:
             self.dir.mkdir(parents=True, exist_ok=True)
 
     def save(self, step: int, model: nn.Module, optimizer: torch.optim.Optimizer, components: dict[str, Stateful], info: dict | None = None) -> Path:
-        """Collective: every rank must call it. Returns the final checkpoint path.
+        """Collective: every rank must call it. Returns the final checkpoint path (with
+        ``async_save``: where it will appear once written).
 
         meta.json holds each component's state under its name, and ``info`` (descriptive
         fields nothing restores from).
         """
+        self.wait()
         name = f"step_{step:08d}"
         final, tmp = self.dir / name, self.dir / f".tmp-{name}"
         if self.env.is_main:
@@ -81,17 +94,41 @@ class Checkpointer:
             tmp.mkdir(parents=True)
         barrier(self.env)
         model_sd, optim_sd = get_state_dict(model, optimizer)
-        with warnings.catch_warnings():  # single process: DCP warns that it is not distributed
-            warnings.simplefilter("ignore", UserWarning)
-            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / "state"), no_dist=not self.env.distributed)
+        # What rank 0 writes beside the tensors, taken now (the loop moves on under an async save).
+        extra = None
         if self.env.is_main:
             rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
             if torch.cuda.is_available():
                 rng["cuda"] = torch.cuda.get_rng_state_all()
-            torch.save(rng, tmp / "rng.pt")
             meta = {**(info or {}), **{key: c.state_dict() for key, c in components.items()}}
             meta.update(step=step, world_size=self.env.world)
-            _write_atomic(tmp / "meta.json", json.dumps(meta, indent=1, sort_keys=True))
+            extra = (rng, json.dumps(meta, indent=1, sort_keys=True))
+        state, where = {"model": model_sd, "optim": optim_sd}, str(tmp / "state")
+        with warnings.catch_warnings():  # single process: DCP warns that it is not distributed
+            warnings.simplefilter("ignore", UserWarning)
+            if self.async_save:
+                kw = {"process_group": self._group} if self._group is not None else {"no_dist": True}
+                self._pending = (dcp.async_save(state, checkpoint_id=where, **kw), (name, tmp, final, extra))
+                return final
+            dcp.save(state, checkpoint_id=where, no_dist=not self.env.distributed)
+        self._finish(name, tmp, final, extra)
+        return final
+
+    def wait(self) -> None:
+        """Finish an async save still in flight: wait for its writes, then make it visible.
+        Collective (call it on every rank: before the next save, and at the end of a run)."""
+        if self._pending is None:
+            return
+        future, args = self._pending
+        self._pending = None
+        future.result()
+        self._finish(*args)
+
+    def _finish(self, name: str, tmp: Path, final: Path, extra) -> None:
+        if self.env.is_main:
+            rng, meta = extra
+            torch.save(rng, tmp / "rng.pt")
+            _write_atomic(tmp / "meta.json", meta)
         barrier(self.env)  # every rank's shards are on disk before the rename makes them visible
         if self.env.is_main:
             if final.exists():  # the same step saved again (e.g. after a resume): replace it
@@ -105,7 +142,6 @@ class Checkpointer:
             _write_atomic(self.dir / LATEST, name + "\n")
             self._prune(keep=final)
         barrier(self.env)
-        return final
 
     def _prune(self, keep: Path) -> None:
         done = sorted((p for p in self.dir.glob("step_*") if p.is_dir()), key=step_of)

@@ -199,20 +199,53 @@ class TrainLoopConfig(_Strict):
     stop_at_step: int | None = Field(default=None, gt=0)  # stop early (checkpointing) e.g. for a preemption drill
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int | None = Field(default=None, gt=0)  # torch intra-op threads on CPU
-    compile: bool = False  # torch.compile each transformer block's forward (inside checkpointing / FSDP2 hooks)
+    compile: bool = False  # torch.compile each transformer block (activation checkpointing inside it, FSDP2 hooks outside)
+    # Deterministic kernels (torch.use_deterministic_algorithms, deterministic flash backward,
+    # a fixed cuBLAS workspace): a resumed run then matches the straight run step for step on
+    # CUDA too, not only at the first resumed step. Slower (flash backward without atomics).
+    deterministic: bool = False
+    # Tokens per chunk of the fused LM-head + cross-entropy (training/loss.py): the (tokens x
+    # vocab) logits are never materialised in fp32 at once. 0 = one chunk.
+    loss_chunk_tokens: int = Field(default=4096, ge=0)
 
 
 class ParallelConfig(_Strict):
-    """Data parallelism. ``auto``: none for one process, FSDP2 on CUDA, DDP on CPU."""
+    """Data parallelism. ``auto``: FSDP2 on CUDA at every world size (one GPU: a 1-rank mesh,
+    so one precision recipe whatever the world size); on CPU none for one process, DDP above.
 
-    strategy: Literal["auto", "none", "ddp", "fsdp"] = "auto"
-    activation_checkpointing: bool = False  # recompute each block's activations in backward
+    ``hsdp``: a 2-D mesh, parameters sharded inside groups of ``shard_size`` ranks (default:
+    one node, torchrun's LOCAL_WORLD_SIZE) and replicated across groups: all-gathers stay on
+    the node's links, only the gradient all-reduce crosses nodes."""
+
+    strategy: Literal["auto", "none", "ddp", "fsdp", "hsdp"] = "auto"
+    shard_size: int | None = Field(default=None, gt=0)  # hsdp: ranks per shard group
+    # Activation checkpointing per block: full recomputes the block in backward; selective
+    # keeps attention outputs and every other matmul (torchtitan's op rule) and recomputes the rest.
+    ac: Literal["none", "full", "selective"] = "none"
+    activation_checkpointing: bool = False  # older name for ac: full
+    # FSDP2 with gradient accumulation: reduce-scatter after every micro-batch (each rank keeps
+    # only its gradient shard, torchtitan's choice). false: accumulate unsharded fp32 gradients
+    # and reduce once per step (less traffic, the whole model's gradients on every rank).
+    reshard_grads_every_microbatch: bool = True
+    # Collective timeouts: the first step (compilation, checkpoint loading) gets timeout_s,
+    # later steps step_timeout_s, so a rank that died mid-collective ends the job in minutes.
+    timeout_s: float = Field(default=1800, gt=0)
+    step_timeout_s: float = Field(default=300, gt=0)
+
+    @model_validator(mode="after")
+    def _legacy_ac(self) -> ParallelConfig:
+        if self.activation_checkpointing and self.ac == "none":
+            self.ac = "full"
+        return self
 
 
 class CheckpointConfig(_Strict):
     every: int = Field(default=500, gt=0)
     keep: int = Field(default=3, ge=1)
     dir: str | None = None  # default: RUN_DIR/checkpoints
+    # dcp.async_save: tensors are staged to host memory and written while training goes on;
+    # the checkpoint becomes visible (renamed, `latest`) when the next one starts or the run ends.
+    async_save: bool = False
 
 
 class MetricsConfig(_Strict):
@@ -242,6 +275,13 @@ class EvalConfig(_Strict):
     batches: int = Field(default=4, gt=0)
 
 
+class InjectErrorConfig(_Strict):
+    """Fault injection for drills and tests: rank ``rank`` raises at step ``step``."""
+
+    step: int = Field(ge=0)
+    rank: int = Field(default=0, ge=0)
+
+
 class GuardConfig(_Strict):
     """Skip steps with a non-finite loss or a grad-norm spike; stop after too many in a row."""
 
@@ -254,6 +294,10 @@ class GuardConfig(_Strict):
     # (the model stays where it is). Non-finite losses are always skipped.
     max_spike_skips: int = Field(default=1, ge=1)
     inject_nonfinite_steps: list[int] = []  # fault injection for drills/tests: NaN loss at these steps
+    inject_error: InjectErrorConfig | None = None  # fault injection: raise on one rank at one step
+    # false: no host read of loss / grad norm per step (they are read once per logging
+    # interval) and no step is ever skipped; true: one read of both per step, after backward.
+    enabled: bool = True
 
 
 class TrainConfig(_Strict):

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from training.attention import AttentionMeta, attend, select_backend
 from training.config import ModelConfig
+from training.loss import linear_cross_entropy
 
 
 class RMSNorm(nn.Module):
@@ -197,18 +198,29 @@ class Transformer(nn.Module):
         tokens: torch.Tensor,
         doc_ids: torch.Tensor | None = None,
         positions: torch.Tensor | None = None,
+        targets: torch.Tensor | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+        max_seqlen: int = 0,
+        loss_chunk_tokens: int = 4096,
     ) -> torch.Tensor:
+        """Logits (B, T, V); with ``targets`` instead the summed cross-entropy (fp32 scalar)
+        over targets that are not -100, through the fused chunked head (training/loss.py).
+        ``cu_seqlens``/``max_seqlen``: the varlen boundaries, computed on the data thread
+        (no device-to-host read here); derived from ``doc_ids`` when not given."""
         b, t = tokens.shape
         if positions is None:
             cos, sin = self.rope_cos[:t][None, :, None], self.rope_sin[:t][None, :, None]
         else:
             cos, sin = self.rope_cos[positions][:, :, None], self.rope_sin[positions][:, :, None]
         backend = select_backend(self.cfg.attention, tokens.device, t, doc_ids is not None)
-        meta = AttentionMeta.build(doc_ids, b, t, tokens.device, backend)
+        meta = AttentionMeta.build(doc_ids, b, t, tokens.device, backend, cu_seqlens, max_seqlen)
         h = self.tok_embeddings(tokens)
         for layer in self.layers:
             h = layer(h, cos, sin, meta)
-        return self.output(self.norm(h))
+        h = self.norm(h)
+        if targets is None:
+            return self.output(h)
+        return linear_cross_entropy(h, self.output.weight, targets, loss_chunk_tokens)
 
     def num_params(self, matmul_only: bool = False) -> int:
         """Parameter count (tied weights once). ``matmul_only``: weights used in matmuls —

@@ -1,13 +1,19 @@
 """Data parallelism, applied from outside the model (torchtitan style).
 
-- ``init_distributed``: one process, or a torchrun process group (gloo on CPU, nccl on CUDA).
-- ``parallelize``: ``torch.compile`` per block, activation checkpointing per block, then
-  FSDP2 (``fully_shard`` on every block, then on the root, over a 1-D device mesh); a model
-  built on the meta device is then materialised and initialised (under FSDP2 each rank only
-  its own shards: no rank ever holds the whole model); DDP last.
-- ``grad_sync``: skip the gradient all-reduce / reduce-scatter on all but the last
-  micro-batch of an accumulation.
-- ``clip_grad_norm``: global-norm clipping that returns a plain float for any wrapping.
+- ``init_distributed``: one process, or a torchrun process group (gloo on CPU, nccl on CUDA);
+  a 1-rank group where FSDP2 runs on one process (CUDA ``auto``), so one GPU and many train
+  with the same precision recipe.
+- ``parallelize``: activation checkpointing per block (full or selective), ``torch.compile``
+  per block (over the checkpointed block), then FSDP2 (``fully_shard`` on every block, then
+  on the root) over a 1-D mesh, or HSDP over a 2-D (replicate x shard) mesh; a model built on
+  the meta device is then materialised and initialised (each rank only its own shards: no
+  rank ever holds the whole model); DDP last.
+- ``grad_sync``: DDP skips the all-reduce on all but the last micro-batch; FSDP2
+  reduce-scatters every micro-batch (``reshard_grads_every_microbatch``, so a rank keeps only
+  its gradient shard) or only the last.
+- ``clip_grad_norm``: global-norm clipping; the norm stays a device tensor.
+- ``shutdown``: a barrier only after success; after an error the group is aborted at once,
+  so one rank's exception ends the job instead of hanging the others in a collective.
 """
 
 from __future__ import annotations
@@ -46,66 +52,129 @@ class DistEnv:
         return self.world > 1
 
 
-def init_distributed(device: str = "auto") -> DistEnv:
-    """Read torchrun's environment; start a process group when there is more than one rank."""
+def init_distributed(device: str = "auto", cfg: ParallelConfig | None = None, deterministic: bool = False) -> DistEnv:
+    """Read torchrun's environment; start a process group when there is more than one rank,
+    or one rank that FSDP2 will shard over (a 1-rank mesh)."""
+    cfg = cfg or ParallelConfig()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    if deterministic:
+        # cuBLAS needs its workspace fixed before its first call; the rest is torch's switch.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     if device == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError("train.device: cuda, but torch sees no CUDA device (set train.device: cpu or auto)")
+        count = torch.cuda.device_count()
+        if local_rank >= count:
+            raise ConfigError(
+                f"LOCAL_RANK {local_rank} but only {count} CUDA device(s) are visible on this node: "
+                f"launch at most {count} process(es) per node (torchrun --nproc-per-node={count}), "
+                "or set train.device: cpu"
+            )
         torch.cuda.set_device(local_rank)
         dev = torch.device("cuda", local_rank)
     else:
         dev = torch.device("cpu")
-    if world > 1 and not dist.is_initialized():
+    env = DistEnv(rank, world, local_rank, dev)
+    if not dist.is_initialized() and (world > 1 or strategy_for(cfg, env) in ("fsdp", "hsdp")):
         backend = "nccl" if dev.type == "cuda" else "gloo"
-        dist.init_process_group(backend, timeout=datetime.timedelta(minutes=30))
-    return DistEnv(rank, world, local_rank, dev)
+        timeout = datetime.timedelta(seconds=cfg.timeout_s)
+        if world > 1:
+            dist.init_process_group(backend, timeout=timeout, device_id=dev if dev.type == "cuda" else None)
+        else:  # one rank, no torchrun rendezvous: an in-process store
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    return env
 
 
-def shutdown(env: DistEnv) -> None:
-    """Leave the process group cleanly (barrier first, so no rank exits mid-collective)."""
-    if env.distributed and dist.is_initialized():
-        dist.barrier()
+def set_collective_timeout(env: DistEnv, seconds: float) -> None:
+    """Shorten the collectives' timeout once the first step is through (torchtitan does the
+    same): the first step may compile and load checkpoints, later ones take seconds."""
+    if not dist.is_initialized():
+        return
+    setter = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
+    if setter is not None:
+        with contextlib.suppress(Exception):  # not every backend/version can change it live
+            setter(datetime.timedelta(seconds=seconds))
+
+
+def shutdown(env: DistEnv, clean: bool = True) -> None:
+    """Leave the process group. After success: barrier first, so no rank exits
+    mid-collective. After an error: abort without a barrier (the other ranks may sit in a
+    collective this rank will never join); their collectives then fail, or torchrun stops
+    them, and the job ends with this error instead of hanging until the timeout."""
+    if not dist.is_initialized():
+        return
+    if clean:
+        if dist.get_world_size() > 1:
+            dist.barrier()
         dist.destroy_process_group()
+        return
+    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    with contextlib.suppress(Exception):
+        if abort is not None:
+            abort()
+        else:
+            dist.destroy_process_group()
 
 
 def strategy_for(cfg: ParallelConfig, env: DistEnv) -> str:
-    """The data-parallel strategy actually used: 'none' for a single process."""
+    """The data-parallel strategy actually used.
+
+    auto: FSDP2 on CUDA at any world size (one GPU included: one precision recipe), on CPU
+    'none' for one process and DDP above. DDP on one process is 'none'; HSDP on one process
+    is FSDP2 over one rank."""
+    s = cfg.strategy
+    if s == "auto":
+        if env.device.type == "cuda":
+            return "fsdp"
+        s = "ddp" if env.distributed else "none"
     if not env.distributed:
-        return "none"
-    if cfg.strategy == "auto":
-        return "fsdp" if env.device.type == "cuda" else "ddp"
-    if cfg.strategy == "none":
+        return {"ddp": "none", "hsdp": "fsdp"}.get(s, s)
+    if s == "none":
         # Ranks would each train their own copy on a slice of the batch and drift apart.
-        raise ConfigError(f"parallel.strategy: 'none' cannot run on {env.world} processes; use ddp, fsdp or auto")
-    return cfg.strategy
+        raise ConfigError(f"parallel.strategy: 'none' cannot run on {env.world} processes; use ddp, fsdp, hsdp or auto")
+    return s
+
+
+def hsdp_shape(cfg: ParallelConfig, env: DistEnv) -> tuple[int, int]:
+    """(replicas, shard group size) of the HSDP mesh: shard inside a node by default."""
+    shard = cfg.shard_size or int(os.environ.get("LOCAL_WORLD_SIZE", env.world))
+    if shard > env.world or env.world % shard:
+        raise ConfigError(f"parallel.shard_size ({shard}) must divide the world size ({env.world})")
+    return env.world // shard, shard
 
 
 def parallelize(model: nn.Module, cfg: ParallelConfig, env: DistEnv, compile: bool = False) -> nn.Module:
-    """Wrap ``model`` (a ``training.model.Transformer``): compile, activation checkpointing,
-    FSDP2, materialise, DDP.
+    """Wrap ``model`` (a ``training.model.Transformer``): activation checkpointing, compile,
+    FSDP2 / HSDP, materialise, DDP.
 
     ``model`` may live on the meta device (built under ``torch.device("meta")``): it is then
     moved to ``env.device`` with ``to_empty`` *after* sharding and initialised with its own
     ``init_weights()``, so under FSDP2 each rank allocates and draws only its shards (the
     init is per row chunk, so the weights are the same on any world size). A model with real
     tensors is moved to ``env.device`` (FSDP2: ``fully_shard`` moves each module's shards)."""
-    if compile:
-        # Each block's forward (the blocks share the compiled code): the module call around it
-        # (checkpointing, FSDP2's gather/free hooks) stays eager, and the state-dict keys stay
-        # the plain model's. Attention paths whose shapes change per batch (segments) run
-        # eagerly inside, between two compiled graphs.
-        for block in model.layers:
-            block.forward = torch.compile(block.forward)
-    if cfg.activation_checkpointing:
+    if cfg.ac != "none":
         # Recompute each block's activations in backward; the wrapper keeps state-dict keys.
+        context = {"context_fn": selective_ac_context} if cfg.ac == "selective" else {}
         for i, block in enumerate(model.layers):
-            model.layers[i] = checkpoint_wrapper(block)
+            model.layers[i] = checkpoint_wrapper(block, **context)
+    if compile:
+        # Each block, over its checkpoint wrapper (torchtitan's order: the compiler sees the
+        # recompute policy); Module.compile keeps the state-dict keys. Attention paths whose
+        # shapes change per batch (segments, flash-attn's Python entry) run eagerly inside.
+        for block in model.layers:
+            block.compile()
     strategy = strategy_for(cfg, env)
-    if strategy == "fsdp":
-        mesh = init_device_mesh(env.device.type, (env.world,))
+    if strategy in ("fsdp", "hsdp"):
+        if strategy == "hsdp":
+            mesh = init_device_mesh(env.device.type, hsdp_shape(cfg, env), mesh_dim_names=("replicate", "shard"))
+        else:
+            mesh = init_device_mesh(env.device.type, (env.world,))
         if env.device.type == "cuda":
             mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         else:
@@ -115,7 +184,9 @@ def parallelize(model: nn.Module, cfg: ParallelConfig, env: DistEnv, compile: bo
         block_mp = MixedPrecisionPolicy(mp.param_dtype, mp.reduce_dtype, cast_forward_inputs=False)
         for block in model.layers:
             fully_shard(block, mesh=mesh, mp_policy=block_mp)
-        fully_shard(model, mesh=mesh, mp_policy=mp)
+        # The root (embeddings, final norm, LM head) is used again right at the start of
+        # backward: keep it gathered after forward (torchtitan does the same for the head).
+        fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
     if any(t.is_meta for t in [*model.parameters(), *model.buffers()]):
         tied = _tied_parameters(model)
         model.to_empty(device=env.device)  # gives each module its own tensor: unties shared weights
@@ -123,11 +194,44 @@ def parallelize(model: nn.Module, cfg: ParallelConfig, env: DistEnv, compile: bo
             for module, name in others:
                 setattr(module, name, getattr(owner, attr))
         model.init_weights()
-    elif strategy != "fsdp":
+    elif strategy not in ("fsdp", "hsdp"):
         model.to(env.device)
     if strategy == "ddp":
-        return DDP(model, device_ids=[env.local_rank] if env.device.type == "cuda" else None)
+        # RoPE tables are derived buffers, equal on every rank: nothing to broadcast per forward.
+        return DDP(model, device_ids=[env.local_rank] if env.device.type == "cuda" else None, broadcast_buffers=False)
+    model.reshard_grads_every_microbatch = cfg.reshard_grads_every_microbatch
     return model
+
+
+#: Ops whose outputs selective activation checkpointing keeps (attention is the costly one
+#: to recompute); every other matmul is kept too, the rest is recomputed (torchtitan's rule).
+def _sac_saved_ops() -> set:
+    aten = torch.ops.aten
+    names = ["_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
+             "_scaled_dot_product_cudnn_attention", "_flash_attention_forward", "_efficient_attention_forward"]
+    ops = {getattr(aten, n).default for n in names if hasattr(aten, n)}
+    varlen = getattr(getattr(torch.ops, "torch_attn", None), "_varlen_attn", None)
+    if varlen is not None:
+        ops.add(varlen.default)
+    return ops
+
+
+def selective_ac_context():
+    """A fresh (forward, recompute) context pair for one checkpointed block call."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    saved, mm = _sac_saved_ops(), torch.ops.aten.mm.default
+    counts = {False: 0, True: 0}  # matmuls seen, in forward and in recompute (same order)
+
+    def policy(ctx, op, *args, **kwargs):
+        if op == mm:
+            counts[ctx.is_recompute] += 1
+            keep = counts[ctx.is_recompute] % 2 == 1
+        else:
+            keep = op in saved
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
 
 
 def _tied_parameters(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:
@@ -146,24 +250,26 @@ def uses_fsdp(model: nn.Module) -> bool:
 
 
 @contextlib.contextmanager
-def grad_sync(model: nn.Module, sync: bool):
-    """Context for one micro-batch backward: communicate gradients only when ``sync``."""
-    if isinstance(model, DDP) and not sync:
+def grad_sync(model: nn.Module, last: bool):
+    """Context for one micro-batch backward: DDP communicates only on the ``last``; FSDP2
+    reduce-scatters on every micro-batch unless ``reshard_grads_every_microbatch`` is off."""
+    if isinstance(model, DDP) and not last:
         with model.no_sync():
             yield
         return
     if isinstance(model, FSDPModule):
-        model.set_requires_gradient_sync(sync)
+        model.set_requires_gradient_sync(last or getattr(model, "reshard_grads_every_microbatch", True))
     yield
 
 
-def clip_grad_norm(model: nn.Module, max_norm: float) -> float:
-    """Clip to a global L2 norm; returns the norm before clipping (as a float, all ranks)."""
+def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
+    """Clip to a global L2 norm; returns the norm before clipping as a device tensor (no
+    host read: the caller reads it when it needs the number)."""
     params = [p for p in model.parameters() if p.grad is not None]
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
     if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor
         norm = norm.full_tensor()
-    return float(norm)
+    return norm
 
 
 def all_reduce_sum(values: torch.Tensor, env: DistEnv) -> torch.Tensor:

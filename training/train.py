@@ -10,6 +10,11 @@ The loss of a step is the mean over every token that carries loss in the whole g
 batch: each micro-batch contributes ``sum(CE) * world / global_token_count`` (DDP and FSDP2
 average gradients over ranks, the ``world`` factor undoes that), so the update does not
 depend on the world size or on how rows are split into micro-batches.
+
+Host syncs: none per micro-batch (document boundaries and token counts come from the data
+thread, pinned; the global token count, the loss and the grad norm stay on the device). The
+guard rails read loss and grad norm once per step, in one transfer, after the last backward
+(``guard.enabled: false`` drops that read: the numbers are then read once per logging interval).
 """
 
 from __future__ import annotations
@@ -20,7 +25,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from training import checkpoint as ckpt
 from training.config import ConfigError, TrainConfig, load_config
@@ -36,8 +40,10 @@ from training.parallel import (
     all_reduce_sum,
     clip_grad_norm,
     grad_sync,
+    hsdp_shape,
     init_distributed,
     parallelize,
+    set_collective_timeout,
     shutdown,
     strategy_for,
     uses_fsdp,
@@ -112,7 +118,8 @@ class Trainer:
 
         # Where the run starts and the plan from there. Is the checkpoint's data order still
         # this data's? That is checked first: the answer decides which plan applies.
-        self.checkpointer = ckpt.Checkpointer(cfg.checkpoint.dir or self.run_dir / "checkpoints", cfg.checkpoint.keep, env)
+        self.checkpointer = ckpt.Checkpointer(cfg.checkpoint.dir or self.run_dir / "checkpoints", cfg.checkpoint.keep, env,
+                                            async_save=cfg.checkpoint.async_save)
         point = find_resume_point(self.checkpointer, resume, anneal_from)
         data_changed = point.check_data(self.dataset, cfg, order_settings(dc.order, curriculum, dc.shuffle_blocks, dc.lanes))
         self.plans, self.schedule = resolve_plan(cfg, point, self.dataset.source_rows(), data_changed, mix, self.dataset.source_tokens())
@@ -167,6 +174,7 @@ class Trainer:
                 cfg.data.document_mask, cfg.data.pad_id, cfg.model.vocab_size,
             )
         self.peak = peak_flops(env.device, cfg.metrics.peak_flops)
+        self.pin = env.device.type == "cuda"
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -179,36 +187,48 @@ class Trainer:
             cfg.data.document_mask, cfg.data.pad_id, cfg.model.vocab_size,
         )
         batch.global_rows = rows
+        batch.counts = torch.tensor([batch.n_tokens], dtype=torch.float64)
+        if self.pin:  # page-locked here, so the loop's copies to the GPU are asynchronous
+            batch.micro = [mb.pin() for mb in batch.micro]
+            batch.counts = batch.counts.pin_memory()
         return batch
 
     def _loss_sum(self, mb) -> torch.Tensor:
+        """Summed cross-entropy of one micro-batch (fp32 scalar on the device)."""
         with self.autocast:
-            logits = self.model(mb.inputs, mb.doc_ids, mb.positions)
-        return F.cross_entropy(logits.float().flatten(0, 1), mb.targets.flatten(), ignore_index=IGNORE, reduction="sum")
+            return self.model(mb.inputs, mb.doc_ids, mb.positions, targets=mb.targets, cu_seqlens=mb.cu_seqlens,
+                              max_seqlen=mb.max_seqlen, loss_chunk_tokens=self.cfg.train.loss_chunk_tokens)
 
-    def train_step(self, step: int, batch) -> tuple[float, float, str | None]:
-        """Forward/backward over the micro-batches, clip, guard, step. Returns (loss, grad norm, skip reason)."""
-        env, dev = self.env, self.env.device
+    def train_step(self, step: int, batch) -> tuple[float | torch.Tensor, float | torch.Tensor, str | None]:
+        """Forward/backward over the micro-batches, clip, guard, step. Returns (loss, grad
+        norm, skip reason): floats with the guard on; device tensors with it off (read them
+        when logging)."""
+        env, dev, guard_cfg = self.env, self.env.device, self.cfg.guard
         lr = self.schedule(step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-        n_global = float(all_reduce_sum(torch.tensor([batch.n_tokens], dtype=torch.float64, device=dev), env).item())
-        if n_global == 0:
-            return float("nan"), 0.0, "no tokens with loss in the global batch"
-        scale = env.world / n_global
+        if guard_cfg.inject_error is not None and (guard_cfg.inject_error.step, guard_cfg.inject_error.rank) == (step, env.rank):
+            raise RuntimeError(f"injected error on rank {env.rank} at step {step} (guard.inject_error)")
+        n_global = all_reduce_sum(batch.counts.to(dev, non_blocking=True), env)[0]  # stays on the device
+        scale = (env.world / n_global.clamp(min=1)).float()
         loss_sum = torch.zeros((), dtype=torch.float32, device=dev)
         last = len(batch.micro) - 1
         for i, mb in enumerate(batch.micro):
             mb = mb.to(dev)
             with grad_sync(self.model, i == last):
                 ce = self._loss_sum(mb)
-                if step in self.cfg.guard.inject_nonfinite_steps:
+                if step in guard_cfg.inject_nonfinite_steps:
                     ce = ce * float("nan")  # fault injection: a poisoned batch
                 (ce * scale).backward()
             loss_sum += ce.detach()
-        loss = float(all_reduce_sum(loss_sum.double(), env).item()) / n_global
+        loss = all_reduce_sum(loss_sum.double(), env) / n_global
         grad_norm = clip_grad_norm(self.model, self.cfg.optim.grad_clip)
-        reason = self.guard.verdict(loss, grad_norm)
+        if not guard_cfg.enabled:
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            return loss, grad_norm, None
+        loss, grad_norm, n = torch.stack([loss, grad_norm.double(), n_global]).tolist()  # the step's one host read
+        reason = "no tokens with loss in the global batch" if n == 0 else self.guard.verdict(loss, grad_norm)
         if reason is None:
             self.optimizer.step()
             self.guard.accept(grad_norm)
@@ -258,6 +278,8 @@ class Trainer:
         """Train from ``start_step`` to the end (or ``stop_at_step``). Returns an exit code."""
         cfg, env, m = self.cfg, self.env, self.metrics
         strategy = strategy_for(cfg.parallel, env)
+        if strategy == "hsdp":
+            strategy += " {}x{}".format(*hsdp_shape(cfg.parallel, env))
         m.log({
             "kind": "event", "step": self.start_step, "event": "start",
             "message": (
@@ -267,12 +289,13 @@ class Trainer:
                 f"phases {[(p.name, p.start, p.end) for p in self.plans]}, "
                 f"attention {self.attention} ({self.attention_why})"
                 + (", compiled" if cfg.train.compile else "")
-                + (", activation checkpointing" if cfg.parallel.activation_checkpointing else "")
+                + (f", activation checkpointing ({cfg.parallel.ac})" if cfg.parallel.ac != "none" else "")
+                + (", deterministic" if cfg.train.deterministic else "")
                 + (f", peak {self.peak / 1e12:g} TFLOP/s per device" if self.peak else "")
             ),
             "lineage": self.lineage, "fingerprint": self.dataset.fingerprint,
             "attention": self.attention, "attention_reason": self.attention_why,
-            "compile": cfg.train.compile, "activation_checkpointing": cfg.parallel.activation_checkpointing,
+            "compile": cfg.train.compile, "activation_checkpointing": cfg.parallel.ac, "deterministic": cfg.train.deterministic,
             "flops_per_token": flops_per_token(cfg.model, cfg.data.seq_len, self.n_matmul), "peak_flops": self.peak,
         })
         for note in self.notes:
@@ -292,6 +315,8 @@ class Trainer:
                 t_data = time.perf_counter()
                 loss, grad_norm, reason = self.train_step(step, batch)
                 t_end = time.perf_counter()
+                if step == self.start_step:  # compiled and loaded: later steps take seconds
+                    set_collective_timeout(env, cfg.parallel.step_timeout_s)
                 m.rows(step, batch.row_ids)
                 self.trace.add(step, batch.global_rows)
                 window.add(batch, loss, grad_norm, reason, t_data - t0, t_end - t0)
@@ -324,6 +349,7 @@ class Trainer:
                     break
                 if done % cfg.checkpoint.every == 0 or done == self.end_step:
                     self.save(done, "end" if done == self.end_step else "periodic")
+            self.checkpointer.wait()  # an async save still writing becomes visible before we exit
         finally:
             prefetch.close()
             self.trace.close()
@@ -348,8 +374,8 @@ class Trainer:
         phase = self.plans[self.order.phase_index(step)].name
         self.metrics.log({
             "kind": "train", "step": step, "phase": phase,
-            "loss": (w.loss_sum / w.accepted) if w.accepted else float("nan"),
-            "loss_step": w.last_loss, "grad_norm": w.last_grad_norm, "lr": self.schedule(step),
+            "loss": float(w.loss_sum / w.accepted) if w.accepted else float("nan"),
+            "loss_step": float(w.last_loss), "grad_norm": float(w.last_grad_norm), "lr": self.schedule(step),
             "seq_len": w.seq_len, "steps": w.steps, "skipped": w.skipped,
             "tokens": tokens, "tokens_per_s": tps,
             "mfu": mfu(fpt, tps, self.peak, env.world),
@@ -364,11 +390,16 @@ class Trainer:
 
 def run(cfg: TrainConfig, resume: str | None = None, anneal_from: str | None = None, mix: dict[str, float] | None = None) -> int:
     """Train with an already-validated config (in this process / torchrun rank). Returns an exit code."""
-    env = init_distributed(cfg.train.device)
+    env = init_distributed(cfg.train.device, cfg.parallel, cfg.train.deterministic)
+    clean = False
     try:
-        return Trainer(cfg, env, resume, anneal_from, mix).fit()
+        code = Trainer(cfg, env, resume, anneal_from, mix).fit()
+        clean = True
+        return code
     finally:
-        shutdown(env)
+        # After an error: no barrier (the other ranks may be inside a collective this rank
+        # will never join); the group is aborted and the error goes on up.
+        shutdown(env, clean=clean)
 
 
 def main(

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from training.attention import doc_ids_from_lens, positions_from_doc_ids
+from training.attention import doc_ids_from_lens, positions_from_doc_ids, varlen_boundaries
 from training.data.shards import DataError, PackedDataset, RowBatch
 
 IGNORE = -100  # target id the loss ignores (padding, cross-document predictions)
@@ -19,17 +19,31 @@ IGNORE = -100  # target id the loss ignores (padding, cross-document predictions
 
 @dataclass
 class MicroBatch:
-    """One forward/backward: (b, T) inputs and targets (IGNORE where no loss), masking inputs."""
+    """One forward/backward: (b, T) inputs and targets (IGNORE where no loss), masking inputs.
+
+    ``cu_seqlens`` (int32, over the flattened b*T tokens) and ``max_seqlen`` (a power of two)
+    are the varlen kernels' document boundaries, computed here on the data thread from the
+    document ids so the forward never reads a length back from the device."""
 
     inputs: torch.Tensor
     targets: torch.Tensor
     doc_ids: torch.Tensor | None
     positions: torch.Tensor | None
+    cu_seqlens: torch.Tensor | None = None
+    max_seqlen: int = 0
+
+    def _map(self, fn) -> MicroBatch:
+        f = lambda t: None if t is None else fn(t)  # noqa: E731
+        return MicroBatch(f(self.inputs), f(self.targets), f(self.doc_ids), f(self.positions), f(self.cu_seqlens), self.max_seqlen)
+
+    def pin(self) -> MicroBatch:
+        """Page-locked copies (data thread, CUDA only): ``to(cuda, non_blocking)`` is then a
+        real asynchronous copy instead of a staged, synchronous one."""
+        return self._map(torch.Tensor.pin_memory)
 
     def to(self, device: torch.device) -> MicroBatch:
         nb = device.type == "cuda"
-        move = lambda t: None if t is None else t.to(device, non_blocking=nb)  # noqa: E731
-        return MicroBatch(move(self.inputs), move(self.targets), move(self.doc_ids), move(self.positions))
+        return self._map(lambda t: t.to(device, non_blocking=nb))
 
 
 @dataclass
@@ -44,6 +58,7 @@ class StepBatch:
     content_tokens: dict[str, int] = field(default_factory=dict)  # from the rows' source_tokens JSON
     seq_len: int = 0
     global_rows: np.ndarray | None = None  # the whole global batch's row ids (for the step trace)
+    counts: torch.Tensor | None = None  # (n_tokens,) float64, pinned on CUDA: summed over ranks on the device
 
 
 def build_micro_batches(
@@ -88,14 +103,16 @@ def build_micro_batches(
     out = []
     step = micro_rows * pieces
     for a in range(0, n * pieces, step):
-        out.append(
-            MicroBatch(
-                torch.from_numpy(inputs[a : a + step]),
-                torch.from_numpy(targets[a : a + step]),
-                None if doc_ids is None else torch.from_numpy(doc_ids[a : a + step]),
-                None if positions is None else torch.from_numpy(positions[a : a + step]),
-            )
+        mb = MicroBatch(
+            torch.from_numpy(inputs[a : a + step]),
+            torch.from_numpy(targets[a : a + step]),
+            None if doc_ids is None else torch.from_numpy(doc_ids[a : a + step]),
+            None if positions is None else torch.from_numpy(positions[a : a + step]),
         )
+        if doc_ids is not None:
+            cu, mb.max_seqlen = varlen_boundaries(doc_ids[a : a + step])
+            mb.cu_seqlens = torch.from_numpy(cu)
+        out.append(mb)
     return out, n_tokens, np.minimum(nonpad, seq_len)
 
 

@@ -1,0 +1,76 @@
+"""The LM head and cross-entropy, fused and chunked over tokens.
+
+``F.cross_entropy(logits.float(), ...)`` over a (B, T, V) batch keeps the logits, an fp32
+copy of them and the log-softmax for backward: at micro-batch 4 x 2048 tokens x 128k vocab
+that is ~13 GB for one loss. ``linear_cross_entropy`` instead walks the tokens in chunks:
+per chunk it computes the logits (compute dtype), their log-sum-exp and the loss in fp32, and
+right away the gradient of the loss with respect to those logits (``softmax - one_hot``), kept
+in the compute dtype. Backward is then two matmuls with that stored gradient: no recompute, and
+the only (tokens x vocab) tensor alive at the end of forward is one in the compute dtype
+(the size of the bf16 logits themselves); the fp32 work is one chunk at a time.
+
+The loss is a *sum* over tokens whose target is not ``ignore_index`` (the trainer divides by
+the global token count), so backward only scales the stored gradient by the incoming scalar.
+``tests/test_train_model.py`` checks the value and both gradients against
+``F.cross_entropy`` over the full logits.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int, ignore_index: int):
+        n = hidden.shape[0]
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        need_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        grads = []
+        for a in range(0, n, chunk):
+            h, t = hidden[a : a + chunk], targets[a : a + chunk]
+            logits = (h @ weight.t()).float()
+            lse = torch.logsumexp(logits, dim=-1)
+            valid = t != ignore_index
+            safe = torch.where(valid, t, 0)
+            picked = logits.gather(1, safe[:, None]).squeeze(1)
+            total += torch.where(valid, lse - picked, 0.0).sum()
+            if need_grad:
+                # d(sum CE)/d logits = softmax - one_hot, zero on ignored rows (in place: no copy)
+                g = logits.sub_(lse[:, None]).exp_()
+                g[torch.arange(len(t), device=t.device), safe] -= 1.0
+                g.mul_(valid[:, None])
+                grads.append(g.to(hidden.dtype))
+        if need_grad:
+            ctx.save_for_backward(hidden, weight, torch.cat(grads) if len(grads) > 1 else grads[0])
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        hidden, weight, g = ctx.saved_tensors
+        g = g * grad_out.to(g.dtype)
+        grad_h = (g @ weight) if ctx.needs_input_grad[0] else None
+        grad_w = (g.t() @ hidden) if ctx.needs_input_grad[1] else None
+        return grad_h, grad_w, None, None, None
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_tokens: int = 4096,
+                         ignore_index: int = -100) -> torch.Tensor:
+    """``sum(cross_entropy(hidden @ weight.T, targets))`` over tokens whose target is not
+    ``ignore_index``, in fp32. hidden: (N, d); weight: (V, d); targets: (N,).
+    ``chunk_tokens`` <= 0: one chunk."""
+    hidden, targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+    chunk = chunk_tokens if chunk_tokens > 0 else max(1, hidden.shape[0])
+    if not torch.is_grad_enabled():  # eval: no gradient to keep
+        return _LinearCrossEntropy.forward(_NoGrad, hidden, weight, targets, chunk, ignore_index)
+    return _LinearCrossEntropy.apply(hidden, weight, targets, chunk, ignore_index)
+
+
+class _NoGrad:
+    needs_input_grad = (False, False, False, False, False)
+
+
+def reference_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+    """The unfused reference (what the trainer did before): fp32 copy of all logits."""
+    return F.cross_entropy(logits.float().flatten(0, -2), targets.flatten(), ignore_index=ignore_index, reduction="sum")
