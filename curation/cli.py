@@ -82,6 +82,38 @@ def stats(run_dir: str = typer.Argument(..., help="run directory (local or s3://
         console.print(t2)
     summary = output_summary(run_dir)
     console.print(f"output: {summary}")
+    _print_decontam_reports(run_dir)
+
+
+def _print_decontam_reports(run_dir: str, top: int = 10) -> None:
+    """Per benchmark of every ``decontaminate`` stage: items, leaked items, contaminated
+    documents, and the most widespread leaks with their matched span."""
+    from curation.pipeline.rundir import RunDir
+    from curation.stages.decontaminate import REPORT
+
+    rd = RunDir(run_dir)
+    for name, st in rd.load_dag().stages.items():
+        rep = rd.read_report(name, REPORT) if st.type == "decontaminate" else None
+        if not rep:
+            continue
+        t = Table(title=f"{name}: decontamination ({rep['mode']}, {rep['ngram']}-grams), "
+                        f"{rep['contaminated_documents']} of {rep['documents']} documents contaminated")
+        for c in ("benchmark", "items", "too short", "leaked items", "documents"):
+            t.add_column(c, justify="left" if c == "benchmark" else "right")
+        for b in rep["benchmarks"]:
+            t.add_row(b["benchmark"], str(b["items"]), str(b["items_too_short"]), str(b["leaked_items"]),
+                      str(b["contaminated_documents"]))
+        console.print(t)
+        leaks = sorted((x for b in rep["benchmarks"] for x in b["leaks"]), key=lambda x: -x["documents"])[:top]
+        if leaks:
+            t2 = Table(title=f"{name}: most widespread leaks")
+            for c in ("benchmark", "item", "documents", "coverage", "matched span (example)"):
+                t2.add_column(c)
+            for x in leaks:
+                span = " ".join(x["span"].split())
+                t2.add_row(x["benchmark"], x["item"], str(x["documents"]), f"{x['max_coverage']:.2f}",
+                           span[:80] + ("…" if len(span) > 80 else ""))
+            console.print(t2)
 
 
 @app.command()

@@ -433,6 +433,32 @@ def _init_ray(address: str | None, workers: int | None) -> int:
     return workers if workers else max(1, int(ray.cluster_resources().get("CPU", 1)))
 
 
+def _map_stage_reports(dag: Dag, rundir: RunDir) -> None:
+    """Reports of map stages that summarise their committed shards (``decontaminate``):
+    ``stage.summarise_run(read, docs) -> (file name, report)``, where ``read(columns,
+    filters)`` returns those columns of the stage's kept and rejected rows (Parquet filters,
+    so row groups whose statistics exclude a match are skipped) and ``docs`` is its rows in."""
+    hashes = dag.hashes()
+    for name, st in dag.stages.items():
+        if st.kind != "map" or not hasattr(st, "summarise_run"):
+            continue
+        entries = list(rundir.committed(name, hashes[name]).values())
+
+        def read(columns: list[str], filters: list | None = None, entries: list[dict] = entries) -> pa.Table | None:
+            parts = []
+            for e in entries:
+                for key in ("file", "rejected_file"):
+                    if not e.get(key):
+                        continue
+                    path = rundir.path(e[key])
+                    if all(c in location.read_schema(path).names for c in columns):
+                        parts.append(location.read_parquet(path, columns=columns, filters=filters).select(columns))
+            return pa.concat_tables(parts, promote_options="default") if parts else None
+
+        filename, report = st.summarise_run(read, sum(int(e.get("rows_in", 0)) for e in entries))
+        rundir.write_report(name, filename, report)
+
+
 def run_dag(dag: Dag, run_dir: str | os.PathLike, workers: int | None = None, address: str | None = None,
             overwrite: bool = False, quiet: bool = False) -> dict[str, Any]:
     """Run (or resume) ``dag`` into ``run_dir``. Returns the final progress state."""
@@ -511,6 +537,8 @@ def run_dag(dag: Dag, run_dir: str | os.PathLike, workers: int | None = None, ad
                 run_tasks(f"{name}+map", [(name, k, None, p) for k, p in rundir.shard_files(dag, name, plan.hashes)])
         for node in list(dag.inputs) + list(dag.stages):
             rundir.compact(node)
+        if not failures:
+            _map_stage_reports(dag, rundir)
         if failures:
             raise RunFailed(f"{len(failures)} shard(s) failed; rerun the same command to retry them:\n  "
                             + "\n  ".join(failures))

@@ -1,0 +1,266 @@
+"""Decontamination recall on planted leaks, false drops on clean pages, and docs/s per core.
+
+Leaks of our own construction: items of the real GSM8K test, MATH test (1,000-problem subset)
+and HumanEval sets in ``../shared/data/jsonl`` (question + answer, problem + solution, prompt +
+canonical solution: what a copy on the web holds) pasted between two paragraphs of a real web
+page (DCLM human-labelled Common Crawl text, CCNet documents, UD English Web Treebank
+documents, WikiText-2 articles), in one of these forms:
+
+- ``verbatim``: as in the benchmark file;
+- ``spaced_punct``: every punctuation mark set off by spaces (``3 , 5 .``, tokenised text);
+- ``typographic``: curly quotes and apostrophes, ``…``, en dashes;
+- ``html_entities``: ``html.escape`` (``&quot;``, ``&#x27;``, ``&amp;``, ``&lt;``), a fifth of
+  the spaces as ``&nbsp;``, non-ASCII as ``&#NNN;``;
+- ``boilerplate_split``: two boilerplate lines (``Advertisement``, ``Continue reading below``)
+  inserted at random word boundaries inside the item;
+- ``reflow``: re-wrapped at 60 columns with doubled spaces, code re-indented with tabs;
+- ``upper``: upper case;
+- ``unicode_compat``: full-width letters in every third word, soft hyphens inside long words,
+  no-break spaces;
+- ``combined``: typographic + html_entities + boilerplate_split + reflow at once.
+
+Recall = planted documents flagged; false drops = clean pages (the hosts alone) flagged;
+GSM8K train items (same style, other problems) are reported as hard negatives.
+``--before REV`` also runs the stage as it was at git revision REV (loaded from ``git show``)
+on the same documents, in the same process.
+
+    .venv/bin/python tests/benchmarks/bench_decontam.py --items 300 --before 6a72000
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import html
+import json
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import types
+from pathlib import Path
+
+import pyarrow as pa
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from real_corpus import SHARED_DATA, jsonl_gz, ud_ewt_documents, wikitext_articles  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+BOILER = ["Advertisement", "Continue reading below", "Share this: Facebook | Twitter | Email"]
+
+
+# -- eval items and hosts ------------------------------------------------------------------------
+
+def eval_items(n: int, rng: random.Random) -> list[tuple[str, str, str]]:
+    """(benchmark, item id, planted text)."""
+    jl = SHARED_DATA / "jsonl"
+    out = []
+    g = list(jsonl_gz(jl / "gsm8k_test.jsonl.gz"))
+    for i in rng.sample(range(len(g)), min(n, len(g))):
+        out.append(("gsm8k", str(i), g[i]["question"] + "\n" + g[i]["answer"]))
+    m = list(jsonl_gz(jl / "math_hendrycks_test_subset1000.jsonl.gz"))
+    for i in rng.sample(range(len(m)), min(n, len(m))):
+        out.append(("math", str(i), m[i]["problem"] + "\n" + m[i]["solution"]))
+    h = list(jsonl_gz(jl / "humaneval.jsonl.gz"))
+    for i in rng.sample(range(len(h)), min(n, len(h))):
+        out.append(("humaneval", h[i]["task_id"], h[i]["prompt"] + h[i]["canonical_solution"]))
+    return out
+
+
+def host_pages() -> list[str]:
+    jl = SHARED_DATA / "jsonl"
+    docs = [r["text"] for f in ("dclm_majority_data.jsonl.gz", "dclm_agreement_data.jsonl.gz",
+                                "dolma_cc_en_head-0091.jsonl.gz", "dolma_cc_en_head-0174.jsonl.gz")
+            for r in jsonl_gz(jl / f)]
+    docs += ud_ewt_documents(SHARED_DATA / "text" / "ud_english_ewt-dev.conllu.xz")
+    docs += ud_ewt_documents(SHARED_DATA / "text" / "ud_english_ewt-test.conllu.xz")
+    docs += wikitext_articles(SHARED_DATA / "text" / "wikitext-2_valid.txt.xz")
+    docs += wikitext_articles(SHARED_DATA / "text" / "wikitext-2_test.txt.xz")
+    return list(dict.fromkeys(d for d in docs if d.strip()))
+
+
+# -- perturbations ---------------------------------------------------------------------------------
+
+def spaced_punct(t: str, rng: random.Random) -> str:
+    return re.sub(r"[ \t]+", " ", re.sub(r"([^\w\s])", r" \1 ", t))
+
+
+def typographic(t: str, rng: random.Random) -> str:
+    t = re.sub(r"(^|[\s(\[])\"", "\\1\u201c", t)
+    t = t.replace('"', "\u201d")
+    t = re.sub(r"(^|[\s(\[])'", "\\1\u2018", t)
+    t = t.replace("'", "\u2019").replace("...", "\u2026")
+    return re.sub(r"(?<=\w) - (?=\w)", " \u2013 ", t)
+
+
+def html_entities(t: str, rng: random.Random) -> str:
+    t = html.escape(t, quote=True)
+    t = "".join(f"&#{ord(c)};" if ord(c) > 127 else c for c in t)
+    return re.sub(" ", lambda m: "&nbsp;" if rng.random() < 0.2 else " ", t)
+
+
+def boilerplate_split(t: str, rng: random.Random) -> str:
+    spaces = [m.start() for m in re.finditer(r" ", t)]
+    if len(spaces) < 2:
+        return t
+    cuts = sorted(rng.sample(spaces, 2))
+    parts = [t[:cuts[0]], t[cuts[0] + 1:cuts[1]], t[cuts[1] + 1:]]
+    return parts[0] + "\n" + rng.choice(BOILER) + "\n" + parts[1] + "\n" + rng.choice(BOILER) + "\n" + parts[2]
+
+
+def reflow(t: str, rng: random.Random) -> str:
+    if re.search(r"^(    )+\S", t, re.M):  # code: re-indent with tabs
+        return re.sub(r"^((?:    )+)", lambda m: "\t" * (len(m.group(1)) // 4), t, flags=re.M)
+    paras = t.split("\n")
+    return "\n".join(textwrap.fill(p, 60).replace(" ", "  ") if p.strip() else p for p in paras)
+
+
+def upper(t: str, rng: random.Random) -> str:
+    return t.upper()
+
+
+def unicode_compat(t: str, rng: random.Random) -> str:
+    def word(m: re.Match) -> str:
+        w = m.group(0)
+        if rng.random() < 1 / 3:
+            return "".join(chr(ord(c) + 0xFEE0) if c.isascii() and c.isalnum() else c for c in w)
+        if len(w) > 7:
+            return w[:4] + "\u00ad" + w[4:]
+        return w
+    t = re.sub(r"\w+", word, t)
+    return re.sub(" ", lambda m: "\u00a0" if rng.random() < 0.3 else " ", t)
+
+
+def combined(t: str, rng: random.Random) -> str:
+    return reflow(boilerplate_split(html_entities(typographic(t, rng), rng), rng), rng)
+
+
+FORMS = {"verbatim": lambda t, r: t, "spaced_punct": spaced_punct, "typographic": typographic,
+         "html_entities": html_entities, "boilerplate_split": boilerplate_split, "reflow": reflow,
+         "upper": upper, "unicode_compat": unicode_compat, "combined": combined}
+
+
+def plant(host: str, leak: str, rng: random.Random) -> str:
+    breaks = [m.end() for m in re.finditer(r"\n", host)] or [len(host)]
+    at = rng.choice(breaks)
+    return host[:at] + "\n" + leak + "\n\n" + host[at:]
+
+
+# -- stages ------------------------------------------------------------------------------------
+
+def old_stage_class(rev: str):
+    """The ``Decontaminate`` class as it was at ``rev``."""
+    from curation.stages.base import registry
+
+    src = subprocess.run(["git", "show", f"{rev}:curation/stages/decontaminate.py"], cwd=REPO, check=True,
+                         capture_output=True, text=True).stdout
+    mod = types.ModuleType(f"decontaminate_{rev}")
+    mod.__dict__["__name__"] = mod.__name__
+    sys.modules[mod.__name__] = mod
+    saved = registry.pop("decontaminate")
+    try:
+        exec(compile(src, f"<decontaminate@{rev}>", "exec"), mod.__dict__)
+    finally:
+        registry["decontaminate"] = saved
+    return mod.Decontaminate
+
+
+def flags(stage, texts: list[str], batch: int = 256) -> tuple[list[bool], float]:
+    out: list[bool] = []
+    t0 = time.perf_counter()
+    for i in range(0, len(texts), batch):
+        res = stage.process(pa.table({"text": texts[i:i + batch]}))
+        out += [r is not None for r in res.reasons.to_pylist()] if res.reasons is not None else [False] * len(texts[i:i + batch])
+        if "decontam_matches" in res.table.column_names:  # remove_spans keeps rows: flagged = matched
+            pass
+    return out, time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--items", type=int, default=300, help="items per benchmark")
+    ap.add_argument("--before", default=None, help="git revision of the stage to compare with")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--hard-negatives", type=int, default=2000, help="GSM8K train items as clean documents")
+    ap.add_argument("--json", default=None, help="write the figures here")
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+    items = eval_items(args.items, rng)
+    hosts = host_pages()
+    docs, meta = [], []
+    for form, fn in FORMS.items():
+        for b, i, text in items:
+            docs.append(plant(rng.choice(hosts), fn(text, rng), rng))
+            meta.append((form, b))
+    train = list(jsonl_gz(SHARED_DATA / "jsonl" / "gsm8k_train.jsonl.gz"))
+    hard = [r["question"] + "\n" + r["answer"] for r in rng.sample(train, min(args.hard_negatives, len(train)))]
+    print(f"{len(items)} eval items x {len(FORMS)} forms = {len(docs)} planted docs; {len(hosts)} clean pages; "
+          f"{len(hard)} GSM8K train items as hard negatives", flush=True)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        # the eval sets as the old stage reads them: one JSONL per benchmark, "text" = what is planted
+        from curation.io.benchmarks import find_benchmark
+        paths = []
+        for b in ("gsm8k", "math", "humaneval"):
+            p = Path(tmp) / f"{b}.jsonl"
+            src = find_benchmark(b, [str(SHARED_DATA / "jsonl")])
+            with open(p, "w") as f:
+                for r in jsonl_gz(Path(src)):
+                    t = {"gsm8k": lambda r: r["question"] + "\n" + r["answer"],
+                         "math": lambda r: r["problem"] + "\n" + r["solution"],
+                         "humaneval": lambda r: r["prompt"] + r["canonical_solution"]}[b](r)
+                    f.write(json.dumps({"text": t}) + "\n")
+            paths.append(str(p))
+        from curation.stages.decontaminate import Decontaminate
+        arms = {"after": Decontaminate(type="decontaminate", eval_sets=["gsm8k", "math", "humaneval"],
+                                       eval_dir=str(SHARED_DATA / "jsonl"))}
+        if args.before:
+            arms[f"before ({args.before})"] = old_stage_class(args.before)(type="decontaminate", eval_paths=paths)
+        figures = {}
+        for name, st in arms.items():
+            t0 = time.perf_counter()
+            st.setup()
+            setup_s = time.perf_counter() - t0
+            st.process(pa.table({"text": hosts[:8]}))  # compile / warm up
+            planted, _ = flags(st, docs)
+            clean, clean_s = flags(st, hosts)
+            hardf, _ = flags(st, hard)
+            rec = {}
+            for form in FORMS:
+                sel = [f for f, (fm, _) in zip(planted, meta) if fm == form]
+                rec[form] = sum(sel) / len(sel)
+            per_bench = {}
+            for b in ("gsm8k", "math", "humaneval"):
+                sel = [f for f, (_, bb) in zip(planted, meta) if bb == b]
+                per_bench[b] = sum(sel) / len(sel) if sel else None
+            mb = sum(len(h.encode()) for h in hosts) / 1e6
+            figures[name] = {"recall_per_form": rec, "recall_per_benchmark": per_bench,
+                             "recall_all": sum(planted) / len(planted),
+                             "false_drops_clean": sum(clean) / len(clean), "false_drops_clean_n": sum(clean),
+                             "hard_negatives_flagged": sum(hardf) / len(hardf),
+                             "docs_per_s": len(hosts) / clean_s, "mb_per_s": mb / clean_s, "setup_s": setup_s}
+        print()
+        names = list(figures)
+        print(f"{'recall':<20}" + "".join(f"{n:>22}" for n in names))
+        for form in FORMS:
+            print(f"{form:<20}" + "".join(f"{figures[n]['recall_per_form'][form]:>22.4f}" for n in names))
+        print(f"{'all forms':<20}" + "".join(f"{figures[n]['recall_all']:>22.4f}" for n in names))
+        for b in ("gsm8k", "math", "humaneval"):
+            print(f"{'  ' + b:<20}" + "".join(f"{figures[n]['recall_per_benchmark'][b]:>22.4f}" for n in names))
+        print(f"{'false drops (clean)':<20}" + "".join(
+            f"{figures[n]['false_drops_clean']:>15.4%} ({figures[n]['false_drops_clean_n']})" for n in names))
+        print(f"{'gsm8k-train flagged':<20}" + "".join(f"{figures[n]['hard_negatives_flagged']:>22.4%}" for n in names))
+        print(f"{'docs/s (1 core)':<20}" + "".join(f"{figures[n]['docs_per_s']:>22.0f}" for n in names))
+        print(f"{'MB/s (1 core)':<20}" + "".join(f"{figures[n]['mb_per_s']:>22.2f}" for n in names))
+        print(f"{'index build s':<20}" + "".join(f"{figures[n]['setup_s']:>22.2f}" for n in names))
+        if len(names) == 2:
+            print(f"speed after/before: {figures[names[0]]['docs_per_s'] / figures[names[1]]['docs_per_s']:.2f}x")
+        if args.json:
+            Path(args.json).write_text(json.dumps(figures, indent=1))
+
+
+if __name__ == "__main__":
+    main()
