@@ -6,10 +6,12 @@ Slurm script is valid bash that runs ``torchrun ... -m training``."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -191,7 +193,7 @@ def _instructions(path: Path) -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("name, base, entry", [
     ("Dockerfile", r"python:3\.11", "refinery"),
-    ("Dockerfile.gpu", r"pytorch/pytorch:.*cuda", "torchrun"),
+    ("Dockerfile.gpu", r"python:3\.11", "torchrun"),
 ])
 def test_dockerfiles(name, base, entry):
     ins = _instructions(INFRA / name)
@@ -213,6 +215,31 @@ def test_dockerfiles(name, base, entry):
     # the build context is the repo: the matching .dockerignore keeps .venv and runs out
     ignore = [x for x in (INFRA / f"{name}.dockerignore").read_text().splitlines() if x and not x.startswith("#")]
     assert ignore[0] == "*" and "!curation/" in ignore and "!training/" in ignore
+
+
+def test_gpu_image_runs_the_tests_torch_and_the_trainer_smoke_test():
+    """The GPU image installs the torch the tests run (the Makefile's pin), at least the floor
+    pyproject.toml declares, and its build runs ``python -m training.smoke`` (the whole trainer
+    imported, two CPU steps), not just ``import training``."""
+    from training.smoke import TORCH_FLOOR
+
+    ins = _instructions(INFRA / "Dockerfile.gpu")
+    pinned = re.search(r'"torch==([0-9.]+)"', (REPO / "Makefile").read_text()).group(1)
+    args = dict(a.split("=", 1) for i, a in ins if i == "ARG" and "=" in a)
+    assert args["TORCH_VERSION"] == pinned
+    runs = " && ".join(a for i, a in ins if i == "RUN")
+    assert '"torch==${TORCH_VERSION}"' in runs and "python -m training.smoke" in runs
+    floor = re.search(r'"torch>=([0-9.]+)"', (REPO / "pyproject.toml").read_text()).group(1)
+    assert tuple(int(x) for x in floor.split(".")[:2]) == TORCH_FLOOR
+    assert tuple(int(x) for x in pinned.split(".")[:2]) >= TORCH_FLOOR
+
+
+def test_trainer_smoke_command_passes_here():
+    """What the image runs at build time, run here with this venv's torch."""
+    r = subprocess.run([sys.executable, "-m", "training.smoke"], cwd=REPO, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "two CPU training steps: ok" in r.stdout and "attention on cpu:" in r.stdout
 
 
 def test_images_in_manifests_are_the_ones_built_here():

@@ -169,3 +169,68 @@ def test_rope_positions_restart_per_document():
     ids = doc_ids_from_lens([[10]], 10)
     assert positions_from_doc_ids(ids).tolist() == [list(range(10))]
     assert np.array_equal(positions_from_doc_ids(doc_ids_from_lens([[4, 6]], 10))[0], [0, 1, 2, 3, 0, 1, 2, 3, 4, 5])
+
+
+@pytest.mark.parametrize("chunk", [0, 7, 64])
+def test_fused_chunked_loss_matches_cross_entropy_over_full_logits(chunk):
+    """training/loss.py: the summed CE and both gradients equal F.cross_entropy over the
+    full fp32 logits, for any chunking, with ignored targets anywhere."""
+    from training.loss import linear_cross_entropy, reference_cross_entropy
+
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(50, 16, generator=g, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(300, 16, generator=g, dtype=torch.float64, requires_grad=True)
+    t = torch.randint(0, 300, (50,), generator=g)
+    t[[0, 9, 10, 49]] = -100
+    ref = reference_cross_entropy((h @ w.t())[None], t[None]).double()
+    gh, gw = torch.autograd.grad(ref * 0.37, (h, w))
+    got = linear_cross_entropy(h, w, t, chunk)
+    assert got.dtype == torch.float32
+    assert got.item() == pytest.approx(ref.item(), rel=1e-6)
+    fh, fw = torch.autograd.grad(got * 0.37, (h, w))
+    torch.testing.assert_close(fh, gh, rtol=1e-6, atol=1e-9)
+    torch.testing.assert_close(fw, gw, rtol=1e-6, atol=1e-9)
+    with torch.no_grad():  # eval: the loss only
+        assert linear_cross_entropy(h, w, t, chunk).item() == pytest.approx(ref.item(), rel=1e-6)
+
+
+def test_model_loss_path_equals_logits_path():
+    """``model(..., targets=...)`` (fused head + loss) == cross-entropy of ``model(...)``'s logits."""
+    from training.loss import reference_cross_entropy
+
+    cfg = ModelConfig(vocab_size=97, n_layer=2, d_model=32, n_head=4, n_kv_head=2)
+    model = Transformer(cfg, 24, init_seed=1)
+    tokens = torch.randint(0, 97, (2, 25), generator=torch.Generator().manual_seed(2))
+    doc_ids = torch.from_numpy(doc_ids_from_lens([[10, 14], [24]], 24))
+    logits = model(tokens[:, :-1], doc_ids)
+    want = reference_cross_entropy(logits, tokens[:, 1:])
+    got = model(tokens[:, :-1], doc_ids, targets=tokens[:, 1:], loss_chunk_tokens=5)
+    assert got.item() == pytest.approx(want.item(), rel=1e-5)
+
+
+def test_varlen_boundaries_come_from_the_data_thread(monkeypatch):
+    """The micro-batches carry host-computed cu_seqlens / max_seqlen, and the varlen path
+    uses them without reading anything back from the device (no .item() per forward)."""
+    from training.attention import AttentionMeta, varlen_boundaries, varlen_cu_seqlens
+    from training.data.batches import build_micro_batches
+    from training.data.shards import RowBatch
+
+    lens = [np.array([5, 20, 9, 30]), np.array([40, 1, 23]), np.array([65])]
+    ids = np.random.default_rng(0).integers(0, 50, size=(3, 65))
+    micro, _, _ = build_micro_batches(RowBatch(ids, lens, [None] * 3), 64, 64, 2, True, 50)
+    for mb in micro:
+        cu, longest = varlen_cu_seqlens(mb.doc_ids, len(mb.doc_ids), 64, "cpu")
+        assert mb.cu_seqlens.dtype == torch.int32 and mb.cu_seqlens.tolist() == cu.tolist()
+        true_max = int(np.diff(mb.cu_seqlens.numpy()).max())
+        assert mb.max_seqlen >= true_max and mb.max_seqlen & (mb.max_seqlen - 1) == 0 and mb.max_seqlen <= 64
+    assert varlen_boundaries(np.zeros((1, 64), np.int32))[1] == 64
+
+    def no_reads(*a, **k):
+        raise AssertionError("a device value was read back on the attention path")
+
+    monkeypatch.setattr(torch.Tensor, "item", no_reads)
+    monkeypatch.setattr(torch.Tensor, "tolist", no_reads)
+    monkeypatch.setattr(torch.Tensor, "cpu", no_reads)
+    mb = micro[0]
+    meta = AttentionMeta.build(mb.doc_ids, 2, 64, torch.device("cpu"), "varlen", mb.cu_seqlens, mb.max_seqlen)
+    assert meta.cu_seqlens is mb.cu_seqlens and meta.max_seqlen == mb.max_seqlen

@@ -107,10 +107,11 @@ class Checkpointer:
         with warnings.catch_warnings():  # single process: DCP warns that it is not distributed
             warnings.simplefilter("ignore", UserWarning)
             if self.async_save:
-                kw = {"process_group": self._group} if self._group is not None else {"no_dist": True}
+                # DCP works without a process group by itself (no `no_dist`: torch 2.6 has none)
+                kw = {"process_group": self._group} if self._group is not None else {}
                 self._pending = (dcp.async_save(state, checkpoint_id=where, **kw), (name, tmp, final, extra))
                 return final
-            dcp.save(state, checkpoint_id=where, no_dist=not self.env.distributed)
+            dcp.save(state, checkpoint_id=where)
         self._finish(name, tmp, final, extra)
         return final
 
@@ -193,7 +194,7 @@ def load(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | 
         state["optim"] = optim_sd
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        dcp.load(state, checkpoint_id=str(path / "state"), no_dist=not env.distributed)
+        dcp.load(state, checkpoint_id=str(path / "state"))
     set_state_dict(model, optimizers, model_state_dict=state["model"], optim_state_dict=state.get("optim", {}))
     rng = torch.load(path / "rng.pt", weights_only=False)
     torch.set_rng_state(rng["torch"])
