@@ -48,4 +48,5 @@ def hand_off(manifest: dict, out_dir: str, weights: dict[str, float] | None = No
                 f"vocab_size={tok['vocab_size']}, eos_token_id={tok['eos_id']}, pad_token_id={tok['pad_id']}))")
     if fmt == "mds":
         return f"streaming.StreamingDataset(local='{out_dir}', shuffle=True, batch_size=BATCH)"
-    return f"datasets.load_dataset('{'json' if fmt == 'jsonl' else fmt}', data_files='{out_dir}/*.{fmt}', split='train')"
+    # [!_]: not the export's own _manifest.jsonl beside the shards
+    return f"datasets.load_dataset('{'json' if fmt == 'jsonl' else fmt}', data_files='{out_dir}/[!_]*.{fmt}', split='train')"

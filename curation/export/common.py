@@ -226,6 +226,13 @@ class Writer(ABC):
         for f in self._open:
             f.abort()
 
+    def close_empty(self) -> list[dict[str, Any]]:
+        """What ``close`` returns for a shard that received no tokens: no file at all (trainers'
+        readers fail on an empty ``.bin``, ``.npy`` or ``.ds``: "cannot mmap an empty file"), its
+        temporary files removed. The manifest keeps the shard with ``files: []`` and 0 documents."""
+        self.abort()
+        return []
+
 
 def finish_nothing(out_dir: Path, results: list[dict[str, Any]], info: TokenInfo) -> list[dict[str, Any]]:
     """A format whose shards need no folder-level file."""

@@ -68,6 +68,8 @@ class MegatronWriter(Writer):
         self._n_seq += len(docs)
 
     def close(self) -> list[dict[str, Any]]:
+        if self._n_seq == 0:
+            return self.close_empty()
         seq = np.concatenate(self._seq) if self._seq else np.zeros(0, np.int64)
         doc_idx = np.concatenate([np.zeros(1, np.int64), *self._docs])
         idx = self._file(f"{self.name}.idx")
@@ -82,8 +84,9 @@ def data_path(shards: list[dict[str, Any]], out_dir: str, weights: dict[str, flo
     """Megatron's ``--data-path`` from an export manifest's ``shards``: the prefixes in order, or,
     with per-source ``weights``, each prefix weighted by its source's weight times its share of
     that source's tokens (Megatron normalizes the weights; a prefix whose sources have no weight
-    is left out)."""
-    prefixes = [(str(Path(out_dir) / next(f for f in s["files"] if f.endswith(".bin"))[:-4]), s) for s in shards]
+    is left out). A shard without files (no documents) has no prefix."""
+    prefixes = [(str(Path(out_dir) / bin_[:-4]), s) for s in shards
+                for bin_ in [next((f for f in s["files"] if f.endswith(".bin")), None)] if bin_ is not None]
     if not weights:
         return " ".join(p for p, _ in prefixes)
     per_source: dict[str, int] = {}

@@ -51,6 +51,8 @@ class NanotronWriter(Writer):
         self._tokens += int(docs.lengths.sum())
 
     def close(self) -> list[dict[str, Any]]:
+        if self._tokens == 0:
+            return self.close_empty()
         meta = self._file(f"{self.name}.ds.metadata")
         meta.write(f"{self.info.name}|{self.size}\n{self._tokens}\n{human(self._tokens)}".encode())
         return [self._ds.close(), self._index.close(), meta.close()]

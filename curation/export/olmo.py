@@ -62,6 +62,8 @@ class OlmoWriter(Writer):
         self._text.flush()
         self._text.detach()
         self._gz.close()
+        if self._tokens == 0:
+            return self.close_empty()
         return [self._npy.close(), self._meta_file.close()]
 
     def extra(self) -> dict[str, Any]:

@@ -67,13 +67,17 @@ class ParquetWriter(Writer):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._tmp = self.path.with_name(f".{self.path.name}.tmp-{uuid.uuid4().hex[:8]}")
         self._pq = pq.ParquetWriter(self._tmp, SCHEMA, compression="zstd")
+        self._rows = 0
 
     def write_docs(self, docs: Docs) -> None:
         self._pq.write_table(table_of(docs, self.info), row_group_size=1024)
+        self._rows += len(docs)
 
     def close(self) -> list[dict[str, Any]]:
         from curation.io.files import file_sha256  # noqa: PLC0415
 
+        if self._rows == 0:
+            return self.close_empty()
         self._pq.close()
         info = {"path": self.path.name, "bytes": self._tmp.stat().st_size, "sha256": file_sha256(self._tmp)}
         os.replace(self._tmp, self.path)
@@ -88,8 +92,10 @@ class JsonlWriter(Writer):
     def __init__(self, out_dir: Path, name: str, info: TokenInfo, index: int, options: dict[str, Any]):
         super().__init__(out_dir, name, info, index, options)
         self._f = self._file(f"{name}.jsonl")
+        self._rows = 0
 
     def write_docs(self, docs: Docs) -> None:
+        self._rows += len(docs)
         texts = texts_of(docs, self.info)
         offsets = docs.offsets
         lines = []
@@ -100,6 +106,8 @@ class JsonlWriter(Writer):
         self._f.write("".join(lines).encode("utf-8"))
 
     def close(self) -> list[dict[str, Any]]:
+        if self._rows == 0:
+            return self.close_empty()
         return [self._f.close()]
 
 
