@@ -1,12 +1,17 @@
-# Two commands do everything: `make demo` and `make test`. Both set up .venv first.
+# Two commands do everything: `make demo` and `make test`. Both set up .venv first:
+# `make demo` installs what refinery runs with (`make setup`), `make test` adds the test tools
+# and the other trainers' readers the export tests open files with (`make setup-test`).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: setup demo test bench clean
+.PHONY: setup setup-test demo test bench clean
 
 setup: $(STAMP)
+
+setup-test: $(TEST_STAMP)
 
 # The CPU torch wheel first (pip finds it on local disk where the machine has one);
 # a plain `torch` requirement would otherwise pull a multi-GB CUDA build.
@@ -14,12 +19,18 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "torch==2.13.0" || $(BIN)/python -m pip install -q "torch>=2.5" --index-url https://download.pytorch.org/whl/cpu || true
-	$(BIN)/python -m pip install -q -e ".[dev,export-test]"
-	# the export tests' OLMo-core and Streaming readers: without their pins (see pyproject.toml)
-	$(BIN)/python -m pip install -q --no-deps ai2-olmo-core==3.0.0 mosaicml-streaming==0.13.0 cached-path==1.8.10
+	$(BIN)/python -m pip install -q -e .
 	# compiled kernels once, before any run starts workers that would each compile them
 	$(BIN)/refinery warmup
 	touch $(STAMP)
+
+# test tools (pytest, httpx, moto, selenium) and the readers tests/test_export*.py check exports
+# with: megatron-core, datatrove, datasets, transformers, then OLMo-core and Streaming without
+# their pins (see pyproject.toml)
+$(TEST_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/python -m pip install -q -e ".[dev,export-test]"
+	$(BIN)/python -m pip install -q --no-deps ai2-olmo-core==3.0.0 mosaicml-streaming==0.13.0 cached-path==1.8.10
+	touch $(TEST_STAMP)
 
 # curate the real crawl sample -> train a tokenizer on the result -> tokenize and pack -> train
 demo: setup
@@ -31,7 +42,7 @@ demo: setup
 	$(BIN)/refinery stats runs/demo-pack
 	$(BIN)/refinery train pipelines/train-tiny.yaml
 
-test: setup
+test: setup-test
 	$(BIN)/python -m pytest -q tests
 
 bench: setup
