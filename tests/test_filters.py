@@ -32,8 +32,10 @@ from curation.stages.filters import (
 )
 from curation.text import words as text_signals
 from curation.text.state import TextState
-from curation.text.words import (PUNCTUATION, TERMINAL_PUNCTUATION, count_py_words, split_lines,
-                                          split_newlines, split_words)
+from curation.text.chars import PUNCTUATION, TERMINAL_PUNCTUATION
+from curation.text.counts import bullet_and_ellipsis_lines, hashes_and_ellipses
+from curation.text.segments import Segments, duplicate_stats, split_lines, split_newlines
+from curation.text.words import count_py_words, split_words
 
 DATA = Path(__file__).parent / "data" / "filters"
 
@@ -246,11 +248,11 @@ def test_gopher_marks_equal_python_on_every_kind_of_whitespace():
              + "".join(rng.choice(["\n", "\r\n", "\u2028"]) + "".join(rng.choice(pieces) for _ in range(rng.randint(0, 8)))
                        for _ in range(rng.randint(0, 4))) for _ in range(3000)]
     arr = pa.array(texts)
-    hashes, ellipses = text_signals.hashes_and_ellipses(arr)
+    hashes, ellipses = hashes_and_ellipses(arr)
     assert hashes.tolist() == [t.count("#") for t in texts]
     assert ellipses.tolist() == [t.count("...") + t.count("…") for t in texts]
     lines = split_lines(arr)
-    bullet, ell = text_signals.bullet_and_ellipsis_lines(arr, lines)
+    bullet, ell = bullet_and_ellipsis_lines(arr, lines)
     py_lines = [line for t in texts for line in t.splitlines()]
     assert bullet.tolist() == [line.lstrip().startswith(("•", "-")) for line in py_lines]
     assert ell.tolist() == [line.rstrip().endswith(("...", "…")) for line in py_lines]
@@ -261,8 +263,8 @@ def test_duplicate_parts_counted_like_python_within_each_document():
     rng = random.Random(5)
     parts = ["", "a", "ab", "é", "ж ж", "the same line", "the same line ", "x" * 300, "…"]
     docs = [[rng.choice(parts) for _ in range(rng.randint(0, 30))] for _ in range(400)]
-    seg = text_signals.Segments.from_lists(pa.array(docs, pa.list_(pa.string())))
-    count, chars = text_signals.duplicate_stats(seg)
+    seg = Segments.from_lists(pa.array(docs, pa.list_(pa.string())))
+    count, chars = duplicate_stats(seg)
     assert (count.tolist(), chars.tolist()) == ([_duplicates(d)[0] for d in docs], [_duplicates(d)[1] for d in docs])
     assert count.sum() > 1000  # and nothing counted across documents: each starts afresh
 

@@ -31,6 +31,7 @@ from curation.stages.filters import (C4QualityFilter, FineWebQualityFilter, Goph
                                      GopherRepetitionFilter)
 from curation.text import lang_rules
 from curation.text import state as text_state
+from curation.text import segments as text_segments
 from curation.text import words as text_words
 
 DATA = Path(__file__).parent / "data" / "lang_rules"
@@ -244,9 +245,10 @@ def _no_text_processing(monkeypatch) -> None:
     def boom(*a, **k):
         raise AssertionError("decide processed text")
 
-    for fn in ("split_words", "_split_words", "split_lines", "split_newlines", "_split_at", "split_chunks",
-               "count_py_words", "strip", "duplicate_stats", "sentence_counts"):
+    for fn in ("split_words", "_split_words", "count_py_words", "sentence_counts"):
         monkeypatch.setattr(text_words, fn, boom)
+    for fn in ("split_lines", "split_newlines", "_split_at", "split_chunks", "strip", "duplicate_stats"):
+        monkeypatch.setattr(text_segments, fn, boom)
     monkeypatch.setattr(lang_rules, "char_words", boom)
     monkeypatch.setattr(text_state.TextState, "__init__", boom)
 

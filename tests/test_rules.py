@@ -30,7 +30,9 @@ from curation.stages.filters import (C4QualityFilter, FineWebQualityFilter, Goph
                                      GopherRepetitionFilter)
 from curation.stages.langid import LanguageId
 from curation.text import state as text_state
+from curation.text import segments as text_segments
 from curation.text import words as text_words
+from curation.text.arrow import text_column
 from curation.text.state import TextState
 
 DATA = Path(__file__).parent / "data"
@@ -298,9 +300,10 @@ def _no_text_processing(monkeypatch) -> None:
     def boom(*a, **k):
         raise AssertionError("decide processed text")
 
-    for fn in ("split_words", "_split_words", "split_lines", "split_newlines", "_split_at", "split_chunks",
-               "count_py_words", "strip", "duplicate_stats", "sentence_counts"):
+    for fn in ("split_words", "_split_words", "count_py_words", "sentence_counts"):
         monkeypatch.setattr(text_words, fn, boom)
+    for fn in ("split_lines", "split_newlines", "_split_at", "split_chunks", "strip", "duplicate_stats"):
+        monkeypatch.setattr(text_segments, fn, boom)
     monkeypatch.setattr(text_state.TextState, "__init__", boom)
 
 
@@ -477,7 +480,7 @@ def test_results_carry_the_state_of_their_text():
     b = batch(TEXTS)
     for st in (GopherQualityFilter(), C4QualityFilter(), FineWebQualityFilter()):
         for res in (st.process(b), st.run_batch(b)):
-            assert res.text is not None and res.text.texts.equals(text_words.text_column(res.table))
+            assert res.text is not None and res.text.texts.equals(text_column(res.table))
             assert res.text.word_counts().tolist() == text_words.split_words(res.text.texts).counts.tolist()
     state = TextState.of(b)
     res = GopherQualityFilter().process(b, state)

@@ -217,7 +217,7 @@ def _below_unless_zero(cols, v) -> np.ndarray:
 
 
 def _blank(cols, v) -> np.ndarray:
-    from curation.text.words import PY_WHITESPACE, re2_class  # noqa: PLC0415 (heavy module, only here)
+    from curation.text.chars import PY_WHITESPACE, re2_class  # noqa: PLC0415
 
     return _flags(pc.match_substring_regex(cols[0], f"^[{re2_class(PY_WHITESPACE)}]*$"), null=True)
 

@@ -71,7 +71,12 @@ from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
 from curation.stages.base import MapStage, Rule, StageResult, registry
 from curation.text import lang_rules
-from curation.text import words as ts
+from curation.text import words as text_words
+from curation.text.arrow import mask, safe_div, to_numpy
+from curation.text.chars import TERMINAL_PUNCTUATION
+from curation.text.counts import bullet_and_ellipsis_lines, hashes_and_ellipses
+from curation.text import segments
+from curation.text.segments import Segments
 from curation.text.repetition import repetition_chars
 from curation.text.state import TextState
 
@@ -323,7 +328,7 @@ class _LangRules(MapStage):
                     group_of_key[k] = len(reps)
                     reps.append(c)
                 code_group[i] = group_of_key[k]
-        idx = ts._np(pc.fill_null(enc.indices, len(codes))).astype(np.int64)
+        idx = to_numpy(pc.fill_null(enc.indices, len(codes))).astype(np.int64)
         row_group = code_group[idx]
         present = np.unique(row_group)
         if len(present) == 1:
@@ -379,7 +384,7 @@ class _LangRules(MapStage):
 
     # -- words ----------------------------------------------------------------------------------
 
-    def _words(self, text: TextState) -> ts.Words:
+    def _words(self, text: TextState) -> text_words.Words:
         """The words this view counts: ``text.words``, or characters for CJK (``chars``)."""
         if self._word_mode == "chars":
             return text._cached("char_words", lambda: lang_rules.char_words(text.texts))
@@ -457,9 +462,9 @@ class GopherQualityFilter(_FilterStage):
         with np.errstate(invalid="ignore", divide="ignore"):
             # Undefined (NaN) without words, like np.mean([]) in datatrove: no rule fires.
             mean_len = np.where(n_real > 0, real_chars / np.maximum(n_real, 1), np.nan)
-        hashes, ellipses = ts.hashes_and_ellipses(texts)
+        hashes, ellipses = hashes_and_ellipses(texts)
         lines = text.lines
-        bullet, ell_end = ts.bullet_and_ellipsis_lines(texts, lines)
+        bullet, ell_end = bullet_and_ellipsis_lines(texts, lines)
         n_lines = lines.counts
         stop_idx = words.match(self.stop_words)
         stop_idx = _match_elisions(words, self.stop_words, stop_idx)
@@ -471,11 +476,11 @@ class GopherQualityFilter(_FilterStage):
         return {
             "gopher_n_words": n_real,
             "gopher_mean_word_length": mean_len,
-            "gopher_symbol_word_ratio": ts.safe_div(hashes, n_words),
-            "gopher_ellipsis_word_ratio": ts.safe_div(ellipses, n_words),
-            "gopher_bullet_lines_frac": ts.safe_div(lines.per_doc_sum(bullet), n_lines),
-            "gopher_ellipsis_lines_frac": ts.safe_div(lines.per_doc_sum(ell_end), n_lines),
-            "gopher_alpha_words_frac": ts.safe_div(np.bincount(doc[words.alpha], minlength=n), n_words),
+            "gopher_symbol_word_ratio": safe_div(hashes, n_words),
+            "gopher_ellipsis_word_ratio": safe_div(ellipses, n_words),
+            "gopher_bullet_lines_frac": safe_div(lines.per_doc_sum(bullet), n_lines),
+            "gopher_ellipsis_lines_frac": safe_div(lines.per_doc_sum(ell_end), n_lines),
+            "gopher_alpha_words_frac": safe_div(np.bincount(doc[words.alpha], minlength=n), n_words),
             "gopher_stop_words": n_stop,
         }
 
@@ -483,7 +488,7 @@ class GopherQualityFilter(_FilterStage):
 _APOSTROPHES = ("'", "\u2019")
 
 
-def _match_elisions(words: ts.Words, stop_words: list[str], stop_idx: np.ndarray) -> np.ndarray:
+def _match_elisions(words: text_words.Words, stop_words: list[str], stop_idx: np.ndarray) -> np.ndarray:
     """Stop words ending in an apostrophe (French and Italian elisions: ``l'``, ``d'``) also
     match a word that starts with them, with either apostrophe (' or ’): spaCy's fr/it
     tokenizers, which FineWeb-2's stop-word lists were counted with, split ``l'homme`` into
@@ -497,7 +502,7 @@ def _match_elisions(words: ts.Words, stop_words: list[str], stop_idx: np.ndarray
     for i in elisions:
         stem = stop_words[i][:-1]
         for apostrophe in _APOSTROPHES:
-            hit = ts._mask(pc.starts_with(values, stem + apostrophe))
+            hit = mask(pc.starts_with(values, stem + apostrophe))
             out[(out < 0) & hit] = i
     return out
 
@@ -552,14 +557,14 @@ class GopherRepetitionFilter(_FilterStage):
         n = len(text)
         text_len = text.char_lengths
         paragraphs = text.paragraphs
-        para_dups, para_chars = ts.duplicate_stats(paragraphs)
+        para_dups, para_chars = segments.duplicate_stats(paragraphs)
         lines = text.newlines()
-        line_dups, line_chars = ts.duplicate_stats(lines)
+        line_dups, line_chars = segments.duplicate_stats(lines)
         columns = {
-            "gopher_dup_para_frac": ts.safe_div(para_dups, paragraphs.counts),
-            "gopher_dup_para_char_frac": ts.safe_div(para_chars, text_len),
-            "gopher_dup_line_frac": ts.safe_div(line_dups, lines.counts),
-            "gopher_dup_line_char_frac": ts.safe_div(line_chars, text_len),
+            "gopher_dup_para_frac": safe_div(para_dups, paragraphs.counts),
+            "gopher_dup_para_char_frac": safe_div(para_chars, text_len),
+            "gopher_dup_line_frac": safe_div(line_dups, lines.counts),
+            "gopher_dup_line_char_frac": safe_div(line_chars, text_len),
         }
         sizes = set(self.top_n_grams) | set(self.dup_n_grams)
         top = dup = np.zeros((n, 1), np.int64)
@@ -567,8 +572,8 @@ class GopherRepetitionFilter(_FilterStage):
             words = self._words(text)
             top, dup = repetition_chars(words.hash, words.lengths.astype(np.int64), words.offsets, min(sizes),
                                         max(sizes))
-        top = {size: ts.safe_div(top[:, size], text_len) for size in self.top_n_grams}
-        dup = {size: ts.safe_div(dup[:, size], text_len) for size in self.dup_n_grams}
+        top = {size: safe_div(top[:, size], text_len) for size in self.top_n_grams}
+        dup = {size: safe_div(dup[:, size], text_len) for size in self.dup_n_grams}
         for size in self.top_n_grams:
             columns[f"gopher_top_{size}_gram_frac"] = top[size]
         for size in self.dup_n_grams:
@@ -623,7 +628,7 @@ class C4QualityFilter(_LangRules):
         """``measure`` and ``decide``, then dropped pages get their original text back."""
         text = self.text_state(batch, text)
         res = self.run_batch(batch, text)
-        keep = ts._mask(pc.is_null(res.reasons))
+        keep = mask(pc.is_null(res.reasons))
         measured = res.table.column("text").combine_chunks()
         out_text = pc.if_else(pa.array(keep), measured, text.texts)
         table = res.table.set_column(res.table.schema.get_field_index("text"), "text", out_text)
@@ -639,15 +644,15 @@ class C4QualityFilter(_LangRules):
         texts = text.texts
         n = len(texts)
         lines = text.lines
-        raw = ts.strip(lines.values)
+        raw = segments.strip(lines.values)
         false = np.zeros(len(raw), dtype=bool)
         too_long = false.copy()
         if self.max_word_length is not None:
             # Only lines longer than the limit can hold such a word; split just those.
-            long_idx = np.flatnonzero(ts._np(pc.utf8_length(raw)) > self.max_word_length)
+            long_idx = np.flatnonzero(to_numpy(pc.utf8_length(raw)) > self.max_word_length)
             if len(long_idx):
                 long_lines = raw.take(pa.array(long_idx))
-                chunks = ts.split_chunks(lang_rules.cjk_spaced(long_lines) if chars else long_lines)
+                chunks = segments.split_chunks(lang_rules.cjk_spaced(long_lines) if chars else long_lines)
                 too = chunks.lengths() > self.max_word_length
                 too_long[long_idx[np.unique(chunks.doc[too])]] = True
         line = raw
@@ -655,13 +660,13 @@ class C4QualityFilter(_LangRules):
             line = pc.replace_substring_regex(line, r"\[\p{Nd}*\]|\[edit\]|\[citation needed\]", "")
         survives = ~too_long
         if self.filter_no_terminal_punct:
-            ends = ts.ends_with_any(line, ".?!\"'" + (_CJK_LINE_ENDS if chars else ""))
-            ellipsis = ts._mask(pc.ends_with(line, "..."))
+            ends = segments.ends_with_any(line, ".?!\"'" + (_CJK_LINE_ENDS if chars else ""))
+            ellipsis = mask(pc.ends_with(line, "..."))
             survives &= ends & ~ellipsis
         if self.min_words_per_line is not None:
             # Word counts only for the lines still in the running.
             idx = np.flatnonzero(survives)
-            count = lang_rules.count_char_words if chars else ts.count_py_words
+            count = lang_rules.count_char_words if chars else text_words.count_py_words
             few = count(raw.take(pa.array(idx))) < self.min_words_per_line
             survives[idx[few]] = False
         # Phrase checks only on surviving lines that mention any phrase at all.
@@ -674,12 +679,12 @@ class C4QualityFilter(_LangRules):
         idx = np.flatnonzero(survives)
         if markers and len(idx):
             sub = line.take(pa.array(idx))
-            hit = ts._mask(pc.match_substring_regex(sub, "(?i)" + "|".join(markers)))
+            hit = mask(pc.match_substring_regex(sub, "(?i)" + "|".join(markers)))
             idx, sub = idx[hit], sub.filter(pa.array(hit))
             lower = pc.utf8_lower(sub)
 
             def has(phrase: str, on=lower) -> np.ndarray:
-                return ts._mask(pc.match_substring(on, phrase))
+                return mask(pc.match_substring(on, phrase))
 
             if self.filter_lorem_ipsum:
                 lorem[idx] = has("lorem ipsum")
@@ -701,7 +706,7 @@ class C4QualityFilter(_LangRules):
             d, first = np.unique(lines.doc[drop_idx], return_index=True)
             first_drop[d] = drop_idx[first]
         kept = survives & ~lorem & ~js & ~curly & ~policy
-        kept_lines = ts.Segments.from_counts(
+        kept_lines = Segments.from_counts(
             line.filter(pa.array(kept)), np.bincount(lines.doc[kept], minlength=n))
         n_kept = kept_lines.counts
         line_words, line_sents = self._kept_line_words(text, lines, raw, line, kept, chars)
@@ -710,7 +715,7 @@ class C4QualityFilter(_LangRules):
         has_drop = first_drop >= 0
         reason_lorem = np.zeros(n, dtype=bool)
         reason_lorem[has_drop] = page_lorem[first_drop[has_drop]]
-        new_text = ts.strip(pc.binary_join(kept_lines.to_lists(), pa.scalar("\n", line.type)))
+        new_text = segments.strip(pc.binary_join(kept_lines.to_lists(), pa.scalar("\n", line.type)))
         # A page a line drops keeps its text whatever the thresholds; every other page holds
         # the kept lines (``process`` restores the original text where ``decide`` drops).
         out_text = pc.if_else(pa.array(~has_drop), new_text, texts)
@@ -731,7 +736,7 @@ class C4QualityFilter(_LangRules):
         return table, state
 
     @staticmethod
-    def _kept_line_words(text: TextState, lines: ts.Segments, raw: pa.Array, line: pa.Array,
+    def _kept_line_words(text: TextState, lines: Segments, raw: pa.Array, line: pa.Array,
                          kept: np.ndarray, chars: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """Words and sentences of each kept line (stripped, citations removed).
 
@@ -745,7 +750,7 @@ class C4QualityFilter(_LangRules):
         fresh = np.ones(len(kept_idx), dtype=bool)
         doc_words = text.words if len(kept_idx) and text.has_words and not chars else None
         if doc_words is not None:
-            same = ts._np(pc.binary_length(line)) == ts._np(pc.binary_length(raw))
+            same = to_numpy(pc.binary_length(line)) == to_numpy(pc.binary_length(raw))
             use = same[kept_idx]
             li = kept_idx[use]
             lo = np.searchsorted(doc_words.start, lines.byte_start[li])
@@ -753,13 +758,13 @@ class C4QualityFilter(_LangRules):
             widx = np.repeat(lo - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))
             wline = np.repeat(np.arange(len(li)), counts)
             n_words[use] = counts
-            n_sents[use] = ts.sentence_counts_of(counts, wline, doc_words.ender[widx], doc_words.punct[widx])
+            n_sents[use] = text_words.sentence_counts_of(counts, wline, doc_words.ender[widx], doc_words.punct[widx])
             fresh[use] = False
         if fresh.any():
-            split = lang_rules.char_words if chars else ts.split_words
+            split = lang_rules.char_words if chars else text_words.split_words
             words = split(line.take(pa.array(kept_idx[fresh])))
             n_words[fresh] = words.counts
-            n_sents[fresh] = ts.sentence_counts(words)
+            n_sents[fresh] = text_words.sentence_counts(words)
         return n_words, n_sents
 
 
@@ -796,21 +801,21 @@ class FineWebQualityFilter(_FilterStage):
     def signals(self, text):
         texts = text.texts
         lines = text.newlines(runs=False)
-        nonblank = ts._mask(pc.greater(pc.binary_length(ts.strip(lines.values)), 0))
+        nonblank = mask(pc.greater(pc.binary_length(segments.strip(lines.values)), 0))
         lines = lines.select(nonblank)
         n_lines = lines.counts
-        stop = ts.TERMINAL_PUNCTUATION if self.stop_chars is None else self.stop_chars
-        punct = ts.ends_with_any(lines.values, stop)
+        stop = TERMINAL_PUNCTUATION if self.stop_chars is None else self.stop_chars
+        punct = segments.ends_with_any(lines.values, stop)
         lengths = lines.lengths()
-        punct_frac = ts.safe_div(lines.per_doc_sum(punct), n_lines)
-        short_frac = ts.safe_div(lines.per_doc_sum(lengths <= self.short_line_length), n_lines)
-        _, dup_chars = ts.duplicate_stats(lines, lengths)
-        newlines = ts._np(pc.count_substring(texts, "\n")).astype(np.int64)
-        chars = ts._np(pc.utf8_length(texts)).astype(np.int64) - newlines
+        punct_frac = safe_div(lines.per_doc_sum(punct), n_lines)
+        short_frac = safe_div(lines.per_doc_sum(lengths <= self.short_line_length), n_lines)
+        _, dup_chars = segments.duplicate_stats(lines, lengths)
+        newlines = to_numpy(pc.count_substring(texts, "\n")).astype(np.int64)
+        chars = to_numpy(pc.utf8_length(texts)).astype(np.int64) - newlines
         n_words = self._word_counts(text)
         return {
             "fineweb_line_punct_frac": punct_frac,
             "fineweb_short_line_frac": short_frac,
-            "fineweb_char_dup_frac": ts.safe_div(dup_chars, chars),
-            "fineweb_newline_per_word": ts.safe_div(newlines, n_words),
+            "fineweb_char_dup_frac": safe_div(dup_chars, chars),
+            "fineweb_newline_per_word": safe_div(newlines, n_words),
         }

@@ -12,34 +12,24 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-# Character class bits of spaCy's rules (``words._char_flags`` sets them per code point;
-# ``rule_starts`` reads them). Module constants, so numba compiles them in.
-(WSB, PRE, SUF, DIG, LOW, UPP, ALP, QUO, PCT, DOTX, SO, ISYM, FCK, HYP, DOP, RULE,
- SPC) = (1 << i for i in range(17))
+from curation.hashing import splitmix64_one
+from curation.text.chars import (
+    ALPHA, BYTE_DIGIT, BYTE_DOT_AFTER, BYTE_LETTER, BYTE_LOWER, BYTE_NEEDS_RULES, BYTE_PREFIX,
+    BYTE_PUNCTUATION, BYTE_SPACE, BYTE_SUFFIX, BYTE_UNICODE_PUNCT, BYTE_UPPER, DEGREE_LETTER, DIGIT,
+    DOT_AFTER, HYPHEN, INFIX_SYMBOL, LOWER, OPERATOR, OTHER_SYMBOL, PREFIX, PUNCT, QUOTE, SUFFIX, UPPER,
+)
 
-# Byte class bits (``words._byte_class_of``; every byte of a multi-byte character carries its
-# code point's bits).
-(B_WS, B_RULE, B_PUN, B_LET, B_PC, B_TRM, B_DIG, B_PRE, B_SUF, B_LOW, B_UPP,
- B_DOTX) = (1 << i for i in range(12))
+# The class bits (``curation.text.chars``: what each one means) are module constants here,
+# so numba compiles them in.
 
-_GOLDEN = 0x9E3779B97F4A7C15
-_MIX1 = 0xBF58476D1CE4E5B9
-_MIX2 = 0x94D049BB133111EB
-
-
-@njit(cache=True, nogil=True)
-def mix64(x):
-    """splitmix64 finaliser (same as ``words._mix64``)."""
-    z = x + np.uint64(_GOLDEN)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(_MIX1)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(_MIX2)
-    return z ^ (z >> np.uint64(31))
+#: splitmix64 of one uint64 (``curation.hashing``), compiled
+mix64 = njit(cache=True, nogil=True)(splitmix64_one)
 
 
 @njit(cache=True, nogil=True)
 def short_key(b, s, n):
     """64-bit key of the bytes ``b[s:s+n]`` (n <= 16): the bytes, little-endian in two words,
-    mixed with the length (``words._short_key`` of one span)."""
+    mixed with the length (``keys.py_short_key`` of one span)."""
     lo = np.uint64(0)
     hi = np.uint64(0)
     for k in range(min(n, 8)):
@@ -120,7 +110,7 @@ def scan_chunks(b, cls, doff, unit_b, unit_n):
     for d in range(len(doff) - 1):
         prev_ws = True
         for i in range(doff[d], doff[d + 1]):
-            ws = (cls[i] & B_WS) != 0
+            ws = (cls[i] & BYTE_SPACE) != 0
             n += prev_ws & (not ws)
             prev_ws = ws
     c_start = np.empty(n, np.int64)
@@ -134,7 +124,7 @@ def scan_chunks(b, cls, doff, unit_b, unit_n):
         i = doff[d]
         end = doff[d + 1]
         while i < end:
-            if (cls[i] & B_WS) != 0:
+            if (cls[i] & BYTE_SPACE) != 0:
                 i += 1
                 continue
             s = i
@@ -142,7 +132,7 @@ def scan_chunks(b, cls, doff, unit_b, unit_n):
             any_b = 0
             while i < end:
                 x = cls[i]
-                if (x & B_WS) != 0:
+                if (x & BYTE_SPACE) != 0:
                     break
                 any_cls |= x
                 any_b |= b[i]
@@ -153,38 +143,38 @@ def scan_chunks(b, cls, doff, unit_b, unit_n):
             kind[k] = 0
             cs = s
             ce = e
-            if (any_cls & B_RULE) != 0:
+            if (any_cls & BYTE_NEEDS_RULES) != 0:
                 kind[k] = 2
                 if any_b < 0x80 and e - s >= 2:
                     n_rb = 0
                     for j in range(s, e):
-                        if (cls[j] & B_RULE) != 0:
+                        if (cls[j] & BYTE_NEEDS_RULES) != 0:
                             n_rb += 1
-                    first = (cls[s] & B_RULE) != 0
-                    last = (cls[e - 1] & B_RULE) != 0
+                    first = (cls[s] & BYTE_NEEDS_RULES) != 0
+                    last = (cls[e - 1] & BYTE_NEEDS_RULES) != 0
                     at_start = n_rb == 1 and first
                     at_end = n_rb == 1 and last
                     both = n_rb == 2 and first and last and e - s >= 3
                     if at_start or at_end or both:
                         kind[k] = 1
                         # "+" before a digit stays on the number
-                        if (at_start or both) and (cls[s] & B_PRE) != 0 and not (
+                        if (at_start or both) and (cls[s] & BYTE_PREFIX) != 0 and not (
                                 b[s] == 0x2B and 0x30 <= b[s + 1] <= 0x39):
                             cs = s + 1
                         if at_end or both:
                             x = e - 1
                             pc_ = cls[x - 1]
-                            two_upper = (pc_ & B_UPP) != 0 and (cls[x - 2] & B_UPP) != 0 and x - 2 >= cs
-                            dot = b[x] == 0x2E and ((pc_ & (B_LOW | B_DIG | B_DOTX)) != 0 or two_upper)
-                            plus = b[x] == 0x2B and (pc_ & B_DIG) != 0
-                            if (cls[x] & B_SUF) != 0 or dot or plus:
+                            two_upper = (pc_ & BYTE_UPPER) != 0 and (cls[x - 2] & BYTE_UPPER) != 0 and x - 2 >= cs
+                            dot = b[x] == 0x2E and ((pc_ & (BYTE_LOWER | BYTE_DIGIT | BYTE_DOT_AFTER)) != 0 or two_upper)
+                            plus = b[x] == 0x2B and (pc_ & BYTE_DIGIT) != 0
+                            if (cls[x] & BYTE_SUFFIX) != 0 or dot or plus:
                                 ce = x
             suf_s[k] = ce
-            if kind[k] != 2 and (any_cls & B_DIG) != 0:
+            if kind[k] != 2 and (any_cls & BYTE_DIGIT) != 0:
                 # the core's last digit, if the rest of the core could be a unit
                 lo = max(cs, ce - unit_b.shape[1] - 1)
                 j = ce - 1
-                while j >= lo and (cls[j] & B_DIG) == 0:
+                while j >= lo and (cls[j] & BYTE_DIGIT) == 0:
                     j -= 1
                 if lo <= j < ce - 1 and _is_unit(b, j + 1, ce - j - 1, unit_b, unit_n):
                     ce = j + 1
@@ -248,8 +238,8 @@ def word_spans(c_start, c_end, kind, core_s, core_e, suf_s, slow_tok):
 @njit(cache=True, nogil=True)
 def word_measures(b, cls, start, end):
     """Per span ``[start, end)`` of UTF-8 bytes, in one pass: characters (bytes that are not
-    continuation bytes), and whether all bytes carry ``B_PUN``, some byte ``B_LET``, all
-    bytes ``B_PC``."""
+    continuation bytes), and whether all bytes carry ``BYTE_PUNCTUATION``, some byte ``BYTE_LETTER``, all
+    bytes ``BYTE_UNICODE_PUNCT``."""
     m = len(start)
     chars = np.zeros(m, np.int64)
     symbol = np.zeros(m, np.bool_)
@@ -265,9 +255,9 @@ def word_measures(b, cls, start, end):
             all_ &= cls[j]
             any_ |= cls[j]
         chars[i] = c
-        symbol[i] = (all_ & B_PUN) != 0
-        alpha[i] = (any_ & B_LET) != 0
-        punct[i] = (all_ & B_PC) != 0
+        symbol[i] = (all_ & BYTE_PUNCTUATION) != 0
+        alpha[i] = (any_ & BYTE_LETTER) != 0
+        punct[i] = (all_ & BYTE_UNICODE_PUNCT) != 0
     return chars, symbol, alpha, punct
 
 
@@ -429,7 +419,7 @@ def _s_after_apostrophe(cp, i, s):
 def rule_starts(cp, f, unit_cp, unit_len):
     """spaCy's English rules over chunks of code points joined by newlines (``f``: each code
     point's class bits), one chunk at a time: the same word starts as the array version
-    ``words._rule_token_starts``, which is the reference the tests compare this with.
+    ``rules_reference.rule_token_starts``, which is the reference the tests compare this with.
 
     Per chunk: the prefix run (leading prefix characters), the suffix run (trailing suffix
     characters, each judged by the characters before it), a unit split off after a number
@@ -471,7 +461,7 @@ def rule_starts(cp, f, unit_cp, unit_len):
         p = s
         while p < e:
             nf = f[p + 1] if p + 1 < e else 0
-            if not (((f[p] & PRE) != 0 and not (cp[p] == 0x2B and (nf & DIG) != 0)) or multi[p]):
+            if not (((f[p] & PREFIX) != 0 and not (cp[p] == 0x2B and (nf & DIGIT) != 0)) or multi[p]):
                 break
             p += 1
         # Suffix run, from the right; a character's context is the characters before it.
@@ -483,12 +473,12 @@ def rule_starts(cp, f, unit_cp, unit_len):
             p2f = f[i - 2] if i - 2 >= s else 0
             p2cp = cp[i - 2] if i - 2 >= s else 0
             ctx_dot = x == 0x2E and not multi[i] and (
-                (pf & (DIG | LOW | DOTX | PCT | QUO)) != 0
-                or ((pf & UPP) != 0 and (p2f & UPP) != 0)
-                or ((pf & FCK) != 0 and p2cp == 0xB0))
+                (pf & (DIGIT | LOWER | DOT_AFTER | PUNCT | QUOTE)) != 0
+                or ((pf & UPPER) != 0 and (p2f & UPPER) != 0)
+                or ((pf & DEGREE_LETTER) != 0 and p2cp == 0xB0))
             s_of_apos = _s_after_apostrophe(cp, i, s)
-            if not ((f[i] & SUF) != 0 or multi[i] or s_of_apos or ctx_dot
-                    or (x == 0x2B and (pf & DIG) != 0)):
+            if not ((f[i] & SUFFIX) != 0 or multi[i] or s_of_apos or ctx_dot
+                    or (x == 0x2B and (pf & DIGIT) != 0)):
                 break
             q -= 1
         if e > s:
@@ -521,7 +511,7 @@ def rule_starts(cp, f, unit_cp, unit_len):
         if ce > cs:
             ld = -1
             for i in range(ce - 1, max(cs, ce - 5) - 1, -1):
-                if (f[i] & DIG) != 0:
+                if (f[i] & DIGIT) != 0:
                     ld = i
                     break
             if ld >= 0 and ld < ce - 1 and _is_unit(cp, ld + 1, ce - ld - 1, unit_cp, unit_len):
@@ -540,22 +530,22 @@ def rule_starts(cp, f, unit_cp, unit_len):
             pf = f[i - 1] if pic else 0
             nf = f[i + 1] if nic else 0
             ncp = cp[i + 1] if nic else 0
-            right_a = nic and (nf & ALP) != 0
-            left_an = pic and (pf & (ALP | DIG)) != 0
-            t = (fi & SO) != 0 or x == 0x2026
-            t = t or ((fi & DOP) != 0 and pic and (pf & DIG) != 0 and nic
-                      and ((nf & DIG) != 0 or ncp == 0x2D))
-            t = t or (x == 0x2E and not multi[i] and pic and (pf & (LOW | QUO)) != 0 and nic
-                      and (nf & (UPP | QUO)) != 0)
-            t = t or (x == 0x2C and pic and (pf & ALP) != 0 and right_a)
-            t = t or ((fi & ISYM) != 0 and left_an and right_a)
+            right_a = nic and (nf & ALPHA) != 0
+            left_an = pic and (pf & (ALPHA | DIGIT)) != 0
+            t = (fi & OTHER_SYMBOL) != 0 or x == 0x2026
+            t = t or ((fi & OPERATOR) != 0 and pic and (pf & DIGIT) != 0 and nic
+                      and ((nf & DIGIT) != 0 or ncp == 0x2D))
+            t = t or (x == 0x2E and not multi[i] and pic and (pf & (LOWER | QUOTE)) != 0 and nic
+                      and (nf & (UPPER | QUOTE)) != 0)
+            t = t or (x == 0x2C and pic and (pf & ALPHA) != 0 and right_a)
+            t = t or ((fi & INFIX_SYMBOL) != 0 and left_an and right_a)
             tok[i] = t
             irun[i] = multi[i]
             any_dot = any_dot or x == 0x2E
         # Hyphen runs between a letter/digit and a letter: "-", "--", "---", "—", "——", "–", "~".
         i = cs
         while i < ce:
-            if (f[i] & HYP) == 0:
+            if (f[i] & HYPHEN) == 0:
                 i += 1
                 continue
             j = i
@@ -563,8 +553,8 @@ def rule_starts(cp, f, unit_cp, unit_len):
                 j += 1
             x = cp[i]
             max_len = 3 if x == 0x2D else (2 if x == 0x2014 else 1)
-            left_an = i > cs and (f[i - 1] & (ALP | DIG)) != 0
-            right_a = j < ce and (f[j] & ALP) != 0
+            left_an = i > cs and (f[i - 1] & (ALPHA | DIGIT)) != 0
+            right_a = j < ce and (f[j] & ALPHA) != 0
             if j - i <= max_len and left_an and right_a:
                 for k in range(i, j):
                     irun[k] = True
@@ -584,99 +574,6 @@ def rule_starts(cp, f, unit_cp, unit_len):
             irun[i] = False
         s = e + 1
     return starts, istarts, core_s, core_e, url_cand
-
-
-@njit(cache=True, nogil=True)
-def _space_after(b, i, e):
-    """Bytes of the Python whitespace character (``str.isspace``) starting at ``i``, 0 if
-    none; ``e``: end of the span."""
-    c = b[i]
-    if c < 0x80:
-        return 1 if (9 <= c <= 13 or 28 <= c <= 32) else 0
-    if c == 0xC2 and i + 1 < e and (b[i + 1] == 0x85 or b[i + 1] == 0xA0):
-        return 2
-    if i + 2 < e:
-        c1, c2 = b[i + 1], b[i + 2]
-        if c == 0xE1 and c1 == 0x9A and c2 == 0x80:  # U+1680
-            return 3
-        if c == 0xE2 and c1 == 0x80 and (c2 <= 0x8A or c2 == 0xA8 or c2 == 0xA9 or c2 == 0xAF):
-            return 3  # U+2000-200A, 2028, 2029, 202F (c2 >= 0x80 in valid UTF-8)
-        if c == 0xE2 and c1 == 0x81 and c2 == 0x9F:  # U+205F
-            return 3
-        if c == 0xE3 and c1 == 0x80 and c2 == 0x80:  # U+3000
-            return 3
-    return 0
-
-
-@njit(cache=True, nogil=True)
-def _space_before(b, s, k):
-    """Bytes of the Python whitespace character ending just before ``k`` (span from ``s``),
-    0 if none."""
-    if k - 1 >= s and b[k - 1] < 0x80:
-        return _space_after(b, k - 1, k)
-    if k - 2 >= s and b[k - 2] == 0xC2:
-        return _space_after(b, k - 2, k)
-    if k - 3 >= s and b[k - 3] >= 0xE0:  # a three-byte character ending at k
-        return _space_after(b, k - 3, k)
-    return 0
-
-
-@njit(cache=True, nogil=True)
-def _ellipsis_at(b, i, e):
-    """Whether "..." or "…" starts at ``i`` (before ``e``)."""
-    if i + 2 >= e:
-        return False
-    return ((b[i] == 0x2E and b[i + 1] == 0x2E and b[i + 2] == 0x2E)
-            or (b[i] == 0xE2 and b[i + 1] == 0x80 and b[i + 2] == 0xA6))
-
-
-@njit(cache=True, nogil=True)
-def hashes_and_ellipses(b, doff):
-    """Per text: ``text.count("#")`` and ``text.count("...") + text.count("…")`` (counted
-    without overlaps, as ``str.count`` does), in one pass."""
-    n = len(doff) - 1
-    hashes = np.zeros(n, np.int64)
-    ellipses = np.zeros(n, np.int64)
-    for d in range(n):
-        i = doff[d]
-        end = doff[d + 1]
-        while i < end:
-            if b[i] == 0x23:
-                hashes[d] += 1
-            elif _ellipsis_at(b, i, end):
-                ellipses[d] += 1
-                i += 3
-                continue
-            i += 1
-    return hashes, ellipses
-
-
-@njit(cache=True, nogil=True)
-def bullet_and_ellipsis_lines(b, start, length):
-    """Per line (byte spans): ``line.lstrip().startswith(("•", "-"))`` and
-    ``line.rstrip().endswith(("...", "…"))``."""
-    m = len(start)
-    bullet = np.zeros(m, np.bool_)
-    ellipsis = np.zeros(m, np.bool_)
-    for j in range(m):
-        s = start[j]
-        e = s + length[j]
-        i = s
-        while i < e:
-            w = _space_after(b, i, e)
-            if w == 0:
-                break
-            i += w
-        if i < e:
-            bullet[j] = b[i] == 0x2D or (b[i] == 0xE2 and i + 2 < e and b[i + 1] == 0x80 and b[i + 2] == 0xA2)
-        k = e
-        while k > i:
-            w = _space_before(b, i, k)
-            if w == 0:
-                break
-            k -= w
-        ellipsis[j] = k - 3 >= i and _ellipsis_at(b, k - 3, k)
-    return bullet, ellipsis
 
 
 @njit(cache=True, nogil=True)

@@ -26,7 +26,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from curation.text import words as ts
+from curation.text import segments
+from curation.text import words as text_words
+from curation.text.arrow import text_bytes, text_column, to_numpy
 
 
 def _as_text_array(texts: pa.Array | pa.ChunkedArray) -> pa.Array:
@@ -42,7 +44,7 @@ class TextState:
 
     def __init__(self, texts: pa.Array | pa.ChunkedArray, word_counts: np.ndarray | None = None):
         self.texts: pa.Array = _as_text_array(texts)
-        self._words: ts.Words | None = None
+        self._words: text_words.Words | None = None
         self._counts: np.ndarray | None = None
         if word_counts is not None:
             counts = np.asarray(word_counts).astype(np.int64)
@@ -54,7 +56,7 @@ class TextState:
     @classmethod
     def of(cls, batch: pa.Table, column: str = "text") -> TextState:
         """The state of a table's text column."""
-        return cls(ts.text_column(batch, column))
+        return cls(text_column(batch, column))
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -78,10 +80,10 @@ class TextState:
     # -- words ---------------------------------------------------------------------------
 
     @property
-    def words(self) -> ts.Words:
+    def words(self) -> text_words.Words:
         """spaCy-style English words of every text (``words.split_words``), split once."""
         if self._words is None:
-            self._words = ts.split_words(self.texts)
+            self._words = text_words.split_words(self.texts)
         return self._words
 
     @property
@@ -108,7 +110,7 @@ class TextState:
             if len(unknown) == len(self):
                 return self.words.counts
             counts = self._counts.copy()
-            counts[unknown] = ts.split_words(self.texts.take(pa.array(unknown))).counts
+            counts[unknown] = text_words.split_words(self.texts.take(pa.array(unknown))).counts
             self._counts = counts
         return self._counts
 
@@ -120,32 +122,32 @@ class TextState:
         return self._cache[key]
 
     @property
-    def lines(self) -> ts.Segments:
+    def lines(self) -> segments.Segments:
         """``str.splitlines()`` of every text (``words.split_lines``)."""
-        return self._cached("lines", lambda: ts.split_lines(self.texts))
+        return self._cached("lines", lambda: segments.split_lines(self.texts))
 
-    def newlines(self, min_run: int = 1, runs: bool = True) -> ts.Segments:
+    def newlines(self, min_run: int = 1, runs: bool = True) -> segments.Segments:
         """``re.split("\\n+")`` / ``text.split("\\n")`` of every text (``words.split_newlines``)."""
-        return self._cached(("newlines", min_run, runs), lambda: ts.split_newlines(self.texts, min_run, runs))
+        return self._cached(("newlines", min_run, runs), lambda: segments.split_newlines(self.texts, min_run, runs))
 
     @property
     def stripped(self) -> pa.Array:
         """``str.strip()`` of every text."""
-        return self._cached("stripped", lambda: ts.strip(self.texts))
+        return self._cached("stripped", lambda: segments.strip(self.texts))
 
     @property
-    def paragraphs(self) -> ts.Segments:
+    def paragraphs(self) -> segments.Segments:
         """Paragraphs: the stripped text split at runs of two or more newlines."""
-        return self._cached("paragraphs", lambda: ts.split_newlines(self.stripped, min_run=2))
+        return self._cached("paragraphs", lambda: segments.split_newlines(self.stripped, min_run=2))
 
     @property
     def char_lengths(self) -> np.ndarray:
         """Code points per text (``len``)."""
-        return self._cached("char_lengths", lambda: ts._np(pc.utf8_length(self.texts)).astype(np.int64))
+        return self._cached("char_lengths", lambda: to_numpy(pc.utf8_length(self.texts)).astype(np.int64))
 
     @property
     def byte_lengths(self) -> np.ndarray:
-        return self._cached("byte_lengths", lambda: ts._np(pc.binary_length(self.texts)).astype(np.int64))
+        return self._cached("byte_lengths", lambda: to_numpy(pc.binary_length(self.texts)).astype(np.int64))
 
     # -- subsets and new texts -----------------------------------------------------------
 
@@ -158,7 +160,7 @@ class TextState:
         texts = self.texts.take(pa.array(idx, pa.int64()))
         out = TextState(texts)
         if self._words is not None:
-            b, doff, buf, base = ts._text_bytes(texts)
+            b, doff, buf, base = text_bytes(texts)
             out._words = self._words.take_docs(idx, b, doff, buf, base)
         elif self._counts is not None:
             out._counts = self._counts[idx]

@@ -1,0 +1,118 @@
+"""Gopher quality counters over the bytes of a batch (``GopherQualityFilter``'s hash and
+ellipsis counts, bullet and ellipsis lines), each one compiled pass with ``str`` semantics."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+from numba import njit
+
+from curation.text.arrow import text_bytes
+from curation.text.segments import Segments
+
+
+def hashes_and_ellipses(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """Per text: how many "#", and how many "..." or "…" (as ``str.count``), in one
+    compiled pass over the bytes."""
+    b, doff, _, _ = text_bytes(texts)
+    return _hashes_and_ellipses(b, doff)
+
+
+def bullet_and_ellipsis_lines(texts: pa.Array, lines: Segments) -> tuple[np.ndarray, np.ndarray]:
+    """Per line of ``lines`` (``split_lines(texts)``): starts with "•" or "-" after its
+    leading whitespace; ends with "..." or "…" before its trailing whitespace."""
+    b, _, _, _ = text_bytes(texts)
+    return _bullet_and_ellipsis_lines(b, lines.byte_start, lines.byte_len)
+
+
+@njit(cache=True, nogil=True)
+def _space_after(b, i, e):
+    """Bytes of the Python whitespace character (``str.isspace``) starting at ``i``, 0 if
+    none; ``e``: end of the span."""
+    c = b[i]
+    if c < 0x80:
+        return 1 if (9 <= c <= 13 or 28 <= c <= 32) else 0
+    if c == 0xC2 and i + 1 < e and (b[i + 1] == 0x85 or b[i + 1] == 0xA0):
+        return 2
+    if i + 2 < e:
+        c1, c2 = b[i + 1], b[i + 2]
+        if c == 0xE1 and c1 == 0x9A and c2 == 0x80:  # U+1680
+            return 3
+        if c == 0xE2 and c1 == 0x80 and (c2 <= 0x8A or c2 == 0xA8 or c2 == 0xA9 or c2 == 0xAF):
+            return 3  # U+2000-200A, 2028, 2029, 202F (c2 >= 0x80 in valid UTF-8)
+        if c == 0xE2 and c1 == 0x81 and c2 == 0x9F:  # U+205F
+            return 3
+        if c == 0xE3 and c1 == 0x80 and c2 == 0x80:  # U+3000
+            return 3
+    return 0
+
+
+@njit(cache=True, nogil=True)
+def _space_before(b, s, k):
+    """Bytes of the Python whitespace character ending just before ``k`` (span from ``s``),
+    0 if none."""
+    if k - 1 >= s and b[k - 1] < 0x80:
+        return _space_after(b, k - 1, k)
+    if k - 2 >= s and b[k - 2] == 0xC2:
+        return _space_after(b, k - 2, k)
+    if k - 3 >= s and b[k - 3] >= 0xE0:  # a three-byte character ending at k
+        return _space_after(b, k - 3, k)
+    return 0
+
+
+@njit(cache=True, nogil=True)
+def _ellipsis_at(b, i, e):
+    """Whether "..." or "…" starts at ``i`` (before ``e``)."""
+    if i + 2 >= e:
+        return False
+    return ((b[i] == 0x2E and b[i + 1] == 0x2E and b[i + 2] == 0x2E)
+            or (b[i] == 0xE2 and b[i + 1] == 0x80 and b[i + 2] == 0xA6))
+
+
+@njit(cache=True, nogil=True)
+def _hashes_and_ellipses(b, doff):
+    """Per text: ``text.count("#")`` and ``text.count("...") + text.count("…")`` (counted
+    without overlaps, as ``str.count`` does), in one pass."""
+    n = len(doff) - 1
+    hashes = np.zeros(n, np.int64)
+    ellipses = np.zeros(n, np.int64)
+    for d in range(n):
+        i = doff[d]
+        end = doff[d + 1]
+        while i < end:
+            if b[i] == 0x23:
+                hashes[d] += 1
+            elif _ellipsis_at(b, i, end):
+                ellipses[d] += 1
+                i += 3
+                continue
+            i += 1
+    return hashes, ellipses
+
+
+@njit(cache=True, nogil=True)
+def _bullet_and_ellipsis_lines(b, start, length):
+    """Per line (byte spans): ``line.lstrip().startswith(("•", "-"))`` and
+    ``line.rstrip().endswith(("...", "…"))``."""
+    m = len(start)
+    bullet = np.zeros(m, np.bool_)
+    ellipsis = np.zeros(m, np.bool_)
+    for j in range(m):
+        s = start[j]
+        e = s + length[j]
+        i = s
+        while i < e:
+            w = _space_after(b, i, e)
+            if w == 0:
+                break
+            i += w
+        if i < e:
+            bullet[j] = b[i] == 0x2D or (b[i] == 0xE2 and i + 2 < e and b[i + 1] == 0x80 and b[i + 2] == 0xA2)
+        k = e
+        while k > i:
+            w = _space_before(b, i, k)
+            if w == 0:
+                break
+            k -= w
+        ellipsis[j] = k - 3 >= i and _ellipsis_at(b, k - 3, k)
+    return bullet, ellipsis
