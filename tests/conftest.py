@@ -30,3 +30,4 @@ def in_repo(monkeypatch):
 
 def pytest_configure(config):
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    config.addinivalue_line("markers", "gpu: CUDA variants of the trainer tests (bf16 tolerances); run whenever torch sees a GPU")
