@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from curation.hashing import fmix64
 from curation.io import location
 from curation.io.files import atomic_path
 
@@ -35,15 +36,6 @@ _CHUNK = 1 << 16  # keys per vectorised step
 
 class BloomHeaderMismatch(ValueError):
     """Persisted Bloom bits made with other parameters than the ones asked for."""
-
-
-def _mix(x: np.ndarray) -> np.ndarray:
-    x = x ^ (x >> _U64(30))
-    x = x * _U64(0xBF58476D1CE4E5B9)
-    x ^= x >> _U64(27)
-    x *= _U64(0x94D049BB133111EB)
-    x ^= x >> _U64(31)
-    return x
 
 
 def bloom_size(expected_items: int, false_positive_rate: float) -> tuple[int, int]:
@@ -98,14 +90,6 @@ class BloomFilter:
         return {"algorithm": ALGORITHM, "version": VERSION, "seed": int(seed), "m": int(m), "k": int(k),
                 "params": dict(params)}
 
-    @classmethod
-    def capacity_header(cls, expected_items: int, false_positive_rate: float, seed: int = 0,
-                        params: dict[str, Any] | None = None) -> dict[str, Any]:
-        """The header of ``for_capacity(...)`` without allocating its bits."""
-        m, k = bloom_size(expected_items, false_positive_rate)
-        p = {"expected_items": int(expected_items), "false_positive_rate": float(false_positive_rate)}
-        return cls.make_header(m, k, seed, {**p, **(params or {})})
-
     @staticmethod
     def check_header(found: dict[str, Any], expected: dict[str, Any], where: str) -> None:
         """Raise ``BloomHeaderMismatch`` naming the differing fields unless equal."""
@@ -122,9 +106,9 @@ class BloomFilter:
         """uint64[k, n] bit positions of each key (all < m)."""
         h = np.asarray(hashes, dtype=np.uint64)
         m = _U64(self.m)
-        x = _mix(h ^ _U64(self.seed & 0xFFFFFFFFFFFFFFFF))
+        x = fmix64(h ^ _U64(self.seed & 0xFFFFFFFFFFFFFFFF))
         h1 = x % m
-        h2 = _mix(x ^ _U64(0x5851F42D4C957F2D)) % _U64(self.m - 1) + _U64(1)
+        h2 = fmix64(x ^ _U64(0x5851F42D4C957F2D)) % _U64(self.m - 1) + _U64(1)
         pos = np.empty((self.k, len(h)), dtype=np.uint64)
         pos[0] = h1
         for i in range(1, self.k):

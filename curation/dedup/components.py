@@ -51,7 +51,8 @@ import numpy as np
 import pyarrow as pa
 
 from curation.io import location
-from curation.dedup.minhash import mix64, read_artifact, write_artifact
+from curation.dedup.minhash import read_artifact, write_artifact
+from curation.hashing import fmix64
 from curation.io.artifacts import read_partition, write_partitioned
 
 CC_ALGORITHM = "connected-components-large-small-star"
@@ -68,7 +69,7 @@ STATS_KEY = b"refinery.cc_stats"
 def node_partition(nodes: np.ndarray, partitions: int) -> np.ndarray:
     """Partition of each node: a hash of the node id, so consecutive documents (and the hub
     of a big component) spread over all partitions."""
-    h = mix64(np.asarray(nodes, dtype=np.int64).astype(np.uint64)) >> np.uint64(32)
+    h = fmix64(np.asarray(nodes, dtype=np.int64).astype(np.uint64)) >> np.uint64(32)
     return ((h * np.uint64(partitions)) >> np.uint64(32)).astype(np.int64)
 
 

@@ -16,11 +16,12 @@ import pyarrow.compute as pc
 import xxhash
 
 from curation.dedup.bloom import BloomFilter
+from curation.hashing import GOLDEN
 from curation.dedup.minhash import collapse_whitespace, normalize_text
 
 PARAGRAPH_SEPARATOR = "\n"
 #: xor-ed into the seed of the confirming hash (any constant that makes it another function)
-_SECOND_SEED = 0x9E3779B97F4A7C15
+_SECOND_SEED = GOLDEN
 _MASK64 = (1 << 64) - 1
 
 

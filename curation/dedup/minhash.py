@@ -42,6 +42,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from curation.hashing import GOLDEN, MIX1, fmix64
 from curation.io.artifacts import ArtifactMismatch, check_header, read_artifact, write_artifact  # noqa: F401
 
 #: Bump when signatures for the same parameters would change (hashing, tokenising...).
@@ -50,9 +51,9 @@ NORMALIZATION = "nfkc-casefold-whitespace"
 
 _U64 = np.uint64
 _MASK64 = 0xFFFFFFFFFFFFFFFF
-# splitmix64 finaliser constants (Steele et al.); the odd multipliers give position salts.
-_M1, _M2 = _U64(0xBF58476D1CE4E5B9), _U64(0x94D049BB133111EB)
-_GOLDEN = _U64(0x9E3779B97F4A7C15)
+# splitmix64 (``curation.hashing``); its multipliers also give position salts
+_M1 = _U64(MIX1)
+_GOLDEN = _U64(GOLDEN)
 _NGRAM_BASE = _U64(0x9FB21C651E98DF25)  # odd multiplier of the n-gram polynomial
 _CHUNK_SALT = _U64(0xD6E8FEB86659FD93)
 _LEN_SALT = _U64(0xA0761D6478BD642F)
@@ -66,19 +67,6 @@ _UNICODE_WS = {0x85: " ", 0x1680: " ", 0x2028: " ", 0x2029: " "}
 _UNICODE_WS_CHARS = tuple(chr(c) for c in _UNICODE_WS)
 
 
-
-
-def mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64 finaliser over a uint64 array (a bijection, avalanche on every bit)."""
-    t = x >> _U64(30)
-    x = x ^ t
-    x *= _M1
-    np.right_shift(x, _U64(27), out=t)  # one scratch array: these run over millions of words
-    x ^= t
-    x *= _M2
-    np.right_shift(x, _U64(31), out=t)
-    x ^= t
-    return x
 
 
 # ---------------------------------------------------------------------------------------------
@@ -239,7 +227,7 @@ def _hash_spans(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.nd
         chunk_idx = np.arange(len(chunk_word)) - np.repeat(first, extra) + 1
         chunk_start = starts[chunk_word] + 8 * chunk_idx
         chunk_len = np.minimum(ends[chunk_word] - chunk_start, 8)
-        mixed = mix64((windows[chunk_start] & _BYTE_MASKS[chunk_len])
+        mixed = fmix64((windows[chunk_start] & _BYTE_MASKS[chunk_len])
                       ^ (chunk_idx.astype(np.uint64) + _U64(1)) * _CHUNK_SALT)
         summed[long_words] += np.add.reduceat(mixed, first)
     # a half mixer (xorshift-multiply-xorshift, a bijection) is enough here: the n-gram
@@ -389,7 +377,7 @@ def shingle_hashes(words: np.ndarray, doc_offsets: np.ndarray, ngram: int) -> tu
             g += words[doc_offsets[docs] + j]
         out[sh_off[docs]] = g
     # the n-gram length is part of the hash: a 3-word document is not a "3-gram" of a 5-gram corpus
-    return mix64(out ^ _U64((ngram * 0x9E3779B97F4A7C15) & _MASK64)), sh_off
+    return fmix64(out ^ _U64((ngram * GOLDEN) & _MASK64)), sh_off
 
 
 def _words_of(texts: pa.Array | pa.ChunkedArray | list[str], normalized: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -560,8 +548,8 @@ def band_hashes(sig: np.ndarray, bands: int, rows: int, seed: int = 0) -> np.nda
     if bands * rows > sig.shape[1]:
         raise ValueError(f"bands * rows = {bands * rows} > num_perm = {sig.shape[1]}")
     x = sig[:, : bands * rows].reshape(sig.shape[0], bands, rows).astype(np.uint64)
-    h = mix64((np.arange(bands, dtype=np.uint64) + _U64(1)) * _GOLDEN ^ _U64(seed & _MASK64))
+    h = fmix64((np.arange(bands, dtype=np.uint64) + _U64(1)) * _GOLDEN ^ _U64(seed & _MASK64))
     h = np.broadcast_to(h, (sig.shape[0], bands)).copy()
     for j in range(rows):
-        h = mix64(h * _NGRAM_BASE + x[:, :, j])
+        h = fmix64(h * _NGRAM_BASE + x[:, :, j])
     return h

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-from curation.dedup.minhash import mix64
+from curation.hashing import GOLDEN, fmix64
 from curation.sampling.radix import KeyPrefix
 
 
@@ -147,12 +147,12 @@ def emission_positions(u: np.ndarray, tokens: np.ndarray, copies: np.ndarray,
                        seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For one shard's documents of one source (keys ``u``, ``tokens``, number of ``copies``
     each): (document index, epoch) of every copy in emission order, and its position in
-    [0, 1). Epoch ``e`` lists its documents by ``mix64(u + e * golden ^ seed)``."""
+    [0, 1). Epoch ``e`` lists its documents by ``fmix64(u + e * GOLDEN ^ seed)``."""
     doc = np.repeat(np.arange(len(u)), copies)
     epoch = (np.arange(len(doc)) - np.repeat(np.cumsum(copies) - copies, copies)).astype(np.int64)
     if not len(doc):
         return doc, epoch, np.zeros(0)
-    order_key = mix64(u[doc] + epoch.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) ^ np.uint64(seed))
+    order_key = fmix64(u[doc] + epoch.astype(np.uint64) * np.uint64(GOLDEN) ^ np.uint64(seed))
     order = np.lexsort((order_key, epoch))
     doc, epoch = doc[order], epoch[order]
     t = tokens[doc].astype(np.float64)

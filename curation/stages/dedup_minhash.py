@@ -44,6 +44,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import Field, model_validator
 
+from curation.hashing import GOLDEN
 from curation.io import location
 from curation.dedup.components import connected_components, edge_header, read_labels, symmetric, write_edges
 from curation.dedup.lsh import EMPTY_BUCKETS, bucket_partition, candidate_edges, signature_table
@@ -194,7 +195,7 @@ def cluster_quality_task(job: ClusterQualityJob) -> dict:
     nodes, comps = read_labels(list(job.label_files), job.cc_head, job.lo, job.hi)
     t = read_artifact(job.sig_file, job.header, columns=["doc", "quality"])
     q = t.column("quality").to_numpy(zero_copy_only=False)[nodes - job.lo] if len(nodes) else np.zeros(0)
-    part = bucket_partition(comps.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15), job.partitions)
+    part = bucket_partition(comps.astype(np.uint64) * np.uint64(GOLDEN), job.partitions)
     order = np.lexsort((nodes, comps, part))
     rows = pa.table({"component": pa.array(comps[order], pa.int64()), "doc": pa.array(nodes[order], pa.int64()),
                      "quality": pa.array(q[order], pa.float64())})

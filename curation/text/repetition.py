@@ -18,8 +18,10 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from curation.hashing import GOLDEN
+
 _POLY = 0x100000001B3
-_GOLDEN = 0x9E3779B97F4A7C15
+_GOLDEN = GOLDEN
 
 
 @njit(cache=True, nogil=True)
