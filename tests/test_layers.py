@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 #: layer of each package (a module may import its own layer or lower ones, except as noted)
 LAYERS = {
-    "curation.formats": 0,
+    "curation.formats": 0, "curation.hashing": 0,
     "curation.io": 1, "curation.text": 1, "curation.dedup": 1, "curation.quality": 1, "curation.tokenizer": 1,
     "curation.export": 1,
     "curation.sampling": 1,
