@@ -138,3 +138,12 @@ def test_the_allow_list_is_checked_before_import_in_process(tmp_path, monkeypatc
     assert name not in sys.modules
     with pytest.raises(ValueError, match="dotted Python name"):
         stage_modules_allowed(["../evil"]).__enter__()
+
+
+def test_a_run_input_outside_the_allowed_roots_is_403(svc):
+    """``format: run`` names another run directory: it is a location like ``paths``."""
+    dag = yaml.safe_dump({"name": "probe", "inputs": {"docs": {"format": "run", "run": "/etc", "stage": "x"}},
+                          "stages": {"g": {"type": "gopher_quality"}}})
+    with svc.client() as c:
+        r = c.post("/runs", content=dag)
+    assert r.status_code == 403 and "inputs.docs.run" in r.json()["detail"], r.text

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import fsspec
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from curation.io import datapaths
 
@@ -33,13 +33,21 @@ class InputError(ValueError):
 
 
 class InputSpec(BaseModel):
-    """One named input of a DAG: files of one format, all of one mix ``source`` domain."""
+    """One named input of a DAG: files of one format, all of one mix ``source`` domain; or
+    (``format: run``) the committed shards of a stage of another run, read through its
+    manifest (``curation/pipeline/run_input.py``): ``run`` its directory, ``stage`` the node
+    (a union is its branches' shards), ``allow_partial`` to read a run that is not finished
+    (what is committed so far). Its documents keep their ids and sources unless ``source`` is
+    given."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    format: Literal["warc", "wet", "jsonl", "parquet"]
-    paths: list[str] = Field(min_length=1)
-    source: str
+    format: Literal["warc", "wet", "jsonl", "parquet", "run"]
+    paths: list[str] = Field(default_factory=list)
+    source: str | None = None
+    run: str | None = None
+    stage: str | None = None
+    allow_partial: bool = False
     text_field: str = "text"
     id_field: str | None = None
     url_field: str | None = "url"
@@ -47,6 +55,36 @@ class InputSpec(BaseModel):
     split_bytes: int = Field(default=128 * MiB, gt=0)
     #: documents larger than this are rejected as ``read:doc_too_large`` (a preview is kept)
     max_doc_bytes: int = Field(default=10 * MiB, gt=0)
+
+    @model_validator(mode="after")
+    def _fields_of_the_format(self) -> InputSpec:
+        if self.format == "run":
+            if not self.run or not self.stage:
+                raise ValueError("format: run reads a stage of another run: give run (its directory) and stage")
+            if self.paths:
+                raise ValueError("format: run reads the run's manifest, not paths: give run and stage")
+        else:
+            if not self.paths:
+                raise ValueError("paths: at least one file or glob")
+            if self.source is None:
+                raise ValueError("source: missing (the mix domain of these documents: web, math, ...)")
+            if self.run is not None or self.stage is not None or self.allow_partial:
+                raise ValueError("run, stage and allow_partial belong to format: run")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        # the fields of format: run only where they are used: every other input dumps (and so
+        # hashes, and writes dag.yaml) exactly as before they existed
+        d = handler(self)
+        if self.format != "run":
+            for k in ("run", "stage", "allow_partial"):
+                d.pop(k, None)
+        else:
+            d.pop("paths", None)
+            if self.source is None:
+                d.pop("source", None)
+        return d
 
 
 @dataclass(frozen=True)

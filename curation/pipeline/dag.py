@@ -193,6 +193,8 @@ class Dag:
         plus their rules' signals); None when a stage upstream does not say (a user stage
         without declarations, a stage that rewrites rows into something else)."""
         if node in self.inputs:
+            if self.inputs[node].format == "run":
+                return None  # another run's rows: their columns are known once read
             extra = {"html", "charset"} if self.inputs[node].format == "warc" else set()
             return set(DOC_SCHEMA.names) | extra
         st = self.stages[node]

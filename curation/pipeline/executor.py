@@ -20,7 +20,7 @@ import hashlib
 import json
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import numpy as np
@@ -34,6 +34,7 @@ from curation.pipeline.context import GlobalContext
 from curation.pipeline.dag import Dag, parse_dag, roots
 from curation.pipeline.progress import RunProgress
 from curation.pipeline.rundir import RunDir, RunDirError, ShardWriter  # noqa: F401  (RunDirError: callers catch it from here)
+from curation.pipeline.run_input import FORMAT as RUN_FORMAT, Upstream, iter_run_shard, plan_run_input
 from curation.pipeline.tasks import Resources, TasksFailed, run_bounded
 from curation.formats.documents import PAYLOAD_COLUMNS
 from curation.io.shards import split_kept_rejected
@@ -59,6 +60,8 @@ class Plan:
     input_shards: dict[str, list[InputShard]]
     closures: dict[str, list[str]]  # root -> map/union stages it feeds, in topological order
     materialize_inputs: set[str]
+    #: ``format: run`` inputs: input -> shard key -> where the shard comes from
+    upstream: dict[str, dict[str, Upstream]] = field(default_factory=dict)
 
     def writes(self, root: str) -> list[str]:
         """The nodes whose shards a task of ``root`` writes: the input itself, its map stages."""
@@ -72,12 +75,18 @@ class Plan:
 
 def make_plan(dag: Dag) -> Plan:
     """Validate inputs (globs must match) and work out which stages each root feeds."""
-    input_shards = {name: plan_input(name, spec, dag.base_dir) for name, spec in dag.inputs.items()}
+    input_shards: dict[str, list[InputShard]] = {}
+    upstream: dict[str, dict[str, Upstream]] = {}
+    for name, spec in dag.inputs.items():
+        if spec.format == RUN_FORMAT:
+            input_shards[name], upstream[name] = plan_run_input(name, spec, dag.base_dir)
+        else:
+            input_shards[name] = plan_input(name, spec, dag.base_dir)
     closures: dict[str, list[str]] = {}
     for root in list(dag.inputs) + [n for n, s in dag.stages.items() if s.kind == "global"]:
         closures[root] = [n for n, s in dag.stages.items() if s.kind != "global" and root in roots(dag, n)]
     materialize = {name for name in dag.inputs if dag.input_materialized(name)}
-    return Plan(dag, dag.hashes(), dag.signal_hashes(), input_shards, closures, materialize)
+    return Plan(dag, dag.hashes(), dag.signal_hashes(), input_shards, closures, materialize, upstream)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -106,6 +115,8 @@ class RootJob:
     #: the user stage classes of the DAG (type -> class), shipped by value: a worker need not
     #: be able to import the user's module
     user_stages: tuple[tuple[str, type], ...] = ()
+    #: a ``format: run`` input's shard: where it comes from (recorded on its manifest line)
+    upstream: Upstream | None = None
 
 
 _DAGS: dict[str, Dag] = {}
@@ -365,7 +376,16 @@ def _root_entries(job: RootJob) -> list[dict]:
         # sources: the root, then committed stages whose shard a stage still to run reads
         sources = ([root] if root not in done or root in children else []) + [n for n in children if n != root and n not in steps]
         for src in sources:
-            if src == root and job.shard is not None and not (job.materialize and root in done):
+            if src == root and job.shard is not None and job.upstream is not None and not (job.materialize and root in done):
+                # another run's committed shard: whole rows as they are (0 rows: 0 documents)
+                if root not in done:
+                    root_writer = rundir.open_shard(root, key, hashes[root], materialize=job.materialize)
+                    read_bytes = {"upstream": job.upstream.to_dict()}
+                for docs in iter_run_shard(job.shard, dag.inputs[root], job.upstream, dag.base_dir, dag.batch_size):
+                    if root_writer is not None:
+                        root_writer.append(docs, None, docs.num_rows)
+                    push(root, docs, None)
+            elif src == root and job.shard is not None and not (job.materialize and root in done):
                 if root not in done:
                     root_writer = rundir.open_shard(root, key, hashes[root], materialize=job.materialize)
                 for res in iter_read(job.shard, dag.inputs[root], dag.batch_size, dag.batch_bytes):
@@ -482,6 +502,10 @@ def run_dag(dag: Dag, run_dir: str | os.PathLike, workers: int | None = None, ad
             todo = []
             for root, key, shard, src in jobs:
                 done = {s for s in writes[root] if key in committed[s]}
+                up = plan.upstream.get(root, {}).get(key)
+                if up is not None and root in done and \
+                        committed[root][key].get("upstream", {}).get("sha256") != up.sha256:
+                    done = set()  # the upstream shard changed since: read it again, and all below it
                 # shards of signals only cannot be read back as rows: a stage still to run that
                 # takes a done stage's rows runs it again (the same bytes come out)
                 changed = True
@@ -498,7 +522,7 @@ def run_dag(dag: Dag, run_dir: str | os.PathLike, workers: int | None = None, ad
                 if len(done_stages) < len(writes[root]):
                     stored = tuple((s, redecide[s][key]) for s in writes[root] if key in redecide.get(s, {}))
                     todo.append(RootJob(dag_dict, dag.path, dag.base_dir, rundir, root, key, shard, src,
-                                        root in plan.materialize_inputs, done_stages, stored, user_stages))
+                                        root in plan.materialize_inputs, done_stages, stored, user_stages, up))
             total, finished = len(jobs), len(jobs) - len(todo)
             progress.phase(phase, finished, total)
 

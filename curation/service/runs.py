@@ -135,6 +135,12 @@ def _admit_dag(text: str, policy: PathPolicy, where: str, stage_modules: tuple[s
     inputs = data.get("inputs")
     if isinstance(inputs, dict):
         for name, spec in inputs.items():
+            run = spec.get("run") if isinstance(spec, dict) else None
+            if isinstance(run, str):  # format: run reads another run directory: under a root too
+                try:
+                    policy.check_pattern(run, f"inputs.{name}.run")
+                except PathDenied as e:
+                    raise SubmitError(f"{where}: {e}", 403) from None
             paths = spec.get("paths") if isinstance(spec, dict) else None
             for i, p in enumerate(paths if isinstance(paths, list) else []):
                 if isinstance(p, str):
@@ -153,6 +159,14 @@ def _admit_dag(text: str, policy: PathPolicy, where: str, stage_modules: tuple[s
     resolved = dag.to_dict()
     _check_stage_params(resolved["stages"], policy, where, as_written=False)
     for name, spec in dag.inputs.items():
+        if spec.run is not None:  # format: run: the run directory resolved (symlinks followed) and pinned
+            if policy.is_url(spec.run):
+                continue  # checked against the URL roots above
+            try:
+                resolved["inputs"][name]["run"] = policy.check_local(spec.run, f"inputs.{name}.run")
+            except PathDenied as e:
+                raise SubmitError(f"{where}: {e}", 403) from None
+            continue
         pinned: list[str] = []
         for i, pattern in enumerate(spec.paths):
             loc = f"inputs.{name}.paths[{i}]"
