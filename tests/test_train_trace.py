@@ -49,15 +49,12 @@ def runs(tmp_path_factory, ray_session):
         "output": "merged",
     }
     run_dag(parse_dag(curated, "curation.yaml", base_dir=str(REPO)), root / "curation", workers=2, quiet=True)
-    # As pipelines/demo-pack.yaml: a second run packs the first one's output (ids get the input name).
+    # As pipelines/demo-pack.yaml: a second run packs the first one's output, read through its
+    # manifest (format: run; ids and sources as the curation run wrote them).
     packed = {
         "name": "trace-pack",
-        "inputs": {
-            "web": {"format": "parquet", "paths": [str(root / "curation" / "fineweb" / "*.parquet")], "source": "web", "id_field": "id"},
-            "math": {"format": "parquet", "paths": [str(root / "curation" / "math" / "*.parquet")], "source": "math", "id_field": "id"},
-        },
+        "inputs": {"docs": {"format": "run", "run": str(root / "curation"), "stage": "merged"}},
         "stages": {
-            "docs": {"type": "union", "inputs": ["web", "math"]},
             "tokenize": {"type": "tokenize", "input": "docs", "tokenizer": str(tok), "keep_text": False},
             "pack": {"type": "pack", "input": "tokenize", "seq_len": SEQ, "algorithm": "best_fit"},
         },
@@ -114,24 +111,26 @@ def test_trace_prints_exactly_the_documents_of_the_steps_rows(runs):
     docs = out["documents"]
     assert [d["id"] for d in docs] == want and len(want) > 1
     assert sum(d["tokens"] for d in docs) == tokens
-    # Joined from the runs: the curation run's signals (ids there lack the pack run's input name).
+    # Joined from the runs: the curation run's signals (the pack run kept its ids).
     signals = {r["id"]: r for r in pq.read_table(sorted((runs.curation / "fineweb").glob("*.parquet"))).to_pylist()}
     seen = set()
     for d in docs:
         assert d["source"] in ("web", "math") and d["num_tokens"] >= d["tokens"]
         seen.add(d["source"])
         if d["source"] == "web":
-            src = signals[d["id"].split("/", 1)[1]]
+            src = signals[d["id"]]
             assert d["url"].startswith("http") and d["url"] == src["url"]
             for col in ("gopher_n_words", "gopher_stop_words", "c4_n_sentences", "fineweb_line_punct_frac", "fineweb_char_dup_frac"):
                 assert d["signals"][col] == pytest.approx(src[col]), col
         else:
             assert not any(k.startswith("gopher_") for k in d["signals"])  # math is not web-filtered
     assert seen == {"web", "math"} or len(docs) < 4
-    # Without --curation-run: the pack run's own views still give sources, urls and token counts.
+    # Without --curation-run: the pack run's own views still give sources, urls and token counts,
+    # and the curation signals its rows carried in (format: run reads whole rows)
     bare = json.loads(_invoke(runs.train, "--step", step, "--json"))
     assert [d["id"] for d in bare["documents"]] == want
-    assert all(d["num_tokens"] and not d["signals"] for d in bare["documents"])
+    assert all(d["num_tokens"] for d in bare["documents"])
+    assert [d["signals"] for d in bare["documents"]] == [d["signals"] for d in docs]
 
 
 def test_trace_table_and_loss_spikes(runs):
