@@ -6,7 +6,12 @@ entries). This module holds what those need below the stage layer:
 
 - ``preset(name)``: a preset as ``{lang: {stage type: {field: value}}}``, read from
   ``curation/text/data/lang_rules/NAME.json`` (see the README there for where the numbers
-  come from). ``fineweb2``: FineWeb-2's published per-language thresholds and stop words.
+  come from). ``fineweb2``: FineWeb-2's published per-language thresholds and stop words, for
+  every language the ``langid`` stage can name that FineWeb-2 has a config for; every other
+  language code (the preset's ``codes``: CLD2's languages and all ISO 639-1 codes) gets the
+  preset's ``fallback`` (``fallback_entry``), never the stage's English rules. ``auto``:
+  ``fineweb2`` plus per-language thresholds calibrated on natural text (its ``base`` and
+  ``languages`` are merged field by field).
 - ``char_words(texts)``: words for languages written without spaces (Chinese, Japanese):
   every Han, Hiragana and Katakana character (and CJK punctuation) is a word of its own,
   the rest of the text is split as usual (``words.split_words``), so Latin words, numbers
@@ -79,7 +84,18 @@ def _load(name: str) -> dict[str, Any]:
     path = DATA_DIR / f"{name}.json"
     if not path.exists():
         raise ValueError(f"unknown lang_config {name!r} (known: {', '.join(presets())})")
-    return json.loads(path.read_text(encoding="utf-8"))
+    data = json.loads(path.read_text(encoding="utf-8"))
+    if "base" in data:  # an overlay: the base preset's entries with this one's fields over them
+        base = _load(data["base"])
+        merged = json.loads(json.dumps(base["languages"]))
+        for lang, stages in data["languages"].items():
+            for stage, fields in stages.items():
+                merged.setdefault(lang, {}).setdefault(stage, {}).update(fields)
+        data = {**base, **{k: v for k, v in data.items() if k != "languages"}, "languages": merged}
+    if "fallback" in data:
+        for lang in data.get("codes", []):
+            data["languages"].setdefault(lang, data["fallback"])
+    return data
 
 
 def presets() -> list[str]:
@@ -90,6 +106,21 @@ def presets() -> list[str]:
 def preset(name: str) -> dict[str, dict[str, dict[str, Any]]]:
     """A preset as ``{lang: {stage type: {field: value}}}`` (a fresh copy each call)."""
     return json.loads(json.dumps(_load(name)["languages"]))
+
+
+def fallback_entry(lang: str, name: str = "fineweb2") -> dict[str, dict[str, Any]]:
+    """What a language without an entry of its own gets in preset ``name`` (``{stage type:
+    {field: value}}``): the median of FineWeb-2's thresholds over the languages whose values
+    were checked, and no stop-word rule (there is no list). ``lang`` is unused for now: the
+    same entry for every language (a fresh copy)."""
+    del lang
+    return json.loads(json.dumps(_load(name)["fallback"]))
+
+
+def has_own_entry(lang: str, name: str = "fineweb2") -> bool:
+    """Whether ``lang`` has values of its own in preset ``name`` (not the fallback)."""
+    data = _load(name)
+    return lang in data["languages"] and data["languages"][lang] is not data.get("fallback")
 
 
 def preset_stages(name: str) -> list[str]:

@@ -1,0 +1,206 @@
+"""Per-language rules, measured as a trade-off: natural pages dropped vs unnatural pages caught,
+per language, by the Gopher repetition -> Gopher quality -> FineWeb chain. Run by hand:
+
+    .venv/bin/python tests/benchmarks/bench_lang_natural.py [--docs 40] [--json OUT]
+
+Natural pages: lingua's labelled sentences (``shared/data/text/lingua_language_testdata_
+sentences.tar.xz``, 75 languages, Leipzig news/web sentences), the odd-numbered sentences only
+(the even ones are left for anything that derives words from the data), 10 sentences a page
+in paragraphs of 2-4 sentences. The page's ``lang`` is its file's label (the rules are measured,
+not the language ID).
+
+Unnatural pages, built per language from the same held-out sentences, in the forms human
+raters flag as not natural text (FineWeb-C's "problematic", DCLM's "drop"): ``keywords`` (a
+tag cloud: 80 distinct words of the language, comma-separated), ``menu`` (60 lines of 1-3
+words), ``salad`` (words drawn uniformly from the language's vocabulary, 12 a line, no
+punctuation), ``boilerplate`` (4 short lines repeated 12 times around one sentence),
+``repeated`` (one paragraph 6 times), ``teasers`` (25 sentence openings cut with "..."),
+``listing`` (40 product rows: words, prices, dates, codes). For Chinese and Japanese a
+"word" is two characters.
+
+Configurations: ``english`` (the stages' own rules for every page), ``fineweb2``
+(``lang_config: fineweb2``); with ``--fallback`` also ``fallback``: every language judged by
+the entry a language without a preset entry gets (``lang_rules.fallback_entry``), given as
+``by_lang`` — a leave-one-out check of the fallback on languages whose real entry is known.
+Prints one table per language and the totals; ``--json`` writes the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import sys
+import tarfile
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from real_corpus import SHARED_DATA  # noqa: E402
+
+from curation.stages.filters import (FineWebQualityFilter, GopherQualityFilter,  # noqa: E402
+                                     GopherRepetitionFilter)
+from curation.text import lang_rules  # noqa: E402
+
+LINGUA = SHARED_DATA / "text" / "lingua_language_testdata_sentences.tar.xz"
+FILTERS = {"gopher_repetition": GopherRepetitionFilter, "gopher_quality": GopherQualityFilter,
+           "fineweb_quality": FineWebQualityFilter}
+FORMS = ("keywords", "menu", "salad", "boilerplate", "repeated", "teasers", "listing")
+CHARS = {"zh", "ja"}
+
+
+def lingua() -> dict[str, list[str]]:
+    out = {}
+    with tarfile.open(LINGUA) as tar:
+        for m in sorted((m for m in tar.getmembers() if m.name.endswith(".txt")), key=lambda m: m.name):
+            sents = [s.strip() for s in tar.extractfile(m).read().decode("utf-8").splitlines() if s.strip()]
+            out[Path(m.name).stem] = sents[1::2]  # held out: odd-numbered sentences
+    return out
+
+
+def _join(lang: str, sents: list[str]) -> str:
+    return ("" if lang in CHARS else " ").join(sents)
+
+
+def natural(lang: str, sents: list[str], n: int, rng: random.Random) -> list[str]:
+    docs = []
+    for i in range(0, min(len(sents), n * 10) - 9, 10):
+        chunk, paras = sents[i: i + 10], []
+        while chunk:
+            k = rng.randint(2, 4)
+            paras.append(_join(lang, chunk[:k]))
+            chunk = chunk[k:]
+        docs.append("\n".join(paras))
+    return docs
+
+
+def vocabulary(lang: str, sents: list[str]) -> list[str]:
+    if lang in CHARS:
+        text = "".join(sents)
+        words = {text[i: i + 2] for i in range(0, len(text) - 1, 2) if re.fullmatch(r"\w\w", text[i: i + 2])}
+    else:
+        words = {w for s in sents for w in re.findall(r"\w+", s) if not w.isdigit()}
+    return sorted(words)
+
+
+def unnatural(lang: str, sents: list[str], n: int, rng: random.Random) -> list[tuple[str, str]]:
+    vocab = vocabulary(lang, sents)
+    sp = "" if lang in CHARS else " "
+    out = []
+
+    def words(k: int) -> list[str]:
+        return [rng.choice(vocab) for _ in range(k)]
+
+    for _ in range(n):
+        # every page: junk that makes most of it, around two natural sentences (as spam pages
+        # carry a sentence or two of real text)
+        a, b = (_join(lang, rng.sample(sents, 1)) for _ in range(2))
+        out.append(("keywords", "\n".join([a, ", ".join(rng.sample(vocab, min(80, len(vocab)))), b])))
+        out.append(("menu", "\n".join([sp.join(words(rng.randint(1, 3))) for _ in range(40)] + [a, b])))
+        out.append(("salad", "\n".join([a] + [sp.join(words(12)) + "." for _ in range(10)] + [b])))
+        lines = [sp.join(words(rng.randint(3, 6))) for _ in range(4)]
+        out.append(("boilerplate", "\n".join(lines * 3 + [a, b] + lines * 3)))
+        para = _join(lang, rng.sample(sents, 3))
+        out.append(("repeated", "\n".join([para] * 4)))
+        teasers = []
+        for s in rng.sample(sents, 15):
+            toks = list(s) if lang in CHARS else s.split()
+            teasers.append(sp.join(toks[: max(3, len(toks) // 2)]) + "...")
+        out.append(("teasers", "\n".join(teasers)))
+        rows = [f"{sp.join(words(2))} {rng.randint(1, 999)}.{rng.randint(0, 99):02d} € | "
+                f"{rng.randint(2000, 2024)}-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d} | "
+                f"#{rng.randint(100, 99999)}" for _ in range(20)]
+        out.append(("listing", "\n".join([a] + rows + [b])))
+    return out
+
+
+def chain_kept(stages, table: pa.Table) -> np.ndarray:
+    keep = np.ones(table.num_rows, bool)
+    idx = np.arange(table.num_rows)
+    text = None
+    for st in stages:
+        res = st.run_batch(table, text)
+        k = pc.is_null(res.reasons).to_numpy(zero_copy_only=False)
+        keep[idx[~k]] = False
+        idx = idx[k]
+        table = res.table.filter(pa.array(k))
+        text = res.text.take(np.flatnonzero(k))
+        if not len(idx):
+            break
+    return keep
+
+
+def configs(fallback: bool, langs: list[str]) -> dict[str, list]:
+    out = {"english": [cls() for cls in FILTERS.values()],
+           "fineweb2": [cls(lang_config="fineweb2") for cls in FILTERS.values()]}
+    if fallback:
+        out["fallback"] = [cls(by_lang={lang: lang_rules.fallback_entry(lang)[name] for lang in langs if lang != "en"})
+                           for name, cls in FILTERS.items()]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--docs", type=int, default=40, help="natural pages per language (and unnatural pages per form / 5)")
+    ap.add_argument("--fallback", action="store_true", help="also judge every language by the no-entry fallback")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    rng = random.Random(0)
+    data = lingua()
+    ids, texts, langs, labels, forms = [], [], [], [], []
+    for lang, sents in data.items():
+        for t in natural(lang, sents, args.docs, rng):
+            texts.append(t), langs.append(lang), labels.append(1), forms.append("natural")
+        for form, t in unnatural(lang, sents, max(1, args.docs // 5), rng):
+            texts.append(t), langs.append(lang), labels.append(0), forms.append(form)
+    n = len(texts)
+    table = pa.table({"id": [str(i) for i in range(n)], "text": texts, "source": ["lingua"] * n,
+                      "lang": langs})
+    langs_a, labels_a, forms_a = np.array(langs, object), np.array(labels), np.array(forms, object)
+    kept = {}
+    for name, stages in configs(args.fallback, sorted(data)).items():
+        kept[name] = chain_kept(stages, table)
+    own = getattr(lang_rules, "has_own_entry", lambda lang: lang in lang_rules.preset("fineweb2"))
+    preset = {lang for lang in data if own(lang)}
+    names = list(kept)
+    print(f"{n} pages, {int(labels_a.sum())} natural, {int((1 - labels_a).sum())} unnatural, {len(data)} languages; "
+          f"natural dropped / unnatural caught by {' | '.join(names)}\n")
+    print("| lang | entry | " + " | ".join(f"natural dropped {x}" for x in names) + " | "
+          + " | ".join(f"unnatural caught {x}" for x in names) + " |")
+    print("|" + "---|" * (2 + 2 * len(names)))
+    figures = {"languages": {}, "forms": {}, "total": {}}
+    for lang in sorted(data) + ["all"]:
+        sel = np.ones(n, bool) if lang == "all" else langs_a == lang
+        nat, unn = sel & (labels_a == 1), sel & (labels_a == 0)
+        row = {x: {"natural_dropped": float(1 - kept[x][nat].mean()), "unnatural_caught": float(1 - kept[x][unn].mean())}
+               for x in names}
+        (figures["total"] if lang == "all" else figures["languages"]).update({lang: row} if lang != "all" else row)
+        entry = "all" if lang == "all" else ("yes" if lang in preset else "no")
+        print(f"| {lang} | {entry} | " + " | ".join(f"{row[x]['natural_dropped']:.0%}" for x in names) + " | "
+              + " | ".join(f"{row[x]['unnatural_caught']:.0%}" for x in names) + " |")
+    print("\nUnnatural pages caught per form, all languages\n")
+    print("| form | " + " | ".join(names) + " |")
+    print("|" + "---|" * (1 + len(names)))
+    for form in FORMS:
+        sel = forms_a == form
+        figures["forms"][form] = {x: float(1 - kept[x][sel].mean()) for x in names}
+        print(f"| {form} | " + " | ".join(f"{figures['forms'][form][x]:.0%}" for x in names) + " |")
+    nopre = [lang for lang in data if lang not in preset and lang != "en"]
+    if nopre:
+        sel = np.isin(langs_a, nopre)
+        print(f"\nLanguages without a preset entry ({', '.join(nopre)}): natural dropped "
+              + ", ".join(f"{x} {1 - kept[x][sel & (labels_a == 1)].mean():.0%}" for x in names)
+              + "; unnatural caught " + ", ".join(f"{x} {1 - kept[x][sel & (labels_a == 0)].mean():.0%}" for x in names))
+    if args.json:
+        args.json.write_text(json.dumps(figures, indent=1))
+
+
+if __name__ == "__main__":
+    main()
