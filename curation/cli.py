@@ -117,6 +117,45 @@ def _print_decontam_reports(run_dir: str, top: int = 10) -> None:
 
 
 @app.command()
+def status(run_dir: str = typer.Argument(..., help="run directory (local or s3://...)"),
+           watch: bool = typer.Option(False, "--watch", "-w", help="refresh until the run ends"),
+           interval: float = typer.Option(2.0, "--interval", help="seconds between refreshes with --watch"),
+           as_json: bool = typer.Option(False, "--json", help="print progress.json as it is")) -> None:
+    """A run's live progress: per phase shards done, documents and bytes per second (overall and
+    the last minute), ETA, tasks per node, and the slowest running tasks (stragglers)."""
+    import json
+    import time
+
+    from curation.io import location
+    from curation.pipeline.progress import render_status
+    from curation.pipeline.rundir import RunDir
+
+    path = RunDir(run_dir).progress_file
+
+    def read() -> dict:
+        try:
+            return json.loads(location.read_text(path))
+        except (OSError, ValueError):
+            _fail(f"{run_dir}: no progress.json (not a run directory, or the run has not started)")
+
+    if as_json:
+        print(json.dumps(read(), indent=1))
+        return
+    if not watch:
+        console.print(render_status(read()))
+        return
+    from rich.live import Live
+
+    with Live(render_status(read()), console=console, refresh_per_second=4) as live:
+        while True:
+            prog = read()
+            live.update(render_status(prog))
+            if prog.get("state") != "running":
+                break
+            time.sleep(interval)
+
+
+@app.command()
 def sql(run_dir: str = typer.Argument(..., help="run directory (local or s3://...)"),
         query: str = typer.Argument(..., help="SQL over views: kept, rejected, manifest, <stage>")) -> None:
     """Run a DuckDB query over a run's shards."""

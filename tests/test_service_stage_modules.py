@@ -119,6 +119,12 @@ def test_an_allowed_module_runs(svc):
     assert len(chars) == sum(1 for _ in JSONL.open()) and min(chars.to_pylist()) > 0
     assert _marks(svc, ALLOWED)  # imported: by the server on admission and by the run
     assert not _marks(svc, FORBIDDEN)
+    # the live figures `refinery status` shows, over HTTP
+    with svc.client() as c:
+        prog = c.get(f"/runs/{rid}/progress").raise_for_status().json()
+    live = prog["live"]["read+map"]
+    assert prog["run_state"] == "done" and live["done"] == live["total"] >= 1 and live["docs"] == len(chars)
+    assert {"docs_per_s", "bytes_per_s_1m", "eta_s", "stragglers", "nodes"} <= set(live)
 
 
 def test_the_allow_list_is_checked_before_import_in_process(tmp_path, monkeypatch):

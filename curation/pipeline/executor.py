@@ -410,6 +410,22 @@ def _root_entries(job: RootJob) -> list[dict]:
         raise
 
 
+def _task_bytes(job: RootJob) -> int:
+    """The input bytes a task reads (its byte range of an input file; 0 for a global stage's
+    shard, whose size would cost a request per task on object storage: its ETA is by tasks)."""
+    return max(0, job.shard.end - job.shard.start) if job.shard is not None else 0
+
+
+def _task_label(job: RootJob) -> str:
+    """What a straggler is called: its input file (with the byte range of a part), or the shard."""
+    s = job.shard
+    if s is None:
+        return f"{job.root}/{job.key}"
+    if s.nparts > 1:
+        return f"{job.key} {s.path} [{s.start}:{s.end}]"
+    return f"{job.key} {s.path or s.relpath}"
+
+
 def _node_id() -> str | None:
     try:
         import ray
@@ -486,7 +502,7 @@ def run_dag(dag: Dag, run_dir: str | os.PathLike, workers: int | None = None, ad
     plan = make_plan(dag)  # fails on missing inputs before any Ray work starts
     rundir.prepare(dag, overwrite)
     progress = RunProgress(rundir.write_progress, dag.name, quiet=quiet,
-                           min_write_s=2.0 if rundir.remote else 0.0)
+                           min_write_s=2.0 if rundir.remote else 0.0, workers=workers)
     dag_dict = dag.to_dict()
     failures: list[str] = []
     try:
@@ -524,6 +540,7 @@ def run_dag(dag: Dag, run_dir: str | os.PathLike, workers: int | None = None, ad
                     todo.append(RootJob(dag_dict, dag.path, dag.base_dir, rundir, root, key, shard, src,
                                         root in plan.materialize_inputs, done_stages, stored, user_stages, up))
             total, finished = len(jobs), len(jobs) - len(todo)
+            progress.tasks_planned(phase, sum(_task_bytes(j) for j in todo))
             progress.phase(phase, finished, total)
 
             def on_result(i: int, result: tuple[list[dict], str | None]) -> None:
@@ -534,13 +551,19 @@ def run_dag(dag: Dag, run_dir: str | os.PathLike, workers: int | None = None, ad
                 for e in entries:
                     progress.stage_counts(e["stage"], e)
                 finished += 1
+                root_entry = next((e for e in entries if e["stage"] == todo[i].root), entries[0] if entries else {})
+                progress.task_finished(phase, i, int(root_entry.get("rows_in", 0)), node)
                 progress.phase(phase, finished, total)
 
             def on_error(i: int, msg: str) -> None:
                 failures.append(f"{todo[i].root}/{todo[i].key}: {msg}")
+                progress.task_finished(phase, i, 0, None, ok=False)
+
+            def on_submit(i: int) -> None:
+                progress.task_started(phase, i, _task_label(todo[i]), _task_bytes(todo[i]))
 
             run_bounded(run_root_task, [(j,) for j in todo], workers, [plan.resources(j.root) for j in todo],
-                        on_result, on_error)
+                        on_result, on_error, on_submit=on_submit, on_idle=progress.write)
 
         # Phase 1: every input shard, with the row-local stages it feeds.
         run_tasks("read+map", [(name, s.key, s, None) for name, shards in plan.input_shards.items() for s in shards])

@@ -1,11 +1,65 @@
 """Progress of a run: rich bars on a terminal, plain periodic lines in logs and CI, and
-``progress.json`` in the run directory for the CLI and the service."""
+``progress.json`` in the run directory for the CLI (``refinery status``) and the service.
+
+``progress.json``: ``phases`` (done/total shards per phase), ``stages`` (documents in, out and
+rejected per stage), ``nodes`` (tasks finished per Ray node) and ``live``, per task phase:
+tasks running/done/failed, documents and input bytes finished with their rates (overall and
+over the last minute), an ETA (remaining input bytes at the last minute's byte rate, else
+remaining tasks at the mean task time), tasks done/failed per node, and the ``stragglers``:
+the 10 running tasks that have run longest, with their input and seconds so far.
+"""
 
 from __future__ import annotations
 
 import sys
 import time
+from collections import deque
 from typing import Callable
+
+#: running tasks listed as stragglers, longest first
+STRAGGLERS = 10
+#: the window of the "last minute" rates, seconds
+WINDOW_S = 60.0
+
+
+class _PhaseLive:
+    """Task-level figures of one phase (held by ``RunProgress``; ``snapshot`` is what is stored)."""
+
+    def __init__(self, started: float, total_bytes: int | None):
+        self.started = started
+        self.total_bytes = total_bytes
+        self.running: dict[object, tuple[float, str, int]] = {}  # task -> (started, label, bytes)
+        self.done = self.failed = 0
+        self.docs = self.bytes = 0
+        self.task_s = 0.0
+        self.recent: deque[tuple[float, int, int]] = deque()  # (finished at, docs, bytes)
+        self.nodes: dict[str, dict[str, int]] = {}
+
+    def snapshot(self, now: float, total: int, workers: int | None) -> dict:
+        while self.recent and now - self.recent[0][0] > WINDOW_S:
+            self.recent.popleft()
+        elapsed = max(now - self.started, 1e-9)
+        window = min(WINDOW_S, elapsed)
+        docs_1m = sum(d for _, d, _ in self.recent) / window
+        bytes_1m = sum(b for _, _, b in self.recent) / window
+        remaining = max(0, total - self.done - self.failed)
+        eta = None
+        if remaining == 0:
+            eta = 0.0
+        elif self.total_bytes and bytes_1m > 0:
+            eta = max(0.0, self.total_bytes - self.bytes) / bytes_1m
+        elif self.done:
+            eta = remaining * (self.task_s / self.done) / max(1, workers or len(self.running) or 1)
+        slow = sorted(self.running.values())[:STRAGGLERS]
+        return {"running": len(self.running), "done": self.done, "failed": self.failed, "total": total,
+                "docs": self.docs, "bytes": self.bytes, "total_bytes": self.total_bytes,
+                "elapsed_s": round(elapsed, 3),
+                "docs_per_s": round(self.docs / elapsed, 3), "bytes_per_s": round(self.bytes / elapsed, 3),
+                "docs_per_s_1m": round(docs_1m, 3), "bytes_per_s_1m": round(bytes_1m, 3),
+                "eta_s": None if eta is None else round(eta, 1),
+                "nodes": self.nodes,
+                "stragglers": [{"task": label, "bytes": nbytes, "running_s": round(now - t0, 1)}
+                               for t0, label, nbytes in slow]}
 
 
 class RunProgress:
@@ -13,14 +67,18 @@ class RunProgress:
     out (a PUT per finished shard would be wasteful on object storage); ``finish`` always writes."""
 
     def __init__(self, write: Callable[[dict], None], name: str, quiet: bool = False, interval_s: float = 5.0,
-                 min_write_s: float = 0.0):
+                 min_write_s: float = 0.0, clock: Callable[[], float] = time.time, workers: int | None = None):
         self._store = write
+        self._clock = clock
+        self.workers = workers
+        self._live: dict[str, _PhaseLive] = {}
         self.min_write_s = min_write_s
         self._last_write = 0.0
         self.name = name
         self.quiet = quiet
         self.interval_s = interval_s
-        self.state: dict = {"name": name, "state": "running", "started": time.time(), "phases": {}, "stages": {}}
+        self.state: dict = {"name": name, "state": "running", "started": clock(), "phases": {}, "stages": {},
+                            "live": {}}
         self._last_line = 0.0
         self._bar = None
         self._tasks: dict[str, int] = {}
@@ -42,6 +100,39 @@ class RunProgress:
             print(f"[refinery] {self.name}: {phase} {done}/{total} shards", file=sys.stderr, flush=True)
         self.write()
 
+    # -- tasks: rates, ETA, stragglers -----------------------------------------------------
+
+    def tasks_planned(self, phase: str, total_bytes: int | None = None) -> None:
+        """A task phase starts; ``total_bytes``: the input bytes its tasks will read, if known."""
+        self._live[phase] = _PhaseLive(self._clock(), total_bytes)
+
+    def task_started(self, phase: str, task: object, label: str, nbytes: int = 0) -> None:
+        live = self._live.setdefault(phase, _PhaseLive(self._clock(), None))
+        live.running[task] = (self._clock(), label, int(nbytes))
+        self.write()
+
+    def task_finished(self, phase: str, task: object, docs: int, node: str | None = None, ok: bool = True) -> None:
+        live = self._live.setdefault(phase, _PhaseLive(self._clock(), None))
+        now = self._clock()
+        t0, _, nbytes = live.running.pop(task, (now, "", 0))
+        per_node = live.nodes.setdefault(node or "-", {"done": 0, "failed": 0})
+        if ok:
+            live.done += 1
+            live.docs += int(docs)
+            live.bytes += nbytes
+            live.task_s += now - t0
+            live.recent.append((now, int(docs), nbytes))
+            per_node["done"] += 1
+        else:
+            live.failed += 1
+            per_node["failed"] += 1
+
+    def _snapshot_live(self) -> None:
+        now = self._clock()
+        for phase, live in self._live.items():
+            total = self.state["phases"].get(phase, {}).get("total", live.done + live.failed + len(live.running))
+            self.state["live"][phase] = live.snapshot(now, total, self.workers)
+
     def stage_counts(self, stage: str, entry: dict) -> None:
         s = self.state["stages"].setdefault(stage, {"shards": 0, "docs_in": 0, "docs_out": 0, "rejected": 0})
         s["shards"] += 1
@@ -57,7 +148,7 @@ class RunProgress:
 
     def finish(self, state: str, error: str | None = None) -> None:
         self.state["state"] = state
-        self.state["finished"] = time.time()
+        self.state["finished"] = self._clock()
         if error:
             self.state["error"] = error
         self.write(force=True)
@@ -65,8 +156,77 @@ class RunProgress:
             self._bar.stop()
 
     def write(self, force: bool = False) -> None:
-        now = time.time()
+        now = self._clock()
         if not force and now - self._last_write < self.min_write_s:
             return
+        self._snapshot_live()
         self._last_write = self.state["updated"] = now
         self._store(self.state)
+
+
+# ---------------------------------------------------------------------------------------------
+# `refinery status`
+
+
+def _human_bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _duration(s: float | None) -> str:
+    if s is None:
+        return "?"
+    s = int(round(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def render_status(progress: dict):
+    """``progress.json`` as a rich renderable: per phase a bar (done/total), documents and bytes
+    per second (overall and the last minute), ETA, tasks per node; then the stragglers."""
+    from rich.console import Group
+    from rich.progress_bar import ProgressBar
+    from rich.table import Table
+
+    state = progress.get("state", "?")
+    end = progress.get("finished") or progress.get("updated") or time.time()
+    head = f"{progress.get('name', '?')}: {state}, {_duration(end - progress.get('started', end))}"
+    if progress.get("error"):
+        head += f"  error: {progress['error'].splitlines()[0]}"
+    t = Table(title=head, title_justify="left", caption="rates: overall / last minute", caption_justify="left")
+    for c in ("phase", "", "shards", "docs", "docs/s", "bytes/s", "ETA"):
+        t.add_column(c, justify="left" if c in ("phase", "") else "right", no_wrap=c != "shards")
+    live = progress.get("live") or {}
+    stragglers, nodes_rows = [], []
+    for phase, p in (progress.get("phases") or {}).items():
+        lv = live.get(phase) or {}
+        done, total = p.get("done", 0), p.get("total", 0)
+        shards = f"{done}/{total}"
+        if lv.get("running") or lv.get("failed"):
+            shards += f" ({lv.get('running', 0)} running, {lv.get('failed', 0)} failed)"
+        t.add_row(phase, ProgressBar(total=max(total, 1), completed=done, width=10), shards,
+                  f"{lv['docs']:,}" if lv else "-",
+                  f"{lv['docs_per_s']:,.0f} / {lv['docs_per_s_1m']:,.0f}" if lv else "-",
+                  f"{_human_bytes(lv['bytes_per_s'])} / {_human_bytes(lv['bytes_per_s_1m'])}" if lv else "-",
+                  _duration(lv.get("eta_s")) if lv else "-")
+        stragglers += [(phase, s) for s in lv.get("stragglers", [])]
+        nodes_rows += [(phase, n, c) for n, c in sorted((lv.get("nodes") or {}).items())]
+    parts = [t]
+    if len({n for _, n, _ in nodes_rows}) > 1:
+        nt = Table(title="tasks per node", title_justify="left")
+        for c in ("phase", "node", "done", "failed"):
+            nt.add_column(c, justify="left" if c in ("phase", "node") else "right")
+        for phase, n, c in nodes_rows:
+            nt.add_row(phase, n[:16], str(c["done"]), str(c["failed"]))
+        parts.append(nt)
+    if stragglers:
+        s = Table(title="slowest running tasks", title_justify="left")
+        for c in ("phase", "task", "running", "bytes"):
+            s.add_column(c, justify="right" if c in ("running", "bytes") else "left")
+        for phase, x in sorted(stragglers, key=lambda ps: -ps[1]["running_s"])[:STRAGGLERS]:
+            s.add_row(phase, x["task"], _duration(x["running_s"]), _human_bytes(x.get("bytes")))
+        parts.append(s)
+    return Group(*parts)

@@ -42,11 +42,14 @@ def _measured(fn: Callable[..., Any], job: Any, star: bool) -> tuple[Any, float,
 
 def run_bounded(fn: Callable[..., Any], jobs: Sequence[tuple], workers: int,
                 resources: Resources | Sequence[Resources],
-                on_result: Callable[[int, Any], None], on_error: Callable[[int, str], None]) -> None:
+                on_result: Callable[[int, Any], None], on_error: Callable[[int, str], None],
+                on_submit: Callable[[int], None] | None = None, on_idle: Callable[[], None] | None = None,
+                idle_s: float = 5.0) -> None:
     """Call ``fn(*jobs[i])`` as Ray tasks with at most ``workers`` in flight (backpressure: the
     driver holds ``workers`` references, never one per job), each with its resources (one for
     all, or one per job). Results and errors are handed over in completion order with the
-    job's index."""
+    job's index. ``on_submit(i)`` when job ``i`` is handed to Ray; ``on_idle()`` every
+    ``idle_s`` seconds in which nothing finished (live progress: stragglers' running times)."""
     import ray
 
     remote = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=RETRY_EXCEPTIONS)(fn)
@@ -57,8 +60,12 @@ def run_bounded(fn: Callable[..., Any], jobs: Sequence[tuple], workers: int,
         while nxt < len(jobs) and len(inflight) < max(1, workers):
             res = resources[nxt] if per_job else resources
             inflight[remote.options(**res.ray_options()).remote(*jobs[nxt])] = nxt
+            if on_submit is not None:
+                on_submit(nxt)
             nxt += 1
-        ready, _ = ray.wait(list(inflight), num_returns=1)
+        ready, _ = ray.wait(list(inflight), num_returns=1, timeout=idle_s if on_idle is not None else None)
+        if not ready and on_idle is not None:
+            on_idle()
         for ref in ready:
             i = inflight.pop(ref)
             try:

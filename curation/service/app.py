@@ -545,6 +545,18 @@ def create_app(runs_dir: str | Path, token: str, address: str | None = None,
         """State (queued, running, done, failed, cancelled), per-phase and per-stage progress, timings."""
         return JSONResponse(runs.describe(run_id))
 
+    @app.get("/runs/{run_id}/progress", tags=["runs"])
+    def get_progress(run_id: str) -> dict:
+        """The run's progress.json as `refinery status` shows it: per phase shards done, and under
+        ``live`` tasks running/done/failed (per node), documents and bytes per second (overall and
+        the last minute), ETA and the slowest running tasks; ``run_state`` is the service's view."""
+        d = runs.run_dir(run_id)
+        try:
+            progress = json.loads(Path(RunDir(d).progress_file).read_text())
+        except (OSError, ValueError):
+            progress = {}
+        return {**progress, "run_state": runs.describe(run_id, detail=False)["state"]}
+
     @app.get("/runs/{run_id}/dag", tags=["runs"])
     def get_dag(run_id: str) -> dict:
         """The DAG as submitted and as run (inputs pinned to resolved files, defaults filled in)."""

@@ -1,0 +1,76 @@
+"""Live progress (curation/pipeline/progress.py): per task phase, documents and bytes per second
+overall and over the last minute, an ETA, tasks per node, and the stragglers (the running tasks
+that have run longest); ``refinery status RUN`` shows them. A fake clock drives the arithmetic;
+then a real run's progress.json carries them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import DATA
+from curation.pipeline.progress import RunProgress
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_rates_eta_and_stragglers_from_task_events():
+    clock, stored = Clock(), []
+    p = RunProgress(lambda s: stored.append(json.loads(json.dumps(s))), "x", quiet=True, clock=clock, workers=2)
+    p.tasks_planned("read+map", total_bytes=1000)
+    p.phase("read+map", 0, 10)
+    for i in range(4):
+        p.task_started("read+map", i, f"in-{i}.warc.gz", 100)
+        clock.t += 1
+    clock.t = 1010.0
+    p.task_finished("read+map", 1, docs=50, node="n1")
+    p.task_finished("read+map", 2, docs=30, node="n2")
+    p.task_finished("read+map", 3, docs=0, node=None, ok=False)
+    p.phase("read+map", 2, 10)
+    live = stored[-1]["live"]["read+map"]
+    assert (live["running"], live["done"], live["failed"], live["total"]) == (1, 2, 1, 10)
+    assert (live["docs"], live["bytes"]) == (80, 200)
+    assert live["docs_per_s"] == pytest.approx(8.0) and live["bytes_per_s"] == pytest.approx(20.0)
+    assert live["docs_per_s_1m"] == pytest.approx(8.0)  # the window is the 10 s the phase has run
+    assert live["eta_s"] == pytest.approx(800 / 20.0)  # remaining bytes at the last minute's byte rate
+    assert live["stragglers"] == [{"task": "in-0.warc.gz", "bytes": 100, "running_s": 10.0}]
+    assert live["nodes"] == {"n1": {"done": 1, "failed": 0}, "n2": {"done": 1, "failed": 0},
+                             "-": {"done": 0, "failed": 1}}
+    # two minutes later with nothing finished: the last minute's rates fall to 0, the overall ones stay
+    clock.t = 1130.0
+    p.write()
+    live = stored[-1]["live"]["read+map"]
+    assert live["docs_per_s_1m"] == 0 and live["docs_per_s"] == pytest.approx(80 / 130, abs=1e-3)
+    assert live["stragglers"][0]["running_s"] == 130.0
+    assert live["eta_s"] == pytest.approx(7 * 8.5 / 2, abs=0.1)  # no byte rate: remaining tasks x mean task time / workers
+
+
+def test_a_run_writes_live_figures_and_status_shows_them(tmp_path, ray_session):
+    from curation.cli import app
+    from curation.pipeline.dag import parse_dag
+    from curation.pipeline.executor import run_dag
+
+    dag = parse_dag({"name": "live", "inputs": {"math": {"format": "jsonl", "source": "math", "text_field": "question",
+                                                          "paths": [str(DATA / "jsonl" / "gsm8k_train_head400.jsonl")],
+                                                          "split_bytes": 40_000}},
+                     "stages": {"g": {"type": "gopher_quality", "min_doc_words": 1}}}, "live.yaml")
+    run_dag(dag, tmp_path / "run", workers=2, quiet=True)
+    prog = json.loads((tmp_path / "run" / "progress.json").read_text())
+    live = prog["live"]["read+map"]
+    assert live["done"] == live["total"] == prog["phases"]["read+map"]["total"] > 1
+    assert live["running"] == 0 and live["stragglers"] == [] and live["eta_s"] == 0
+    assert live["docs"] == 400 and live["bytes"] == (DATA / "jsonl" / "gsm8k_train_head400.jsonl").stat().st_size
+    assert live["docs_per_s"] > 0 and sum(n["done"] for n in live["nodes"].values()) == live["total"]
+    out = CliRunner().invoke(app, ["status", str(tmp_path / "run")])
+    assert out.exit_code == 0, out.output
+    assert "read+map" in out.output and "docs/s" in out.output and "done" in out.output
+    out = CliRunner().invoke(app, ["status", str(tmp_path / "run"), "--json"])
+    assert json.loads(out.output)["live"]["read+map"]["docs"] == 400
