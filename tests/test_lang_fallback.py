@@ -103,3 +103,43 @@ def test_the_preset_hashes_its_fallback(cls):
     """The fallback entries are part of the stage's parameters: a new preset version rehashes."""
     p = json.loads(json.dumps(cls(lang_config="fineweb2").params()))
     assert p["by_lang"]["tl"] == lang_rules.fallback_entry("tl")[cls().type]
+
+
+def test_auto_catches_word_salad_that_the_stop_word_count_lets_through():
+    """``lang_config: auto``: fineweb2 plus the share of stop words, calibrated per language. A
+    page of word salad around two real sentences has FineWeb-2's 2 stop words, not their share."""
+    rng = random.Random(1)
+    rows = []
+    for lang in ("ko", "tl", "sn", "zu", "la", "te"):
+        pages = [r["text"] for r in NATURAL if r["lang"] == lang]
+        vocab = sorted({w for p in pages for w in p.split() if w.isalpha()})
+        sents = "\n".join(pages).split("\n")
+        salad = [" ".join(rng.choice(vocab) for _ in range(12)) + "." for _ in range(10)]
+        rows.append({"lang": lang, "text": "\n".join([sents[0], *salad, sents[1]])})
+    de = [json.loads(line) for line in gzip.open(DATA / "pages.jsonl.gz", "rt", encoding="utf-8")]
+    de = [p for p in de if p["lang"] == "de"]
+    words = sorted({w for p in de for w in p["text"].split() if w.isalpha()})
+    salad = "\n".join(" ".join(rng.choice(words) for _ in range(12)) + "." for _ in range(12))
+    rows.append({"lang": "de", "text": de[0]["text"].split("\n")[0] + "\n" + salad})
+    table = _table(rows)
+    fineweb2 = _kept([cls(lang_config="fineweb2") for cls in FILTERS], table)
+    auto = _kept([cls(lang_config="auto") for cls in FILTERS], table)
+    assert fineweb2[-1] and not auto[-1]  # German: the stop-word count passes, the share does not
+    assert auto.sum() <= fineweb2.sum()
+    # natural German pages and the pages of languages without a list are kept as with fineweb2
+    nat = _table([{"lang": "de", "text": p["text"]} for p in de] + NATURAL)
+    assert (_kept([cls(lang_config="auto") for cls in FILTERS], nat)
+            == _kept([cls(lang_config="fineweb2") for cls in FILTERS], nat)).all()
+
+
+def test_the_stop_word_share_is_off_and_unhashed_by_default():
+    plain = GopherQualityFilter()
+    assert "min_stop_words_frac" not in plain.params() and "stop_words_frac" not in plain.signal_params()
+    cols = plain.measure(_table(NATURAL[:2]))[0].column_names
+    assert "gopher_stop_words_frac" not in cols
+    auto = GopherQualityFilter(lang_config="auto")
+    assert auto.signal_params()["stop_words_frac"] is True
+    assert "gopher_stop_words_frac" in auto.measure(_table(NATURAL[:2]))[0].column_names
+    # a threshold change re-decides, it does not re-measure
+    assert auto.signal_params() == GopherQualityFilter(lang_config="auto", by_lang={"de": {"min_stop_words_frac": 0.2}}
+                                                       ).signal_params()

@@ -355,7 +355,7 @@ def test_an_unknown_by_lang_field_fails_with_a_clear_message():
     ({"type": "gopher_quality", "by_lang": ["de"]}, "a mapping of language code"),
     ({"type": "gopher_quality", "by_lang": {"de": 2}}, "de: a mapping of gopher_quality fields"),
     ({"type": "gopher_repetition", "by_lang": {"de": {"top_n_grams": {0: 0.1}}}}, "n-gram size must be at least 1"),
-    ({"type": "gopher_quality", "lang_config": "fineweb3"}, "unknown preset 'fineweb3' (known: fineweb2)"),
+    ({"type": "gopher_quality", "lang_config": "fineweb3"}, "unknown preset 'fineweb3' (known: auto, fineweb2)"),
     ({"type": "c4_quality", "lang_config": "fineweb2"}, "preset 'fineweb2' has no values for c4_quality"),
 ])
 def test_bad_per_language_rules_fail_with_a_clear_message(stage, expect):

@@ -435,6 +435,13 @@ class GopherQualityFilter(_FilterStage):
     min_alpha_words_ratio: float | None = Field(0.8, ge=0, le=1)
     min_stop_words: int | None = Field(2, ge=0)
     stop_words: list[str] = Field(default_factory=lambda: list(GOPHER_STOP_WORDS))
+    #: Drop when fewer than this share of the words are stop words (occurrences, not distinct):
+    #: the stop-word count alone lets a long page of word salad through on two real sentences.
+    #: Off (None) by default, and then not measured nor hashed; ``lang_config: auto`` sets it
+    #: per language (calibrated on natural text). Signal ``gopher_stop_words_frac`` is measured
+    #: for every row when any language's rule is on.
+    min_stop_words_frac: float | None = Field(None, ge=0, le=1)
+    _stop_frac: bool = PrivateAttr(False)
 
     rules: ClassVar[tuple[Rule, ...]] = (
         Rule("empty", "text", "empty"),
@@ -448,7 +455,30 @@ class GopherQualityFilter(_FilterStage):
         Rule("ellipsis_lines_frac", "gopher_ellipsis_lines_frac", ">", "max_ellipsis_lines_ratio"),
         Rule("alpha_words_frac", "gopher_alpha_words_frac", "<", "min_alpha_words_ratio"),
         Rule("stop_words", "gopher_stop_words", "<", "min_stop_words"),
+        Rule("stop_words_frac", "gopher_stop_words_frac", "<", "min_stop_words_frac"),
     )
+
+    def _wants_stop_frac(self) -> bool:
+        return self.min_stop_words_frac is not None or any(
+            e.get("min_stop_words_frac") is not None for e in self.lang_table().values())
+
+    def measure_view(self, lang):
+        v = super().measure_view(lang)
+        v._stop_frac = self._wants_stop_frac()
+        return v
+
+    def params(self):
+        p = super().params()
+        if p.get("min_stop_words_frac") is None:
+            p.pop("min_stop_words_frac", None)  # off: hashes as before the rule existed
+        return p
+
+    def signal_params(self):
+        p = super().signal_params()
+        p.pop("min_stop_words_frac", None)
+        if self._wants_stop_frac():
+            p["stop_words_frac"] = True
+        return p
 
     def signals(self, text):
         texts = text.texts
@@ -482,6 +512,8 @@ class GopherQualityFilter(_FilterStage):
             "gopher_ellipsis_lines_frac": safe_div(lines.per_doc_sum(ell_end), n_lines),
             "gopher_alpha_words_frac": safe_div(np.bincount(doc[words.alpha], minlength=n), n_words),
             "gopher_stop_words": n_stop,
+            **({"gopher_stop_words_frac": safe_div(np.bincount(doc[has_stop & real], minlength=n), n_real)}
+               if self._stop_frac or self.min_stop_words_frac is not None else {}),
         }
 
 

@@ -19,7 +19,8 @@ punctuation), ``boilerplate`` (4 short lines repeated 12 times around one senten
 "word" is two characters.
 
 Configurations: ``english`` (the stages' own rules for every page), ``fineweb2``
-(``lang_config: fineweb2``); with ``--fallback`` also ``fallback``: every language judged by
+(``lang_config: fineweb2``), ``auto`` (``lang_config: auto``: fineweb2 plus the stop-word share
+calibrated on lingua's other, even-numbered sentences) where it exists; with ``--fallback`` also ``fallback``: every language judged by
 the entry a language without a preset entry gets (``lang_rules.fallback_entry``), given as
 ``by_lang`` — a leave-one-out check of the fallback on languages whose real entry is known.
 Prints one table per language and the totals; ``--json`` writes the figures.
@@ -140,6 +141,8 @@ def chain_kept(stages, table: pa.Table) -> np.ndarray:
 def configs(fallback: bool, langs: list[str]) -> dict[str, list]:
     out = {"english": [cls() for cls in FILTERS.values()],
            "fineweb2": [cls(lang_config="fineweb2") for cls in FILTERS.values()]}
+    if "auto" in lang_rules.presets():
+        out["auto"] = [cls(lang_config="auto") for cls in FILTERS.values()]
     if fallback:
         out["fallback"] = [cls(by_lang={lang: lang_rules.fallback_entry(lang)[name] for lang in langs if lang != "en"})
                            for name, cls in FILTERS.items()]
