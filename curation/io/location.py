@@ -125,6 +125,19 @@ def files_under(url: str | Path) -> dict[str, int]:
     return {fs.unstrip_protocol(k): int(v.get("size") or 0) for k, v in found.items() if v.get("type") != "directory"}
 
 
+def sizes(urls: list[str]) -> list[int]:
+    """The size in bytes of each file: a stat each locally; on object storage one listing per
+    folder, not one request per file."""
+    if not urls or not is_remote(urls[0]):
+        return [os.stat(local(u)).st_size for u in urls]
+    found: dict[str, int] = {}
+    for folder in dict.fromkeys(parent(u) for u in urls):
+        fs, p = fs_path(folder)
+        for e in fs.ls(p, detail=True):
+            found[name(e["name"])] = int(e.get("size") or 0)
+    return [found.get(name(u), 0) for u in urls]
+
+
 def is_empty_dir(url: str | Path) -> bool:
     """True when ``url`` holds nothing (or does not exist)."""
     if not is_remote(url):

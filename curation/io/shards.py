@@ -1,4 +1,5 @@
-"""A processed batch split into kept rows and rejected rows (with ``stage`` and ``reason``)."""
+"""A processed batch split into kept rows and rejected rows (with ``stage`` and ``reason``);
+upstream shards grouped into blocks of bounded bytes (a global stage's map tasks)."""
 
 from __future__ import annotations
 
@@ -16,3 +17,29 @@ def split_kept_rejected(table: pa.Table, reasons: pa.Array | None, stage: str) -
     rejected = rejected.append_column("stage", pa.array([stage] * rejected.num_rows, pa.string()))
     rejected = rejected.append_column("reason", reasons.filter(drop).cast(pa.string()))
     return table.filter(keep), rejected
+
+
+#: a block of upstream shards holds about this many bytes on disk (fewer when the whole input
+#: is small: see ``blocks``)
+BLOCK_BYTES = 32 << 20
+#: the input is cut into at least this many blocks (when it has as many shards)
+MIN_BLOCKS = 16
+
+
+def blocks(sizes: list[int], target: int = BLOCK_BYTES, min_blocks: int = MIN_BLOCKS) -> list[tuple[int, int]]:
+    """Consecutive shards grouped into blocks ``[lo, hi)`` of at most ``target`` bytes (at
+    most ``total / min_blocks`` when that is smaller; a larger shard is a block alone). A
+    global stage runs one map task per block, so its tasks and intermediate files grow with the
+    data's bytes, not with how many shards hold them. A pure function of the sizes: never of
+    the worker count, so a resumed run finds the same blocks."""
+    total = sum(sizes)
+    cap = max(1, min(target, total // max(1, min_blocks)))
+    out, lo, acc = [], 0, 0
+    for i, n in enumerate(sizes):
+        if i > lo and acc + n > cap:
+            out.append((lo, i))
+            lo, acc = i, 0
+        acc += n
+    if lo < len(sizes):
+        out.append((lo, len(sizes)))
+    return out

@@ -15,7 +15,9 @@ A job is a frozen dataclass (its fields are the task's arguments) and the task r
 JSON-able dict. A phase records each finished job's result in ``_work/HASH/_phases/NAME.jsonl``,
 so a rerun after a kill skips what finished and returns the recorded results; a ``commit``
 phase's jobs carry ``out = ctx.output(key)``; their tasks write through it and return manifest
-entries, committed as they arrive, and a rerun skips jobs whose ``out.key`` is committed.
+entries, committed as they arrive, and a rerun skips jobs whose ``out.key`` is committed. A job
+that writes several shards (a shuffle's reducer writing the outputs of its partition) carries
+``outs`` instead and returns the list of their entries; it is skipped once all are committed.
 Every phase is timed and records the largest worker peak RSS; both go into ``_phases.json``. Failures follow ``curation.pipeline.tasks``' rule and raise
 ``TasksFailed`` at the end of the phase.
 """
@@ -40,6 +42,14 @@ if TYPE_CHECKING:  # pragma: no cover
 
 PHASES = "_phases"
 PHASES_REPORT = "_phases.json"
+#: a phase log is appended every this many results or seconds, whichever comes first
+LOG_BATCH, LOG_SECONDS = 256, 1.0
+
+
+def _outs(job: Any) -> tuple:
+    """The output shards a commit phase's job writes: ``job.outs`` (a task writing several
+    shards returns a list of their entries) or ``job.out``."""
+    return tuple(job.outs) if hasattr(job, "outs") else (job.out,)
 
 
 class RunView:
@@ -147,7 +157,11 @@ class GlobalContext:
         log = location.join(self.work_dir, PHASES, f"{name}.jsonl")
         if commit:
             entries = self.committed()
-            done = {i: entries[j.out.key] for i, j in enumerate(jobs) if j.out.key in entries}
+            done = {}
+            for i, j in enumerate(jobs):
+                outs = _outs(j)
+                if all(o.key in entries for o in outs):
+                    done[i] = [entries[o.key] for o in outs] if hasattr(j, "outs") else entries[j.out.key]
         else:
             recorded = parse_lines(files.read_lines(log))
             done = {i: recorded[str(i)]["result"] for i in range(len(jobs)) if str(i) in recorded}
@@ -160,9 +174,17 @@ class GlobalContext:
             results = [done.get(i) for i in range(len(jobs))]
         todo = [i for i in range(len(jobs)) if i not in done]
         label = f"{self.name}:{name}"
-        finished, pending = len(done), []
+        finished, pending, lines = len(done), [], []
+        flushed = time.monotonic()
         done = {}
         self.report(label, finished, len(jobs))
+
+        def flush_lines() -> None:
+            nonlocal flushed
+            if lines:
+                files.append_lines(log, "".join(lines))
+                lines.clear()
+            flushed = time.monotonic()
 
         def on_result(k: int, out: Any) -> None:
             nonlocal finished, acc
@@ -172,13 +194,16 @@ class GlobalContext:
             else:
                 results[i] = out
             if commit:
-                pending.append(out)
+                pending.extend(out if isinstance(out, list) else [out])
                 if len(pending) >= max(1, self.workers):  # batched: one append per few shards
                     self.commit(pending)
                     pending.clear()
             else:
-                # keyed like a manifest line, so the same parser reads it
-                files.append_lines(log, json.dumps({"shard": str(i), "result": out}, sort_keys=True) + "\n")
+                # keyed like a manifest line, so the same parser reads it; appended in batches
+                # (a result lost to a kill is recomputed): many small tasks cost no fsync each
+                lines.append(json.dumps({"shard": str(i), "result": out}, sort_keys=True) + "\n")
+                if len(lines) >= LOG_BATCH or time.monotonic() - flushed >= LOG_SECONDS:
+                    flush_lines()
             finished += 1
             self.report(label, finished, len(jobs))
 
@@ -187,6 +212,7 @@ class GlobalContext:
         finally:
             if pending:
                 self.commit(pending)
+            flush_lines()
         self.phases[name].update(jobs=len(jobs), ran=len(todo))
         return acc if fold is not None else results
 

@@ -12,7 +12,8 @@ A global stage reads as a list of resumable phases::
     ctx.write_report(REPORT, {...})
 
 A job is a frozen dataclass; a commit phase's jobs carry ``out = ctx.output(key)`` (a
-``ShardSink``), through which their tasks write and which returns the manifest entry.
+``ShardSink``), through which their tasks write and which returns the manifest entry, or
+``outs`` (several sinks: a task writing several shards returns the list of their entries).
 
 This module is a leaf: ``curation.stages.base`` refers to it, not the other way round (a
 stage and ``Resources`` appear here as ``Any``).

@@ -1,26 +1,41 @@
 """Mix sources to target token shares: subsample large ones, upsample small ones (whole epochs
 plus a partial one, at most ``max_epochs``), interleave so every prefix is near the mix.
 
-Nothing per document is planned on the driver (``curation.sampling.mixture``). Phases, all
-deterministic under ``seed`` and independent of the worker count:
+Nothing per document is planned on the driver (``curation.sampling.mixture``). Upstream shards
+are grouped into blocks of bounded bytes (``curation.io.shards.blocks``): one map task per
+block, so tasks and intermediate files grow with the data, not with the number of shards.
+Phases, all deterministic under ``seed`` and independent of the worker count:
 
-1. count (one task per upstream shard): documents and tokens per source, and a histogram of the
+1. count (one task per block): documents and tokens per source, and a histogram of the
    documents' keys ``u = hash(seed, source, id)`` by their top digit, merged as they arrive.
 2. refineN (only while a source's cut bin is large): the next digit's histogram in that bin.
-3. cut (one task per shard): the few documents of each source's final bin; the driver then
+3. cut (one task per block): the few documents of each source's final bin; the driver then
    fixes each source's partial-epoch cut ``(u, id)``: a document's copies are a function of
    (seed, source, id, cut) alone.
-4. scatter (one task per upstream shard): write each copy (ids ``...#epochN`` after the first)
-   with its position into one file per shard, indexed by output shard; unselected rows to
+4. fillN: the gap the cut leaves, filled first-fit from the documents after it in (u, id)
+   order; each task sends its first ``FILL_PER_TASK`` that fit, and the driver folds them into
+   the ``FILL_PER_TASK`` smallest as they arrive (it holds O(sources x FILL_PER_TASK), whatever
+   the number of shards).
+5. scatter (one task per block): each copy (ids ``...#epochN`` after the first) with its
+   position, into one file per block indexed by partition; unselected rows to
    ``rejected/STAGE/<shard>.parquet`` (``mix:subsampled``, ``mix:not_in_weights``).
-5. gather (one task per output shard): its row groups of every scatter file, sorted by position,
-   written as ``STAGE/<STAGE>-00000.parquet``... Files written: upstream + output shards.
+6. gather (one task per partition): its row groups of every scatter file, sorted by position,
+   written as its consecutive output shards ``STAGE/<STAGE>-00000.parquet``...
+
+Output shard ``j`` holds the copies with position in ``[j/n, (j+1)/n)`` (``n`` output shards
+of about ``rows_per_shard`` rows), sorted by (position, upstream shard, rank in its shard);
+partitions are runs of consecutive output shards, as many as the copies' bytes need
+(``PARTITION_BYTES`` each, from the upstream's row-group sizes; at least ``MIN_PARTITIONS``),
+never more than ``n``. The
+shuffle reads blocks x partitions row-group ranges and writes blocks + outputs files. (Version
+3: the same output bytes as version 2, which scattered per shard and gathered per output.)
 
 ``RUN/STAGE/_mix_report.json`` lists, per source, the target and the realised tokens.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -33,7 +48,7 @@ from pydantic import Field, model_validator
 from curation.io import location
 from curation.io.artifacts import read_partition, write_partitioned
 from curation.io.files import safe_names
-from curation.io.shards import split_kept_rejected
+from curation.io.shards import blocks, split_kept_rejected
 from curation.sampling.mixture import (
     BINS,
     Cut,
@@ -51,7 +66,12 @@ from curation.stages.base import GlobalStage, registry
 from curation.stages.context import ShardSink, StageContext
 
 REPORT = "_mix_report.json"
-MIX_VERSION = 2  # 2: per-document choice from (seed, source, id); positions per shard
+MIX_VERSION = 3  # 2: per-document choice from (seed, source, id); 3: scatter per block, gather per partition
+#: bytes (uncompressed, from row-group sizes) of the copies one gather task holds
+PARTITION_BYTES = 256 << 20
+#: at least this many partitions (when there are as many output shards): small inputs still
+#: gather on every worker
+MIN_PARTITIONS = 16
 
 
 class MixError(ValueError):
@@ -83,10 +103,20 @@ def _token_column(path: str, names: list[str]) -> str:
     raise MixError(f"mix: {path} has neither num_tokens nor input_ids; put a tokenize stage before mix")
 
 
-def read_choice_columns(path: str) -> pa.Table:
-    """The only columns a document's copies depend on: id, source and its tokens."""
-    names = location.read_schema(path).names
-    return location.read_parquet(path, columns=["id", "source", _token_column(path, names)])
+def read_choice_columns(path: str) -> tuple[pa.Table, int]:
+    """The only columns a document's copies depend on: id, source and its tokens; and the
+    shard's uncompressed bytes (all columns, from its row groups' sizes)."""
+    pf = location.parquet_file(path)
+    md = pf.metadata
+    nbytes = sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups))
+    return pf.read(columns=["id", "source", _token_column(path, pf.schema_arrow.names)]), nbytes
+
+
+def _groups(paths: tuple[str, ...], seed: int, only: set[str] | None = None):
+    """Each shard of a block: (its choice columns grouped by source, its bytes)."""
+    for p in paths:
+        t, nbytes = read_choice_columns(p)
+        yield source_docs(t, p, seed, only), nbytes
 
 
 @dataclass
@@ -124,68 +154,93 @@ _NONE = SourceDocs(np.zeros(0, np.int64), [], np.zeros(0, np.uint64), np.zeros(0
 
 @dataclass(frozen=True)
 class CountJob:
-    path: str
+    paths: tuple[str, ...]  # a block of upstream shards
     seed: int
 
 
 def count_task(job: CountJob) -> dict:
-    """Phase ``count``: per source, documents, tokens and the top-digit histogram of ``u``."""
-    out = {}
-    for s, d in source_docs(read_choice_columns(job.path), job.path, job.seed).items():
-        docs, toks = histogram(d.u, d.tokens, Prefix())
-        out[s] = {"docs": len(d.rows), "tokens": int(d.tokens.sum()), "hist": [docs, toks]}
+    """Phase ``count``: per source, documents, tokens and the top-digit histogram of ``u``;
+    and the block's documents and uncompressed bytes."""
+    out: dict = {"sources": {}, "docs": 0, "bytes": 0}
+    for groups, nbytes in _groups(job.paths, job.seed):
+        out["bytes"] += nbytes
+        for s, d in groups.items():
+            docs, toks = histogram(d.u, d.tokens, Prefix())
+            _merge_source(out["sources"], s, {"docs": len(d.rows), "tokens": int(d.tokens.sum()), "hist": [docs, toks],
+                                              "min_tokens": int(d.tokens.min()) if len(d.rows) else None})
+            out["docs"] += len(d.rows)
     return out
 
 
 @dataclass(frozen=True)
 class RefineJob:
-    path: str
+    paths: tuple[str, ...]
     seed: int
     prefixes: tuple[tuple[str, Prefix], ...]  # (source, prefix) of each source still refining
 
 
 def refine_task(job: RefineJob) -> dict:
     """Phase ``refineN``: per refining source, the next digit's histogram inside its prefix."""
-    groups = source_docs(read_choice_columns(job.path), job.path, job.seed, {s for s, _ in job.prefixes})
-    out = {}
-    for s, prefix in job.prefixes:
-        d = groups.get(s, _NONE)
-        out[s] = list(histogram(d.u, d.tokens, prefix))
+    out: dict = {}
+    for groups, _ in _groups(job.paths, job.seed, {s for s, _ in job.prefixes}):
+        out = _merge_hists(out, {s: list(histogram(groups.get(s, _NONE).u, groups.get(s, _NONE).tokens, prefix))
+                                 for s, prefix in job.prefixes})
     return out
 
 
 def cut_task(job: RefineJob) -> dict:
     """Phase ``cut``: (u, id, tokens) of every document inside each source's final prefix."""
-    groups = source_docs(read_choice_columns(job.path), job.path, job.seed, {s for s, _ in job.prefixes})
-    out = {}
-    for s, prefix in job.prefixes:
-        d = groups.get(s, _NONE)
-        out[s] = [[int(d.u[j]), d.ids[j], int(d.tokens[j])] for j in np.flatnonzero(prefix.matches(d.u)).tolist()]
+    out: dict = {s: [] for s, _ in job.prefixes}
+    for groups, _ in _groups(job.paths, job.seed, {s for s, _ in job.prefixes}):
+        for s, prefix in job.prefixes:
+            d = groups.get(s, _NONE)
+            out[s] += [[int(d.u[j]), d.ids[j], int(d.tokens[j])] for j in np.flatnonzero(prefix.matches(d.u)).tolist()]
     return out
 
 
-FILL_PER_SHARD = 1000  # candidates a shard sends per fill round
+FILL_PER_TASK = 256  # candidates a task sends per fill round, and the most the driver keeps per source
 
 
 @dataclass(frozen=True)
 class FillJob:
-    path: str
+    paths: tuple[str, ...]
     seed: int
     #: (source, cut, lower bound (u, id) or None, largest tokens that can still fit)
     asks: tuple[tuple[str, Cut, tuple[int, str] | None, int], ...]
 
 
 def fill_task(job: FillJob) -> dict:
-    """Phase ``fillN``: per source, the first ``FILL_PER_SHARD`` documents after the cut (and
-    after the bound) in (u, id) order that are small enough to fit the gap."""
-    groups = source_docs(read_choice_columns(job.path), job.path, job.seed, {a[0] for a in job.asks})
+    """Phase ``fillN``: per source, the first ``FILL_PER_TASK`` documents of the block after the
+    cut (and after the bound) in (u, id) order that are small enough to fit the gap."""
+    cands: dict[str, list] = {a[0]: [] for a in job.asks}
+    for groups, _ in _groups(job.paths, job.seed, set(cands)):
+        for s, cut, bound, most in job.asks:
+            d = groups.get(s, _NONE)
+            m = np.flatnonzero(cut.after(d.u, d.ids, bound) & (d.tokens <= most))
+            cands[s] += [(int(d.u[j]), d.ids[j], int(d.tokens[j])) for j in m.tolist()]
     out = {}
-    for s, cut, bound, most in job.asks:
-        d = groups.get(s, _NONE)
-        m = np.flatnonzero(cut.after(d.u, d.ids, bound) & (d.tokens <= most))
-        cands = sorted((int(d.u[j]), d.ids[j], int(d.tokens[j])) for j in m.tolist())
-        out[s] = {"candidates": [list(c) for c in cands[:FILL_PER_SHARD]], "more": len(cands) > FILL_PER_SHARD}
+    for s, c in cands.items():
+        c.sort()
+        out[s] = {"candidates": [list(x) for x in c[:FILL_PER_TASK]], "more": len(c) > FILL_PER_TASK}
     return out
+
+
+def _fold_fill(acc: dict | None, res: dict) -> dict:
+    """Fill results folded as they arrive, whatever their order: per source the
+    ``FILL_PER_TASK`` smallest candidates, and ``end``: the largest (u, id) up to which they are
+    complete (the smallest last candidate of a task that had more, or of the truncated list)."""
+    acc = acc if acc is not None else {}
+    for s, r in res.items():
+        a = acc.setdefault(s, {"candidates": [], "end": None})
+        if r["more"]:
+            last = tuple(r["candidates"][-1][:2])
+            a["end"] = last if a["end"] is None else min(tuple(a["end"]), last)
+        merged = sorted([tuple(c) for c in a["candidates"]] + [tuple(c) for c in r["candidates"]])
+        if len(merged) > FILL_PER_TASK:
+            last = merged[FILL_PER_TASK - 1][:2]
+            a["end"] = last if a["end"] is None else min(tuple(a["end"]), last)
+        a["candidates"] = merged[:FILL_PER_TASK]
+    return acc
 
 
 @dataclass(frozen=True)
@@ -198,24 +253,50 @@ class Choice:
 
 
 @dataclass(frozen=True)
+class Shuffle:
+    """How copies go to output shards and partitions: ``n_out`` output shards by position,
+    ``partitions`` runs of consecutive output shards."""
+
+    n_out: int
+    partitions: int
+
+    def out_shard(self, pos: np.ndarray) -> np.ndarray:
+        return np.minimum((pos * self.n_out).astype(np.int64), self.n_out - 1)
+
+    def partition(self, out_shard: np.ndarray) -> np.ndarray:
+        return out_shard * self.partitions // self.n_out
+
+    def out_shards(self, p: int) -> range:
+        """The output shards of partition ``p``."""
+        return range(-(-p * self.n_out // self.partitions), -(-(p + 1) * self.n_out // self.partitions))
+
+    def header(self) -> dict:
+        return {"algorithm": "mix-scatter", "version": MIX_VERSION, "out_shards": self.n_out,
+                "partitions": self.partitions}
+
+
+_EXTRA = [pa.field("_pos", pa.float64()), pa.field("_shard", pa.int64()), pa.field("_seq", pa.int64())]
+
+
+@dataclass(frozen=True)
 class ScatterJob:
-    out: ShardSink
-    shard: int
-    path: str
+    outs: tuple[ShardSink, ...]  # one per shard of the block: its rejected rows
+    first: int  # the block's first shard's number
+    paths: tuple[str, ...]
     scatter_file: str
     seed: int
     choices: tuple[tuple[str, Choice], ...]
-    out_shards: int
+    shuffle: Shuffle
+    schema: pa.Schema
 
 
-def scatter_task(job: ScatterJob) -> dict:
-    """Phase ``scatter``, one upstream shard: its copies with their positions, in one file
-    indexed by output shard; its unselected rows to rejected/. Returns its manifest entry."""
-    table = location.read_parquet(job.path)
+def _shard_copies(table: pa.Table, path: str, shard: int, job: ScatterJob) -> tuple[pa.Table, np.ndarray]:
+    """One upstream shard's copies (ranked columns added, in ``job.schema``'s columns) and the
+    reasons of its unselected rows."""
     choices = dict(job.choices)
     reasons = np.full(table.num_rows, None, dtype=object)
     rows_l, epochs_l, pos_l = [], [], []
-    for s, d in source_docs(table, job.path, job.seed).items():
+    for s, d in source_docs(table, path, job.seed).items():
         ch = choices.get(s, Choice(0, Cut(None), False))
         if not ch.weighted:
             reasons[d.rows] = "mix:not_in_weights"
@@ -229,50 +310,82 @@ def scatter_task(job: ScatterJob) -> dict:
     rows = np.concatenate(rows_l) if rows_l else np.zeros(0, np.int64)
     epochs = np.concatenate(epochs_l) if epochs_l else np.zeros(0, np.int64)
     pos = np.concatenate(pos_l) if pos_l else np.zeros(0)
-    part = np.minimum((pos * job.out_shards).astype(np.int64), job.out_shards - 1)
-    order = np.lexsort((np.arange(len(rows)), pos, part))
+    order = np.lexsort((np.arange(len(rows)), pos))  # a copy's rank in its shard: by position
     copies = table.take(pa.array(rows[order], pa.int64()))
     copies = copies.set_column(copies.schema.get_field_index("id"), "id",
                                pa.array(_copy_ids(copies.column("id").to_pylist(), epochs[order]), pa.string()))
-    copies = copies.append_column("_pos", pa.array(pos[order], pa.float64()))
-    copies = copies.append_column("_shard", pa.array(np.full(len(rows), job.shard, np.int64)))
-    copies = copies.append_column("_seq", pa.array(np.arange(len(rows), dtype=np.int64)))
-    write_partitioned(copies, part[order], job.scatter_file, {"algorithm": "mix-scatter", "version": MIX_VERSION},
+    copies = conform(copies, job.schema)
+    for f, col in zip(_EXTRA, (pos[order], np.full(len(rows), shard, np.int64), np.arange(len(rows), dtype=np.int64))):
+        copies = copies.append_column(f, pa.array(col, f.type))
+    return copies, reasons
+
+
+def scatter_task(job: ScatterJob) -> list[dict]:
+    """Phase ``scatter``, one block: its shards' copies with their positions, in one file
+    indexed by partition; each shard's unselected rows to rejected/. Returns the shards'
+    manifest entries (input rows only: copies are counted by the output shards)."""
+    parts, entries = [], []
+    for k, (out, path) in enumerate(zip(job.outs, job.paths)):
+        table = location.read_parquet(path)
+        copies, reasons = _shard_copies(table, path, job.first + k, job)
+        parts.append(copies)
+        _, rejected = split_kept_rejected(table, pa.array(reasons.tolist(), pa.string()), out.stage)
+        entry = out.write(None, rejected, table.num_rows)
+        entry["rows"] = 0
+        entries.append(entry)
+        del table
+    ranked = pa.schema(list(job.schema) + _EXTRA)
+    copies = pa.concat_tables(parts) if parts else ranked.empty_table()
+    part = job.shuffle.partition(job.shuffle.out_shard(copies.column("_pos").to_numpy()))
+    order = np.argsort(part, kind="stable")
+    write_partitioned(copies.take(pa.array(order)), part[order], job.scatter_file, job.shuffle.header(),
                       max_rows=16384)
-    _, rejected = split_kept_rejected(table, pa.array(reasons.tolist(), pa.string()), job.out.stage)
-    entry = job.out.write(None, rejected, table.num_rows)
-    entry["rows"] = 0  # this entry only accounts for input rows; copies are counted by output shards
-    return entry
+    return entries
 
 
 @dataclass(frozen=True)
 class GatherJob:
-    out: ShardSink
-    j: int
+    outs: tuple[ShardSink, ...]  # the partition's output shards, in order
+    p: int
     files: tuple[str, ...]
     schema: pa.Schema
+    shuffle: Shuffle
 
 
-def gather_task(job: GatherJob) -> dict:
-    """Phase ``gather``, one output shard: its row groups of every scatter file, by position."""
-    extra = [pa.field("_pos", pa.float64()), pa.field("_shard", pa.int64()), pa.field("_seq", pa.int64())]
-    ranked = pa.schema(list(job.schema) + extra)
-    head = {"algorithm": "mix-scatter", "version": MIX_VERSION}
-    parts = [conform(read_partition(f, job.j, head), ranked) for f in job.files]
+def gather_task(job: GatherJob) -> list[dict]:
+    """Phase ``gather``, one partition: its row groups of every scatter file, sorted by
+    position, cut into its output shards. Returns their manifest entries."""
+    ranked = pa.schema(list(job.schema) + _EXTRA)
+    head = job.shuffle.header()
+    parts = [conform(t, ranked) for t in (read_partition(f, job.p, head) for f in job.files) if t.num_rows]
     table = pa.concat_tables(parts).combine_chunks() if parts else ranked.empty_table()
+    del parts
     table = table.take(pc.sort_indices(table, [("_pos", "ascending"), ("_shard", "ascending"), ("_seq", "ascending")]))
+    j = job.shuffle.out_shard(table.column("_pos").to_numpy())
     table = table.drop_columns(["_pos", "_shard", "_seq"]).replace_schema_metadata(job.schema.metadata)
-    return job.out.write(table, None, 0)
+    first = job.shuffle.out_shards(job.p).start
+    bounds = np.searchsorted(j, np.arange(first, first + len(job.outs) + 1))
+    return [out.write(table.slice(lo, hi - lo), None, 0)
+            for out, lo, hi in zip(job.outs, bounds[:-1].tolist(), bounds[1:].tolist())]
+
+
+def _merge_source(acc: dict, s: str, r: dict) -> None:
+    a = acc.setdefault(s, {"docs": 0, "tokens": 0, "hist": [[0] * BINS, [0] * BINS], "min_tokens": None})
+    if r.get("min_tokens") is not None:
+        a["min_tokens"] = r["min_tokens"] if a["min_tokens"] is None else min(a["min_tokens"], r["min_tokens"])
+    a["docs"] += r["docs"]
+    a["tokens"] += r["tokens"]
+    a["hist"] = [[x + y for x, y in zip(a["hist"][k], r["hist"][k])] for k in range(2)]
 
 
 def _merge(acc: dict | None, out: dict) -> dict:
-    """Fold of count results: per source, docs and tokens summed, histograms added."""
-    acc = acc or {}
-    for s, r in out.items():
-        a = acc.setdefault(s, {"docs": 0, "tokens": 0, "hist": [[0] * BINS, [0] * BINS]})
-        a["docs"] += r["docs"]
-        a["tokens"] += r["tokens"]
-        a["hist"] = [[x + y for x, y in zip(a["hist"][k], r["hist"][k])] for k in range(2)]
+    """Fold of count results: per source, docs and tokens summed, histograms added; the
+    blocks' documents and bytes summed."""
+    acc = acc or {"sources": {}, "docs": 0, "bytes": 0}
+    for s, r in out["sources"].items():
+        _merge_source(acc["sources"], s, r)
+    acc["docs"] += out["docs"]
+    acc["bytes"] += out["bytes"]
     return acc
 
 
@@ -281,6 +394,14 @@ def _merge_hists(acc: dict | None, out: dict) -> dict:
     for s, h in out.items():
         a = acc.setdefault(s, [[0] * BINS, [0] * BINS])
         acc[s] = [[x + y for x, y in zip(a[k], h[k])] for k in range(2)]
+    return acc
+
+
+def _extend(acc: dict | None, out: dict) -> dict:
+    """Fold of cut results: per source, the candidates appended (in place: no copy per task)."""
+    acc = acc if acc is not None else {}
+    for s, v in out.items():
+        acc.setdefault(s, []).extend(v)
     return acc
 
 
@@ -330,47 +451,47 @@ class Mix(GlobalStage):
         z = sum(raw.values())
         return {s: w / z for s, w in raw.items()}
 
-    def _cuts(self, ctx: StageContext, paths: list[str], counts: dict, rem: dict[str, int]) -> dict:
+    def _cuts(self, ctx: StageContext, groups: list[tuple[str, ...]], counts: dict, rem: dict[str, int]) -> dict:
         """Per source with a partial epoch: its cut, and the documents and tokens it takes."""
         state = {s: Search(Prefix(), r, *(np.asarray(h, np.int64) for h in counts[s]["hist"]))
                  for s, r in rem.items() if r > 0}
 
         def refine(level: int, prefixes: dict) -> dict:
             job_prefixes = tuple(sorted(prefixes.items()))
-            return ctx.phase(f"refine{level}", refine_task, [RefineJob(p, self.seed, job_prefixes) for p in paths],
+            return ctx.phase(f"refine{level}", refine_task, [RefineJob(g, self.seed, job_prefixes) for g in groups],
                              fold=_merge_hists)
 
         narrow(state, choose_bin, refine, GATHER_CAP)
         out = {}
         if state:
             prefixes = tuple((s, st.prefix) for s, st in sorted(state.items()))
-            found: dict[str, list] = ctx.phase("cut", cut_task, [RefineJob(p, self.seed, prefixes) for p in paths],
-                                               fold=lambda acc, r: {s: (acc or {}).get(s, []) + v for s, v in r.items()})
+            found: dict[str, list] = ctx.phase("cut", cut_task, [RefineJob(g, self.seed, prefixes) for g in groups],
+                                               fold=_extend)
             for s, st in state.items():
                 cut, taken = final_cut([tuple(c) for c in found.get(s, [])], st.need)
                 n_taken = sum(1 for c in found.get(s, []) if cut.u is None or (c[0], c[1]) < (cut.u, cut.id))
                 out[s] = {"cut": cut, "docs": st.keys_passed + n_taken, "tokens": st.weight_passed + taken,
-                          "gap": st.need - taken}
-            self._fill(ctx, paths, out)
+                          "gap": st.need - taken, "min_tokens": counts[s]["min_tokens"] or 0}
+            del found
+            self._fill(ctx, groups, out)
         return out
 
-    def _fill(self, ctx: StageContext, paths: list[str], cuts: dict) -> None:
+    def _fill(self, ctx: StageContext, groups: list[tuple[str, ...]], cuts: dict) -> None:
         """First-fit the gap each cut leaves with the documents after it, in (u, id) order, in
-        rounds of at most ``FILL_PER_SHARD`` candidates per shard."""
+        rounds; the driver keeps at most ``FILL_PER_TASK`` candidates per source per round."""
         bound: dict[str, tuple[int, str] | None] = {s: None for s, c in cuts.items() if c["cut"].u is not None}
         extra: dict[str, list] = {s: [] for s in bound}
         for r in range(10_000):
-            asks = tuple((s, cuts[s]["cut"], bound[s], cuts[s]["gap"]) for s in sorted(bound) if cuts[s]["gap"] > 0)
+            # a gap smaller than the source's smallest document cannot be filled: no pass for it
+            asks = tuple((s, cuts[s]["cut"], bound[s], cuts[s]["gap"]) for s in sorted(bound)
+                         if cuts[s]["gap"] > 0 and cuts[s]["gap"] >= cuts[s]["min_tokens"])
             if not asks:
                 break
-            got = ctx.phase(f"fill{r}", fill_task, [FillJob(p, self.seed, asks) for p in paths],
-                            fold=lambda acc, res: [*(acc or []), res])
+            got = ctx.phase(f"fill{r}", fill_task, [FillJob(g, self.seed, asks) for g in groups], fold=_fold_fill)
             for s, _, _, _ in asks:
-                parts = [g[s] for g in got if s in g]
-                # a shard that sent a full list may hold more before the others' later candidates
-                end = min((tuple(p["candidates"][-1][:2]) for p in parts if p["more"]), default=None)
-                cands = [tuple(c) for p in parts for c in p["candidates"]]
-                taken, tok, gap, again = first_fit(cands, cuts[s]["gap"], end)
+                g = (got or {}).get(s, {"candidates": [], "end": None})
+                end = tuple(g["end"]) if g["end"] is not None else None
+                taken, tok, gap, again = first_fit([tuple(c) for c in g["candidates"]], cuts[s]["gap"], end)
                 extra[s] += taken
                 cuts[s]["tokens"] += tok
                 cuts[s]["docs"] += len(taken)
@@ -392,30 +513,36 @@ class Mix(GlobalStage):
             raise MixError("mix: upstream has no shards")
         if ctx.finished(keys, REPORT):
             return
-        counts = ctx.phase("count", count_task, [CountJob(p, self.seed) for p in paths], fold=_merge)
+        spans = blocks(location.sizes(paths))
+        groups = [tuple(paths[lo:hi]) for lo, hi in spans]
+        total = ctx.phase("count", count_task, [CountJob(g, self.seed) for g in groups], fold=_merge)
+        counts = total["sources"]
         names = sorted(counts)
         available = {s: counts[s]["tokens"] for s in names}
         if not sum(available.values()):
-            raise MixError(f"mix: upstream has no tokens ({len(paths)} shards, "
-                           f"{sum(c['docs'] for c in counts.values())} documents)")
+            raise MixError(f"mix: upstream has no tokens ({len(paths)} shards, {total['docs']} documents)")
         weights = self.resolve_weights(available)
         targets = source_targets(available, weights, self.total_tokens, self.max_epochs)
         full = {s: int(targets[s] // available[s]) if weights[s] > 0 and available[s] else 0 for s in names}
         rem = {s: int(round(targets[s] - full[s] * available[s])) if weights[s] > 0 else 0 for s in names}
         rem = {s: min(r, available[s] - 1) if available[s] else 0 for s, r in rem.items()}
-        cuts = self._cuts(ctx, paths, counts, rem)
+        cuts = self._cuts(ctx, groups, counts, rem)
         choices = {s: Choice(full[s], cuts[s]["cut"] if s in cuts else Cut(None), weights[s] > 0) for s in names}
         report = self._report(counts, weights, targets, full, cuts)
         n_out = max(1, math.ceil(report["rows"] / self.rows_per_shard))
-        report["shards"] = n_out
-        out_keys = [f"{ctx.name}-{j:05d}" for j in range(n_out)]
-        scatter = tuple(location.join(ctx.work_dir, "scatter", f"{n}.parquet") for n in safe_names(keys))
-        ctx.phase("scatter", scatter_task, [
-            ScatterJob(ctx.output(keys[i]), i, paths[i], scatter[i], self.seed,
-                       tuple(sorted(choices.items())), n_out) for i in range(len(paths))], commit=True)
+        copy_bytes = report["rows"] * total["bytes"] / max(1, total["docs"])
+        shuffle = Shuffle(n_out, min(n_out, max(MIN_PARTITIONS, math.ceil(copy_bytes / PARTITION_BYTES))))
+        report["shards"], report["partitions"] = n_out, shuffle.partitions
         schema = _unified_schema(paths)
-        ctx.phase("gather", gather_task, [GatherJob(ctx.output(out_keys[j]), j, scatter,
-                                                    schema) for j in range(n_out)], commit=True)
+        scatter = tuple(location.join(ctx.work_dir, "scatter", f"{_block_name(keys[lo:hi])}.parquet")
+                        for lo, hi in spans)
+        ctx.phase("scatter", scatter_task, [
+            ScatterJob(tuple(ctx.output(k) for k in keys[lo:hi]), lo, tuple(paths[lo:hi]), scatter[b], self.seed,
+                       tuple(sorted(choices.items())), shuffle, schema) for b, (lo, hi) in enumerate(spans)],
+                  commit=True)
+        ctx.phase("gather", gather_task, [
+            GatherJob(tuple(ctx.output(f"{ctx.name}-{j:05d}") for j in shuffle.out_shards(p)), p, scatter, schema,
+                      shuffle) for p in range(shuffle.partitions)], commit=True)
         ctx.write_report(REPORT, report)
 
     def _report(self, counts: dict, weights: dict, targets: dict, full: dict, cuts: dict) -> dict:
@@ -439,6 +566,12 @@ class Mix(GlobalStage):
         return {"total_tokens_requested": self.total_tokens, "target_tokens": target_total,
                 "realised_tokens": realised_total, "rows": int(sum(r["copies"] for r in sources.values())),
                 "seed": self.seed, "max_epochs": self.max_epochs, "sources": sources}
+
+
+def _block_name(keys: list[str]) -> str:
+    """A block's scatter file name: its first key and a digest of all its keys."""
+    digest = hashlib.sha1("\x00".join(keys).encode()).hexdigest()[:12]
+    return f"{safe_names(keys[:1])[0]}-{len(keys)}-{digest}"
 
 
 def _unified_schema(paths: list[str]) -> pa.Schema:
