@@ -11,6 +11,8 @@ the 10 running tasks that have run longest, with their input and seconds so far.
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import time
 from collections import deque
@@ -20,6 +22,13 @@ from typing import Callable
 STRAGGLERS = 10
 #: the window of the "last minute" rates, seconds
 WINDOW_S = 60.0
+#: fault injection for tests/test_kill_resume.py: ``STAGE:PHASE`` (a phase label as reported)
+#: makes this driver SIGKILL itself in the middle of that phase, after some of its jobs were
+#: recorded: at the phase's first finished job it waits ``KILL_WAIT_S`` (so the phase's job
+#: log or manifest is flushed with the next result: a second), and dies at the next report
+#: with jobs still to run. Unset in every real run.
+FAULT_KILL_AT = "REFINERY_FAULT_KILL_AT"
+KILL_WAIT_S = 1.3
 
 
 class _PhaseLive:
@@ -90,6 +99,8 @@ class RunProgress:
             self._bar.start()
 
     def phase(self, phase: str, done: int, total: int) -> None:
+        if os.environ.get(FAULT_KILL_AT) == phase and 0 < done < total:
+            self._fault(phase)
         self.state["phases"][phase] = {"done": done, "total": total}
         if self._bar is not None:
             if phase not in self._tasks:
@@ -99,6 +110,14 @@ class RunProgress:
             self._last_line = time.time()
             print(f"[refinery] {self.name}: {phase} {done}/{total} shards", file=sys.stderr, flush=True)
         self.write()
+
+    def _fault(self, phase: str) -> None:
+        if getattr(self, "_fault_armed", False):
+            self.write(force=True)  # what a watcher saw last
+            print(f"[refinery] {FAULT_KILL_AT}={phase}: SIGKILL", file=sys.stderr, flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        self._fault_armed = True
+        time.sleep(KILL_WAIT_S)
 
     # -- tasks: rates, ETA, stragglers -----------------------------------------------------
 
