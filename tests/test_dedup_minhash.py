@@ -27,7 +27,7 @@ from dedup_helpers import datasketch_removals, run_global, union_find, write_ups
 from curation.pipeline.rundir import RunDir
 from curation.dedup.minhash import ArtifactMismatch, band_hashes, lsh_params
 from curation.stages import dedup_minhash
-from curation.dedup.lsh import candidate_edges, read_signatures
+from curation.dedup.lsh import candidate_edges
 from curation.stages.dedup_minhash import REPORT, MinHashDedup
 
 DEDUP = DATA / "dedup"
@@ -86,15 +86,15 @@ def labelled(tmp_path_factory, ray_session):
 
 
 def _all_signatures(ctx: GlobalContext, stage: MinHashDedup) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    docs, sigs, ns = [], [], []
-    for f in sorted((Path(ctx.work_dir) / "signatures").glob("*.parquet")):
-        d, s, n = read_signatures(f, stage.header())
-        docs.append(d)
+    """(doc index, signature, shingles) of every upstream document, by the stage's hasher (the
+    stage keeps only their bucket rows; the buckets are checked against these below)."""
+    sigs, ns = [], []
+    for _, p in ctx.upstream:
+        s, n = stage.hasher().signatures(pq.read_table(p, columns=["text"]).column("text").combine_chunks())
         sigs.append(s)
         ns.append(n)
-    d = np.concatenate(docs)
-    order = np.argsort(d)
-    return d[order], np.concatenate(sigs)[order], np.concatenate(ns)[order]
+    sig = np.concatenate(sigs)
+    return np.arange(len(sig)), sig, np.concatenate(ns)
 
 
 def _datasketch_pairs(sig: np.ndarray, threshold: float, bands: int, rows: int) -> set[tuple[int, int]]:

@@ -10,12 +10,9 @@ their square).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pyarrow as pa
 
-from curation.dedup.minhash import read_artifact
 
 #: a bucket file with no rows
 EMPTY_BUCKETS = pa.table({"band": pa.array([], pa.int32()), "bucket": pa.array([], pa.uint64()),
@@ -66,22 +63,3 @@ def candidate_edges(band: np.ndarray, bucket: np.ndarray, doc: np.ndarray, all_p
     u, v = u[o], v[o]
     first = np.r_[True, (u[1:] != u[:-1]) | (v[1:] != v[:-1])]
     return u[first].astype(np.int64), v[first].astype(np.int64)
-
-
-def signature_table(doc: np.ndarray, sig: np.ndarray, n: np.ndarray, quality: np.ndarray | None) -> pa.Table:
-    """The signature file's rows: doc index, signature (uint32[num_perm]), shingle count, quality."""
-    cols = {"doc": pa.array(doc, pa.int64()),
-            "signature": pa.FixedSizeListArray.from_arrays(pa.array(sig.ravel(), pa.uint32()), sig.shape[1]),
-            "num_shingles": pa.array(n.astype(np.int32))}
-    if quality is not None:
-        cols["quality"] = pa.array(quality, pa.float64())
-    return pa.table(cols)
-
-
-def read_signatures(path: str | Path, header: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(doc, signatures uint32[n, num_perm], num_shingles) of a persisted signature file."""
-    t = read_artifact(path, header)
-    sig = t.column("signature").combine_chunks()
-    k = sig.type.list_size
-    return (t.column("doc").to_numpy(), sig.values.to_numpy().reshape(-1, k),
-            t.column("num_shingles").to_numpy())

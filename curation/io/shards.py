@@ -3,6 +3,8 @@ upstream shards grouped into blocks of bounded bytes (a global stage's map tasks
 
 from __future__ import annotations
 
+import hashlib
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -43,3 +45,12 @@ def blocks(sizes: list[int], target: int = BLOCK_BYTES, min_blocks: int = MIN_BL
     if lo < len(sizes):
         out.append((lo, len(sizes)))
     return out
+
+
+def block_name(keys: list[str]) -> str:
+    """A block's intermediate file name: its first shard's key (made file-safe), its number
+    of shards and a digest of all its keys (another grouping never reuses the file)."""
+    from curation.io.files import safe_names
+
+    digest = hashlib.sha1("\x00".join(keys).encode()).hexdigest()[:12]
+    return f"{safe_names(keys[:1])[0]}-{len(keys)}-{digest}"

@@ -7,11 +7,13 @@ near: {type: minhash_dedup, input: exact, ngram: 5, num_perm: 128, threshold: 0.
 Every document gets a global int64 index: its position in (upstream shard key, row) order.
 Phases, each a set of Ray tasks whose output does not depend on the worker count:
 
-1. signatures (one task per upstream shard): MinHash signatures of word n-grams
-   (``curation.dedup.minhash``), cut into ``bands`` x ``rows`` (chosen for ``threshold`` by
-   minimising the weighted false positive / negative areas, as datasketch does). Writes
-   ``signatures/<shard>.parquet`` and ``buckets/<shard>.parquet`` (band, bucket hash, doc)
-   sorted by partition = prefix of the bucket hash. A killed run keeps finished shards.
+1. signatures (one task per block of upstream shards, ``curation.io.shards.blocks``): MinHash
+   signatures of word n-grams (``curation.dedup.minhash``), cut into ``bands`` x ``rows``
+   (chosen for ``threshold`` by minimising the weighted false positive / negative areas, as
+   datasketch does). Writes ``buckets/<block>.parquet`` (band, bucket hash, doc) sorted by
+   partition = prefix of the bucket hash (and, for ``keep: highest_quality``,
+   ``quality/<block>.parquet``); the signatures are not kept. A killed run keeps finished
+   blocks.
 2. candidates (one task per partition): group that partition's bucket rows by (band,
    bucket); each bucket links its members to its smallest doc (a star: edges grow with
    members, not with their square, and the components are those of all pairs;
@@ -20,11 +22,11 @@ Phases, each a set of Ray tasks whose output does not depend on the worker count
 3. components (``curation.dedup.components``): large-star / small-star rounds over
    hash-partitioned edge files; no task holds more than its partition's edges. A component
    is named by its smallest doc index.
-4. keepers (``keep: highest_quality`` only): per shard, (component, doc, quality) rows go
+4. keepers (``keep: highest_quality`` only): per block, (component, doc, quality) rows go
    to the component's partition; per partition, the document with the highest ``quality``
    (then the smallest index) is the keeper. With ``keep: first`` the keeper is the
    component's smallest index.
-5. apply (one task per upstream shard): ``dup_cluster`` (component id, or the document's
+5. apply (one task per block, one output per upstream shard): ``dup_cluster`` (component id, or the document's
    own index when it has no near-duplicate) on every row; non-keepers are rejected as
    ``minhash_dedup:cluster=<id>``.
 
@@ -47,11 +49,10 @@ from pydantic import Field, model_validator
 from curation.hashing import GOLDEN
 from curation.io import location
 from curation.dedup.components import connected_components, edge_header, read_labels, symmetric, write_edges
-from curation.dedup.lsh import EMPTY_BUCKETS, bucket_partition, candidate_edges, signature_table
+from curation.dedup.lsh import EMPTY_BUCKETS, bucket_partition, candidate_edges
 from curation.io.artifacts import read_partition, write_partitioned
-from curation.io.files import safe_names
 from curation.io.rows import take_rows
-from curation.io.shards import split_kept_rejected
+from curation.io.shards import block_name, blocks, split_kept_rejected
 from curation.dedup.minhash import (
     MINHASH_VERSION,
     MinHasher,
@@ -66,7 +67,7 @@ from curation.stages.base import GlobalStage, Resources, registry
 from curation.stages.context import ShardSink, StageContext
 
 #: Bump when buckets, edges or the choice of keepers change for the same parameters.
-MINHASH_DEDUP_VERSION = 2  # 2: bucket files indexed by partition
+MINHASH_DEDUP_VERSION = 3  # 2: bucket files indexed by partition; 3: one per block, no signature files
 REPORT = "_minhash_report.json"
 REASON_PREFIX = "minhash_dedup:cluster="
 _SIG_BATCH = 4096  # documents per signature batch: bounds a task's working memory
@@ -78,48 +79,47 @@ _SIG_BATCH = 4096  # documents per signature batch: bounds a task's working memo
 
 @dataclass(frozen=True)
 class SignatureJob:
-    path: str
+    paths: tuple[str, ...]  # a block of upstream shards
     first_doc: int
-    sig_out: str
+    quality_out: str | None  # (doc, quality) of the block, for keep: highest_quality
     bucket_out: str
     hasher: MinHasher
     bands: int
     rows: int
     partitions: int
-    with_quality: bool
     header: dict
 
 
 def signature_task(job: SignatureJob) -> dict:
-    """Phase 1 for one upstream shard: its signatures, and its bucket rows in one file indexed
-    by partition (each candidates task reads only its own row groups)."""
-    cols = ["text"] + (["quality"] if job.with_quality else [])
-    pf = location.parquet_file(job.path)
-    sig_parts, bucket_parts, parts = [], [], []
+    """Phase 1 for one block of upstream shards: its documents' signatures, cut into bands,
+    as bucket rows in one file indexed by partition (each candidates task reads only its own
+    row groups). Signatures themselves are not kept: nothing after this phase reads them."""
+    cols = ["text"] + (["quality"] if job.quality_out is not None else [])
+    bucket_parts, parts, qual_parts = [], [], []
     lo = 0
-    for batch in pf.iter_batches(batch_size=_SIG_BATCH, columns=cols):
-        sig, n = job.hasher.signatures(batch.column("text"))
-        doc = np.arange(job.first_doc + lo, job.first_doc + lo + batch.num_rows, dtype=np.int64)
-        lo += batch.num_rows
-        q = None
-        if job.with_quality:
-            q = pc.fill_null(batch.column("quality").cast(pa.float64()), float("nan")).to_numpy(zero_copy_only=False)
-        sig_parts.append(signature_table(doc, sig, n, q))
-        has = n > 0  # a document without words has no shingles: it never collides
-        flat = band_hashes(sig[has], job.bands, job.rows, job.hasher.seed).ravel()
-        parts.append(bucket_partition(flat, job.partitions))
-        bucket_parts.append(pa.table({
-            "band": pa.array(np.tile(np.arange(job.bands, dtype=np.int32), int(has.sum()))),
-            "bucket": pa.array(flat), "doc": pa.array(np.repeat(doc[has], job.bands))}))
-    k = job.hasher.num_perm
-    sigs = pa.concat_tables(sig_parts) if sig_parts else signature_table(
-        np.zeros(0, np.int64), np.zeros((0, k), np.uint32), np.zeros(0, np.int64),
-        np.zeros(0) if job.with_quality else None)
+    for path in job.paths:
+        pf = location.parquet_file(path)
+        for batch in pf.iter_batches(batch_size=_SIG_BATCH, columns=cols):
+            sig, n = job.hasher.signatures(batch.column("text"))
+            doc = np.arange(job.first_doc + lo, job.first_doc + lo + batch.num_rows, dtype=np.int64)
+            lo += batch.num_rows
+            if job.quality_out is not None:
+                q = pc.fill_null(batch.column("quality").cast(pa.float64()), float("nan")).to_numpy(zero_copy_only=False)
+                qual_parts.append(pa.table({"doc": pa.array(doc), "quality": pa.array(q, pa.float64())}))
+            has = n > 0  # a document without words has no shingles: it never collides
+            flat = band_hashes(sig[has], job.bands, job.rows, job.hasher.seed).ravel()
+            parts.append(bucket_partition(flat, job.partitions))
+            bucket_parts.append(pa.table({
+                "band": pa.array(np.tile(np.arange(job.bands, dtype=np.int32), int(has.sum()))),
+                "bucket": pa.array(flat), "doc": pa.array(np.repeat(doc[has], job.bands))}))
     buckets = pa.concat_tables(bucket_parts) if bucket_parts else EMPTY_BUCKETS
     part = np.concatenate(parts) if parts else np.zeros(0, np.int32)
     order = np.lexsort((buckets.column("doc").to_numpy(), buckets.column("bucket").to_numpy(),
                         buckets.column("band").to_numpy(), part))
-    write_artifact(sigs, job.sig_out, job.header, row_group_size=8192)
+    if job.quality_out is not None:
+        quality = pa.concat_tables(qual_parts) if qual_parts else pa.table(
+            {"doc": pa.array([], pa.int64()), "quality": pa.array([], pa.float64())})
+        write_artifact(quality, job.quality_out, job.header, row_group_size=65536)
     write_partitioned(buckets.take(pa.array(order)), part[order], job.bucket_out, job.header)
     return {"docs": lo, "bucket_rows": buckets.num_rows}
 
@@ -179,7 +179,7 @@ def candidate_task(job: CandidatesJob) -> dict:
 
 @dataclass(frozen=True)
 class ClusterQualityJob:
-    sig_file: str
+    quality_file: str
     lo: int
     hi: int
     label_files: tuple[str, ...]
@@ -190,10 +190,10 @@ class ClusterQualityJob:
 
 
 def cluster_quality_task(job: ClusterQualityJob) -> dict:
-    """Phase 4a for one shard: (component, doc, quality) of its clustered docs, in one file
+    """Phase 4a for one block: (component, doc, quality) of its clustered docs, in one file
     indexed by the component's partition."""
     nodes, comps = read_labels(list(job.label_files), job.cc_head, job.lo, job.hi)
-    t = read_artifact(job.sig_file, job.header, columns=["doc", "quality"])
+    t = read_artifact(job.quality_file, job.header, columns=["doc", "quality"])
     q = t.column("quality").to_numpy(zero_copy_only=False)[nodes - job.lo] if len(nodes) else np.zeros(0)
     part = bucket_partition(comps.astype(np.uint64) * np.uint64(GOLDEN), job.partitions)
     order = np.lexsort((nodes, comps, part))
@@ -230,40 +230,41 @@ def keeper_task(job: KeeperJob) -> dict:
 
 @dataclass(frozen=True)
 class ApplyJob:
-    out: ShardSink
-    path: str
-    lo: int
-    hi: int
+    outs: tuple[ShardSink, ...]  # one per shard of the block
+    paths: tuple[str, ...]
+    offsets: tuple[int, ...]  # each shard's first doc index, and the block's end
     label_files: tuple[str, ...]
     keeper_files: tuple[str, ...] | None
     header: dict
     cc_head: dict
 
 
-def apply_task(job: ApplyJob) -> dict:
-    """Phase 5 for one upstream shard: ``dup_cluster`` on every row, non-keepers rejected."""
-    lo, hi = job.lo, job.hi
-    table = location.read_parquet(job.path)
-    own = np.arange(lo, hi, dtype=np.int64)
-    cluster = own.copy()
-    nodes, comps = read_labels(list(job.label_files), job.cc_head, lo, hi)
-    cluster[nodes - lo] = comps
-    if job.keeper_files is None:
-        kept = cluster == own
-    else:
-        is_keeper = np.zeros(hi - lo, dtype=bool)
+def apply_task(job: ApplyJob) -> list[dict]:
+    """Phase 5 for one block: ``dup_cluster`` on every row of its shards, non-keepers
+    rejected. The labels and keepers of the block's documents are read once."""
+    b_lo, b_hi = job.offsets[0], job.offsets[-1]
+    nodes, comps = read_labels(list(job.label_files), job.cc_head, b_lo, b_hi)
+    cluster_all = np.arange(b_lo, b_hi, dtype=np.int64)
+    cluster_all[nodes - b_lo] = comps
+    kept_all = cluster_all == np.arange(b_lo, b_hi, dtype=np.int64)
+    if job.keeper_files is not None:
+        is_keeper = np.zeros(b_hi - b_lo, dtype=bool)
         for f in job.keeper_files:
-            k = read_artifact(f, job.header, filters=[("doc", ">=", lo), ("doc", "<", hi)]).column("doc").to_numpy()
-            is_keeper[k - lo] = True
-        in_cluster = np.zeros(hi - lo, dtype=bool)
-        in_cluster[nodes - lo] = True
-        kept = ~in_cluster | is_keeper
-    ids = pa.array(cluster, pa.int64())
-    reasons = pc.binary_join_element_wise(pa.scalar(REASON_PREFIX), pc.cast(ids, pa.string()), "")
-    reasons = pc.if_else(pa.array(kept), pa.scalar(None, pa.string()), reasons)
-    table = table.append_column("dup_cluster", ids)
-    kept_t, rejected = split_kept_rejected(table, reasons, job.out.stage)
-    return job.out.write(kept_t, rejected, table.num_rows)
+            k = read_artifact(f, job.header, filters=[("doc", ">=", b_lo), ("doc", "<", b_hi)]).column("doc").to_numpy()
+            is_keeper[k - b_lo] = True
+        in_cluster = np.zeros(b_hi - b_lo, dtype=bool)
+        in_cluster[nodes - b_lo] = True
+        kept_all = ~in_cluster | is_keeper
+    entries = []
+    for out, path, lo, hi in zip(job.outs, job.paths, job.offsets[:-1], job.offsets[1:]):
+        table = location.read_parquet(path)
+        ids = pa.array(cluster_all[lo - b_lo:hi - b_lo], pa.int64())
+        reasons = pc.binary_join_element_wise(pa.scalar(REASON_PREFIX), pc.cast(ids, pa.string()), "")
+        reasons = pc.if_else(pa.array(kept_all[lo - b_lo:hi - b_lo]), pa.scalar(None, pa.string()), reasons)
+        table = table.append_column("dup_cluster", ids)
+        kept_t, rejected = split_kept_rejected(table, reasons, out.stage)
+        entries.append(out.write(kept_t, rejected, table.num_rows))
+    return entries
 
 
 # ---------------------------------------------------------------------------------------------
@@ -340,18 +341,20 @@ class MinHashDedup(GlobalStage):
             if missing:
                 raise ValueError(f"{ctx.name}: keep: highest_quality needs a 'quality' column, which {missing[0]} "
                                  "lacks; put a quality stage upstream or use keep: first")
-        names, work, header, P = safe_names(keys), ctx.work_dir, self.header(), self.partitions
+        work, header, P = ctx.work_dir, self.header(), self.partitions
         ctx.check_work_header(header)
         cc_head, (b, r) = edge_header(header), self.band_rows()
         offsets = np.r_[0, np.cumsum([location.parquet_file(p).metadata.num_rows for p in paths])].astype(np.int64)
-        sig_files = [location.join(work, "signatures", f"{n}.parquet") for n in names]
+        spans = blocks(location.sizes(paths))
+        names = [block_name(keys[lo:hi]) for lo, hi in spans]
+        with_quality = self.keep == "highest_quality"
+        quality_files = [location.join(work, "quality", f"{n}.parquet") if with_quality else None for n in names]
         bucket_files = tuple(location.join(work, "buckets", f"{n}.parquet") for n in names)
         cc_root = location.join(work, "cc")
-        with_quality = self.keep == "highest_quality"
 
         ctx.phase("signatures", signature_task, [
-            SignatureJob(paths[i], int(offsets[i]), sig_files[i], bucket_files[i], self.hasher(), b, r, P,
-                         with_quality, header) for i in range(len(paths))])
+            SignatureJob(tuple(paths[lo:hi]), int(offsets[lo]), quality_files[k], bucket_files[k], self.hasher(), b, r,
+                         P, header) for k, (lo, hi) in enumerate(spans)])
         verify = (Verify(tuple(paths), tuple(offsets.tolist()), self.ngram, self.threshold)
                   if self.verify_jaccard else None)
         cand = ctx.phase("candidates", candidate_task, [
@@ -368,12 +371,13 @@ class MinHashDedup(GlobalStage):
             cq_files = tuple(location.join(work, "cluster_quality", f"{n}.parquet") for n in names)
             keeper_files = tuple(location.join(work, "keepers", f"part-{q:04d}.parquet") for q in range(P))
             ctx.phase("cluster_quality", cluster_quality_task, [
-                ClusterQualityJob(sig_files[i], int(offsets[i]), int(offsets[i + 1]), labels, cq_files[i], P,
-                                  header, cc_head) for i in range(len(paths))])
+                ClusterQualityJob(quality_files[k], int(offsets[lo]), int(offsets[hi]), labels, cq_files[k], P,
+                                  header, cc_head) for k, (lo, hi) in enumerate(spans)])
             ctx.phase("keepers", keeper_task, [KeeperJob(q, cq_files, keeper_files[q], header) for q in range(P)])
         ctx.phase("apply", apply_task, [
-            ApplyJob(ctx.output(keys[i]), paths[i], int(offsets[i]), int(offsets[i + 1]),
-                     labels, keeper_files, header, cc_head) for i in range(len(paths))], commit=True)
+            ApplyJob(tuple(ctx.output(k) for k in keys[lo:hi]), tuple(paths[lo:hi]),
+                     tuple(int(o) for o in offsets[lo:hi + 1]), labels, keeper_files, header, cc_head)
+            for lo, hi in spans], commit=True)
         self._write_report(ctx, keys, int(offsets[-1]), cand, comp, header)
 
     def _write_report(self, ctx: StageContext, keys: list[str], total_docs: int, cand: list[dict],

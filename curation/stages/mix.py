@@ -35,7 +35,6 @@ shuffle reads blocks x partitions row-group ranges and writes blocks + outputs f
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -47,8 +46,7 @@ from pydantic import Field, model_validator
 
 from curation.io import location
 from curation.io.artifacts import read_partition, write_partitioned
-from curation.io.files import safe_names
-from curation.io.shards import blocks, split_kept_rejected
+from curation.io.shards import block_name, blocks, split_kept_rejected
 from curation.sampling.mixture import (
     BINS,
     Cut,
@@ -534,7 +532,7 @@ class Mix(GlobalStage):
         shuffle = Shuffle(n_out, min(n_out, max(MIN_PARTITIONS, math.ceil(copy_bytes / PARTITION_BYTES))))
         report["shards"], report["partitions"] = n_out, shuffle.partitions
         schema = _unified_schema(paths)
-        scatter = tuple(location.join(ctx.work_dir, "scatter", f"{_block_name(keys[lo:hi])}.parquet")
+        scatter = tuple(location.join(ctx.work_dir, "scatter", f"{block_name(keys[lo:hi])}.parquet")
                         for lo, hi in spans)
         ctx.phase("scatter", scatter_task, [
             ScatterJob(tuple(ctx.output(k) for k in keys[lo:hi]), lo, tuple(paths[lo:hi]), scatter[b], self.seed,
@@ -566,12 +564,6 @@ class Mix(GlobalStage):
         return {"total_tokens_requested": self.total_tokens, "target_tokens": target_total,
                 "realised_tokens": realised_total, "rows": int(sum(r["copies"] for r in sources.values())),
                 "seed": self.seed, "max_epochs": self.max_epochs, "sources": sources}
-
-
-def _block_name(keys: list[str]) -> str:
-    """A block's scatter file name: its first key and a digest of all its keys."""
-    digest = hashlib.sha1("\x00".join(keys).encode()).hexdigest()[:12]
-    return f"{safe_names(keys[:1])[0]}-{len(keys)}-{digest}"
 
 
 def _unified_schema(paths: list[str]) -> pa.Schema:
