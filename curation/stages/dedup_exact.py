@@ -10,15 +10,16 @@ lines are paragraphs in extracted web text, as in cc_net). See ``curation.dedup.
 
 Phases (``StageContext.phase``: resumable, timed; results never depend on the worker count):
 
-1. keys (one task per upstream shard): hash every document or paragraph; write the keys with
-   their partition (a hash prefix) to ``_work/<params>/keys/<shard>.parquet``.
+1. keys (one task per block of upstream shards, ``curation.io.shards.blocks``): hash every
+   document or paragraph; write the keys with their partition (a hash prefix) to
+   ``_work/<params>/keys/<block>.parquet``.
 2. partitions (one task per partition): read the partition's keys from every shard and decide
    duplicates exactly (sorted keys; the copy with the lowest ``id`` survives). Keys an earlier
    dump's filter holds (``against``) are duplicates too. The partition's Bloom filter is built
    for its actual count of distinct keys (``bloom.expected_items`` split over the partitions
    is only the floor) and saved to ``RUN/STAGE/_bloom/part-NNNNN.bloom`` for a later
    dump's ``against``.
-3. apply (one task per upstream shard): drop duplicate documents (``exact_dedup:duplicate``)
+3. apply (one task per block, reading its range of each partition's duplicates once): drop duplicate documents (``exact_dedup:duplicate``)
    or remove duplicate paragraphs, dropping documents left without text
    (``exact_dedup:empty_after_paragraph_dedup``). One output shard per upstream shard key.
 
@@ -45,14 +46,13 @@ from curation.dedup.bloom import BloomFilter
 from curation.dedup.exact import PARAGRAPH_SEPARATOR, drop_paragraphs, duplicate_keys, filter_health, key_partition, text_keys
 from curation.dedup.minhash import NORMALIZATION, read_artifact, write_artifact
 from curation.io.artifacts import read_partition, write_partitioned
-from curation.io.files import safe_names
-from curation.io.shards import split_kept_rejected
+from curation.io.shards import block_name, blocks, split_kept_rejected
 from curation.stages.base import GlobalStage, Resources, registry
 from curation.stages.context import ShardSink, StageContext
 
 
 #: Bump when keys or the choice of duplicates change for the same parameters.
-EXACT_VERSION = 3  # 3: key files indexed by partition
+EXACT_VERSION = 4  # 3: key files indexed by partition; 4: one key file per block of shards
 REPORT = "_bloom_report.json"
 #: the run's Bloom filters, one per partition: kept with the stage's output (not in ``_work``)
 #: for a later run's ``against``
@@ -85,8 +85,8 @@ class BloomConfig(BaseModel):
 
 @dataclass(frozen=True)
 class KeysJob:
-    path: str
-    shard: int
+    paths: tuple[str, ...]  # a block of upstream shards
+    first: int  # the block's first shard's number
     out: str
     level: str
     partitions: int
@@ -99,22 +99,25 @@ _EMPTY_KEYS = {"part": pa.int32(), "id": pa.string(), "shard": pa.int32(), "row"
 
 
 def keys_task(job: KeysJob) -> dict:
-    """Phase 1 for one upstream shard: its keys, sorted by partition, in one file."""
-    table = location.read_parquet(job.path, columns=["id", "text"])
-    parts = []
-    for lo in range(0, table.num_rows, _HASH_BATCH):
-        batch = table.slice(lo, _HASH_BATCH)
-        rows, para, h, h2 = text_keys(batch.column("text").combine_chunks(), job.level, job.seed)
-        rows = rows + lo
-        parts.append(pa.table({
-            "part": pa.array(key_partition(h, job.partitions), pa.int32()),
-            "id": table.column("id").take(pa.array(rows)),
-            "shard": pa.array(np.full(len(rows), job.shard, np.int32)), "row": pa.array(rows),
-            "para": pa.array(para), "hash": pa.array(h), "hash2": pa.array(h2)}))
+    """Phase 1 for one block of upstream shards: their keys, sorted by partition, in one file."""
+    parts, rows_in = [], 0
+    for k, path in enumerate(job.paths):
+        table = location.read_parquet(path, columns=["id", "text"])
+        rows_in += table.num_rows
+        for lo in range(0, table.num_rows, _HASH_BATCH):
+            batch = table.slice(lo, _HASH_BATCH)
+            rows, para, h, h2 = text_keys(batch.column("text").combine_chunks(), job.level, job.seed)
+            rows = rows + lo
+            parts.append(pa.table({
+                "part": pa.array(key_partition(h, job.partitions), pa.int32()),
+                "id": table.column("id").take(pa.array(rows)),
+                "shard": pa.array(np.full(len(rows), job.first + k, np.int32)), "row": pa.array(rows),
+                "para": pa.array(para), "hash": pa.array(h), "hash2": pa.array(h2)}))
     keys = pa.concat_tables(parts) if parts else pa.table({k: pa.array([], t) for k, t in _EMPTY_KEYS.items()})
-    keys = keys.take(pc.sort_indices(keys, [("part", "ascending"), ("row", "ascending"), ("para", "ascending")]))
+    keys = keys.take(pc.sort_indices(keys, [("part", "ascending"), ("shard", "ascending"), ("row", "ascending"),
+                                            ("para", "ascending")]))
     write_partitioned(keys.drop_columns(["part"]), keys.column("part").to_numpy(), job.out, job.header)
-    return {"shard": job.shard, "keys": keys.num_rows, "rows": table.num_rows}
+    return {"shard": job.first, "keys": keys.num_rows, "rows": rows_in}
 
 
 @dataclass(frozen=True)
@@ -181,22 +184,36 @@ def partition_task(job: PartitionJob) -> dict:
 
 @dataclass(frozen=True)
 class ApplyJob:
-    out: ShardSink
-    path: str
-    shard: int
+    outs: tuple[ShardSink, ...]  # one per shard of the block
+    paths: tuple[str, ...]
+    first: int  # the block's first shard's number
     dup_files: tuple[str, ...]
     level: str
     header: dict
 
 
-def apply_task(job: ApplyJob) -> dict:
-    """Phase 3 for one upstream shard: write its deduplicated shard and rejections."""
-    table = location.read_parquet(job.path)
-    parts = [read_artifact(f, job.header, filters=[("shard", "=", job.shard)]) for f in job.dup_files]
+def apply_block(job: ApplyJob) -> list[dict]:
+    """Phase 3 for one block: each partition's duplicates of the block's shards read once
+    (one range of each file, sorted by shard), then each shard deduplicated."""
+    last = job.first + len(job.paths) - 1
+    parts = [read_artifact(f, job.header, filters=[("shard", ">=", job.first), ("shard", "<=", last)])
+             for f in job.dup_files]
     dups = pa.concat_tables(parts) if parts else None
+    shard = dups.column("shard").to_numpy() if dups is not None else np.zeros(0, np.int32)
+    entries = []
+    for k, (out, path) in enumerate(zip(job.outs, job.paths)):
+        mine = dups.filter(pa.array(shard == job.first + k)) if dups is not None else None
+        entries.append(apply_task(out, path, mine, job.level))
+    return entries
+
+
+def apply_task(out: ShardSink, path: str, dups: pa.Table | None, level: str) -> dict:
+    """One upstream shard, given its duplicate (row, para) rows: write its deduplicated shard
+    and rejections."""
+    table = location.read_parquet(path)
     rows = dups.column("row").to_numpy() if dups is not None else np.zeros(0, np.int32)
     reasons = np.full(table.num_rows, None, dtype=object)
-    if job.level == "document":
+    if level == "document":
         reasons[rows] = REASON_DUPLICATE
     else:
         paras = dups.column("para").to_numpy() if dups is not None else np.zeros(0, np.int32)
@@ -215,8 +232,8 @@ def apply_task(job: ApplyJob) -> dict:
             idx = table.schema.get_field_index("text")
             table = table.set_column(idx, "text", pa.array(texts, table.schema.field("text").type))
         table = table.append_column("dup_paragraphs", pa.array(removed, pa.int32()))
-    kept, rejected = split_kept_rejected(table, pa.array(reasons.tolist(), pa.string()), job.out.stage)
-    return job.out.write(kept, rejected, table.num_rows)
+    kept, rejected = split_kept_rejected(table, pa.array(reasons.tolist(), pa.string()), out.stage)
+    return out.write(kept, rejected, table.num_rows)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -289,18 +306,19 @@ class ExactDedup(GlobalStage):
         work = ctx.work_dir
         ctx.check_work_header(header)
         P = self.partitions
-        key_files = tuple(location.join(work, "keys", f"{n}.parquet") for n in safe_names(keys))
+        spans = blocks(location.sizes(paths))
+        key_files = tuple(location.join(work, "keys", f"{block_name(keys[lo:hi])}.parquet") for lo, hi in spans)
         dup_files = tuple(location.join(work, "dups", f"part-{p:05d}.parquet") for p in range(P))
         if set(keys) - ctx.done_keys():
             against = [tuple(self.against_files(p)) for p in range(P)]  # fail before any work
-            ctx.phase("keys", keys_task, [KeysJob(paths[i], i, key_files[i], self.level, P, self.seed, header)
-                                          for i in range(len(keys))])
+            ctx.phase("keys", keys_task, [KeysJob(tuple(paths[lo:hi]), lo, key_files[b], self.level, P, self.seed,
+                                                  header) for b, (lo, hi) in enumerate(spans)])
             ctx.phase("partitions", partition_task, [
                 PartitionJob(p, key_files, dup_files[p], location.join(bloom_dir, f"part-{p:05d}.bloom"), against[p],
                              self.partition_capacity(), self.bloom.false_positive_rate, self.seed, self.bloom_params(),
                              header) for p in range(P)])
-            ctx.phase("apply", apply_task, [ApplyJob(ctx.output(keys[i]), paths[i], i,
-                                                     dup_files, self.level, header) for i in range(len(keys))],
+            ctx.phase("apply", apply_block, [ApplyJob(tuple(ctx.output(k) for k in keys[lo:hi]), tuple(paths[lo:hi]),
+                                                      lo, dup_files, self.level, header) for lo, hi in spans],
                       commit=True)
         self._write_report(ctx, bloom_dir)
 
