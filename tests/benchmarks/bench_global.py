@@ -13,8 +13,12 @@ Corpus: 12% exact copies, 8% near copies (a few words changed) of earlier docume
 new documents of 3-8 real sentences; three sources (web 70%, code 20%, math 10%); ~24 tokens
 per document (random ids: the token values do not matter to mix or pack).
 
+Shards are a scale axis too: ``--shard-docs 5000 500`` runs each size with the same documents in
+10x more shards and prints every stage's seconds and the driver's peak as ratios (mix's output
+shards and pack's windows follow ``--shard-docs``: as many outputs as inputs).
+
 Run: ``.venv/bin/python tests/benchmarks/bench_global.py [--sizes 1000000 10000000]
-[--shard-docs 50000] [--workers 2] [--stages exact near top mix pack]``
+[--shard-docs 50000 [500 ...]] [--workers 2] [--stages exact near top mix pack]``
 """
 
 from __future__ import annotations
@@ -136,11 +140,17 @@ def run_size(n: int, shard_docs: int, workers: int, stages: list[str], out_json:
                                "peak_worker_rss_mb": v["peak_worker_rss_mb"]} for k, v in ctx.phases.items()},
                 "largest_worker_mb": max((v["peak_worker_rss_mb"] for v in ctx.phases.values()), default=0),
                 "files_written": files + work["files"], "bytes_written": nbytes + work["bytes"],
-                "file_bound": 2 * (len(upstream) + PARTITIONS + out_shards),
+                "file_bound": 2 * (len(upstream) + _partitions(rd, name) + out_shards),
                 "driver_hwm_mb": _hwm_mb()}
         ray.shutdown()
     res["driver_peak_mb"] = _hwm_mb()
     Path(out_json).write_text(json.dumps(res, indent=1))
+
+
+def _partitions(rd, name: str) -> int:
+    """The stage's shuffle partitions: mix chooses them from the data (its report says how many)."""
+    rep = Path(rd.stage_dir(name)) / "_mix_report.json"
+    return json.loads(rep.read_text())["partitions"] if rep.exists() else PARTITIONS
 
 
 def _hwm_mb() -> float:
@@ -162,30 +172,50 @@ def show(r: dict) -> None:
     print(f"driver peak RSS {r['driver_peak_mb']:,.0f} MB")
 
 
+def compare_shards(runs: list[dict]) -> None:
+    """The same documents in more shards: each stage's seconds and files, and the driver's
+    peak, as ratios to the first (fewest shards) run."""
+    base = runs[0]
+    print(f"\n{base['docs']:,} documents: more shards vs {base['upstream_shards']} shards (ratio to it)")
+    for r in runs[1:]:
+        print(f"  {r['upstream_shards']} shards: driver peak {r['driver_peak_mb']:,.0f} MB "
+              f"(x{r['driver_peak_mb'] / base['driver_peak_mb']:.2f})")
+        for name, s in r["stages"].items():
+            b = base["stages"][name]
+            print(f"    {name:6s} {s['seconds']:7.1f} s (x{s['seconds'] / b['seconds']:.2f})  files "
+                  f"{s['files_written']:6d} (bound {s['file_bound']})  largest worker {s['largest_worker_mb']:,.0f} MB")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 10_000_000])
-    ap.add_argument("--shard-docs", type=int, default=50_000)
+    ap.add_argument("--shard-docs", type=int, nargs="+", default=[50_000],
+                    help="documents per upstream shard; several: the same documents in more shards, compared")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--stages", nargs="+", default=["exact", "near", "top", "mix", "pack"])
     ap.add_argument("--one", nargs=2, help=argparse.SUPPRESS)  # internal: SIZE OUT_JSON
     ap.add_argument("--gen", nargs=2, help=argparse.SUPPRESS)  # internal: SIZE DIR
     a = ap.parse_args()
     if a.gen:
-        up = write_corpus(Path(a.gen[1]), int(a.gen[0]), a.shard_docs)
+        up = write_corpus(Path(a.gen[1]), int(a.gen[0]), a.shard_docs[0])
         (Path(a.gen[1]) / "upstream.json").write_text(json.dumps(up))
         return
     if a.one:
-        run_size(int(a.one[0]), a.shard_docs, a.workers, a.stages, a.one[1])
+        run_size(int(a.one[0]), a.shard_docs[0], a.workers, a.stages, a.one[1])
         return
     results = []
     for n in a.sizes:
-        with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-            out = f.name
-        subprocess.run([sys.executable, __file__, "--one", str(n), out, "--shard-docs", str(a.shard_docs),
-                        "--workers", str(a.workers), "--stages", *a.stages], check=True)
-        results.append(json.loads(Path(out).read_text()))
-        show(results[-1])
+        by_shards = []
+        for sd in a.shard_docs:
+            with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+                out = f.name
+            subprocess.run([sys.executable, __file__, "--one", str(n), out, "--shard-docs", str(sd),
+                            "--workers", str(a.workers), "--stages", *a.stages], check=True)
+            by_shards.append(json.loads(Path(out).read_text()))
+            show(by_shards[-1])
+        if len(by_shards) > 1:
+            compare_shards(by_shards)
+        results.append(by_shards[0])
     if len(results) > 1:
         lo, hi = results[0], results[-1]
         print(f"\ndriver peak RSS {lo['driver_peak_mb']:,.0f} MB at {lo['docs']:,} -> {hi['driver_peak_mb']:,.0f} MB "
