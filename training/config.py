@@ -206,7 +206,7 @@ class TrainLoopConfig(_Strict):
     deterministic: bool = False
     # Tokens per chunk of the fused LM-head + cross-entropy (training/loss.py): the (tokens x
     # vocab) logits are never materialised in fp32 at once. 0 = one chunk.
-    loss_chunk_tokens: int = Field(default=4096, ge=0)
+    loss_chunk_tokens: int = Field(default=1024, ge=0)
 
 
 class ParallelConfig(_Strict):

@@ -25,12 +25,15 @@ class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk: int, ignore_index: int):
         n = hidden.shape[0]
-        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        total = torch.zeros((), dtype=torch.float32 if hidden.element_size() < 4 else hidden.dtype, device=hidden.device)
         need_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
-        grads = []
+        # d(loss)/d(logits) for all tokens, in the compute dtype, filled chunk by chunk
+        grads = hidden.new_empty((n, weight.shape[0])) if need_grad else None
         for a in range(0, n, chunk):
             h, t = hidden[a : a + chunk], targets[a : a + chunk]
-            logits = (h @ weight.t()).float()
+            logits = h @ weight.t()
+            if logits.element_size() < 4:  # bf16/fp16 compute: the softmax in fp32, one chunk at a time
+                logits = logits.float()
             lse = torch.logsumexp(logits, dim=-1)
             valid = t != ignore_index
             safe = torch.where(valid, t, 0)
@@ -41,24 +44,24 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 g = logits.sub_(lse[:, None]).exp_()
                 g[torch.arange(len(t), device=t.device), safe] -= 1.0
                 g.mul_(valid[:, None])
-                grads.append(g.to(hidden.dtype))
+                grads[a : a + chunk] = g
         if need_grad:
-            ctx.save_for_backward(hidden, weight, torch.cat(grads) if len(grads) > 1 else grads[0])
+            ctx.save_for_backward(hidden, weight, grads)
         return total
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         hidden, weight, g = ctx.saved_tensors
-        g = g * grad_out.to(g.dtype)
+        g.mul_(grad_out.to(g.dtype))  # in place: the stored gradient is used once (no retain_graph)
         grad_h = (g @ weight) if ctx.needs_input_grad[0] else None
         grad_w = (g.t() @ hidden) if ctx.needs_input_grad[1] else None
         return grad_h, grad_w, None, None, None
 
 
-def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_tokens: int = 4096,
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_tokens: int = 1024,
                          ignore_index: int = -100) -> torch.Tensor:
     """``sum(cross_entropy(hidden @ weight.T, targets))`` over tokens whose target is not
-    ``ignore_index``, in fp32. hidden: (N, d); weight: (V, d); targets: (N,).
+    ``ignore_index``, in fp32 (fp64 for fp64 inputs). hidden: (N, d); weight: (V, d); targets: (N,).
     ``chunk_tokens`` <= 0: one chunk."""
     hidden, targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
     chunk = chunk_tokens if chunk_tokens > 0 else max(1, hidden.shape[0])

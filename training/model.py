@@ -201,7 +201,7 @@ class Transformer(nn.Module):
         targets: torch.Tensor | None = None,
         cu_seqlens: torch.Tensor | None = None,
         max_seqlen: int = 0,
-        loss_chunk_tokens: int = 4096,
+        loss_chunk_tokens: int = 1024,
     ) -> torch.Tensor:
         """Logits (B, T, V); with ``targets`` instead the summed cross-entropy (fp32 scalar)
         over targets that are not -100, through the fused chunked head (training/loss.py).

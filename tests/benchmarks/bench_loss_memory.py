@@ -54,7 +54,7 @@ def main() -> None:
     p.add_argument("--micro", type=int, default=4)
     p.add_argument("--d-model", type=int, default=256)
     p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
-    p.add_argument("--chunk", type=int, default=4096, help="train.loss_chunk_tokens")
+    p.add_argument("--chunk", type=int, default=1024, help="train.loss_chunk_tokens (its default)")
     p.add_argument("--child", default=None)
     a = p.parse_args()
     tokens = a.seq * a.micro
