@@ -21,6 +21,8 @@ import yaml
 from conftest import REPO
 from test_global_resume import _digests
 
+pytestmark = pytest.mark.slow  # ~4 min on 2 cores: every run is a fresh process with its own Ray
+
 
 def _cli_run(dag: Path, run: Path, tmp: Path, kill_at: str | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "RAY_TMPDIR": str(tmp)}
@@ -83,11 +85,13 @@ def test_mix_and_pack_driver_sigkilled_mid_phase_resume_byte_identical(short_tmp
     tok = mix_multi_tokenizer(tmp_path_factory.getbasetemp() / "mix-multi-kill")
     d = yaml.safe_load((REPO / "pipelines" / "mix-multi.yaml").read_text())
     d["stages"]["tokenize"]["tokenizer"] = str(tok)
+    # several output shards and pack windows: jobs to kill between
+    d["stages"]["mix"]["rows_per_shard"] = d["stages"]["pack"]["window"] = 100
     dag = short_tmp / "mix-multi.yaml"
     dag.write_text(yaml.safe_dump(d))
     ref = short_tmp / "mix-ref"
     assert _cli_run(dag, ref, short_tmp).returncode == 0
-    for label in ("mix:scatter", "pack:pack"):
+    for label in ("mix:scatter", "mix:gather", "pack:pack"):
         run = short_tmp / label.replace(":", "-")
         stats, seconds = _kill_and_resume(dag, run, short_tmp, label)
         assert _digests(run) == _digests(ref), label
