@@ -72,9 +72,14 @@ def test_invalid_utf8_line_is_rejected_alone(bad_dir):
     assert "\ufffd" in r["text"]  # what could be decoded is kept for inspection
 
 
-def test_empty_file_is_reported(bad_dir):
-    docs, rejects = _read("jsonl", bad_dir / "empty.jsonl")
-    assert docs == [] and [r["reason"] for r in rejects] == ["read:empty_file"]
+def test_empty_file_is_zero_documents_not_a_rejected_one(bad_dir):
+    """An empty file is 0 documents: noted (``ReadResult.empty``, and on the input's manifest
+    line as ``empty_file``), never a rejected row that stats would count as a document in."""
+    spec = InputSpec(format="jsonl", paths=[str(bad_dir / "empty.jsonl")], source="web")
+    (shard,) = plan_input("in", spec)
+    res = read_shard(shard, spec)
+    docs, rejects = res.tables()
+    assert docs.num_rows == 0 and rejects.num_rows == 0 and res.empty == "no JSON line in file"
 
 
 def test_huge_document_rejected_with_preview_and_neighbours_kept(bad_dir):
@@ -149,3 +154,23 @@ def test_parquet_reader_by_row_group(tmp_path):
     size = (tmp_path / "a.parquet").stat().st_size
     docs, rejects = _read("parquet", tmp_path / "a.parquet", split_bytes=max(1, size // 3))
     assert sorted(d["text"] for d in docs) == sorted(t.column("text").to_pylist()) and not rejects
+
+
+def test_an_empty_file_in_a_run_is_noted_on_its_manifest_line(tmp_path, ray_session):
+    from curation.pipeline.dag import parse_dag
+    from curation.pipeline.executor import run_dag
+    from curation.pipeline.rundir import RunDir
+    from curation.pipeline.stats import stage_table
+
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    dag = parse_dag({"name": "empty", "inputs": {"math": {
+        "format": "jsonl", "source": "math", "text_field": "question",
+        "paths": [str(DATA / "jsonl/gsm8k_train_head400.jsonl.gz"), str(tmp_path / "empty.jsonl")]}},
+        "stages": {"g": {"type": "gopher_quality", "min_doc_words": 1}, "all": {"type": "union", "inputs": ["g"]}}},
+        "empty.yaml")
+    run_dag(dag, tmp_path / "run", workers=2, quiet=True)
+    entries = RunDir(tmp_path / "run").entries("math")
+    (empty,) = [e for e in entries.values() if e.get("empty_file")]
+    assert empty["empty_file"] == "no JSON line in file" and empty["rows_in"] == 0 and empty["rejected_rows"] == 0
+    row = next(r for r in stage_table(str(tmp_path / "run")) if r["stage"] == "math")
+    assert row["docs_in"] == 400 and row["rejected"] == 0  # no phantom document

@@ -70,7 +70,7 @@ def iter_jsonl(shard: InputShard, spec: InputSpec, res: ReadResult) -> Iterator[
     except Exception as e:  # corrupt gzip/zstd, truncated stream, unreadable file
         res.reject(None, "corrupt_stream", offset, f"{type(e).__name__}: {e} (after line {seen})")
     if whole and seen == 0 and not res.rejects["id"]:
-        res.reject(None, "empty_file", 0, "no JSON line in file")
+        res.empty = "no JSON line in file"  # 0 documents, not a rejected one
 
 
 def _add_line(res: ReadResult, spec: InputSpec, line_offset: int, raw: bytes) -> None:

@@ -49,7 +49,7 @@ def iter_parquet(shard: InputShard, spec: InputSpec, res: ReadResult) -> Iterato
             pf = pq.ParquetFile(raw)
             md = pf.metadata
             if md.num_rows == 0 and shard.start == 0:
-                res.reject(None, "empty_file", 0, "parquet file has no rows")
+                res.empty = "parquet file has no rows"  # 0 documents, not a rejected one
             starts = [0]
             for g in range(md.num_row_groups):
                 starts.append(starts[-1] + md.row_group(g).num_rows)

@@ -34,6 +34,9 @@ class ReadResult:
     bytes_decompressed: int = 0
     #: payload bytes held (html, text, previews): what bounds a batch's memory
     held_bytes: int = 0
+    #: why a whole file gave no document and no problem (no line, no row, no record of the
+    #: type read): 0 documents, noted on the input's manifest line, never a rejected row
+    empty: str | None = None
 
     def __post_init__(self) -> None:
         schema = HTML_SCHEMA if self.html else DOC_SCHEMA
@@ -86,7 +89,7 @@ class ReadResult:
     def take(self) -> ReadResult:
         """Hand over what was built so far as a batch, and start an empty one."""
         out = ReadResult(self.shard, self.spec, self.html, bytes_read=self.bytes_read,
-                         bytes_decompressed=self.bytes_decompressed, held_bytes=self.held_bytes)
+                         bytes_decompressed=self.bytes_decompressed, held_bytes=self.held_bytes, empty=self.empty)
         out.docs, out.rejects = self.docs, self.rejects
         self.__post_init__()
         self.held_bytes = 0
@@ -100,6 +103,7 @@ class ReadResult:
             self.rejects[k].extend(v)
         self.held_bytes += other.held_bytes
         self.bytes_read, self.bytes_decompressed = other.bytes_read, other.bytes_decompressed
+        self.empty = other.empty or self.empty
 
     def tables(self) -> tuple[pa.Table, pa.Table]:
         schema = HTML_SCHEMA if self.html else DOC_SCHEMA

@@ -51,7 +51,7 @@ def _records(stream, wet: bool) -> ArchiveIterator:
 
 
 class _State:
-    """What a shard's walk has seen so far (for ``empty_file`` and error details)."""
+    """What a shard's walk has seen so far (for an empty file's note and error details)."""
 
     def __init__(self) -> None:
         self.records = 0
@@ -118,7 +118,7 @@ def iter_warc(shard: InputShard, spec: InputSpec, res: ReadResult) -> Iterator[N
         # such files whole; the first part reads them whole if they were cut anyway)
         res.bytes_read = max(res.bytes_read, src.bytes_read)
     if whole and st.records == 0 and not res.rejects["id"]:
-        res.reject(None, "empty_file", 0, "no WARC record of type " + ("conversion" if wet else "response"))
+        res.empty = "no WARC record of type " + ("conversion" if wet else "response")  # 0 documents
 
 
 def _walk_members(shard: InputShard, spec: InputSpec, res: ReadResult, src: Source, wet: bool,
