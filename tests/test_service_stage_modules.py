@@ -125,6 +125,11 @@ def test_an_allowed_module_runs(svc):
     live = prog["live"]["read+map"]
     assert prog["run_state"] == "done" and live["done"] == live["total"] >= 1 and live["docs"] == len(chars)
     assert {"docs_per_s", "bytes_per_s_1m", "eta_s", "stragglers", "nodes"} <= set(live)
+    with svc.client() as c:
+        text = c.get("/metrics").raise_for_status().text
+    assert f'refinery_phase_shards_done{{run="{rid}",phase="read+map"}} {live["done"]}' in text
+    assert f'refinery_phase_docs{{run="{rid}",phase="read+map"}} {live["docs"]}' in text
+    assert f'refinery_run_running{{run="{rid}"}} 0' in text
 
 
 def test_the_allow_list_is_checked_before_import_in_process(tmp_path, monkeypatch):

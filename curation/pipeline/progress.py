@@ -249,3 +249,41 @@ def render_status(progress: dict):
             s.add_row(phase, x["task"], _duration(x["running_s"]), _human_bytes(x.get("bytes")))
         parts.append(s)
     return Group(*parts)
+
+
+# ---------------------------------------------------------------------------------------------
+# Prometheus text format (the service's /metrics)
+
+_METRICS = (
+    ("refinery_phase_shards_done", "shards done in a phase", lambda p, lv: p.get("done")),
+    ("refinery_phase_shards_total", "shards in a phase", lambda p, lv: p.get("total")),
+    ("refinery_phase_tasks_running", "tasks of a phase running now", lambda p, lv: lv.get("running")),
+    ("refinery_phase_tasks_failed", "tasks of a phase that failed after retries", lambda p, lv: lv.get("failed")),
+    ("refinery_phase_docs", "documents read by a phase's finished tasks", lambda p, lv: lv.get("docs")),
+    ("refinery_phase_docs_per_second", "documents per second over the last minute", lambda p, lv: lv.get("docs_per_s_1m")),
+    ("refinery_phase_bytes_per_second", "input bytes per second over the last minute", lambda p, lv: lv.get("bytes_per_s_1m")),
+    ("refinery_phase_eta_seconds", "estimated seconds to the end of a phase", lambda p, lv: lv.get("eta_s")),
+    ("refinery_phase_slowest_task_seconds", "how long the longest-running task has run",
+     lambda p, lv: (lv.get("stragglers") or [{}])[0].get("running_s", 0) if lv else None),
+)
+
+
+def _label(v: str) -> str:
+    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def prometheus_text(progress_by_run: dict[str, dict]) -> str:
+    """Per run and phase, the figures of ``progress.json`` as Prometheus gauges; plus
+    ``refinery_run_running`` (1 while a run's state is running)."""
+    out = ["# HELP refinery_run_running 1 while the run is running", "# TYPE refinery_run_running gauge"]
+    for run, prog in sorted(progress_by_run.items()):
+        out.append(f'refinery_run_running{{run="{_label(run)}"}} {int(prog.get("state") == "running")}')
+    for name, help_, get in _METRICS:
+        out += [f"# HELP {name} {help_}", f"# TYPE {name} gauge"]
+        for run, prog in sorted(progress_by_run.items()):
+            live = prog.get("live") or {}
+            for phase, p in (prog.get("phases") or {}).items():
+                v = get(p, live.get(phase) or {})
+                if v is not None:
+                    out.append(f'{name}{{run="{_label(run)}",phase="{_label(phase)}"}} {float(v):g}')
+    return "\n".join(out) + "\n"

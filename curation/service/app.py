@@ -557,6 +557,21 @@ def create_app(runs_dir: str | Path, token: str, address: str | None = None,
             progress = {}
         return {**progress, "run_state": runs.describe(run_id, detail=False)["state"]}
 
+    @app.get("/metrics", tags=["service"], response_class=Response)
+    def metrics():
+        """Every run's progress as Prometheus gauges (text format): shards done/total, tasks
+        running and failed, documents, documents and bytes per second, ETA and the slowest
+        running task, per run and phase."""
+        from curation.pipeline.progress import prometheus_text
+
+        progress = {}
+        for rid in runs._run_ids():
+            try:
+                progress[rid] = json.loads(Path(RunDir(runs.runs_dir / rid).progress_file).read_text())
+            except (OSError, ValueError):
+                continue
+        return Response(prometheus_text(progress), media_type="text/plain; version=0.0.4")
+
     @app.get("/runs/{run_id}/dag", tags=["runs"])
     def get_dag(run_id: str) -> dict:
         """The DAG as submitted and as run (inputs pinned to resolved files, defaults filled in)."""
