@@ -650,11 +650,40 @@ async function action(id, verb) {
   showRun(id, true);
 }
 
+const bytesText = (n) => (n === null || n === undefined ? "–"
+  : n >= 1e9 ? `${(n / 1e9).toFixed(1)} GB` : n >= 1e6 ? `${(n / 1e6).toFixed(1)} MB`
+  : n >= 1e3 ? `${(n / 1e3).toFixed(1)} kB` : `${Math.round(n)} B`);
+
+// live figures of a phase (progress.json "live"): rates over the last minute, ETA, tasks
+function liveCells(lv) {
+  if (!lv) return [el("td", {}), el("td", {}), el("td", {}), el("td", {})];
+  const tasks = `${fmt(lv.running)} running` + (lv.failed ? `, ${fmt(lv.failed)} failed` : "");
+  return [el("td", {class: "num"}, `${fmt(Math.round(lv.docs_per_s_1m))} docs/s`),
+          el("td", {class: "num"}, `${bytesText(lv.bytes_per_s_1m)}/s`),
+          el("td", {class: "num"}, lv.eta_s === null ? "ETA ?" : `ETA ${duration(lv.eta_s)}`),
+          el("td", {class: "num"}, tasks)];
+}
+
+function stragglerTable(live) {
+  const rows = Object.entries(live || {}).flatMap(([phase, lv]) =>
+    (lv.stragglers || []).map((s) => ({phase, ...s})));
+  if (!rows.length) return null;
+  rows.sort((a, b) => b.running_s - a.running_s);
+  return el("section", {class: "card", id: "stragglers"}, el("h2", {}, "Slowest running tasks"),
+    el("table", {}, el("thead", {}, el("tr", {}, el("th", {}, "phase"), el("th", {}, "task"),
+                                        el("th", {}, "running"), el("th", {}, "bytes"))),
+       el("tbody", {}, rows.slice(0, 10).map((s) => el("tr", {}, el("td", {}, s.phase), el("td", {}, s.task),
+         el("td", {class: "num"}, duration(s.running_s)), el("td", {class: "num"}, bytesText(s.bytes)))))));
+}
+
 async function showRun(id, keepSql) {
-  let run, stats;
+  let run, stats, live = {};
   try {
-    [run, stats] = await Promise.all([api(`/runs/${encodeURIComponent(id)}`),
-                                      api(`/runs/${encodeURIComponent(id)}/stats`).catch(() => null)]);
+    let progress;
+    [run, stats, progress] = await Promise.all([api(`/runs/${encodeURIComponent(id)}`),
+                                      api(`/runs/${encodeURIComponent(id)}/stats`).catch(() => null),
+                                      api(`/runs/${encodeURIComponent(id)}/progress`).catch(() => null)]);
+    live = (progress && progress.live) || {};
   } catch (e) {
     setMain(el("p", {}, el("a", {href: "#/"}, "← runs")), el("p", {class: "error"}, e.message));
     return;
@@ -675,9 +704,11 @@ async function showRun(id, keepSql) {
     Object.keys(run.phases || {}).length
       ? el("table", {id: "phases"}, el("tbody", {}, Object.entries(run.phases).map(([name, p]) =>
           el("tr", {}, el("td", {}, name), el("td", {}, bar(p.total ? p.done / p.total : 0)),
-             el("td", {class: "num"}, `${fmt(p.done)} / ${fmt(p.total)} shards`)))))
+             el("td", {class: "num"}, `${fmt(p.done)} / ${fmt(p.total)} shards`), ...liveCells(live[name])))))
       : null);
   const parts = [head];
+  const slow = stragglerTable(live);
+  if (slow) parts.push(slow);
   if (stats) {
     const stages = stats.stages;
     parts.push(el("section", {class: "card"}, el("h2", {}, "Stages"), stageTable(stages)));
