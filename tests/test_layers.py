@@ -163,3 +163,47 @@ def test_the_checker_sees_a_violation(tmp_path):
                  "def f():\n    from curation.stages.base import Stage\n")
     known = {"curation.pipeline.dag": f, "curation.pipeline.rundir": f, "curation.stages.base": f}
     assert _imports(f, "x", known) == {"curation.pipeline.dag", "curation.stages.base"}
+
+
+#: modules that may still rename a temporary file into place themselves, and why
+OWN_RENAMES = {
+    "curation.io.files": "the one home of atomic writes (StagedFile, atomic_path)",
+    # curation/service/ is being changed in another piece of work; its _write_json moves to
+    # curation.io.files.write_json when that lands
+    "curation.service.runs": "pending: service/runs.py _write_json",
+}
+
+
+def _renames(path: Path) -> list[int]:
+    """Lines where ``path`` calls ``os.replace``/``os.rename`` or a path's ``.replace``/``.rename``
+    with one argument (how a temporary file is put into place)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            continue
+        f = node.func
+        if f.attr in ("replace", "rename") and isinstance(f.value, ast.Name) and f.value.id == "os":
+            out.append(node.lineno)
+        elif f.attr == "rename" and len(node.args) == 1:
+            out.append(node.lineno)
+        elif (f.attr == "replace" and len(node.args) == 1 and not node.keywords
+              and not (isinstance(f.value, ast.Constant) or isinstance(node.args[0], ast.Constant))):
+            out.append(node.lineno)  # Path.replace(target); str.replace takes two arguments
+    return out
+
+
+def test_only_io_files_renames_a_temporary_file_into_place():
+    """Every atomic write goes through ``curation.io.files`` (``atomic_path``, ``StagedFile``,
+    ``write_*``), which also knows object storage; the trainer keeps its own (its layer rule)."""
+    bad = [f"{mod} ({_modules()[mod].relative_to(REPO)}:{line})" for mod, f in _modules().items()
+           if mod.startswith("curation") and mod not in OWN_RENAMES for line in _renames(f)]
+    assert not bad, "rename into place outside curation.io.files:\n" + "\n".join(sorted(bad))
+    stale = [m for m in OWN_RENAMES if not _renames(_modules()[m])]
+    assert not stale, f"exempt but no longer renaming anything (drop the exemption): {stale}"
+
+
+def test_the_rename_checker_sees_renames(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("import os\nos.replace(a, b)\nos.rename(a, b)\ntmp.rename(p)\ntmp.replace(p)\n"
+                 "s.replace('a', 'b')\nx = 'a'.replace(y)\n")
+    assert _renames(f) == [2, 3, 4, 5]

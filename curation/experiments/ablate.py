@@ -54,6 +54,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from curation.pipeline.dag import load_dag, parse_dag
 from curation.formats.packed import PACK_REPORT
 from curation.io import datapaths
+from curation.io.files import atomic_path
 from curation.pipeline.executor import run_dag
 from curation.pipeline.rundir import RunDir, resolve_corpus
 
@@ -254,9 +255,8 @@ def build_eval_pack(cfg: AblateConfig, eval_paths: list[str], tokenizer: str, ou
     t = pa.table({"id": [f"eval-{i:06d}" for i in range(len(docs))], "text": docs,
                   "source": [cfg.eval.source] * len(docs)})
     if not path.exists() or not pq.read_table(path).equals(t):
-        tmp = d / ".eval_docs.parquet.tmp"
-        pq.write_table(t, tmp)
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            pq.write_table(t, tmp)
     pack_dir, st = run_pack("eval", [str(path.resolve())], tokenizer, cfg, out, workers, shuffle=False)
     st["docs"] = len(docs)
     return pack_dir, st

@@ -10,14 +10,14 @@ store the non-padding tokens of rows piece by piece (``Rows.docs``); MDS stores 
 from __future__ import annotations
 
 import hashlib
-import os
-import uuid
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from curation.io.files import StagedFile
 
 
 class ExportError(ValueError):
@@ -141,14 +141,14 @@ class Rows:
 
 
 class HashedFile:
-    """A file written under a temporary dot-name beside ``path``, sha256 computed as it is
-    written, renamed into place by ``close`` (a kill mid-write leaves only the dot-file)."""
+    """A file written under a temporary dot-name beside ``path`` (``files.StagedFile``), sha256
+    computed as it is written, put in place by ``close`` (a kill mid-write leaves only the
+    dot-file)."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._tmp = self.path.with_name(f".{self.path.name}.tmp-{uuid.uuid4().hex[:8]}")
-        self._f = open(self._tmp, "wb")
+        self._staged = StagedFile(self.path)
+        self._f = open(self._staged.tmp, "wb")
         self._h = hashlib.sha256()
         self.bytes = 0
 
@@ -170,15 +170,15 @@ class HashedFile:
         return self._f.closed
 
     def close(self) -> dict[str, Any]:
-        """Rename into place; ``{"path": name, "bytes", "sha256"}``."""
+        """Put in place; ``{"path": name, "bytes", "sha256"}``."""
         self._f.close()
-        os.replace(self._tmp, self.path)
+        self._staged.commit()
         return {"path": self.path.name, "bytes": self.bytes, "sha256": self._h.hexdigest()}
 
     def abort(self) -> None:
         if not self._f.closed:
             self._f.close()
-        self._tmp.unlink(missing_ok=True)
+        self._staged.abort()
 
 
 def write_array(f: HashedFile, arr: np.ndarray) -> None:

@@ -15,8 +15,6 @@ Detokenizing needs the tokenizer the tokens were made with (``TokenInfo.dir``).
 from __future__ import annotations
 
 import json
-import os
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from curation.export.common import Docs, ExportError, TokenInfo, Writer, finish_nothing
+from curation.io.files import StagedFile, file_sha256
 
 finish = finish_nothing
 SCHEMA = pa.schema([
@@ -64,9 +63,8 @@ class ParquetWriter(Writer):
     def __init__(self, out_dir: Path, name: str, info: TokenInfo, index: int, options: dict[str, Any]):
         super().__init__(out_dir, name, info, index, options)
         self.path = self.out_dir / f"{name}.parquet"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._tmp = self.path.with_name(f".{self.path.name}.tmp-{uuid.uuid4().hex[:8]}")
-        self._pq = pq.ParquetWriter(self._tmp, SCHEMA, compression="zstd")
+        self._staged = StagedFile(self.path)
+        self._pq = pq.ParquetWriter(self._staged.tmp, SCHEMA, compression="zstd")
         self._rows = 0
 
     def write_docs(self, docs: Docs) -> None:
@@ -74,18 +72,17 @@ class ParquetWriter(Writer):
         self._rows += len(docs)
 
     def close(self) -> list[dict[str, Any]]:
-        from curation.io.files import file_sha256  # noqa: PLC0415
-
         if self._rows == 0:
             return self.close_empty()
         self._pq.close()
-        info = {"path": self.path.name, "bytes": self._tmp.stat().st_size, "sha256": file_sha256(self._tmp)}
-        os.replace(self._tmp, self.path)
+        tmp = self._staged.tmp
+        info = {"path": self.path.name, "bytes": tmp.stat().st_size, "sha256": file_sha256(tmp)}
+        self._staged.commit()
         return [info]
 
     def abort(self) -> None:
         self._pq.close()
-        self._tmp.unlink(missing_ok=True)
+        self._staged.abort()
 
 
 class JsonlWriter(Writer):

@@ -29,30 +29,48 @@ from curation.io.location import fs_path, is_remote, join, local
 
 # -- atomic writes -------------------------------------------------------------------------
 
+class StagedFile:
+    """A target file under construction: ``tmp`` is a local temporary path a writer fills (in
+    one go or across calls, e.g. a streaming Parquet or shard writer); ``commit`` puts it in
+    place at ``path`` whole (a rename beside it locally, one upload on object storage),
+    ``abort`` removes it. ``atomic_path`` is the with-block form; this is the one place that
+    renames a temporary file into place."""
+
+    def __init__(self, path: str | Path):
+        self.path = path
+        self.remote = is_remote(path)
+        if self.remote:
+            fd, name_ = tempfile.mkstemp(prefix=".refinery-spool-", dir=os.environ.get("REFINERY_SPOOL"))
+            os.close(fd)
+            self.tmp = Path(name_)
+        else:
+            target = Path(local(path))
+            target.parent.mkdir(parents=True, exist_ok=True)
+            self.tmp = target.with_name(f".{target.name}.tmp-{uuid.uuid4().hex[:8]}")
+
+    def commit(self) -> None:
+        if self.remote:
+            fs, p = fs_path(self.path)
+            fs.put_file(str(self.tmp), p)
+            self.tmp.unlink(missing_ok=True)
+        else:
+            os.replace(self.tmp, local(self.path))
+
+    def abort(self) -> None:
+        """Remove the temporary file (nothing to do after ``commit``)."""
+        self.tmp.unlink(missing_ok=True)
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a local temporary path; on success put it in place at ``path`` (a rename beside it
     locally, one upload on object storage), on error remove it."""
-    if is_remote(path):
-        fd, name_ = tempfile.mkstemp(prefix=".refinery-spool-", dir=os.environ.get("REFINERY_SPOOL"))
-        os.close(fd)
-        tmp = Path(name_)
-        try:
-            yield tmp
-            fs, p = fs_path(path)
-            fs.put_file(str(tmp), p)
-        finally:
-            tmp.unlink(missing_ok=True)
-        return
-    path = Path(local(path))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    staged = StagedFile(path)
     try:
-        yield tmp
-        os.replace(tmp, path)
+        yield staged.tmp
+        staged.commit()
     finally:
-        with contextlib.suppress(FileNotFoundError):  # renamed: nothing left to remove
-            tmp.unlink()
+        staged.abort()
 
 
 def append_lines(path: str | Path, text: str) -> None:

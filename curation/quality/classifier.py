@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from curation.io.files import file_sha256
+from curation.io.files import atomic_path, file_sha256, write_json
 
 #: fastText's file signature (``FASTTEXT_FILEFORMAT_MAGIC_INT32``) and the versions it loads.
 FASTTEXT_MAGIC = 793712314
@@ -362,16 +362,15 @@ def train_quality_classifier(labels: str | Path | Sequence[str | Path], out: str
     params = dict(dim=dim, epoch=epoch, lr=lr, wordNgrams=word_ngrams, minCount=min_count, bucket=bucket,
                   loss="softmax", seed=seed, thread=thread, verbose=0)
     t0 = time.perf_counter()
-    tmp = out.with_name(f".{out.name}.tmp")
     try:
         # In a fresh process: after one fastText training, later ones in the same process fail
         # here with "Encountered NaN" on identical inputs (measured: a first run always succeeds,
         # later runs fail, whatever the learning rate), so each model gets its own process.
-        train_fasttext_isolated(train_file, tmp, params)
+        with atomic_path(out) as tmp:
+            train_fasttext_isolated(train_file, tmp, params)
     finally:
         train_file.unlink(missing_ok=True)
     seconds = time.perf_counter() - t0
-    os.replace(tmp, out)
     model = load_fasttext(out, field="quality train")
     if positive_label not in model.get_labels():
         raise ValueError(f"quality train: no {positive_label!r} lines in the labels (labels: {model.get_labels()})")
@@ -407,7 +406,7 @@ def train_quality_classifier(labels: str | Path | Sequence[str | Path], out: str
         if side.exists():
             card.setdefault("label_provenance", []).append(json.loads(side.read_text()))
     cp = card_path(out)
-    cp.write_text(json.dumps(card, indent=2, sort_keys=True) + "\n")
+    write_json(cp, card)
     return card
 
 

@@ -14,13 +14,12 @@ import glob
 import gzip
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from curation.io.files import file_sha256
+from curation.io.files import atomic_path, file_sha256
 from curation.quality.classifier import prepare_text
 from curation.quality.teachers import ReferenceTeacher, Teacher, make_teacher, text_key
 
@@ -96,12 +95,9 @@ def write_label_file(path: str | Path, positives: Sequence[str], negatives: Sequ
     rows = [f"{POSITIVE} {prepare_text(t)}" for t in positives] + [f"{NEGATIVE} {prepare_text(t)}" for t in negatives]
     order = np.random.default_rng(seed).permutation(len(rows))
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         for i in order:
             f.write(rows[i] + "\n")
-    os.replace(tmp, path)
     return {"file": str(path), "sha256": file_sha256(path), "positives": len(positives), "negatives": len(negatives)}
 
 
