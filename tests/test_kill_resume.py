@@ -97,3 +97,31 @@ def test_mix_and_pack_driver_sigkilled_mid_phase_resume_byte_identical(short_tmp
         assert _digests(run) == _digests(ref), label
         assert 0 < stats["ran"] < stats["jobs"], (label, stats)
         print(f"{label}: killed and resumed in {seconds:.1f} s, {stats}")
+
+
+def test_quality_top_driver_sigkilled_mid_phase_resumes_byte_identical(short_tmp, trained):
+    import gzip
+
+    from test_quality import CRAWL, REFERENCE
+
+    plain = []  # uncompressed, so split_bytes cuts them: a phase of several jobs to kill between
+    for f in (CRAWL, REFERENCE):
+        plain.append(short_tmp / f.name.removesuffix(".gz"))
+        plain[-1].write_bytes(gzip.decompress(f.read_bytes()))
+    dag = short_tmp / "quality-top.yaml"
+    dag.write_text(yaml.safe_dump({
+        "name": "quality-top",
+        "inputs": {"docs": {"format": "jsonl", "paths": [str(p) for p in plain], "source": "web",
+                            "split_bytes": 40_000}},
+        "stages": {"quality": {"type": "quality_top", "model": str(trained), "keep_top": 0.3}}}))
+    ref = short_tmp / "quality-ref"
+    assert _cli_run(dag, ref, short_tmp).returncode == 0
+    label = "quality:score"
+    run = short_tmp / "quality-score"
+    stats, seconds = _kill_and_resume(dag, run, short_tmp, label)
+    assert _digests(run) == _digests(ref), label
+    assert 0 < stats["ran"] < stats["jobs"], (label, stats)
+    print(f"{label}: killed and resumed in {seconds:.1f} s, {stats}")
+
+
+from test_quality import trained  # noqa: E402,F401  (the module-scoped classifier fixture)
