@@ -26,9 +26,9 @@ import pyarrow.compute as pc
 from pydantic import BaseModel, Field, PrivateAttr, field_validator, model_validator
 
 from curation.io import location
-from curation.io.files import safe_names, write_parquet
+from curation.io.files import write_parquet
 from curation.quality.topk import BINS, Prefix, choose_bin, cut, score_keys
-from curation.io.shards import split_kept_rejected
+from curation.io.shards import block_name, blocks, split_kept_rejected
 from curation.sampling.radix import GATHER_CAP, Search, narrow
 from curation.stages.base import GlobalStage, MapStage, Stage, StageResult, registry
 from curation.stages.context import ShardSink, StageContext
@@ -64,7 +64,10 @@ def _with_quality(table: pa.Table, scores: np.ndarray) -> pa.Table:
 
 
 # ---------------------------------------------------------------------------------------------
-# jobs and tasks of quality_top (run in Ray workers)
+# jobs and tasks of quality_top (run in Ray workers): one per block of upstream shards
+# (``curation.io.shards.blocks``), so tasks and score files grow with the data, not with the
+# number of shards. A block's score file holds its shards' scores end to end (shard order, row
+# order) and ``shard``, each row's shard number within the block.
 
 
 def score_shard(path: str, model: str, positive_label: str | None, out: str) -> dict:
@@ -77,29 +80,52 @@ def score_shard(path: str, model: str, positive_label: str | None, out: str) -> 
     return {"pid": os.getpid(), "loads": int(LOADS[os.path.realpath(model)]), "rows": len(scores)}
 
 
-def _scores(path: str) -> np.ndarray:
-    return location.read_parquet(path).column("quality").to_numpy(zero_copy_only=False).astype(np.float32)
+def _shard_scores(path: str, model: str | None, positive_label: str | None) -> np.ndarray:
+    """One upstream shard's scores (float32, NaN: no text / null), by the model or from its
+    ``quality`` column."""
+    if model is None:  # the upstream's precomputed column
+        col = location.read_parquet(path, columns=["quality"]).column("quality").cast(pa.float32())
+        return col.to_numpy(zero_copy_only=False).astype(np.float32)
+    scores, _ = score_table(location.read_parquet(path, columns=["text"]), model, positive_label)
+    return scores
+
+
+def _block_scores(path: str) -> tuple[np.ndarray, np.ndarray]:
+    """A block's score file: (scores float32, each row's shard number within the block)."""
+    t = location.read_parquet(path)
+    return (t.column("quality").to_numpy(zero_copy_only=False).astype(np.float32),
+            t.column("shard").to_numpy(zero_copy_only=False))
 
 
 @dataclass(frozen=True)
 class ScoreJob:
-    path: str
-    model: str
+    paths: tuple[str, ...]  # a block of upstream shards
+    model: str | None
     positive_label: str | None
     out: str
 
 
 def score_task(job: ScoreJob) -> dict:
-    """Phase ``score``: a shard's scores to the work folder; the histogram of their top key byte."""
-    if job.model is None:  # the upstream's precomputed column
-        col = location.read_parquet(job.path, columns=["quality"]).column("quality").cast(pa.float32())
-        write_parquet(pa.table({"quality": col}), job.out)
-        facts = {"pid": os.getpid(), "loads": 0, "rows": len(col)}
-    else:
-        facts = score_shard(job.path, job.model, job.positive_label, job.out)
-    s = _scores(job.out)
+    """Phase ``score``, one block: its shards' scores to one file in the work folder; the
+    histogram of their top key byte."""
+    from curation.quality.classifier import LOADS
+
+    parts = [_shard_scores(p, job.model, job.positive_label) for p in job.paths]
+    s = np.concatenate(parts) if parts else np.zeros(0, np.float32)
+    shard = np.repeat(np.arange(len(parts), dtype=np.int32), [len(x) for x in parts])
+    write_parquet(pa.table({"quality": pa.array(s, pa.float32(), mask=np.isnan(s)), "shard": pa.array(shard)}),
+                  job.out)
+    loads = int(LOADS.get(os.path.realpath(job.model), 0)) if job.model is not None else 0
     valid = s[~np.isnan(s)]
-    return {**facts, "with_text": int(len(valid)), "histogram": Prefix().histogram(score_keys(valid)).tolist()}
+    return {"pid": os.getpid(), "loads": loads, "rows": int(len(s)), "with_text": int(len(valid)),
+            "histogram": Prefix().histogram(score_keys(valid)).tolist()}
+
+
+def _extend(acc: list | None, part: list) -> list:
+    """Fold of gather results: the candidates appended in place (no copy per task)."""
+    acc = acc if acc is not None else []
+    acc.extend(part)
+    return acc
 
 
 def _merge_scores(acc: dict | None, f: dict) -> dict:
@@ -119,56 +145,68 @@ class RefineJob:
 
 
 def refine_task(job: RefineJob) -> list[int]:
-    """Phase ``refineN``: the histogram of the next key byte among a shard's scores whose key
-    starts with ``prefix``."""
-    s = _scores(job.scores)
+    """Phase ``refineN``, one block: the histogram of the next key byte among its scores whose
+    key starts with ``prefix``."""
+    s, _ = _block_scores(job.scores)
     return job.prefix.histogram(score_keys(s[~np.isnan(s)])).tolist()
 
 
 @dataclass(frozen=True)
 class GatherJob:
-    path: str
-    key: str
+    paths: tuple[str, ...]
+    keys: tuple[str, ...]
     scores: str
     prefix: Prefix
 
 
 def gather_task(job: GatherJob) -> list[list]:
-    """Phase ``gather``: (score, id, shard, row) of a shard's documents in the final bin."""
-    s = _scores(job.scores)
-    rows = np.flatnonzero(~np.isnan(s))
-    rows = rows[job.prefix.matches(score_keys(s[rows]))]
-    if not len(rows):
+    """Phase ``gather``, one block: (score, id, shard, row) of its documents in the final bin."""
+    s, shard = _block_scores(job.scores)
+    idx = np.flatnonzero(~np.isnan(s))
+    idx = idx[job.prefix.matches(score_keys(s[idx]))]
+    if not len(idx):
         return []
-    ids = location.read_parquet(job.path, columns=["id"]).column("id").take(pa.array(rows)).to_pylist()
-    return [[float(s[r]), str(i), job.key, int(r)] for r, i in zip(rows.tolist(), ids)]
+    start = np.searchsorted(shard, np.arange(len(job.paths)))  # each shard's first row in the block
+    out = []
+    for k in np.unique(shard[idx]).tolist():
+        rows = idx[shard[idx] == k] - start[k]
+        ids = location.read_parquet(job.paths[k], columns=["id"]).column("id").take(pa.array(rows)).to_pylist()
+        out += [[float(s[start[k] + r]), str(i), job.keys[k], int(r)] for r, i in zip(rows.tolist(), ids)]
+    return out
 
 
 @dataclass(frozen=True)
 class CutJob:
-    out: ShardSink
-    path: str
+    outs: tuple[ShardSink, ...]  # one per shard of the block
+    paths: tuple[str, ...]
     scores: str
     threshold: float
     boundary: tuple[str, str, int] | None
 
 
-def cut_task(job: CutJob) -> dict:
-    """Phase ``cut``, one upstream shard: kept rows (score above the cut, or tied and not after
-    the boundary document) and rejected rows, written and returned as a manifest entry."""
-    table = location.read_parquet(job.path)
-    scores = _scores(job.scores)
+def cut_task(job: CutJob) -> list[dict]:
+    """Phase ``cut``, one block: for each shard, kept rows (score above the cut, or tied and not
+    after the boundary document) and rejected rows, written; their manifest entries."""
+    block, shard = _block_scores(job.scores)
+    start = np.searchsorted(shard, np.arange(len(job.paths) + 1))
+    return [_cut_shard(out, path, block[lo:hi], job.threshold, job.boundary)
+            for out, path, lo, hi in zip(job.outs, job.paths, start[:-1].tolist(), start[1:].tolist())]
+
+
+def _cut_shard(out: ShardSink, path: str, scores: np.ndarray, threshold: float,
+               boundary: tuple[str, str, int] | None) -> dict:
+    table = location.read_parquet(path)
     has = ~np.isnan(scores)
-    keep = has & (scores > job.threshold)
-    tied = np.flatnonzero(has & (scores == job.threshold))
-    if len(tied) and job.boundary is not None:
+    keep = has & (scores > threshold)
+    tied = np.flatnonzero(has & (scores == threshold))
+    if len(tied) and boundary is not None:
         ids = table.column("id").take(pa.array(tied)).to_pylist()
         for j, doc_id in zip(tied.tolist(), ids):
-            keep[j] = (str(doc_id), job.out.key, j) <= job.boundary
+            keep[j] = (str(doc_id), out.key, j) <= boundary
     reasons = np.where(keep, None, np.where(has, "quality:below_top_fraction", "quality:no_text"))
-    out = _with_quality(table, scores)
-    kept, rejected = split_kept_rejected(out, pa.array(reasons.tolist(), pa.string()), job.out.stage)
-    return job.out.write(kept, rejected, table.num_rows)
+    table = _with_quality(table, scores)
+    kept, rejected = split_kept_rejected(table, pa.array(reasons.tolist(), pa.string()), out.stage)
+    return out.write(kept, rejected, table.num_rows)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -245,10 +283,11 @@ class QualityTop(_Model, GlobalStage):
     Without ``model``, the upstream's ``quality`` column is the score (e.g. from a ``quality``
     stage, or computed elsewhere).
 
-    Phases: ``score`` (per shard: scores to the work folder, a histogram of their top key
-    byte), ``refineN`` (per shard, only while the chosen bin is large: the next byte's
-    histogram), ``gather`` (per shard: the few documents in the final bin), ``cut`` (per
-    shard: write kept and rejected rows). See ``curation.quality.topk``.
+    Phases, each one task per block of upstream shards (``curation.io.shards.blocks``):
+    ``score`` (the block's scores to one file in the work folder, a histogram of their top key
+    byte), ``refineN`` (only while the chosen bin is large: the next byte's histogram),
+    ``gather`` (the few documents in the final bin), ``cut`` (write each shard's kept and
+    rejected rows). See ``curation.quality.topk``.
     """
 
     type: Literal["quality_top", "quality"] = "quality_top"
@@ -273,31 +312,35 @@ class QualityTop(_Model, GlobalStage):
                 raise ValueError(f"{ctx.name}: no model and no 'quality' column in {missing[0]}; give quality_top a "
                                  "model or put a quality stage upstream")
         keys = [k for k, _ in ctx.upstream]
-        paths = dict(ctx.upstream)
+        paths = [p for _, p in ctx.upstream]
         if ctx.finished(keys, REPORT):
             return
-        scores = {k: location.join(ctx.work_dir, "scores", f"{n}.parquet") for k, n in zip(keys, safe_names(keys))}
-        facts = ctx.phase("score", score_task, [ScoreJob(paths[k], self.model, self.positive_label, scores[k])
-                                                 for k in keys], fold=_merge_scores,
-                          init={"rows": 0, "with_text": 0, "histogram": [0] * BINS, "loads": {}})
+        spans = blocks(location.sizes(paths))
+        scores = [location.join(ctx.work_dir, "scores", f"{block_name(keys[lo:hi])}.parquet") for lo, hi in spans]
+        facts = ctx.phase("score", score_task, [ScoreJob(tuple(paths[lo:hi]), self.model, self.positive_label,
+                                                         scores[b]) for b, (lo, hi) in enumerate(spans)],
+                          fold=_merge_scores, init={"rows": 0, "with_text": 0, "histogram": [0] * BINS, "loads": {}})
         n, with_text = facts["rows"], facts["with_text"]
         k = min(int(round(self.keep_top * n)), with_text)
         threshold, boundary = float("inf"), None
         if k > 0:
             def refine(level: int, prefixes: dict) -> dict:
-                hist = ctx.phase(f"refine{level}", refine_task, [RefineJob(scores[key], prefixes["top"]) for key in keys],
+                hist = ctx.phase(f"refine{level}", refine_task, [RefineJob(f, prefixes["top"]) for f in scores],
                                  fold=lambda acc, h: np.asarray(h, np.int64) + (0 if acc is None else acc))
                 return {"top": (hist, hist)}
 
             hist = np.asarray(facts["histogram"], np.int64)
             search = Search(Prefix(), k, hist, hist)
             narrow({"top": search}, choose_bin, refine, GATHER_CAP)
-            found = ctx.phase("gather", gather_task, [GatherJob(paths[key], key, scores[key], search.prefix)
-                                                      for key in keys], fold=lambda acc, part: (acc or []) + part)
+            found = ctx.phase("gather", gather_task, [GatherJob(tuple(paths[lo:hi]), tuple(keys[lo:hi]), scores[b],
+                                                                search.prefix) for b, (lo, hi) in enumerate(spans)],
+                              fold=_extend)
             threshold, bnd = cut([tuple(c) for c in found], search.need)
             boundary = tuple(bnd)
-        ctx.phase("cut", cut_task, [CutJob(ctx.output(key), paths[key], scores[key],
-                                           threshold, boundary) for key in keys], commit=True)
+            del found
+        ctx.phase("cut", cut_task, [CutJob(tuple(ctx.output(key) for key in keys[lo:hi]), tuple(paths[lo:hi]),
+                                           scores[b], threshold, boundary) for b, (lo, hi) in enumerate(spans)],
+                  commit=True)
         loads = facts["loads"]
         ctx.write_report(REPORT, {"documents": n, "with_text": with_text, "keep_top": self.keep_top, "kept": k,
                                   "kept_share": (k / n) if n else 0.0, "threshold": threshold if k > 0 else None,
