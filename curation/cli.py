@@ -321,12 +321,19 @@ def quality_label_cmd(
     seed: int = typer.Option(0, "--seed"),
 ) -> None:
     """Label documents with a teacher (the slow, strong scorer a fast classifier learns from)."""
-    from curation.quality.labels import LabelError, quality_label
+    from curation.io.inputs import InputError
+    from curation.pipeline.run_input import node_rows
+    from curation.quality.labels import LabelError, Tables, quality_label
     from curation.quality.teachers import TeacherError
 
+    def documents(source: str) -> str | Tables:
+        rows = node_rows(source)  # a run's RUN/STAGE: its committed shards, through the manifest
+        return source if rows is None else Tables(source, rows)
+
     try:
-        info = quality_label(run_dir, positive, teacher, out, fraction=fraction, seed=seed)
-    except (LabelError, TeacherError, FileNotFoundError) as e:
+        info = quality_label(documents(run_dir), documents(positive) if positive else None, teacher, out,
+                             fraction=fraction, seed=seed)
+    except (LabelError, TeacherError, InputError, FileNotFoundError) as e:
         _fail(str(e))
     console.print(info)
 

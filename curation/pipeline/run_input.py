@@ -125,6 +125,30 @@ def _join_chain(dag, leaf: str, hashes: dict[str, str]) -> tuple[tuple[str, str]
     return tuple(out)
 
 
+def node_rows(path: str, batch_size: int = 8192) -> Iterator[pa.Table] | None:
+    """The whole rows of ``RUN/NODE`` (``rundir.stage_of``: a local folder or a URL), read as a
+    ``format: run`` input reads them: its committed shards through the manifest, in key order,
+    a union's branches, a signals-only stage joined back to whole rows; what is committed so far
+    (the run need not be finished). None when ``path`` is not a node of a run directory.
+    (``refinery quality label RUN/STAGE`` reads its crawl this way.)"""
+    from curation.pipeline.rundir import stage_of
+
+    hit = stage_of(path)
+    if hit is None:
+        return None
+    run, node = hit
+    spec = InputSpec(format=FORMAT, run=run.root, stage=node, allow_partial=True)
+    shards, upstream = plan_run_input(node, spec)
+    if not shards:
+        raise InputError(f"{path}: no committed shards (run the pipeline first)")
+
+    def rows() -> Iterator[pa.Table]:
+        for shard in shards:
+            yield from iter_run_shard(shard, spec, upstream[shard.key], None, batch_size)
+
+    return rows()
+
+
 # ---------------------------------------------------------------------------------------------
 # the task side
 

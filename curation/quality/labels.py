@@ -1,11 +1,14 @@
 """From a crawl and a reference corpus to a fastText label file, through a teacher.
 
-``quality_label(run_dir, positive, teacher, out)``: the crawl is a run's stage output (its
-Parquet shards) or any files; the reference corpus is files. Score teachers label the top
-``fraction`` of the crawl positive and the bottom ``fraction`` negative; the reference teacher
-labels the reference positive and an equally large random sample of the crawl negative.
-Ties and samples are decided by a seeded hash of each document's id, so the same inputs give
-the same labels. ``OUT`` is the fastText training file; ``OUT.json`` says how it was made.
+``quality_label(crawl, positive, teacher, out)``: the crawl and the reference corpus are files
+(local or on object storage: Parquet, JSONL(.gz), .txt; a folder, a glob or a file) or
+``Tables``: Arrow tables, as a run's stage gives its whole rows (``refinery quality label
+RUN/STAGE`` reads them through the run's manifest, ``curation.pipeline.run_input.node_rows``;
+this module never lists a run directory). Score teachers label the top ``fraction`` of the
+crawl positive and the bottom ``fraction`` negative; the reference teacher labels the
+reference positive and an equally large random sample of the crawl negative. Ties and samples
+are decided by a seeded hash of each document's id, so the same inputs give the same labels.
+``OUT`` is the fastText training file; ``OUT.json`` says how it was made.
 """
 
 from __future__ import annotations
@@ -13,56 +16,91 @@ from __future__ import annotations
 import glob
 import gzip
 import hashlib
+import io
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
+import pyarrow as pa
 
-from curation.io.files import atomic_path, file_sha256
+from curation.formats.manifest import MANIFEST
+from curation.io import location
+from curation.io.files import atomic_path, file_sha256, write_json
 from curation.quality.classifier import prepare_text
 from curation.quality.teachers import ReferenceTeacher, Teacher, make_teacher, text_key
 
 POSITIVE = "__label__hq"
 NEGATIVE = "__label__lq"
+SUFFIXES = (".parquet", ".jsonl", ".jsonl.gz", ".json.gz", ".txt")
 
 
 class LabelError(ValueError):
     """Inputs that cannot be labelled (nothing found, nothing left after filtering...)."""
 
 
-def _files(source: str | Path) -> list[Path]:
-    p = Path(source)
-    if p.is_dir():
-        files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in (".parquet", ".jsonl", ".gz", ".txt")
-                       and "_work" not in f.parts and not f.name.startswith("."))
-    elif any(c in str(source) for c in "*?["):
-        files = sorted(Path(f) for f in glob.glob(str(source), recursive=True))
+@dataclass(frozen=True)
+class Tables:
+    """Documents as Arrow tables with an ``id`` and a text column (e.g. a run stage's whole
+    rows), and the name the label file's sidecar records for them."""
+
+    name: str
+    tables: Iterable[pa.Table]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+Documents = str | Path | Tables
+
+
+def _files(source: str | Path) -> list[str]:
+    """The document files of ``source`` (local or a URL): a folder (recursively), a glob or a
+    file. A folder holding a run's stage output is refused: its shards are read through the
+    manifest (``Tables``), never by listing."""
+    s = str(source)
+    if any(c in s for c in "*?["):
+        found = location.glob(s) if location.is_remote(s) else sorted(glob.glob(s, recursive=True))
+        files = [f for f in found if f.endswith(SUFFIXES)]
+    elif under := location.files_under(s):
+        manifests = sorted(f for f in under if location.name(f) == MANIFEST)
+        if manifests:
+            raise LabelError(f"{source}: holds a run's stage output ({manifests[0]}): label RUN/STAGE with "
+                             "`refinery quality label`, which reads its committed shards through the manifest")
+        files = sorted(f for f in under if f.endswith(SUFFIXES) and not location.name(f).startswith("."))
     else:
-        files = [p] if p.exists() else []
+        files = [s] if location.exists(s) else []
     if not files:
-        raise LabelError(f"{source}: no documents found (a run stage directory, Parquet, JSONL(.gz) or .txt files)")
+        raise LabelError(f"{source}: no documents found (Parquet, JSONL(.gz) or .txt files, or a run's RUN/STAGE)")
     return files
 
 
-def read_documents(source: str | Path, text_field: str = "text", min_chars: int = 1) -> list[tuple[str, str]]:
-    """(id, text) of every document under ``source``: a directory (e.g. ``RUN/STAGE``) or file
-    or glob of Parquet shards, JSONL(.gz) (one object a line, ``text_field``) or plain text
-    (one document per file). Ids are the documents' own (``id`` column / field) or file:line."""
-    import pyarrow.parquet as pq
+def _table_docs(t: pa.Table, text_field: str, where: str) -> list[tuple[str, str]]:
+    if text_field not in t.column_names:
+        raise LabelError(f"{where}: no {text_field!r} column (columns: {sorted(t.column_names)})")
+    ids = t.column("id").to_pylist() if "id" in t.column_names else [f"{where}:{i}" for i in range(t.num_rows)]
+    return [(str(i), x) for i, x in zip(ids, t.column(text_field).to_pylist()) if x]
 
+
+def read_documents(source: Documents, text_field: str = "text", min_chars: int = 1) -> list[tuple[str, str]]:
+    """(id, text) of every document in ``source``: ``Tables``, or files (a folder, a file or a
+    glob, local or on object storage) of Parquet shards, JSONL(.gz) (one object a line,
+    ``text_field``) or plain text (one document per file). Ids are the documents' own (``id``
+    column / field) or file:line."""
     docs: list[tuple[str, str]] = []
+    if isinstance(source, Tables):
+        for n, t in enumerate(source.tables):
+            docs += _table_docs(t, text_field, f"{source.name}[{n}]")
+        return [(i, t) for i, t in docs if len(t.strip()) >= min_chars]
     for f in _files(source):
-        name = f.name
+        name = location.name(f)
         if name.endswith(".parquet"):
-            t = pq.read_table(f, columns=[c for c in ("id", text_field) if c in pq.read_schema(f).names])
-            if text_field not in t.column_names:
-                raise LabelError(f"{f}: no {text_field!r} column")
-            ids = t.column("id").to_pylist() if "id" in t.column_names else [f"{name}:{i}" for i in range(t.num_rows)]
-            docs += [(str(i), x) for i, x in zip(ids, t.column(text_field).to_pylist()) if x]
+            cols = [c for c in ("id", text_field) if c in location.read_schema(f).names]
+            docs += _table_docs(location.read_parquet(f, columns=cols), text_field, f)
         elif name.endswith((".jsonl", ".jsonl.gz", ".json.gz")):
-            opener = gzip.open if name.endswith(".gz") else open
-            with opener(f, "rt", encoding="utf-8") as fh:
+            with location.open_read(f) as raw:
+                fh = io.TextIOWrapper(gzip.GzipFile(fileobj=raw) if name.endswith(".gz") else raw, encoding="utf-8")
                 for n, line in enumerate(fh):
                     if not line.strip():
                         continue
@@ -70,7 +108,7 @@ def read_documents(source: str | Path, text_field: str = "text", min_chars: int 
                     if obj.get(text_field):
                         docs.append((str(obj.get("id", f"{name}:{n}")), obj[text_field]))
         elif name.endswith(".txt"):
-            docs.append((name, f.read_text(encoding="utf-8", errors="replace")))
+            docs.append((name, location.read_bytes(f).decode("utf-8", errors="replace")))
     return [(i, t) for i, t in docs if len(t.strip()) >= min_chars]
 
 
@@ -130,30 +168,31 @@ def label_documents(teacher: Teacher, crawl: list[tuple[str, str]], reference: l
     return [texts[i] for i in top], [texts[i] for i in bottom], summary
 
 
-def quality_label(run_dir: str | Path, positive: str | Path | None, teacher: str, out: str | Path,
+def quality_label(crawl: Documents, positive: Documents | None, teacher: str, out: str | Path,
                   fraction: float = 0.3, seed: int = 0, text_field: str = "text", min_chars: int = 1,
                   teacher_options: dict[str, Any] | None = None,
                   log: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Label crawl documents for classifier training (``refinery quality label``).
 
-    ``run_dir``: the crawl: a run's stage directory (``runs/x/extract``), or files/globs.
-    ``positive``: the reference corpus (files or a directory), needed by ``reference`` and
-    ``perplexity``. ``teacher``: ``reference`` | ``perplexity`` | ``pkg.module:function``.
+    ``crawl``: the documents to label: files (a folder, a glob, a file) or ``Tables`` (a run's
+    stage: ``refinery quality label RUN/STAGE``). ``positive``: the reference corpus (the same
+    kinds), needed by ``reference`` and ``perplexity``. ``teacher``: ``reference`` | ``perplexity`` | ``pkg.module:function``.
     Writes ``out`` (fastText format) and ``out.json`` (teacher, sources, counts); returns the
     latter."""
-    crawl = read_documents(run_dir, text_field, min_chars)
+    source = str(crawl)
+    crawl_docs = read_documents(crawl, text_field, min_chars)
     reference = read_documents(positive, text_field, min_chars) if positive else None
     if log:
-        log(f"quality label: {len(crawl)} crawl documents, {len(reference or [])} reference documents, teacher {teacher}")
+        log(f"quality label: {len(crawl_docs)} crawl documents, {len(reference or [])} reference documents, teacher {teacher}")
     t = make_teacher(teacher, [x for _, x in reference] if reference else None, **(teacher_options or {}))
-    pos, neg, summary = label_documents(t, crawl, reference, fraction, seed)
+    pos, neg, summary = label_documents(t, crawl_docs, reference, fraction, seed)
     info = write_label_file(out, pos, neg, seed)
     meta = {"labels": info, "teacher": t.describe(), "seed": seed, "fraction": fraction,
             "positive_label": POSITIVE, "negative_label": NEGATIVE,
-            "crawl": {"source": str(run_dir), "documents": len(crawl)},
+            "crawl": {"source": source, "documents": len(crawl_docs)},
             "reference": {"source": str(positive), "documents": len(reference)} if reference else None,
             "selection": summary}
-    Path(f"{out}.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    write_json(f"{out}.json", meta)
     if log:
         log(f"quality label: wrote {info['positives']} positives, {info['negatives']} negatives to {out}")
     return meta
