@@ -18,7 +18,7 @@ setup-test: $(TEST_STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "torch==2.13.0" || $(BIN)/python -m pip install -q "torch>=2.5" --index-url https://download.pytorch.org/whl/cpu || true
+	$(BIN)/python -m pip install -q "torch==2.13.0" || $(BIN)/python -m pip install -q "torch>=2.6" --index-url https://download.pytorch.org/whl/cpu || true
 	$(BIN)/python -m pip install -q -e .
 	# compiled kernels once, before any run starts workers that would each compile them
 	$(BIN)/refinery warmup

@@ -59,7 +59,7 @@ def test_one_gpu_trains_with_mfu_and_a_scaling_kernel(tmp_path, data):
     assert "world 1 (fsdp)" in start["message"]  # auto on CUDA: FSDP2 over a 1-rank mesh
     recs = records(tmp_path / "one")
     assert all(r["mfu"] is not None and 0 < r["mfu"] < 1 for r in recs)
-    assert recs[-1]["loss"] < recs[0]["loss"] - 1.0
+    assert recs[-1]["loss"] < recs[0]["loss"] - 0.3
 
 
 @pytest.mark.parametrize("backend", ["flash", "varlen", "flex"])
