@@ -130,7 +130,8 @@ def test_candidate_pairs_equal_datasketch_minhashlsh(labelled):
         print(f"threshold {threshold} (b={bands}, r={rows}): {len(ours)} candidate pairs, datasketch {len(theirs)}")
         assert ours == theirs and len(ours) > 100
     # the stage's own persisted buckets give the same pairs
-    tables = [pq.read_table(f) for f in sorted((Path(ctx.work_dir) / "buckets").glob("*.parquet"))]
+    lsh = Path(ctx.stage_dir) / dedup_minhash.LSH_DIR / ctx.params_hash  # kept with the output (corpus index)
+    tables = [pq.read_table(f) for f in sorted((lsh / "buckets").glob("*.parquet"))]
     t = pa.concat_tables(tables)
     u, v = candidate_edges(t.column("band").to_numpy(), t.column("bucket").to_numpy(), t.column("doc").to_numpy(),
                            all_pairs=True)

@@ -41,9 +41,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field
 
-from curation.io import location
+from curation.io import files, location
 from curation.dedup.bloom import BloomFilter
 from curation.dedup.exact import PARAGRAPH_SEPARATOR, drop_paragraphs, duplicate_keys, filter_health, key_partition, text_keys
+from curation.dedup.index import CorpusIndex, ExactPart, exact_matches, is_index
 from curation.dedup.minhash import NORMALIZATION, read_artifact, write_artifact
 from curation.io.artifacts import read_partition, write_partitioned
 from curation.io.shards import block_name, blocks, split_kept_rejected
@@ -57,7 +58,12 @@ REPORT = "_bloom_report.json"
 #: the run's Bloom filters, one per partition: kept with the stage's output (not in ``_work``)
 #: for a later run's ``against``
 BLOOM_DIR = "_bloom"
+#: the run's surviving keys (hash, hash2, id), one sorted file per partition: what
+#: ``refinery index build`` copies into a corpus index
+KEYS_DIR = "_keys"
 REASON_DUPLICATE = "exact_dedup:duplicate"
+#: a key a corpus index holds: ``exact_dedup:in_index=MEMBER:ID`` (the snapshot and the id kept there)
+REASON_IN_INDEX = "exact_dedup:in_index="
 REASON_EMPTY = "exact_dedup:empty_after_paragraph_dedup"
 _HASH_BATCH = 2048  # documents normalised at once: peak memory is ~15 bytes per text byte of a batch
 #: an ``against`` filter is refused when its false-positive rate exceeds the configured one by this
@@ -132,6 +138,8 @@ class PartitionJob:
     seed: int
     bloom_params: dict
     header: dict
+    keys_out: str | None = None
+    index: tuple[ExactPart, ...] = ()
 
 
 def _against_seen(job: PartitionJob, h: np.ndarray) -> tuple[np.ndarray, list[dict]]:
@@ -163,19 +171,30 @@ def partition_task(job: PartitionJob) -> dict:
     in_run = duplicate_keys(keys)
     h = keys.column("hash").to_numpy()
     from_against, health = _against_seen(job, h)
-    dup = in_run | from_against
+    from_index, match = np.zeros(len(h), dtype=bool), [None] * len(h)
+    lookup: dict = {}
+    if job.index:
+        from_index, match = exact_matches(job.index, h, keys.column("hash2").to_numpy())
+        lookup = dict(exact_matches.last)
+    dup = in_run | from_against | from_index
+    if job.keys_out is not None:  # the survivors' keys, sorted: a corpus index's exact side
+        survivors = keys.select(["hash", "hash2", "id"]).filter(pa.array(~dup))
+        survivors = survivors.take(pc.sort_indices(survivors, [("hash", "ascending"), ("hash2", "ascending")]))
+        files.write_parquet(survivors, job.keys_out, row_group_size=65536)
     distinct = h[~in_run]
     bloom = BloomFilter.for_capacity(max(len(distinct), job.capacity_floor), job.false_positive_rate, job.seed,
                                      job.bloom_params)
     bloom.add(distinct)
     bloom.save(job.bloom_out)
-    dups = keys.select(["shard", "row", "para"]).filter(pa.array(dup))
+    dups = keys.select(["shard", "row", "para"]).append_column("match", pa.array(match, pa.string()))
+    dups = dups.filter(pa.array(dup))
     dups = dups.take(pc.sort_indices(dups, [("shard", "ascending"), ("row", "ascending"), ("para", "ascending")]))
     write_artifact(dups, job.dups_out, job.header, row_group_size=16384)
     own = filter_health(bloom, seed=job.seed + job.p)
     return {"partition": job.p, "keys": keys.num_rows, "distinct_keys": int(len(distinct)),
             "duplicates": int(dup.sum()), "in_run_duplicates": int(in_run.sum()),
             "against_duplicates": int((from_against & ~in_run).sum()),
+            "index_duplicates": int(from_index.sum()), "index_lookup": lookup,
             "capacity": max(len(distinct), job.capacity_floor), "m": bloom.m, "k": bloom.k,
             "fill_ratio": own["fill_ratio"], "predicted_false_positive_rate": bloom.predicted_false_positive_rate(),
             "measured_false_positive_rate": own["measured_false_positive_rate"], "loaded_filters": len(job.against),
@@ -215,6 +234,11 @@ def apply_task(out: ShardSink, path: str, dups: pa.Table | None, level: str) -> 
     reasons = np.full(table.num_rows, None, dtype=object)
     if level == "document":
         reasons[rows] = REASON_DUPLICATE
+        if dups is not None and "match" in dups.column_names:
+            m = dups.column("match")
+            at = np.flatnonzero(pc.is_valid(m).to_numpy(zero_copy_only=False))
+            if len(at):
+                reasons[rows[at]] = [REASON_IN_INDEX + x for x in m.take(pa.array(at)).to_pylist()]
     else:
         paras = dups.column("para").to_numpy() if dups is not None else np.zeros(0, np.int32)
         removed = np.zeros(table.num_rows, dtype=np.int32)
@@ -280,6 +304,8 @@ class ExactDedup(GlobalStage):
         parameters checked here, on the driver: one clear error before any task starts."""
         out = []
         for entry in self.against:
+            if is_index(entry):
+                continue
             d = str(entry).rstrip("/")
             if location.exists(location.join(d, REPORT)):
                 d = json.loads(location.read_text(location.join(d, REPORT)))["bloom_dir"]
@@ -293,6 +319,20 @@ class ExactDedup(GlobalStage):
                                                             for k in ("expected_items", "false_positive_rate")}}}
             BloomFilter.check_header({k: found.get(k) for k in expected}, expected, f"exact_dedup.against: {f}")
             out.append(f)
+        return out
+
+    def index_params(self) -> dict[str, Any]:
+        """What a corpus index's exact keys must have been made with for this stage to query them."""
+        return {**self.bloom_params(), "algorithm": "exact-dedup-xxh3x2-sorted"}
+
+    def indexes(self) -> list[CorpusIndex]:
+        """The corpus indexes among ``against``, their key parameters checked (on the driver)."""
+        out = []
+        for entry in self.against:
+            if is_index(entry):
+                idx = CorpusIndex(str(entry))
+                idx.check_exact(self.index_params(), f"exact_dedup.against: {entry}")
+                out.append(idx)
         return out
 
     def run(self, ctx: StageContext) -> None:
@@ -311,12 +351,15 @@ class ExactDedup(GlobalStage):
         dup_files = tuple(location.join(work, "dups", f"part-{p:05d}.parquet") for p in range(P))
         if set(keys) - ctx.done_keys():
             against = [tuple(self.against_files(p)) for p in range(P)]  # fail before any work
+            indexes = self.indexes()
+            keys_dir = location.join(ctx.stage_dir, KEYS_DIR)
             ctx.phase("keys", keys_task, [KeysJob(tuple(paths[lo:hi]), lo, key_files[b], self.level, P, self.seed,
                                                   header) for b, (lo, hi) in enumerate(spans)])
             ctx.phase("partitions", partition_task, [
                 PartitionJob(p, key_files, dup_files[p], location.join(bloom_dir, f"part-{p:05d}.bloom"), against[p],
                              self.partition_capacity(), self.bloom.false_positive_rate, self.seed, self.bloom_params(),
-                             header) for p in range(P)])
+                             header, location.join(keys_dir, f"part-{p:05d}.parquet"),
+                             tuple(x for idx in indexes for x in idx.exact_parts(p))) for p in range(P)])
             ctx.phase("apply", apply_block, [ApplyJob(tuple(ctx.output(k) for k in keys[lo:hi]), tuple(paths[lo:hi]),
                                                       lo, dup_files, self.level, header) for lo, hi in spans],
                       commit=True)
@@ -332,6 +375,8 @@ class ExactDedup(GlobalStage):
             "duplicates": sum(p["duplicates"] for p in parts),
             "in_run_duplicates": sum(p["in_run_duplicates"] for p in parts),
             "against_duplicates": sum(p["against_duplicates"] for p in parts),
+            "index_duplicates": sum(p.get("index_duplicates", 0) for p in parts),
+            "indexes": [{"index": i.root, "generation": i.manifest["generation"]} for i in self.indexes()],
             "fill_ratio": (sum(p["fill_ratio"] * p["m"] for p in parts) / m) if parts else 0.0,
             "predicted_false_positive_rate": max((p["predicted_false_positive_rate"] for p in parts), default=0.0),
             "measured_false_positive_rate": max((p["measured_false_positive_rate"] for p in parts), default=0.0),

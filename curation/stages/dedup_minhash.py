@@ -47,7 +47,8 @@ import pyarrow.compute as pc
 from pydantic import Field, model_validator
 
 from curation.hashing import GOLDEN
-from curation.io import location
+from curation.io import files, location
+from curation.dedup.index import CorpusIndex, NearPart, near_rows
 from curation.dedup.components import connected_components, edge_header, read_labels, symmetric, write_edges
 from curation.dedup.lsh import EMPTY_BUCKETS, bucket_partition, candidate_edges
 from curation.io.artifacts import read_partition, write_partitioned
@@ -70,6 +71,9 @@ from curation.stages.context import ShardSink, StageContext
 MINHASH_DEDUP_VERSION = 3  # 2: bucket files indexed by partition; 3: one per block, no signature files
 REPORT = "_minhash_report.json"
 REASON_PREFIX = "minhash_dedup:cluster="
+#: the stage's LSH state kept with its output (``_lsh/<params hash>/``: bucket files and
+#: (doc, id, cluster, kept) files per block, ``meta.json``), what ``refinery index build`` reads
+LSH_DIR = "_lsh"
 _SIG_BATCH = 4096  # documents per signature batch: bounds a task's working memory
 
 
@@ -158,23 +162,39 @@ class CandidatesJob:
     header: dict
     cc_head: dict
     verify: Verify | None
+    index: tuple[NearPart, ...] = ()  # corpus indexes' files of this partition (``against``)
+    matches_out: str | None = None
 
 
 def candidate_task(job: CandidatesJob) -> dict:
-    """Phase 2 for one partition: its buckets' star edges, sent to step 0 of the components."""
+    """Phase 2 for one partition: its buckets' star edges, sent to step 0 of the components.
+    With ``against`` indexes, the index band rows sharing a bucket with this partition's rows
+    join the buckets as their clusters' (negative) nodes, so a new document near an indexed
+    one lands in a component named by the indexed cluster; (node, MEMBER:ID) of those nodes go
+    to ``matches_out``."""
     parts = [read_partition(f, job.p, job.header, columns=["band", "bucket", "doc"]) for f in job.bucket_files]
     t = pa.concat_tables(parts) if parts else EMPTY_BUCKETS
-    if t.num_rows:
-        u, v = candidate_edges(t.column("band").to_numpy(), t.column("bucket").to_numpy(), t.column("doc").to_numpy())
+    band, bucket, doc = t.column("band").to_numpy(), t.column("bucket").to_numpy(), t.column("doc").to_numpy()
+    lookup: dict = {}
+    if job.index:
+        ib, ih, inode, names, lookup = near_rows(job.index, band, bucket)
+        band, bucket, doc = np.r_[band, ib].astype(np.int32), np.r_[bucket, ih], np.r_[doc, inode]
+        names = names.take(pc.sort_indices(names, [("node", "ascending")]))
+        write_artifact(names, job.matches_out, job.header)
+    if len(doc):
+        u, v = candidate_edges(band, bucket, doc)
     else:
         u = v = np.zeros(0, np.int64)
     candidates = len(u)
     if job.verify is not None and len(u):
-        ok = _verify(u, v, job.verify)
+        new = u >= 0  # an indexed cluster's edge has no text to verify: kept
+        ok = np.ones(len(u), dtype=bool)
+        ok[new] = _verify(u[new], v[new], job.verify)
         u, v = u[ok], v[ok]
     s, d = symmetric(u, v)
     write_edges(location.join(job.cc_root, "s000"), job.p, s, d, job.partitions, job.cc_head)
-    return {"partition": job.p, "bucket_rows": t.num_rows, "candidate_edges": candidates, "edges": int(len(u))}
+    return {"partition": job.p, "bucket_rows": t.num_rows, "candidate_edges": candidates, "edges": int(len(u)),
+            "index_edges": int((u < 0).sum()), "index_lookup": lookup}
 
 
 @dataclass(frozen=True)
@@ -237,16 +257,35 @@ class ApplyJob:
     keeper_files: tuple[str, ...] | None
     header: dict
     cc_head: dict
+    docs_out: str | None = None  # (doc, id, cluster, kept) of the block, for a corpus index
+    match_files: tuple[str, ...] = ()  # (node, MEMBER:ID) of indexed clusters (``against``)
+
+
+def _index_names(files_: tuple[str, ...], header: dict, nodes: np.ndarray) -> dict[int, str]:
+    """MEMBER:ID of the indexed clusters' nodes among ``nodes``."""
+    want = np.unique(nodes)
+    out: dict[int, str] = {}
+    for f in files_:
+        t = read_artifact(f, header)
+        n = t.column("node").to_numpy()
+        hit = np.isin(n, want)
+        if hit.any():
+            out.update(zip(n[hit].tolist(), t.column("match").filter(pa.array(hit)).to_pylist()))
+    return out
 
 
 def apply_task(job: ApplyJob) -> list[dict]:
     """Phase 5 for one block: ``dup_cluster`` on every row of its shards, non-keepers
-    rejected. The labels and keepers of the block's documents are read once."""
+    rejected. The labels and keepers of the block's documents are read once. A document in a
+    component holding an indexed cluster (a negative ``dup_cluster``) is rejected as
+    ``minhash_dedup:cluster=MEMBER:ID``: the index's copy is kept."""
     b_lo, b_hi = job.offsets[0], job.offsets[-1]
     nodes, comps = read_labels(list(job.label_files), job.cc_head, b_lo, b_hi)
     cluster_all = np.arange(b_lo, b_hi, dtype=np.int64)
     cluster_all[nodes - b_lo] = comps
     kept_all = cluster_all == np.arange(b_lo, b_hi, dtype=np.int64)
+    in_index = cluster_all < 0
+    names = _index_names(job.match_files, job.header, cluster_all[in_index]) if in_index.any() else {}
     if job.keeper_files is not None:
         is_keeper = np.zeros(b_hi - b_lo, dtype=bool)
         for f in job.keeper_files:
@@ -254,16 +293,27 @@ def apply_task(job: ApplyJob) -> list[dict]:
             is_keeper[k - b_lo] = True
         in_cluster = np.zeros(b_hi - b_lo, dtype=bool)
         in_cluster[nodes - b_lo] = True
-        kept_all = ~in_cluster | is_keeper
-    entries = []
+        kept_all = (~in_cluster | is_keeper) & ~in_index
+    entries, doc_ids = [], []
     for out, path, lo, hi in zip(job.outs, job.paths, job.offsets[:-1], job.offsets[1:]):
         table = location.read_parquet(path)
-        ids = pa.array(cluster_all[lo - b_lo:hi - b_lo], pa.int64())
-        reasons = pc.binary_join_element_wise(pa.scalar(REASON_PREFIX), pc.cast(ids, pa.string()), "")
+        mine = cluster_all[lo - b_lo:hi - b_lo]
+        ids = pa.array(mine, pa.int64())
+        label = pc.cast(ids, pa.string())
+        if (mine < 0).any():
+            label = pa.array([names[c] if c < 0 else s for c, s in zip(mine.tolist(), label.to_pylist())], pa.string())
+        reasons = pc.binary_join_element_wise(pa.scalar(REASON_PREFIX), label, "")
         reasons = pc.if_else(pa.array(kept_all[lo - b_lo:hi - b_lo]), pa.scalar(None, pa.string()), reasons)
+        if job.docs_out is not None:
+            doc_ids.append(table.column("id"))
         table = table.append_column("dup_cluster", ids)
         kept_t, rejected = split_kept_rejected(table, reasons, out.stage)
         entries.append(out.write(kept_t, rejected, table.num_rows))
+    if job.docs_out is not None:
+        files.write_parquet(pa.table({
+            "doc": pa.array(np.arange(b_lo, b_hi, dtype=np.int64)),
+            "id": pa.chunked_array([c.cast(pa.string()) for ids_ in doc_ids for c in ids_.chunks], pa.string()),
+            "cluster": pa.array(cluster_all), "kept": pa.array(kept_all)}), job.docs_out, row_group_size=65536)
     return entries
 
 
@@ -303,6 +353,31 @@ class MinHashDedup(GlobalStage):
     #: connected components finish in one task once a step has at most this many edges;
     #: None: what half the task's declared memory holds at ~64 bytes per edge
     local_components_edges: int | None = Field(default=None, ge=0)
+    #: corpus indexes (``refinery index build``) to deduplicate against: a new document near
+    #: an indexed one is rejected as ``minhash_dedup:cluster=MEMBER:ID``
+    against: list[str] = Field(default_factory=list)
+
+    def params(self) -> dict[str, Any]:
+        p = super().params()
+        if not p.get("against"):
+            p.pop("against", None)  # runs made before ``against`` existed keep their params hash
+        return p
+
+    def index_params(self) -> dict[str, Any]:
+        """What a corpus index's band keys must have been made with for this stage to query
+        them (the keeper policy, verification and threshold do not change the keys)."""
+        b, r = self.band_rows()
+        return {"algorithm": "minhash-lsh-dedup", "minhash_version": MINHASH_VERSION,
+                **self.hasher().header()["params"], "seed": self.seed, "bands": b, "rows": r,
+                "partitions": self.partitions}
+
+    def indexes(self) -> list[CorpusIndex]:
+        out = []
+        for entry in self.against:
+            idx = CorpusIndex(str(entry))
+            idx.check_near(self.index_params(), f"minhash_dedup.against: {entry}")
+            out.append(idx)
+        return out
 
     @model_validator(mode="after")
     def _check_bands(self) -> MinHashDedup:
@@ -349,8 +424,15 @@ class MinHashDedup(GlobalStage):
         names = [block_name(keys[lo:hi]) for lo, hi in spans]
         with_quality = self.keep == "highest_quality"
         quality_files = [location.join(work, "quality", f"{n}.parquet") if with_quality else None for n in names]
-        bucket_files = tuple(location.join(work, "buckets", f"{n}.parquet") for n in names)
+        lsh = location.join(ctx.stage_dir, LSH_DIR, ctx.params_hash)
+        bucket_files = tuple(location.join(lsh, "buckets", f"{n}.parquet") for n in names)
+        doc_files = tuple(location.join(lsh, "docs", f"{n}.parquet") for n in names)
         cc_root = location.join(work, "cc")
+        indexes = self.indexes()  # checked before any work
+        total = sum(i.near_docs() for i in indexes)
+        starts = np.cumsum([0] + [i.near_docs() for i in indexes])[:-1] - total
+        match_files = tuple(location.join(work, "index_matches", f"part-{p:05d}.parquet") for p in range(P)
+                            ) if indexes else ()
 
         ctx.phase("signatures", signature_task, [
             SignatureJob(tuple(paths[lo:hi]), int(offsets[lo]), quality_files[k], bucket_files[k], self.hasher(), b, r,
@@ -358,7 +440,9 @@ class MinHashDedup(GlobalStage):
         verify = (Verify(tuple(paths), tuple(offsets.tolist()), self.ngram, self.threshold)
                   if self.verify_jaccard else None)
         cand = ctx.phase("candidates", candidate_task, [
-            CandidatesJob(p, bucket_files, cc_root, P, header, cc_head, verify) for p in range(P)])
+            CandidatesJob(p, bucket_files, cc_root, P, header, cc_head, verify,
+                          tuple(x for i, s in zip(indexes, starts) for x in i.near_parts(p, int(s))),
+                          match_files[p] if indexes else None) for p in range(P)])
         # the components algorithm keeps its own per-step markers, so it resumes mid-way
         local_edges = self.local_components_edges
         if local_edges is None:
@@ -376,8 +460,12 @@ class MinHashDedup(GlobalStage):
             ctx.phase("keepers", keeper_task, [KeeperJob(q, cq_files, keeper_files[q], header) for q in range(P)])
         ctx.phase("apply", apply_task, [
             ApplyJob(tuple(ctx.output(k) for k in keys[lo:hi]), tuple(paths[lo:hi]),
-                     tuple(int(o) for o in offsets[lo:hi + 1]), labels, keeper_files, header, cc_head)
-            for lo, hi in spans], commit=True)
+                     tuple(int(o) for o in offsets[lo:hi + 1]), labels, keeper_files, header, cc_head, doc_files[k],
+                     match_files)
+            for k, (lo, hi) in enumerate(spans)], commit=True)
+        files.write_json(location.join(lsh, "meta.json"), {
+            "header": header, "index_params": self.index_params(), "partitions": P, "blocks": names,
+            "docs": int(offsets[-1])})
         self._write_report(ctx, keys, int(offsets[-1]), cand, comp, header)
 
     def _write_report(self, ctx: StageContext, keys: list[str], total_docs: int, cand: list[dict],
@@ -391,6 +479,8 @@ class MinHashDedup(GlobalStage):
             "bucket_rows": sum(c["bucket_rows"] for c in cand),
             "candidate_edges": sum(c["candidate_edges"] for c in cand),
             "edges": sum(c["edges"] for c in cand),
+            "index_edges": sum(c.get("index_edges", 0) for c in cand),
+            "indexes": [{"index": i.root, "generation": i.manifest["generation"]} for i in self.indexes()],
             "largest_task_bucket_rows": max((c["bucket_rows"] for c in cand), default=0),
             "components": {"steps": comp.steps, "input_directed_edges": comp.input_edges,
                            "largest_task_edges": comp.max_task_edges, "per_step": comp.per_step},
