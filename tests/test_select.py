@@ -12,6 +12,7 @@ from conftest import DATA
 from curation.pipeline.dag import DagError, parse_dag
 from curation.pipeline.executor import run_dag
 from curation.pipeline.rundir import RunDir
+from curation.stages.base import MapStage
 from curation.stages.select import Select
 
 LINGUA = str(DATA / "langid" / "lingua_docs_gt200chars_14lang.jsonl.gz")
@@ -78,7 +79,8 @@ def test_two_selects_route_by_language(tmp_path, ray_session):
 
 def test_map_stages_declare_the_columns_they_add():
     """What ``select`` validation relies on: every built-in map stage that runs with its
-    defaults adds exactly its declared columns plus its rules' signals (so a column it adds
+    defaults adds exactly the columns its ``output_columns`` says (its declared columns plus
+    its rules' signals) (so a column it adds
     is never refused, and a column it does not add is never accepted)."""
     import gzip
 
@@ -96,7 +98,35 @@ def test_map_stages_declare_the_columns_they_add():
         st.setup()
         out = st.run_batch(batch.drop_columns(["lang"]) if name == "langid" else batch).table
         added = set(out.column_names) - set(batch.column_names)
-        declared = set(st.columns) | {s for r in st.bound_rules() for s in r.signals}
+        declared = st.output_columns(set(batch.column_names))  # what Dag.columns says
         assert added == declared - set(batch.column_names), (name, added, declared)
         checked.append(name)
     assert len(checked) >= 9, checked
+
+
+class Shaper(MapStage):
+    """A user stage whose rows are something else: it says so through ``output_columns``."""
+
+    def output_columns(self, upstream: set[str] | None) -> set[str] | None:
+        return {"id", "shape"}
+
+
+def test_stages_say_their_output_columns_and_the_dag_asks_them():
+    """``Dag.columns`` asks each stage (``Stage.output_columns``) instead of knowing stages by
+    name: pack says its training rows, export says nothing, a stage of one's own says its own."""
+    from curation.formats.packed import PACKED_SCHEMA
+
+    d = parse_dag(dag({"lid": {"type": "langid", "min_score": 0}, "pack": {"type": "pack", "input": "lid"},
+                       "sel": {"type": "select", "input": "pack", "where": "len(doc_lens) > 1"}}))
+    assert d.columns("pack") == set(PACKED_SCHEMA.names)
+    d = parse_dag(dag({"lid": {"type": "langid", "min_score": 0}, "pack": {"type": "pack", "input": "lid"},
+                       "out": {"type": "export", "input": "pack", "format": "megatron"}}))
+    assert d.columns("out") is None
+    with pytest.raises(DagError, match=r"stages\.sel\.where: no column 'lang' in the rows of 'pack'"):
+        parse_dag(dag({"lid": {"type": "langid", "min_score": 0}, "pack": {"type": "pack", "input": "lid"},
+                       "sel": {"type": "select", "input": "pack", "where": "lang = 'en'"}}))
+    d = parse_dag(dag({"shape": {"type": "test_select:Shaper"}, "sel": {"type": "select", "where": "shape > 1"}}))
+    assert d.columns("shape") == {"id", "shape"} and d.columns("sel") == {"id", "shape"}
+    with pytest.raises(DagError, match=r"no column 'text' in the rows of 'shape'"):
+        parse_dag(dag({"shape": {"type": "test_select:Shaper"}, "sel": {"type": "select", "where": "text = ''"}}))
+    assert parse_dag(dag({"lid": {"type": "langid", "min_score": 0}})).columns("lid") >= {"lang", "lang_score", "text"}

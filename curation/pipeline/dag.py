@@ -34,7 +34,6 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from curation.formats.documents import DOC_SCHEMA, PAYLOAD_COLUMNS
-from curation.formats.packed import PACKED_SCHEMA
 from curation.io.inputs import InputSpec
 from curation.stages import Stage, registry
 from curation.stages.base import StageTypeError
@@ -201,16 +200,7 @@ class Dag:
         if st.kind == "union":
             cols = [self.columns(u) for u in st.upstreams()]
             return None if any(c is None for c in cols) else set.intersection(*cols)
-        if st.type == "pack":
-            return set(PACKED_SCHEMA.names)
-        if st.type == "export":
-            return None
-        up = self.columns(st.input) if st.input else set()
-        declared = "columns" in vars(type(st)) or type(st).rules or not st.code_version
-        if up is None or not declared:
-            return None
-        bound = st.bound_rules() if hasattr(st, "bound_rules") else []
-        return up | set(st.columns) | {s for rule in bound for s in rule.signals}
+        return st.output_columns(self.columns(st.input) if st.input else set())
 
     def to_dict(self) -> dict[str, Any]:
         """The DAG as run, with defaults filled in (written to RUN/dag.yaml)."""
@@ -231,12 +221,10 @@ class Dag:
         """The columns a map stage sets itself (``text`` when it rewrites it, its declared
         ``columns``, its rules' signals); None when the stage does not declare them."""
         st = self.stages[node]
-        declared = "columns" in vars(type(st)) or type(st).rules or not st.code_version
-        if st.kind != "map" or not declared:
+        if st.kind != "map" or not st.declares_columns():
             return None
-        bound = st.bound_rules() if hasattr(st, "bound_rules") else []
         # a rule may read the text itself ("empty"): that is the input's, not the stage's
-        signals = [s for r in bound for s in r.signals if s not in PAYLOAD_COLUMNS]
+        signals = [s for s in st.signal_columns() if s not in PAYLOAD_COLUMNS]
         own = (["text"] if st.rewrites_text else []) + list(st.columns) + signals
         return tuple(dict.fromkeys(own))
 

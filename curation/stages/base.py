@@ -334,6 +334,25 @@ class Stage(BaseModel):
         )
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
+    @classmethod
+    def declares_columns(cls) -> bool:
+        """Whether the stage says which columns it adds (``columns`` or ``rules``): a built-in
+        stage always does, a user stage (``code_version`` set) only by declaring them."""
+        return "columns" in vars(cls) or bool(cls.rules) or not cls.code_version
+
+    def signal_columns(self) -> list[str]:
+        """The columns its rules read, in rule order (dict params expanded)."""
+        return [s for rule in self.rules for bound in rule.bind(self) for s in bound.signals]
+
+    def output_columns(self, upstream: set[str] | None) -> set[str] | None:
+        """The columns of this stage's rows, given its input's (``upstream``; None: unknown):
+        the input's, ``columns`` and its rules' signals; None when the stage does not declare
+        them. A stage whose rows are something else overrides it (pack: training rows; export:
+        files for other tools, None). ``Dag.columns`` asks this; ``select`` is checked with it."""
+        if upstream is None or not self.declares_columns():
+            return None
+        return upstream | set(self.columns) | set(self.signal_columns())
+
     def setup(self) -> None:
         """Load models etc. Called once per worker process before the first batch."""
 

@@ -249,6 +249,9 @@ class Export(GlobalStage):
             p["tokenizer"] = {"fingerprint": tokenizer_fingerprint(self.tokenizer)}
         return p
 
+    def output_columns(self, upstream: set[str] | None) -> set[str] | None:
+        return None  # files for other tools, not rows
+
     def run(self, ctx: StageContext) -> None:
         self.export(ctx, self.input)
 

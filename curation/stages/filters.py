@@ -467,6 +467,10 @@ class GopherQualityFilter(_FilterStage):
         v._stop_frac = self._wants_stop_frac()
         return v
 
+    def signal_columns(self):
+        cols = super().signal_columns()  # the stop-word share is measured only when a rule reads it
+        return cols if self._wants_stop_frac() else [c for c in cols if c != "gopher_stop_words_frac"]
+
     def params(self):
         p = super().params()
         if p.get("min_stop_words_frac") is None:

@@ -37,7 +37,7 @@ from curation.io import location
 from curation.io.rows import read_row_range
 from curation.stages.base import GlobalStage, registry
 from curation.stages.context import ShardSink, StageContext
-from curation.formats.packed import PACK_REPORT, TOKENIZER_METADATA, with_source_tokens
+from curation.formats.packed import PACK_REPORT, PACKED_SCHEMA, TOKENIZER_METADATA, with_source_tokens
 from curation.sampling.packing import pack_by_source, pack_window, summarize
 from curation.tokenizer.model import Tokenizer, checked_tokenizer_dir, tokenizer_fingerprint
 
@@ -133,6 +133,9 @@ class Pack(GlobalStage):
         if self.tokenizer is not None:
             p["tokenizer"] = {"fingerprint": tokenizer_fingerprint(self.tokenizer)}
         return p
+
+    def output_columns(self, upstream: set[str] | None) -> set[str] | None:
+        return set(PACKED_SCHEMA.names)  # training rows, whatever the documents' columns
 
     def resolve_pad_id(self, paths: list[str]) -> int:
         if self.pad_id is not None:
