@@ -14,8 +14,6 @@ from curation.formats.packed import TOKENIZER_METADATA
 from curation.stages.base import MapStage, StageResult, registry
 from curation.tokenizer.model import Tokenizer, checked_tokenizer_dir, load_cached, tokenizer_fingerprint
 
-#: Schema metadata key on tokenized shards: which tokenizer made ``input_ids`` (pack reads pad_id).
-
 
 def int32_lists(arrays: list[np.ndarray]) -> pa.ListArray:
     """list<int32> Arrow array from int32 numpy arrays, built from one buffer (no Python ints)."""

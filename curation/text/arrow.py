@@ -8,13 +8,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-def text_column(batch: pa.Table, name: str = "text") -> pa.Array:
-    """The text column as one string array with nulls replaced by ``""``."""
-    col = batch.column(name)
-    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+def text_array(texts: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """One string array with nulls replaced by ``""``."""
+    arr = texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts
     if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
         arr = arr.cast(pa.string())
-    return pc.fill_null(arr, "")
+    return pc.fill_null(arr, "") if arr.null_count else arr
+
+
+def text_column(batch: pa.Table, name: str = "text") -> pa.Array:
+    """The text column as one string array with nulls replaced by ``""``."""
+    return text_array(batch.column(name))
 
 
 def to_numpy(arr) -> np.ndarray:

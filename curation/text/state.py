@@ -28,22 +28,14 @@ import pyarrow.compute as pc
 
 from curation.text import segments
 from curation.text import words as text_words
-from curation.text.arrow import text_bytes, text_column, to_numpy
-
-
-def _as_text_array(texts: pa.Array | pa.ChunkedArray) -> pa.Array:
-    """One string array, nulls as ``""`` (what ``words.text_column`` gives)."""
-    arr = texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts
-    if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
-        arr = arr.cast(pa.string())
-    return pc.fill_null(arr, "") if arr.null_count else arr
+from curation.text.arrow import text_array, text_bytes, text_column, to_numpy
 
 
 class TextState:
     """Text of one batch plus its splits, each computed on first use (see module docstring)."""
 
     def __init__(self, texts: pa.Array | pa.ChunkedArray, word_counts: np.ndarray | None = None):
-        self.texts: pa.Array = _as_text_array(texts)
+        self.texts: pa.Array = text_array(texts)
         self._words: text_words.Words | None = None
         self._counts: np.ndarray | None = None
         if word_counts is not None:
