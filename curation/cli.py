@@ -548,9 +548,169 @@ def trace(
         _fail(str(e))
 
 
+eval_app = typer.Typer(no_args_is_help=True, help="Measure curation stages on labelled data: decontamination "
+                       "recall on planted leaks, rules' kept share per label and language, language-ID accuracy, "
+                       "near-duplicate P/R/F1. Each prints tables and writes JSON (RUN/STAGE/_eval_<kind>.json).")
+app.add_typer(eval_app, name="eval")
+_TARGET_HELP = "RUN/STAGE, RUN, or DAG.yaml[:STAGE]"
+
+
+def _eval(fn, *args, **kwargs) -> None:
+    from curation.pipeline.dag import DagError
+    from curation.pipeline.evaluate import EvalError
+    from curation.pipeline.rundir import RunNotFound
+
+    try:
+        rep = fn(*args, **kwargs)
+    except (EvalError, DagError, RunNotFound, FileNotFoundError, ValueError) as e:
+        _fail(str(e))
+    for tb in rep.get("tables", []):
+        t = Table(title=tb["title"])
+        for i, c in enumerate(tb["columns"]):
+            t.add_column(c, justify="left" if i == 0 else "right")
+        for r in tb["rows"]:
+            t.add_row(*[str(x) for x in r])
+        console.print(t)
+    for w in rep.get("written", []):
+        console.print(f"report: {w}", highlight=False, soft_wrap=True)
+
+
+@eval_app.command("decontam")
+def eval_decontam_cmd(
+    stage: str = typer.Argument(..., help="RUN/STAGE of a decontaminate stage (or RUN with one)"),
+    plant: int = typer.Option(50, "--plant", min=1, help="eval items planted per eval set (each in every leak form)"),
+    hosts: int = typer.Option(1000, "--hosts", min=1, help="kept documents of the stage used as hosts"),
+    forms: Optional[str] = typer.Option(None, "--forms", help="leak forms, comma-separated (default: all)"),
+    negatives: Optional[str] = typer.Option(None, "--negatives", help="look-alike file (JSONL...) expected unflagged"),
+    negatives_field: str = typer.Option("text", "--negatives-field", help="its text field(s), comma-separated"),
+    eval_dir: Optional[str] = typer.Option(None, "--eval-dir", help="where the stage's eval_sets are (overrides)"),
+    seed: int = typer.Option(0, "--seed"),
+    json_out: Optional[str] = typer.Option(None, "--json", help="also write the report here"),
+) -> None:
+    """Plant the stage's own eval items in its kept documents in every leak form; recall per
+    form and benchmark, item attribution, false drops."""
+    from curation.pipeline.evaluate import eval_decontam
+
+    nf = negatives_field.split(",") if "," in negatives_field else negatives_field
+    _eval(eval_decontam, stage, plant=plant, hosts=hosts, seed=seed, forms=forms.split(",") if forms else None,
+          negatives=negatives, negatives_field=nf, eval_dir=eval_dir, json_out=json_out)
+
+
+@eval_app.command("rules")
+def eval_rules_cmd(
+    labelled: str = typer.Argument(..., help="JSONL/Parquet: text, lang, label (natural|unnatural or 1|0), form"),
+    target: Optional[str] = typer.Option(None, "--stages", help=_TARGET_HELP + ": its per-language rule stages "
+                                         "(default: Gopher repetition -> Gopher quality -> FineWeb)"),
+    lang_config: Optional[str] = typer.Option(None, "--lang-config", help="also with these, comma-separated: "
+                                              "english (no per-language rules), fineweb2, auto"),
+    json_out: Optional[str] = typer.Option(None, "--json"),
+) -> None:
+    """Kept share of natural and unnatural pages per language."""
+    from curation.pipeline.evaluate import eval_rules
+
+    _eval(eval_rules, labelled, target, lang_configs=lang_config.split(",") if lang_config else (), json_out=json_out)
+
+
+@eval_app.command("langid")
+def eval_langid_cmd(
+    labelled: str = typer.Argument(..., help="JSONL/Parquet: text, lang"),
+    target: Optional[str] = typer.Option(None, "--stage", help=_TARGET_HELP + " with a langid stage (default: stock)"),
+    json_out: Optional[str] = typer.Option(None, "--json"),
+) -> None:
+    """Language-ID accuracy per language, kept share, confusions."""
+    from curation.pipeline.evaluate import eval_langid
+
+    _eval(eval_langid, labelled, target, json_out=json_out)
+
+
+@eval_app.command("dedup")
+def eval_dedup_cmd(
+    stage: Optional[str] = typer.Argument(None, help=_TARGET_HELP + " with a minhash_dedup stage (default: stock)"),
+    pairs: str = typer.Option(..., "--pairs", help="JSONL: a, b (ids) or text_a, text_b; label (1|0); kind"),
+    docs: list[str] = typer.Option([], "--docs", help="JSONL/Parquet files with the pairs' ids and texts"),
+    json_out: Optional[str] = typer.Option(None, "--json"),
+) -> None:
+    """Near-duplicate P/R/F1 at the stage's threshold (and the run's clusters when it holds the pairs)."""
+    from curation.pipeline.evaluate import eval_dedup
+
+    _eval(eval_dedup, pairs, stage, docs=docs, json_out=json_out)
+
+
 def main() -> None:  # pragma: no cover
     app()
 
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(app())
+
+
+index_app = typer.Typer(no_args_is_help=True, help="Corpus indexes: a deduplicated corpus' dedup state, reused by the next snapshot.")
+app.add_typer(index_app, name="index")
+
+
+def _index_add(index: str, run_dir: str, stages: str, name: Optional[str]) -> None:
+    from curation.dedup.index import IndexMismatch
+    from curation.pipeline.corpus_index import add_run_dir
+    from curation.pipeline.rundir import RunNotFound
+
+    try:
+        res = add_run_dir(index, run_dir, [s.strip() for s in stages.split(",") if s.strip()], name)
+    except (IndexMismatch, ValueError, FileNotFoundError, RunNotFound) as e:
+        _fail(str(e))
+    m = res["member"]
+    if not res["added"]:
+        console.print(f"{run_dir} is already member {m['name']!r} of {index} (generation {res['generation']}): nothing to do")
+        return
+    parts = []
+    if m.get("exact"):
+        parts.append(f"{m['exact']['keys']:,} exact keys")
+    if m.get("near"):
+        parts.append(f"{m['near']['indexed_docs']:,} documents' band keys ({m['near']['band_rows']:,} rows)")
+    console.print(f"[green]added[/] {m['name']} to {index}: {', '.join(parts)}; generation {res['generation']}")
+
+
+@index_app.command("build")
+def index_build(
+    run_dir: str = typer.Argument(..., help="a finished run (local or s3://...)"),
+    stages: str = typer.Option("exact,near", "--stages", help="exact, near, or the run's stage names, comma-separated"),
+    out: str = typer.Option(..., "--out", "-o", help="the index: a local folder or a URL (must not hold an index yet)"),
+    name: Optional[str] = typer.Option(None, "--name", help="the member's name (default: the run folder's name)"),
+) -> None:
+    """Start a corpus index from a run's exact_dedup / minhash_dedup stages (reads no text)."""
+    from curation.dedup.index import is_index
+
+    if is_index(out):
+        _fail(f"{out} already holds an index; use `refinery index add {out} RUN`")
+    _index_add(out, run_dir, stages, name)
+
+
+@index_app.command("add")
+def index_add(
+    index: str = typer.Argument(..., help="the index (local or s3://...)"),
+    run_dir: str = typer.Argument(..., help="a finished run, e.g. one deduplicated with against: [INDEX]"),
+    stages: str = typer.Option("exact,near", "--stages", help="exact, near, or the run's stage names, comma-separated"),
+    name: Optional[str] = typer.Option(None, "--name", help="the member's name (default: the run folder's name)"),
+) -> None:
+    """Append a run's survivors to an index (adding the same run again is a no-op)."""
+    _index_add(index, run_dir, stages, name)
+
+
+@index_app.command("show")
+def index_show(index: str = typer.Argument(..., help="the index (local or s3://...)")) -> None:
+    """Members, documents and size on disk."""
+    from curation.dedup.index import CorpusIndex, is_index
+
+    if not is_index(index):
+        _fail(f"{index}: no corpus index (no _index.json)")
+    idx = CorpusIndex(index)
+    t = Table(title=f"{index}: generation {idx.manifest['generation']}")
+    for c in ("member", "exact keys", "near docs", "band rows"):
+        t.add_column(c)
+    for m in idx.members:
+        t.add_row(m["name"], f"{m['exact']['keys']:,}" if m.get("exact") else "-",
+                  f"{m['near']['indexed_docs']:,}" if m.get("near") else "-",
+                  f"{m['near']['band_rows']:,}" if m.get("near") else "-")
+    console.print(t)
+    size = idx.size()
+    console.print(f"{size['files']} files, {size['bytes'] / 1e6:,.1f} MB (exact {size['exact_bytes'] / 1e6:,.1f}, "
+                  f"near {size['near_bytes'] / 1e6:,.1f})")

@@ -123,7 +123,7 @@ def stage_documents(target: Target, limit: int, seed: int = 0, columns: Sequence
     cols = ", ".join(f'"{c}"' for c in columns)
     q = (f'select {cols} from "{target.stage}" where text is not null '
          f"order by md5(coalesce(cast(id as varchar), '') || '{int(seed)}') limit {int(limit)}")
-    return con.execute(q).fetch_arrow_table()
+    return con.sql(q).to_arrow_table()
 
 
 # -- labelled files ----------------------------------------------------------------------------
@@ -147,11 +147,13 @@ def _field(rows: list[dict], field: str, path: Any) -> list:
 
 
 def save(report: dict, json_out: str | Path | None, target: Target | None, kind: str) -> dict:
-    report["written"] = [w for w in (target.write(kind, report) if target else None,) if w]
+    """Write ``report`` into the target stage's folder (a run's) and to ``json_out``; the
+    returned report lists where under ``written`` (not in the files)."""
+    written = [w for w in (target.write(kind, report) if target else None,) if w]
     if json_out:
         files.write_json(str(json_out), report)
-        report["written"].append(str(json_out))
-    return report
+        written.append(str(json_out))
+    return {**report, "written": written}
 
 
 # -- decontamination ---------------------------------------------------------------------------
@@ -202,7 +204,7 @@ def eval_decontam(target_spec: str, plant: int = 50, hosts: int = 1000, seed: in
     host_texts = [t for t in stage_documents(target, hosts, seed).column("text").to_pylist() if t and t.strip()]
     neg = [t for it in file_items(negatives, negatives_field) for t in it.texts[:1]] if negatives else []
     rep = ev.decontam_figures(decontam_flagger(st), chosen, host_texts, forms=forms, seed=seed, negatives=neg,
-                              negatives_name="negatives_flagged")
+                              negatives_name="negatives")
     rep.update(kind="decontam", target=target.label, stage=name, mode=st.mode, ngram=st.ngram,
                eval_sets=st.eval_sets, eval_paths=[Path(p).name for p in st.eval_paths],
                items_too_short_skipped=too_short, negatives_file=negatives)
@@ -314,7 +316,8 @@ def _run_rows(target: Target, ids: set[str]) -> tuple[dict[str, str], dict[str, 
     con = target.run.connect(views=[target.stage, "rejected"])
     texts, cluster = {}, {}
     kept = con.execute(f'select id, text, dup_cluster from "{target.stage}"').fetchall()
-    rej = con.execute("select * from rejected where stage = ?", [target.stage]).fetch_arrow_table()
+    stage_sql = target.stage.replace("'", "''")
+    rej = con.sql(f"select * from rejected where stage = '{stage_sql}'").to_arrow_table()
     rows = list(kept)
     if rej.num_rows:
         cols = rej.column_names

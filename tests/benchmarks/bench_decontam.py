@@ -31,14 +31,11 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import html
 import json
 import random
-import re
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 import types
 from pathlib import Path
@@ -49,7 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from real_corpus import SHARED_DATA, jsonl_gz, ud_ewt_documents, wikitext_articles  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-BOILER = ["Advertisement", "Continue reading below", "Share this: Facebook | Twitter | Email"]
+sys.path.insert(0, str(REPO))
+from curation.quality.evaluate import LEAK_FORMS, plant  # noqa: E402
 
 
 # -- eval items and hosts ------------------------------------------------------------------------
@@ -82,72 +80,9 @@ def host_pages() -> list[str]:
     return list(dict.fromkeys(d for d in docs if d.strip()))
 
 
-# -- perturbations ---------------------------------------------------------------------------------
+# -- perturbations: the leak forms and planting of ``refinery eval decontam`` --------------------
 
-def spaced_punct(t: str, rng: random.Random) -> str:
-    return re.sub(r"[ \t]+", " ", re.sub(r"([^\w\s])", r" \1 ", t))
-
-
-def typographic(t: str, rng: random.Random) -> str:
-    t = re.sub(r"(^|[\s(\[])\"", "\\1\u201c", t)
-    t = t.replace('"', "\u201d")
-    t = re.sub(r"(^|[\s(\[])'", "\\1\u2018", t)
-    t = t.replace("'", "\u2019").replace("...", "\u2026")
-    return re.sub(r"(?<=\w) - (?=\w)", " \u2013 ", t)
-
-
-def html_entities(t: str, rng: random.Random) -> str:
-    t = html.escape(t, quote=True)
-    t = "".join(f"&#{ord(c)};" if ord(c) > 127 else c for c in t)
-    return re.sub(" ", lambda m: "&nbsp;" if rng.random() < 0.2 else " ", t)
-
-
-def boilerplate_split(t: str, rng: random.Random) -> str:
-    spaces = [m.start() for m in re.finditer(r" ", t)]
-    if len(spaces) < 2:
-        return t
-    cuts = sorted(rng.sample(spaces, 2))
-    parts = [t[:cuts[0]], t[cuts[0] + 1:cuts[1]], t[cuts[1] + 1:]]
-    return parts[0] + "\n" + rng.choice(BOILER) + "\n" + parts[1] + "\n" + rng.choice(BOILER) + "\n" + parts[2]
-
-
-def reflow(t: str, rng: random.Random) -> str:
-    if re.search(r"^(    )+\S", t, re.M):  # code: re-indent with tabs
-        return re.sub(r"^((?:    )+)", lambda m: "\t" * (len(m.group(1)) // 4), t, flags=re.M)
-    paras = t.split("\n")
-    return "\n".join(textwrap.fill(p, 60).replace(" ", "  ") if p.strip() else p for p in paras)
-
-
-def upper(t: str, rng: random.Random) -> str:
-    return t.upper()
-
-
-def unicode_compat(t: str, rng: random.Random) -> str:
-    def word(m: re.Match) -> str:
-        w = m.group(0)
-        if rng.random() < 1 / 3:
-            return "".join(chr(ord(c) + 0xFEE0) if c.isascii() and c.isalnum() else c for c in w)
-        if len(w) > 7:
-            return w[:4] + "\u00ad" + w[4:]
-        return w
-    t = re.sub(r"\w+", word, t)
-    return re.sub(" ", lambda m: "\u00a0" if rng.random() < 0.3 else " ", t)
-
-
-def combined(t: str, rng: random.Random) -> str:
-    return reflow(boilerplate_split(html_entities(typographic(t, rng), rng), rng), rng)
-
-
-FORMS = {"verbatim": lambda t, r: t, "spaced_punct": spaced_punct, "typographic": typographic,
-         "html_entities": html_entities, "boilerplate_split": boilerplate_split, "reflow": reflow,
-         "upper": upper, "unicode_compat": unicode_compat, "combined": combined}
-
-
-def plant(host: str, leak: str, rng: random.Random) -> str:
-    breaks = [m.end() for m in re.finditer(r"\n", host)] or [len(host)]
-    at = rng.choice(breaks)
-    return host[:at] + "\n" + leak + "\n\n" + host[at:]
-
+FORMS = LEAK_FORMS
 
 # -- stages ------------------------------------------------------------------------------------
 

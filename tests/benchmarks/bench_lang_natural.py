@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import re
 import sys
 import tarfile
 from collections import defaultdict
@@ -39,7 +38,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -48,13 +46,15 @@ from real_corpus import SHARED_DATA  # noqa: E402
 
 from curation.stages.filters import (FineWebQualityFilter, GopherQualityFilter,  # noqa: E402
                                      GopherRepetitionFilter)
+from curation.pipeline.evaluate import chain_kept  # noqa: E402
+from curation.quality.evaluate import UNNATURAL_FORMS, natural_pages, unnatural_pages  # noqa: E402
 from curation.text import lang_rules  # noqa: E402
 
 LINGUA = SHARED_DATA / "text" / "lingua_language_testdata_sentences.tar.xz"
 FILTERS = {"gopher_repetition": GopherRepetitionFilter, "gopher_quality": GopherQualityFilter,
            "fineweb_quality": FineWebQualityFilter}
-FORMS = ("keywords", "menu", "salad", "boilerplate", "repeated", "teasers", "listing")
-CHARS = {"zh", "ja"}
+FORMS = UNNATURAL_FORMS
+natural, unnatural = natural_pages, unnatural_pages
 
 
 def lingua() -> dict[str, list[str]]:
@@ -64,78 +64,6 @@ def lingua() -> dict[str, list[str]]:
             sents = [s.strip() for s in tar.extractfile(m).read().decode("utf-8").splitlines() if s.strip()]
             out[Path(m.name).stem] = sents[1::2]  # held out: odd-numbered sentences
     return out
-
-
-def _join(lang: str, sents: list[str]) -> str:
-    return ("" if lang in CHARS else " ").join(sents)
-
-
-def natural(lang: str, sents: list[str], n: int, rng: random.Random) -> list[str]:
-    docs = []
-    for i in range(0, min(len(sents), n * 10) - 9, 10):
-        chunk, paras = sents[i: i + 10], []
-        while chunk:
-            k = rng.randint(2, 4)
-            paras.append(_join(lang, chunk[:k]))
-            chunk = chunk[k:]
-        docs.append("\n".join(paras))
-    return docs
-
-
-def vocabulary(lang: str, sents: list[str]) -> list[str]:
-    if lang in CHARS:
-        text = "".join(sents)
-        words = {text[i: i + 2] for i in range(0, len(text) - 1, 2) if re.fullmatch(r"\w\w", text[i: i + 2])}
-    else:
-        words = {w for s in sents for w in re.findall(r"\w+", s) if not w.isdigit()}
-    return sorted(words)
-
-
-def unnatural(lang: str, sents: list[str], n: int, rng: random.Random) -> list[tuple[str, str]]:
-    vocab = vocabulary(lang, sents)
-    sp = "" if lang in CHARS else " "
-    out = []
-
-    def words(k: int) -> list[str]:
-        return [rng.choice(vocab) for _ in range(k)]
-
-    for _ in range(n):
-        # every page: junk that makes most of it, around two natural sentences (as spam pages
-        # carry a sentence or two of real text)
-        a, b = (_join(lang, rng.sample(sents, 1)) for _ in range(2))
-        out.append(("keywords", "\n".join([a, ", ".join(rng.sample(vocab, min(80, len(vocab)))), b])))
-        out.append(("menu", "\n".join([sp.join(words(rng.randint(1, 3))) for _ in range(40)] + [a, b])))
-        out.append(("salad", "\n".join([a] + [sp.join(words(12)) + "." for _ in range(10)] + [b])))
-        lines = [sp.join(words(rng.randint(3, 6))) for _ in range(4)]
-        out.append(("boilerplate", "\n".join(lines * 3 + [a, b] + lines * 3)))
-        para = _join(lang, rng.sample(sents, 3))
-        out.append(("repeated", "\n".join([para] * 4)))
-        teasers = []
-        for s in rng.sample(sents, 15):
-            toks = list(s) if lang in CHARS else s.split()
-            teasers.append(sp.join(toks[: max(3, len(toks) // 2)]) + "...")
-        out.append(("teasers", "\n".join(teasers)))
-        rows = [f"{sp.join(words(2))} {rng.randint(1, 999)}.{rng.randint(0, 99):02d} € | "
-                f"{rng.randint(2000, 2024)}-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d} | "
-                f"#{rng.randint(100, 99999)}" for _ in range(20)]
-        out.append(("listing", "\n".join([a] + rows + [b])))
-    return out
-
-
-def chain_kept(stages, table: pa.Table) -> np.ndarray:
-    keep = np.ones(table.num_rows, bool)
-    idx = np.arange(table.num_rows)
-    text = None
-    for st in stages:
-        res = st.run_batch(table, text)
-        k = pc.is_null(res.reasons).to_numpy(zero_copy_only=False)
-        keep[idx[~k]] = False
-        idx = idx[k]
-        table = res.table.filter(pa.array(k))
-        text = res.text.take(np.flatnonzero(k))
-        if not len(idx):
-            break
-    return keep
 
 
 def configs(fallback: bool, langs: list[str]) -> dict[str, list]:
