@@ -84,14 +84,14 @@ def test_rules_per_language_and_a_broken_rule_shows(tmp_path):
              "gopher": {"type": "gopher_quality", "input": "gopher_rep", "lang_config": "fineweb2"},
              "fineweb": {"type": "fineweb_quality", "input": "gopher", "lang_config": "fineweb2"}}
     good = eval_rules(str(EVAL / "rules_pages.jsonl.gz"), _dag_file(tmp_path, chain, "good") + ":fineweb")
-    assert good["stages"]["as configured"] == ["gopher_repetition", "gopher_quality", "fineweb_quality"]
-    assert good["languages"]["all"]["as configured"] == langs["all"]["fineweb2"]
+    assert good["stages"]["as run"] == ["gopher_repetition", "gopher_quality", "fineweb_quality"]
+    assert good["languages"]["all"]["as run"] == langs["all"]["fineweb2"]
     chain["gopher"]["by_lang"] = {lang: {"min_stop_words": 60} for lang in ("de", "fr", "es", "ru")}
     broken = eval_rules(str(EVAL / "rules_pages.jsonl.gz"), _dag_file(tmp_path, chain, "broken"))
     for lang in ("de", "fr", "es", "ru"):
-        assert broken["languages"][lang]["as configured"]["natural_kept"] == 0.0
-    assert broken["languages"]["all"]["as configured"]["natural_kept"] < good["languages"]["all"]["as configured"]["natural_kept"]
-    assert broken["languages"]["zh"]["as configured"] == good["languages"]["zh"]["as configured"]
+        assert broken["languages"][lang]["as run"]["natural_kept"] == 0.0
+    assert broken["languages"]["all"]["as run"]["natural_kept"] < good["languages"]["all"]["as run"]["natural_kept"]
+    assert broken["languages"]["zh"]["as run"] == good["languages"]["zh"]["as run"]
 
 
 def test_langid_accuracy_and_a_strict_threshold_shows(tmp_path):

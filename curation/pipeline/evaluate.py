@@ -249,9 +249,12 @@ def rule_configs(target: Target | None, lang_configs: Sequence[str]) -> dict[str
         chain = target.stages_of(lambda s: "lang_config" in type(s).model_fields)
         if not chain:
             raise EvalError(f"{target.label}: no stage with per-language rules (lang_config) to evaluate")
-        out = {"as configured": [s for _, s in chain]}
-        for lc in lang_configs:
-            out[lc] = [_with(s, lang_config=None if lc == "english" else lc, by_lang=None) for _, s in chain]
+        out = {"as run": [s for _, s in chain]}
+        from curation.text import lang_rules
+
+        for lc in lang_configs:  # a stage the preset has no values for keeps English rules
+            has = set(lang_rules.preset_stages(lc)) if lc != "english" else set()
+            out[lc] = [_with(s, lang_config=lc if s.type in has else None, by_lang=None) for _, s in chain]
         return out
     stock = [registry[t] for t in STOCK_RULES]
     return {lc: [cls(type=t, **({} if lc == "english" else {"lang_config": lc})) for t, cls in zip(STOCK_RULES, stock)]

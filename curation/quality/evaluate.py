@@ -64,6 +64,10 @@ def pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f}%"
 
 
+def pct0(x: float | None) -> str:
+    return "-" if x is None else f"{100 * x:.0f}%"
+
+
 def ratio(num: int, den: int) -> float | None:
     return num / den if den else None
 
@@ -319,13 +323,13 @@ def rules_figures(kept: dict[str, np.ndarray], langs: Sequence[str], natural: Se
     per_form = {f: {"pages": int((forms_a == f).sum()),
                     **{x: share(kept[x], forms_a == f, False) for x in names}}
                 for f in sorted(set(forms_a[~nat].tolist()), key=str)}
-    cols = ["lang", "entry", "natural", "unnatural"] + [f"natural kept {x}" for x in names] + \
-           [f"unnatural caught {x}" for x in names]
+    cols = ["lang", "entry", "nat.", "unnat.", *names]
     rows = [[lang, ("all" if lang == "all" else ("yes" if v.get("own_entry") else "no") if entry else "-"),
-             v["natural"], v["unnatural"], *[pct(v[x]["natural_kept"]) for x in names],
-             *[pct(v[x]["unnatural_caught"]) for x in names]] for lang, v in per_lang.items()]
-    form_rows = [[f, v["pages"], *[pct(v[x]) for x in names]] for f, v in per_form.items()]
-    tables = [table("kept share per label and language", cols, rows)]
+             v["natural"], v["unnatural"],
+             *[f"{pct0(v[x]['natural_kept'])} / {pct0(v[x]['unnatural_caught'])}" for x in names]]
+            for lang, v in per_lang.items()]
+    form_rows = [[f, v["pages"], *[pct0(v[x]) for x in names]] for f, v in per_form.items()]
+    tables = [table("natural pages kept / unnatural pages caught, per language and configuration", cols, rows)]
     if form_rows:
         tables.append(table("unnatural pages caught per form", ["form", "pages", *names], form_rows))
     return {"configs": names, "pages": len(langs_a), "languages": per_lang, "forms": per_form, "tables": tables}
