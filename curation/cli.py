@@ -642,3 +642,75 @@ def main() -> None:  # pragma: no cover
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(app())
+
+
+index_app = typer.Typer(no_args_is_help=True, help="Corpus indexes: a deduplicated corpus' dedup state, reused by the next snapshot.")
+app.add_typer(index_app, name="index")
+
+
+def _index_add(index: str, run_dir: str, stages: str, name: Optional[str]) -> None:
+    from curation.dedup.index import IndexMismatch
+    from curation.pipeline.corpus_index import add_run_dir
+    from curation.pipeline.rundir import RunNotFound
+
+    try:
+        res = add_run_dir(index, run_dir, [s.strip() for s in stages.split(",") if s.strip()], name)
+    except (IndexMismatch, ValueError, FileNotFoundError, RunNotFound) as e:
+        _fail(str(e))
+    m = res["member"]
+    if not res["added"]:
+        console.print(f"{run_dir} is already member {m['name']!r} of {index} (generation {res['generation']}): nothing to do")
+        return
+    parts = []
+    if m.get("exact"):
+        parts.append(f"{m['exact']['keys']:,} exact keys")
+    if m.get("near"):
+        parts.append(f"{m['near']['indexed_docs']:,} documents' band keys ({m['near']['band_rows']:,} rows)")
+    console.print(f"[green]added[/] {m['name']} to {index}: {', '.join(parts)}; generation {res['generation']}")
+
+
+@index_app.command("build")
+def index_build(
+    run_dir: str = typer.Argument(..., help="a finished run (local or s3://...)"),
+    stages: str = typer.Option("exact,near", "--stages", help="exact, near, or the run's stage names, comma-separated"),
+    out: str = typer.Option(..., "--out", "-o", help="the index: a local folder or a URL (must not hold an index yet)"),
+    name: Optional[str] = typer.Option(None, "--name", help="the member's name (default: the run folder's name)"),
+) -> None:
+    """Start a corpus index from a run's exact_dedup / minhash_dedup stages (reads no text)."""
+    from curation.dedup.index import is_index
+
+    if is_index(out):
+        _fail(f"{out} already holds an index; use `refinery index add {out} RUN`")
+    _index_add(out, run_dir, stages, name)
+
+
+@index_app.command("add")
+def index_add(
+    index: str = typer.Argument(..., help="the index (local or s3://...)"),
+    run_dir: str = typer.Argument(..., help="a finished run, e.g. one deduplicated with against: [INDEX]"),
+    stages: str = typer.Option("exact,near", "--stages", help="exact, near, or the run's stage names, comma-separated"),
+    name: Optional[str] = typer.Option(None, "--name", help="the member's name (default: the run folder's name)"),
+) -> None:
+    """Append a run's survivors to an index (adding the same run again is a no-op)."""
+    _index_add(index, run_dir, stages, name)
+
+
+@index_app.command("show")
+def index_show(index: str = typer.Argument(..., help="the index (local or s3://...)")) -> None:
+    """Members, documents and size on disk."""
+    from curation.dedup.index import CorpusIndex, is_index
+
+    if not is_index(index):
+        _fail(f"{index}: no corpus index (no _index.json)")
+    idx = CorpusIndex(index)
+    t = Table(title=f"{index}: generation {idx.manifest['generation']}")
+    for c in ("member", "exact keys", "near docs", "band rows"):
+        t.add_column(c)
+    for m in idx.members:
+        t.add_row(m["name"], f"{m['exact']['keys']:,}" if m.get("exact") else "-",
+                  f"{m['near']['indexed_docs']:,}" if m.get("near") else "-",
+                  f"{m['near']['band_rows']:,}" if m.get("near") else "-")
+    console.print(t)
+    size = idx.size()
+    console.print(f"{size['files']} files, {size['bytes'] / 1e6:,.1f} MB (exact {size['exact_bytes'] / 1e6:,.1f}, "
+                  f"near {size['near_bytes'] / 1e6:,.1f})")
