@@ -7,7 +7,9 @@ block, so tasks and intermediate files grow with the data, not with the number o
 Phases, all deterministic under ``seed`` and independent of the worker count:
 
 1. count (one task per block): documents and tokens per source, and a histogram of the
-   documents' keys ``u = hash(seed, source, id)`` by their top digit, merged as they arrive.
+   documents' keys ``u = hash(seed, source, id)`` by their top digit, merged as they arrive;
+   the block's (source, id, u, tokens) to one choice file, which the next phases read (one
+   file per block, not one per shard, and no key hashed twice).
 2. refineN (only while a source's cut bin is large): the next digit's histogram in that bin.
 3. cut (one task per block): the few documents of each source's final bin; the driver then
    fixes each source's partial-epoch cut ``(u, id)``: a document's copies are a function of
@@ -46,6 +48,7 @@ from pydantic import Field, model_validator
 
 from curation.io import location
 from curation.io.artifacts import read_partition, write_partitioned
+from curation.io.files import write_parquet
 from curation.io.shards import block_name, blocks, split_kept_rejected
 from curation.sampling.mixture import (
     BINS,
@@ -110,11 +113,27 @@ def read_choice_columns(path: str) -> tuple[pa.Table, int]:
     return pf.read(columns=["id", "source", _token_column(path, pf.schema_arrow.names)]), nbytes
 
 
-def _groups(paths: tuple[str, ...], seed: int, only: set[str] | None = None):
-    """Each shard of a block: (its choice columns grouped by source, its bytes)."""
-    for p in paths:
-        t, nbytes = read_choice_columns(p)
-        yield source_docs(t, p, seed, only), nbytes
+_CHOICE_SCHEMA = pa.schema([("source", pa.string()), ("id", pa.string()), ("u", pa.uint64()),
+                            ("tokens", pa.int64())])
+
+
+def block_docs(path: str, only: set[str] | None = None) -> dict[str, SourceDocs]:
+    """A block's documents grouped by source (``only`` those), from the choice file its count
+    task wrote: one read per block in every later phase, not one per shard (at 10x more,
+    smaller shards the per-file cost would dominate), and no key recomputed."""
+    t = location.parquet_file(path).read(use_threads=False)
+    enc = t.column("source").combine_chunks().dictionary_encode()
+    codes = enc.indices.to_numpy(zero_copy_only=False)
+    ids = t.column("id").combine_chunks()
+    u = t.column("u").to_numpy()
+    tokens = t.column("tokens").to_numpy()
+    out = {}
+    for c, s in enumerate(enc.dictionary.to_pylist()):
+        if only is not None and s not in only:
+            continue
+        rows = np.flatnonzero(codes == c)
+        out[s] = SourceDocs(rows, [str(i) for i in ids.take(pa.array(rows)).to_pylist()], u[rows], tokens[rows])
+    return out
 
 
 @dataclass
@@ -154,45 +173,50 @@ _NONE = SourceDocs(np.zeros(0, np.int64), [], np.zeros(0, np.uint64), np.zeros(0
 class CountJob:
     paths: tuple[str, ...]  # a block of upstream shards
     seed: int
+    out: str  # the block's choice file (source, id, u, tokens of every document)
 
 
 def count_task(job: CountJob) -> dict:
     """Phase ``count``: per source, documents, tokens and the top-digit histogram of ``u``;
-    and the block's documents and uncompressed bytes."""
+    and the block's documents and uncompressed bytes. Writes the block's choice file."""
     out: dict = {"sources": {}, "docs": 0, "bytes": 0}
-    for groups, nbytes in _groups(job.paths, job.seed):
+    parts = []
+    for p in job.paths:
+        t, nbytes = read_choice_columns(p)
         out["bytes"] += nbytes
-        for s, d in groups.items():
-            docs, toks = histogram(d.u, d.tokens, Prefix())
-            _merge_source(out["sources"], s, {"docs": len(d.rows), "tokens": int(d.tokens.sum()), "hist": [docs, toks],
-                                              "min_tokens": int(d.tokens.min()) if len(d.rows) else None})
-            out["docs"] += len(d.rows)
+        for s, d in source_docs(t, p, job.seed).items():
+            parts.append(pa.table([pa.array([s] * len(d.rows), pa.string()), pa.array(d.ids, pa.string()),
+                                   pa.array(d.u, pa.uint64()), pa.array(d.tokens, pa.int64())], schema=_CHOICE_SCHEMA))
+    choice = pa.concat_tables(parts) if parts else _CHOICE_SCHEMA.empty_table()
+    write_parquet(choice, job.out, row_group_size=1 << 16)
+    for s, d in block_docs(job.out).items():
+        docs, toks = histogram(d.u, d.tokens, Prefix())
+        _merge_source(out["sources"], s, {"docs": len(d.rows), "tokens": int(d.tokens.sum()), "hist": [docs, toks],
+                                          "min_tokens": int(d.tokens.min()) if len(d.rows) else None})
+        out["docs"] += len(d.rows)
     return out
 
 
 @dataclass(frozen=True)
 class RefineJob:
-    paths: tuple[str, ...]
-    seed: int
+    choice: str  # a block's choice file
     prefixes: tuple[tuple[str, Prefix], ...]  # (source, prefix) of each source still refining
 
 
 def refine_task(job: RefineJob) -> dict:
     """Phase ``refineN``: per refining source, the next digit's histogram inside its prefix."""
-    out: dict = {}
-    for groups, _ in _groups(job.paths, job.seed, {s for s, _ in job.prefixes}):
-        out = _merge_hists(out, {s: list(histogram(groups.get(s, _NONE).u, groups.get(s, _NONE).tokens, prefix))
-                                 for s, prefix in job.prefixes})
-    return out
+    groups = block_docs(job.choice, {s for s, _ in job.prefixes})
+    return {s: list(histogram(groups.get(s, _NONE).u, groups.get(s, _NONE).tokens, prefix))
+            for s, prefix in job.prefixes}
 
 
 def cut_task(job: RefineJob) -> dict:
     """Phase ``cut``: (u, id, tokens) of every document inside each source's final prefix."""
-    out: dict = {s: [] for s, _ in job.prefixes}
-    for groups, _ in _groups(job.paths, job.seed, {s for s, _ in job.prefixes}):
-        for s, prefix in job.prefixes:
-            d = groups.get(s, _NONE)
-            out[s] += [[int(d.u[j]), d.ids[j], int(d.tokens[j])] for j in np.flatnonzero(prefix.matches(d.u)).tolist()]
+    groups = block_docs(job.choice, {s for s, _ in job.prefixes})
+    out: dict = {}
+    for s, prefix in job.prefixes:
+        d = groups.get(s, _NONE)
+        out[s] = [[int(d.u[j]), d.ids[j], int(d.tokens[j])] for j in np.flatnonzero(prefix.matches(d.u)).tolist()]
     return out
 
 
@@ -201,8 +225,7 @@ FILL_PER_TASK = 256  # candidates a task sends per fill round, and the most the 
 
 @dataclass(frozen=True)
 class FillJob:
-    paths: tuple[str, ...]
-    seed: int
+    choice: str  # a block's choice file
     #: (source, cut, lower bound (u, id) or None, largest tokens that can still fit)
     asks: tuple[tuple[str, Cut, tuple[int, str] | None, int], ...]
 
@@ -211,11 +234,11 @@ def fill_task(job: FillJob) -> dict:
     """Phase ``fillN``: per source, the first ``FILL_PER_TASK`` documents of the block after the
     cut (and after the bound) in (u, id) order that are small enough to fit the gap."""
     cands: dict[str, list] = {a[0]: [] for a in job.asks}
-    for groups, _ in _groups(job.paths, job.seed, set(cands)):
-        for s, cut, bound, most in job.asks:
-            d = groups.get(s, _NONE)
-            m = np.flatnonzero(cut.after(d.u, d.ids, bound) & (d.tokens <= most))
-            cands[s] += [(int(d.u[j]), d.ids[j], int(d.tokens[j])) for j in m.tolist()]
+    groups = block_docs(job.choice, set(cands))
+    for s, cut, bound, most in job.asks:
+        d = groups.get(s, _NONE)
+        m = np.flatnonzero(cut.after(d.u, d.ids, bound) & (d.tokens <= most))
+        cands[s] += [(int(d.u[j]), d.ids[j], int(d.tokens[j])) for j in m.tolist()]
     out = {}
     for s, c in cands.items():
         c.sort()
@@ -324,7 +347,7 @@ def scatter_task(job: ScatterJob) -> list[dict]:
     manifest entries (input rows only: copies are counted by the output shards)."""
     parts, entries = [], []
     for k, (out, path) in enumerate(zip(job.outs, job.paths)):
-        table = location.read_parquet(path)
+        table = location.parquet_file(path).read(use_threads=False)  # no dataset set-up per (small) shard
         copies, reasons = _shard_copies(table, path, job.first + k, job)
         parts.append(copies)
         _, rejected = split_kept_rejected(table, pa.array(reasons.tolist(), pa.string()), out.stage)
@@ -333,7 +356,9 @@ def scatter_task(job: ScatterJob) -> list[dict]:
         entries.append(entry)
         del table
     ranked = pa.schema(list(job.schema) + _EXTRA)
-    copies = pa.concat_tables(parts) if parts else ranked.empty_table()
+    # one chunk: a take over one chunk per shard costs per chunk (10x more, smaller shards)
+    copies = pa.concat_tables(parts).combine_chunks() if parts else ranked.empty_table()
+    del parts
     part = job.shuffle.partition(job.shuffle.out_shard(copies.column("_pos").to_numpy()))
     order = np.argsort(part, kind="stable")
     write_partitioned(copies.take(pa.array(order)), part[order], job.scatter_file, job.shuffle.header(),
@@ -449,21 +474,21 @@ class Mix(GlobalStage):
         z = sum(raw.values())
         return {s: w / z for s, w in raw.items()}
 
-    def _cuts(self, ctx: StageContext, groups: list[tuple[str, ...]], counts: dict, rem: dict[str, int]) -> dict:
+    def _cuts(self, ctx: StageContext, groups: list[str], counts: dict, rem: dict[str, int]) -> dict:
         """Per source with a partial epoch: its cut, and the documents and tokens it takes."""
         state = {s: Search(Prefix(), r, *(np.asarray(h, np.int64) for h in counts[s]["hist"]))
                  for s, r in rem.items() if r > 0}
 
         def refine(level: int, prefixes: dict) -> dict:
             job_prefixes = tuple(sorted(prefixes.items()))
-            return ctx.phase(f"refine{level}", refine_task, [RefineJob(g, self.seed, job_prefixes) for g in groups],
+            return ctx.phase(f"refine{level}", refine_task, [RefineJob(g, job_prefixes) for g in groups],
                              fold=_merge_hists)
 
         narrow(state, choose_bin, refine, GATHER_CAP)
         out = {}
         if state:
             prefixes = tuple((s, st.prefix) for s, st in sorted(state.items()))
-            found: dict[str, list] = ctx.phase("cut", cut_task, [RefineJob(g, self.seed, prefixes) for g in groups],
+            found: dict[str, list] = ctx.phase("cut", cut_task, [RefineJob(g, prefixes) for g in groups],
                                                fold=_extend)
             for s, st in state.items():
                 cut, taken = final_cut([tuple(c) for c in found.get(s, [])], st.need)
@@ -474,7 +499,7 @@ class Mix(GlobalStage):
             self._fill(ctx, groups, out)
         return out
 
-    def _fill(self, ctx: StageContext, groups: list[tuple[str, ...]], cuts: dict) -> None:
+    def _fill(self, ctx: StageContext, groups: list[str], cuts: dict) -> None:
         """First-fit the gap each cut leaves with the documents after it, in (u, id) order, in
         rounds; the driver keeps at most ``FILL_PER_TASK`` candidates per source per round."""
         bound: dict[str, tuple[int, str] | None] = {s: None for s, c in cuts.items() if c["cut"].u is not None}
@@ -485,7 +510,7 @@ class Mix(GlobalStage):
                          if cuts[s]["gap"] > 0 and cuts[s]["gap"] >= cuts[s]["min_tokens"])
             if not asks:
                 break
-            got = ctx.phase(f"fill{r}", fill_task, [FillJob(g, self.seed, asks) for g in groups], fold=_fold_fill)
+            got = ctx.phase(f"fill{r}", fill_task, [FillJob(g, asks) for g in groups], fold=_fold_fill)
             for s, _, _, _ in asks:
                 g = (got or {}).get(s, {"candidates": [], "end": None})
                 end = tuple(g["end"]) if g["end"] is not None else None
@@ -512,8 +537,9 @@ class Mix(GlobalStage):
         if ctx.finished(keys, REPORT):
             return
         spans = blocks(location.sizes(paths))
-        groups = [tuple(paths[lo:hi]) for lo, hi in spans]
-        total = ctx.phase("count", count_task, [CountJob(g, self.seed) for g in groups], fold=_merge)
+        choice = [location.join(ctx.work_dir, "choice", f"{block_name(keys[lo:hi])}.parquet") for lo, hi in spans]
+        total = ctx.phase("count", count_task, [CountJob(tuple(paths[lo:hi]), self.seed, choice[b])
+                                                for b, (lo, hi) in enumerate(spans)], fold=_merge)
         counts = total["sources"]
         names = sorted(counts)
         available = {s: counts[s]["tokens"] for s in names}
@@ -524,7 +550,7 @@ class Mix(GlobalStage):
         full = {s: int(targets[s] // available[s]) if weights[s] > 0 and available[s] else 0 for s in names}
         rem = {s: int(round(targets[s] - full[s] * available[s])) if weights[s] > 0 else 0 for s in names}
         rem = {s: min(r, available[s] - 1) if available[s] else 0 for s, r in rem.items()}
-        cuts = self._cuts(ctx, groups, counts, rem)
+        cuts = self._cuts(ctx, choice, counts, rem)
         choices = {s: Choice(full[s], cuts[s]["cut"] if s in cuts else Cut(None), weights[s] > 0) for s in names}
         report = self._report(counts, weights, targets, full, cuts)
         n_out = max(1, math.ceil(report["rows"] / self.rows_per_shard))
