@@ -8,8 +8,10 @@ only when they are longer than a row. ``concat`` concatenates documents in order
 ``seq_len + 1`` tokens (the classic GPT recipe: about one document cut per row).
 
 Windows are cut from the global document order (upstream shards by key, rows in order), one
-Ray task and one output shard each, so the output is the same on any number of workers and
-memory stays flat. Rows are then shuffled within their window (seeded), as best-fit emits them
+output shard each, so the output is the same on any number of workers and memory stays flat;
+a Ray task packs a run of consecutive windows of about ``TASK_DOCS`` documents, one window at
+a time (``curation.io.shards.blocks`` over the windows' document counts): tasks follow the
+documents, not the window size or the upstream's shard count. Rows are then shuffled within their window (seeded), as best-fit emits them
 largest piece first. Each row::
 
     input_ids     list<int32>  exactly seq_len + 1 tokens, padding (pad_id) at the end
@@ -35,6 +37,7 @@ from pydantic import Field, field_validator
 
 from curation.io import location
 from curation.io.rows import read_row_range
+from curation.io.shards import blocks
 from curation.stages.base import GlobalStage, registry
 from curation.stages.context import ShardSink, StageContext
 from curation.formats.packed import PACK_REPORT, PACKED_SCHEMA, TOKENIZER_METADATA, with_source_tokens
@@ -58,6 +61,29 @@ class PackJob:
     pad_id: int
     per_source: bool
     shuffle_seed: tuple[int, int] | None = None  # (seed, window): permute the window's rows with it
+
+
+#: a pack task packs consecutive windows holding about this many documents (fewer when the
+#: whole input is small: at least ``MIN_TASKS`` tasks), one window at a time
+TASK_DOCS = 100_000
+MIN_TASKS = 16
+
+
+@dataclass(frozen=True)
+class PackWindows:
+    """Consecutive windows packed by one task: one output shard each."""
+
+    windows: tuple[PackJob, ...]
+
+    @property
+    def outs(self) -> tuple[ShardSink, ...]:
+        return tuple(w.out for w in self.windows)
+
+
+def pack_windows(job: PackWindows) -> list[dict]:
+    """Phase ``pack``, a run of consecutive windows, one after the other (memory: one window):
+    their manifest entries."""
+    return [pack_task(w) for w in job.windows]
 
 
 def pack_task(job: PackJob) -> dict:
@@ -174,10 +200,12 @@ class Pack(GlobalStage):
         windows = self.windows(paths)
         pad_id = self.resolve_pad_id(paths) if windows else (self.pad_id or 0)
         keys = [f"{ctx.name}-{w:05d}" for w in range(len(windows))]
-        ctx.phase("pack", pack_task, [
-            PackJob(ctx.output(k), tuple(windows[w]), self.seq_len, self.algorithm,
-                    pad_id, self.per_source, (self.seed, w) if self.shuffle_rows else None)
-            for w, k in enumerate(keys)], commit=True)
+        jobs = [PackJob(ctx.output(k), tuple(windows[w]), self.seq_len, self.algorithm, pad_id, self.per_source,
+                        (self.seed, w) if self.shuffle_rows else None) for w, k in enumerate(keys)]
+        # tasks are runs of windows with a document budget, so a small window (many output
+        # shards) does not mean as many tasks: the same shards and bytes either way
+        spans = blocks([sum(hi - lo for _, lo, hi in w) for w in windows], TASK_DOCS, MIN_TASKS)
+        ctx.phase("pack", pack_windows, [PackWindows(tuple(jobs[lo:hi])) for lo, hi in spans], commit=True)
         entries = ctx.committed()
         stats = [entries[k]["pack"] for k in keys if k in entries]
         report = summarize(stats, self.seq_len)
