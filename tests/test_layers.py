@@ -207,3 +207,25 @@ def test_the_rename_checker_sees_renames(tmp_path):
     f.write_text("import os\nos.replace(a, b)\nos.rename(a, b)\ntmp.rename(p)\ntmp.replace(p)\n"
                  "s.replace('a', 'b')\nx = 'a'.replace(y)\n")
     assert _renames(f) == [2, 3, 4, 5]
+
+
+#: imports of another module's private name still allowed, and why
+PRIVATE_IMPORTS = {
+    # curation/service/ is being changed in another piece of work; dag._refusal becomes public then
+    ("curation.service.runs", "curation.pipeline.dag._refusal"),
+}
+
+
+def test_no_module_imports_another_modules_private_names():
+    """A name another module needs is public (``init_ray``, ``text.arrow``'s helpers), so a
+    reader can tell a module's API from its insides."""
+    bad = []
+    for mod, f in _modules().items():
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
+                    and node.module.split(".")[0] in ("curation", "training"):
+                bad += [(mod, f"{node.module}.{a.name}") for a in node.names
+                        if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not set(bad) - PRIVATE_IMPORTS, "\n".join(sorted(f"{m} -> {n}" for m, n in set(bad) - PRIVATE_IMPORTS))
+    stale = PRIVATE_IMPORTS - set(bad)
+    assert not stale, f"exempt but no longer imported (drop the exemption): {sorted(stale)}"

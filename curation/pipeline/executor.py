@@ -455,7 +455,7 @@ def _ship_user_stages(dag: Dag) -> tuple[tuple[str, type], ...]:
     return tuple(dict(out).items())
 
 
-def _init_ray(address: str | None, workers: int | None) -> int:
+def init_ray(address: str | None, workers: int | None) -> int:
     """Connect to ``address`` (or start an embedded Ray with ``workers`` CPUs, all local CPUs
     when None). Returns the tasks to keep in flight: ``workers``, or every CPU the cluster
     reports (on a cluster of 100 nodes, all of them)."""
@@ -508,7 +508,7 @@ def run_dag(dag: Dag, run_dir: str | os.PathLike, workers: int | None = None, ad
     dag_dict = dag.to_dict()
     failures: list[str] = []
     try:
-        workers = _init_ray(address, workers)
+        workers = init_ray(address, workers)
         user_stages = _ship_user_stages(dag)
 
         def run_tasks(phase: str, jobs: list[tuple[str, str, InputShard | None, str | None]]) -> None:

@@ -19,7 +19,7 @@ from curation.export import hand_off
 from curation.export.common import ExportError
 from curation.formats.manifest import MANIFEST
 from curation.pipeline.context import GlobalContext, RunView
-from curation.pipeline.executor import _init_ray
+from curation.pipeline.executor import init_ray
 from curation.pipeline.rundir import RunDir, stage_of
 from curation.stages.export import EXPORT_MANIFEST, Export
 from curation.stages.mix import REPORT as MIX_REPORT
@@ -53,7 +53,7 @@ def export_stage(stage_path: str | Path, fmt: str, out: str | Path, tokenizer: s
     upstream = source.shard_files(dag, node, hashes)
     view = RunView(source, dag)
     stage.check(view, node, upstream)  # refuse before Ray starts
-    workers = _init_ray(address, workers)
+    workers = init_ray(address, workers)
     ctx = GlobalContext(RunDir(out.parent), out.name, stage.params_hash([hashes[node]]), workers, upstream,
                         Export.resources, report=report or (lambda phase, done, total: None), source=view)
     manifest = stage.export(ctx, node)
