@@ -57,7 +57,8 @@ def test_two_processes_match_one(setup, strategy):
     one, two = losses(tmp / "single"), losses(tmp / strategy)
     assert sorted(one) == sorted(two) == list(range(STEPS))
     for step in range(STEPS):
-        assert two[step] == pytest.approx(one[step], rel=1e-4), f"step {step}"
+        # fp32 on CPU; FSDP2's reduce-scatter sums in another order (torch 2.7/2.8: 1.1e-4 at step 15)
+        assert two[step] == pytest.approx(one[step], rel=2e-4), f"step {step}"
     assert one[STEPS - 1] < one[0] - 0.5  # it trained, so matching is not trivial
     single_rows, split_rows = rows_per_rank(tmp / "single"), rows_per_rank(tmp / strategy)
     for step in range(STEPS):

@@ -170,6 +170,13 @@ def parallelize(model: nn.Module, cfg: ParallelConfig, env: DistEnv, compile: bo
         for block in model.layers:
             block.compile()
     strategy = strategy_for(cfg, env)
+    if strategy in ("fsdp", "hsdp") and env.device.type == "cpu":
+        # The floor (2.6) is CUDA's: FSDP2 over gloo came later (checked on 2.6, 2.7, 2.8, 2.13).
+        need = (2, 8) if strategy == "hsdp" else (2, 7)
+        have = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+        if have < need:
+            raise ConfigError(f"parallel.strategy {strategy} on CPU needs torch >= {need[0]}.{need[1]} "
+                              f"(this is {torch.__version__}); use ddp on CPU, or a GPU")
     if strategy in ("fsdp", "hsdp"):
         if strategy == "hsdp":
             mesh = init_device_mesh(env.device.type, hsdp_shape(cfg, env), mesh_dim_names=("replicate", "shard"))
