@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import sys
 import tempfile
@@ -213,6 +214,14 @@ def trainer_rate(data: Path, run_dir: Path, steps: int, warmup: int, every: int)
     return tokens / (t1 - t0), tokens / (c1 - c0), wait, nonpad, trainer.dataset.read_stats()["read_amplification"]
 
 
+def load() -> str:
+    """The machine's 1-minute load beside each segment: a wall rate that drops while the CPU-time
+    rate holds is other processes' work, not this process's (the reference's "slowdown" in
+    the bench process was that: the same CPU-time rate as alone, its wall time stretched by
+    other jobs on a 2-core box)."""
+    return f"load {os.getloadavg()[0]:.1f}/{os.cpu_count()} cores"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=10, help="measured steps per segment (a multiple of 5)")
@@ -230,13 +239,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         data = write_data(Path(tmp))
         before = reference_rate(steps, a.warmup)
-        print(f"  reference                 {before[0]:8,.0f} tok/s wall   {before[1]:8,.0f} tok/s CPU")
+        print(f"  reference                 {before[0]:8,.0f} tok/s wall   {before[1]:8,.0f} tok/s CPU   {load()}")
         for i in range(a.rounds):
             rate, rate_cpu, wait, nonpad, amp = trainer_rate(data, Path(tmp) / f"run{i}", steps, a.warmup, every)
-            print(f"  trainer (full loop)       {rate:8,.0f} tok/s wall   {rate_cpu:8,.0f} tok/s CPU"
+            print(f"  trainer (full loop)       {rate:8,.0f} tok/s wall   {rate_cpu:8,.0f} tok/s CPU   {load()}"
                   f"   data wait {wait:.2%}   non-padding {nonpad:.1%}   read amp {amp:.2f}x")
             after = reference_rate(steps, a.warmup)
-            print(f"  reference                 {after[0]:8,.0f} tok/s wall   {after[1]:8,.0f} tok/s CPU")
+            print(f"  reference                 {after[0]:8,.0f} tok/s wall   {after[1]:8,.0f} tok/s CPU   {load()}")
             # Against the mean of the reference segments on either side: load drifts on a shared box.
             wall.append(rate / ((before[0] + after[0]) / 2))
             cpu.append(rate_cpu / ((before[1] + after[1]) / 2))
