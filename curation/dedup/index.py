@@ -219,8 +219,10 @@ def copy_file(src: str, dst: str) -> int:
     return n
 
 
-def build_exact(keys_dir: str, bloom_dir: str, partitions: int, out: str) -> dict:
-    """A member's exact side: the stage's sorted key files and Bloom filters, copied."""
+def build_exact(keys_dir: str, bloom_dir: str, partitions: int, out: str, false_positive_rate: float) -> dict:
+    """A member's exact side: the stage's sorted key files, copied, and a Bloom filter per
+    partition over exactly those keys (the stage's own filters are sized for its expected
+    corpus and hold its duplicates' keys too: a pre-filter sized for the survivors is smaller)."""
     keys = nbytes = 0
     for p in range(partitions):
         src = location.join(keys_dir, f"part-{p:05d}.parquet")
@@ -228,9 +230,15 @@ def build_exact(keys_dir: str, bloom_dir: str, partitions: int, out: str) -> dic
             raise FileNotFoundError(f"{src}: the exact_dedup stage did not persist its keys (a run made before "
                                     "the corpus index; rerun the stage)")
         nbytes += copy_file(src, location.join(out, "keys", f"part-{p:05d}.parquet"))
-        keys += location.parquet_file(src).metadata.num_rows
-        nbytes += copy_file(location.join(bloom_dir, f"part-{p:05d}.bloom"),
-                            location.join(out, "bloom", f"part-{p:05d}.bloom"))
+        h = location.read_parquet(src, columns=["hash"]).column("hash").to_numpy()
+        keys += len(h)
+        stage_filter = BloomFilter.read_header(location.join(bloom_dir, f"part-{p:05d}.bloom"))
+        key_params = {k: v for k, v in stage_filter["params"].items() if k not in ("expected_items", "false_positive_rate")}
+        bf = BloomFilter.for_capacity(max(1, len(h)), false_positive_rate, stage_filter["seed"], key_params)
+        bf.add(h)
+        f = location.join(out, "bloom", f"part-{p:05d}.bloom")
+        bf.save(f)
+        nbytes += (bf.m + 63) // 64 * 8
     return {"keys": keys, "bytes": nbytes}
 
 

@@ -99,7 +99,7 @@ def add_run(index_root: str, rundir: RunDir, stages: dict[str, IndexedStage], na
         d = rundir.stage_dir(s.name)
         member["exact"] = {"stage": s.name, "params_hash": s.params_hash, "partitions": s.stage.partitions,
                            **build_exact(location.join(d, "_keys"), location.join(d, "_bloom"), s.stage.partitions,
-                                         location.join(out, "exact"))}
+                                         location.join(out, "exact"), s.stage.bloom.false_positive_rate)}
     if "near" in stages:
         s = stages["near"]
         lsh = location.join(rundir.stage_dir(s.name), "_lsh", s.params_hash)
