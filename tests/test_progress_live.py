@@ -74,3 +74,70 @@ def test_a_run_writes_live_figures_and_status_shows_them(tmp_path, ray_session):
     assert "read+map" in out.output and "docs/s" in out.output and "done" in out.output
     out = CliRunner().invoke(app, ["status", str(tmp_path / "run"), "--json"])
     assert json.loads(out.output)["live"]["read+map"]["docs"] == 400
+
+
+def test_shuffle_partition_sizes_and_retries_in_progress():
+    from rich.console import Console
+
+    from curation.pipeline.progress import prometheus_text, render_status
+
+    clock, stored = Clock(), []
+    p = RunProgress(lambda s: stored.append(json.loads(json.dumps(s))), "x", quiet=True, clock=clock)
+    p.phase("exact:partitions", 0, 4)
+    for part, rows in ((0, 100), (2, 500), (3, 120)):
+        p.partition_size("exact:partitions", part, rows)
+    p.retried(3)
+    p.retried(2)
+    p.phase("exact:partitions", 3, 4)
+    got = stored[-1]
+    assert got["partitions"]["exact:partitions"] == {"done": 3, "largest": 500, "median": 120, "smallest": 100,
+                                                     "skew": round(500 / 120, 3)}
+    assert got["retries"] == 5
+    p.partition_size("exact:partitions", 1, 130)  # an even count: the median is the mean of the middle two
+    p.write()
+    assert stored[-1]["partitions"]["exact:partitions"]["median"] == 125
+    console = Console(width=150, record=True)
+    console.print(render_status(stored[-1]))
+    text = console.export_text()
+    assert "shuffle partitions" in text and "4.00" in text and "5 storage requests retried" in text
+    prom = prometheus_text({"r1": stored[-1]})
+    assert 'refinery_shuffle_partition_largest{run="r1",phase="exact:partitions"} 500' in prom
+    assert 'refinery_storage_retries_total{run="r1"} 5' in prom
+
+
+def test_storage_retries_are_counted_from_the_libraries_decisions_and_not_printed(capsys):
+    import logging
+
+    from curation.io import retries
+
+    retries.install()
+    retries.install()  # idempotent: one filter per logger
+    n = retries.count()
+    logging.getLogger("botocore.retries.standard").debug("Retry needed, retrying request after delay of: %s", 0.5)
+    logging.getLogger("botocore.retries.standard").debug("Not retrying request.")
+    logging.getLogger("botocore.retryhandler").debug("Retry needed, action of: %s", 0.2)
+    logging.getLogger("botocore.retryhandler").debug("No retry needed.")
+    logging.getLogger("s3fs").debug("Retryable error: %s", ConnectionResetError("reset"))
+    logging.getLogger("s3fs").debug("Client error (maybe retryable): %s", Exception("An error occurred (SlowDown)"))
+    logging.getLogger("s3fs").debug("Client error (maybe retryable): %s", Exception("An error occurred (NoSuchKey)"))
+    assert retries.count() - n == 4
+    assert len(logging.getLogger("s3fs").filters) == 1
+    out = capsys.readouterr()
+    assert "Retry" not in out.out + out.err
+
+
+def test_a_shuffle_run_reports_its_partition_sizes(tmp_path, ray_session):
+    from curation.pipeline.dag import parse_dag
+    from curation.pipeline.executor import run_dag
+
+    dag = parse_dag({"name": "shuffle", "inputs": {"math": {"format": "jsonl", "source": "math", "text_field": "question",
+                                                             "paths": [str(DATA / "jsonl" / "gsm8k_train_head400.jsonl")],
+                                                             "split_bytes": 40_000}},
+                     "stages": {"d": {"type": "exact_dedup", "partitions": 3}}}, "shuffle.yaml")
+    run_dag(dag, tmp_path / "run", workers=2, quiet=True)
+    prog = json.loads((tmp_path / "run" / "progress.json").read_text())
+    parts = prog["partitions"]["d:partitions"]
+    assert parts["done"] == 3 and parts["largest"] >= parts["median"] >= parts["smallest"] > 0
+    assert prog["retries"] == 0  # a local run sends no storage request
+    # the phase's partition sizes are the keys the run hashed: 400 documents, one key each
+    assert parts["largest"] + parts["median"] + parts["smallest"] == 400

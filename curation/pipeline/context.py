@@ -52,6 +52,24 @@ def _outs(job: Any) -> tuple:
     return tuple(job.outs) if hasattr(job, "outs") else (job.out,)
 
 
+#: what a partition task's result calls its size, first found wins (exact_dedup: keys,
+#: minhash_dedup: bucket_rows; a gather writing shards returns their manifest entries: rows)
+PARTITION_SIZE = ("keys", "bucket_rows", "rows")
+
+
+def _partition_rows(job: Any, out: Any) -> int | None:
+    """The size of a shuffle's partition from its task's result: a job with an ``int`` field
+    ``p`` (its partition) whose result says its rows (``PARTITION_SIZE``, or the summed rows of
+    the manifest entries it committed); None for any other job."""
+    if not isinstance(getattr(job, "p", None), int):
+        return None
+    if isinstance(out, dict):
+        return next((int(out[k]) for k in PARTITION_SIZE if isinstance(out.get(k), int)), None)
+    if isinstance(out, list) and out and all(isinstance(e, dict) and "rows" in e for e in out):
+        return sum(int(e["rows"]) for e in out)
+    return None
+
+
 class RunView:
     """A run read through its DAG, as a stage sees its input's run (``RunSource``): a node's
     folder, committed shards, stage and params hash. Without ``dag``, the run's ``dag.yaml``."""
@@ -95,6 +113,10 @@ class GlobalContext:
     phases: dict[str, dict] = field(default_factory=dict)
     #: the run the stage's input comes from (default: this run, read through its dag.yaml)
     source: RunView | None = None
+    #: (phase label, partition, rows) as a shuffle's partition finishes (live progress)
+    partition: Callable[[str, int, int], None] = field(default=lambda phase, p, rows: None)
+    #: object-storage requests a task retried (live progress)
+    retried: Callable[[int], None] = field(default=lambda n: None)
 
     def __post_init__(self) -> None:
         if self.source is None:
@@ -165,6 +187,11 @@ class GlobalContext:
         else:
             recorded = parse_lines(files.read_lines(log))
             done = {i: recorded[str(i)]["result"] for i in range(len(jobs)) if str(i) in recorded}
+        label = f"{self.name}:{name}"
+        for i, out in done.items():  # recorded by an earlier run: their sizes count too
+            rows = _partition_rows(jobs[i], out)
+            if rows is not None:
+                self.partition(label, jobs[i].p, rows)
         acc = init
         if fold is not None:
             for i in sorted(done):
@@ -173,7 +200,6 @@ class GlobalContext:
         else:
             results = [done.get(i) for i in range(len(jobs))]
         todo = [i for i in range(len(jobs)) if i not in done]
-        label = f"{self.name}:{name}"
         finished, pending, lines = len(done), [], []
         flushed = time.monotonic()
         done = {}
@@ -189,6 +215,9 @@ class GlobalContext:
         def on_result(k: int, out: Any) -> None:
             nonlocal finished, acc
             i = todo[k]
+            rows = _partition_rows(jobs[i], out)
+            if rows is not None:
+                self.partition(label, jobs[i].p, rows)
             if fold is not None:
                 acc = fold(acc, out)
             else:
@@ -230,7 +259,7 @@ class GlobalContext:
             on_result(i, out)
 
         run_measured(fn, jobs, self.workers, resources or self.resources, measured,
-                     lambda i, msg: failures.append(f"{label} job {i}: {msg}"), star)
+                     lambda i, msg: failures.append(f"{label} job {i}: {msg}"), star, on_retries=self.retried)
         stats["seconds"] = round(time.perf_counter() - t0, 3)
         self.phases[label.split(":", 1)[-1]] = stats
         if failures:

@@ -565,7 +565,8 @@ def run_dag(dag: Dag, run_dir: str | os.PathLike, workers: int | None = None, ad
                 progress.task_started(phase, i, _task_label(todo[i]), _task_bytes(todo[i]))
 
             run_bounded(run_root_task, [(j,) for j in todo], workers, [plan.resources(j.root) for j in todo],
-                        on_result, on_error, on_submit=on_submit, on_idle=progress.write)
+                        on_result, on_error, on_submit=on_submit, on_idle=progress.write,
+                        on_retries=progress.retried)
 
         # Phase 1: every input shard, with the row-local stages it feeds.
         run_tasks("read+map", [(name, s.key, s, None) for name, shards in plan.input_shards.items() for s in shards])
@@ -575,7 +576,7 @@ def run_dag(dag: Dag, run_dir: str | os.PathLike, workers: int | None = None, ad
                 continue
             upstream = sorted(kf for u in st.upstreams() for kf in rundir.shard_files(dag, u, plan.hashes))
             ctx = GlobalContext(rundir, name, plan.hashes[name], workers, upstream, st.resources,
-                                report=progress.phase)
+                                report=progress.phase, partition=progress.partition_size, retried=progress.retried)
             try:
                 st.run(ctx)
             except TasksFailed as e:

@@ -7,6 +7,11 @@ tasks running/done/failed, documents and input bytes finished with their rates (
 over the last minute), an ETA (remaining input bytes at the last minute's byte rate, else
 remaining tasks at the mean task time), tasks done/failed per node, and the ``stragglers``:
 the 10 running tasks that have run longest, with their input and seconds so far.
+``partitions``, per shuffle phase (a global stage's phase whose jobs are partitions): the
+partitions done so far and the largest, median and smallest of their sizes (the rows or keys
+the stage's task reports) with ``skew`` = largest / median. ``retries``: object-storage
+requests sent again so far (throttled, reset; ``curation.io.retries``), by the tasks and the
+driver.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ import sys
 import time
 from collections import deque
 from typing import Callable
+
+from curation.io import retries as io_retries
 
 #: running tasks listed as stragglers, longest first
 STRAGGLERS = 10
@@ -87,7 +94,11 @@ class RunProgress:
         self.quiet = quiet
         self.interval_s = interval_s
         self.state: dict = {"name": name, "state": "running", "started": clock(), "phases": {}, "stages": {},
-                            "live": {}}
+                            "live": {}, "partitions": {}, "retries": 0}
+        self._partitions: dict[str, dict[int, int]] = {}
+        self._task_retries = 0
+        io_retries.install()
+        self._driver_retries0 = io_retries.count()
         self._last_line = 0.0
         self._bar = None
         self._tasks: dict[str, int] = {}
@@ -146,8 +157,23 @@ class RunProgress:
             live.failed += 1
             per_node["failed"] += 1
 
+    def partition_size(self, phase: str, partition: int, size: int) -> None:
+        """A shuffle phase's partition ``partition`` finished with ``size`` rows (or keys)."""
+        self._partitions.setdefault(phase, {})[int(partition)] = int(size)
+
+    def retried(self, n: int) -> None:
+        """A task retried ``n`` object-storage requests."""
+        self._task_retries += int(n)
+
     def _snapshot_live(self) -> None:
         now = self._clock()
+        for phase, sizes in self._partitions.items():
+            v = sorted(sizes.values())
+            median = v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+            self.state["partitions"][phase] = {
+                "done": len(v), "largest": v[-1], "median": median, "smallest": v[0],
+                "skew": round(v[-1] / median, 3) if median else None}
+        self.state["retries"] = self._task_retries + io_retries.count() - self._driver_retries0
         for phase, live in self._live.items():
             total = self.state["phases"].get(phase, {}).get("total", live.done + live.failed + len(live.running))
             self.state["live"][phase] = live.snapshot(now, total, self.workers)
@@ -213,6 +239,8 @@ def render_status(progress: dict):
     state = progress.get("state", "?")
     end = progress.get("finished") or progress.get("updated") or time.time()
     head = f"{progress.get('name', '?')}: {state}, {_duration(end - progress.get('started', end))}"
+    if progress.get("retries"):
+        head += f"  ({progress['retries']:,} storage requests retried)"
     if progress.get("error"):
         head += f"  error: {progress['error'].splitlines()[0]}"
     t = Table(title=head, title_justify="left", caption="rates: overall / last minute", caption_justify="left")
@@ -241,6 +269,15 @@ def render_status(progress: dict):
         for phase, n, c in nodes_rows:
             nt.add_row(phase, n[:16], str(c["done"]), str(c["failed"]))
         parts.append(nt)
+    parts_by_phase = progress.get("partitions") or {}
+    if parts_by_phase:
+        pt = Table(title="shuffle partitions (rows)", title_justify="left")
+        for c in ("phase", "done", "largest", "median", "smallest", "largest/median"):
+            pt.add_column(c, justify="left" if c == "phase" else "right")
+        for phase, x in parts_by_phase.items():
+            pt.add_row(phase, str(x["done"]), f"{x['largest']:,}", f"{x['median']:,.0f}", f"{x['smallest']:,}",
+                       "-" if x.get("skew") is None else f"{x['skew']:.2f}")
+        parts.append(pt)
     if stragglers:
         s = Table(title="slowest running tasks", title_justify="left")
         for c in ("phase", "task", "running", "bytes"):
@@ -268,6 +305,12 @@ _METRICS = (
 )
 
 
+_PARTITION_METRICS = (
+    ("refinery_shuffle_partition_largest", "rows of a shuffle phase's largest partition so far", "largest"),
+    ("refinery_shuffle_partition_median", "rows of a shuffle phase's median partition so far", "median"),
+)
+
+
 def _label(v: str) -> str:
     return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
@@ -286,4 +329,13 @@ def prometheus_text(progress_by_run: dict[str, dict]) -> str:
                 v = get(p, live.get(phase) or {})
                 if v is not None:
                     out.append(f'{name}{{run="{_label(run)}",phase="{_label(phase)}"}} {float(v):g}')
+    for name, help_, k in _PARTITION_METRICS:
+        out += [f"# HELP {name} {help_}", f"# TYPE {name} gauge"]
+        for run, prog in sorted(progress_by_run.items()):
+            for phase, x in (prog.get("partitions") or {}).items():
+                out.append(f'{name}{{run="{_label(run)}",phase="{_label(phase)}"}} {float(x[k]):g}')
+    out += ["# HELP refinery_storage_retries_total object-storage requests retried so far",
+            "# TYPE refinery_storage_retries_total counter"]
+    for run, prog in sorted(progress_by_run.items()):
+        out.append(f'refinery_storage_retries_total{{run="{_label(run)}"}} {int(prog.get("retries") or 0)}')
     return "\n".join(out) + "\n"

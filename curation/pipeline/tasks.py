@@ -40,26 +40,38 @@ def _measured(fn: Callable[..., Any], job: Any, star: bool) -> tuple[Any, float,
     return out, time.perf_counter() - t0, peak_rss_mb()
 
 
+def _counted(fn: Callable[..., Any], *args: Any) -> tuple[Any, int]:
+    """Runs in the worker: ``fn(*args)`` and the object-storage requests it retried."""
+    from curation.io import retries
+
+    retries.install()
+    before = retries.count()
+    out = fn(*args)
+    return out, retries.count() - before
+
+
 def run_bounded(fn: Callable[..., Any], jobs: Sequence[tuple], workers: int,
                 resources: Resources | Sequence[Resources],
                 on_result: Callable[[int, Any], None], on_error: Callable[[int, str], None],
                 on_submit: Callable[[int], None] | None = None, on_idle: Callable[[], None] | None = None,
-                idle_s: float = 5.0) -> None:
+                idle_s: float = 5.0, on_retries: Callable[[int], None] | None = None) -> None:
     """Call ``fn(*jobs[i])`` as Ray tasks with at most ``workers`` in flight (backpressure: the
     driver holds ``workers`` references, never one per job), each with its resources (one for
     all, or one per job). Results and errors are handed over in completion order with the
     job's index. ``on_submit(i)`` when job ``i`` is handed to Ray; ``on_idle()`` every
-    ``idle_s`` seconds in which nothing finished (live progress: stragglers' running times)."""
+    ``idle_s`` seconds in which nothing finished (live progress: stragglers' running times);
+    ``on_retries(n)`` after a task that retried ``n`` > 0 object-storage requests
+    (``curation.io.retries``)."""
     import ray
 
-    remote = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=RETRY_EXCEPTIONS)(fn)
+    remote = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=RETRY_EXCEPTIONS)(_counted)
     per_job = not isinstance(resources, Resources)
     inflight: dict[Any, int] = {}
     nxt = 0
     while nxt < len(jobs) or inflight:
         while nxt < len(jobs) and len(inflight) < max(1, workers):
             res = resources[nxt] if per_job else resources
-            inflight[remote.options(**res.ray_options()).remote(*jobs[nxt])] = nxt
+            inflight[remote.options(**res.ray_options()).remote(fn, *jobs[nxt])] = nxt
             if on_submit is not None:
                 on_submit(nxt)
             nxt += 1
@@ -69,18 +81,20 @@ def run_bounded(fn: Callable[..., Any], jobs: Sequence[tuple], workers: int,
         for ref in ready:
             i = inflight.pop(ref)
             try:
-                out = ray.get(ref)
+                out, retried = ray.get(ref)
             except Exception as e:  # after retries: recorded, the others go on
                 msg = str(e).strip().splitlines()
                 on_error(i, f"{type(e).__name__}: {msg[-1] if msg else ''}")
                 continue
+            if retried and on_retries is not None:
+                on_retries(retried)
             on_result(i, out)
 
 
 def run_measured(fn: Callable[..., Any], jobs: Sequence[Any], workers: int, resources: Resources | Sequence[Resources],
                  on_result: Callable[[int, Any, float, float], None], on_error: Callable[[int, str], None],
-                 star: bool = False) -> None:
+                 star: bool = False, on_retries: Callable[[int], None] | None = None) -> None:
     """``run_bounded`` calling ``fn(job)`` (``fn(*job)`` with ``star``), each result with its
     seconds and the worker's peak RSS."""
     run_bounded(_measured, [(fn, j, star) for j in jobs], workers, resources,
-                lambda i, r: on_result(i, *r), on_error)
+                lambda i, r: on_result(i, *r), on_error, on_retries=on_retries)

@@ -676,14 +676,29 @@ function stragglerTable(live) {
          el("td", {class: "num"}, duration(s.running_s)), el("td", {class: "num"}, bytesText(s.bytes)))))));
 }
 
+// shuffle phases (progress.json "partitions"): partitions done, largest / median / smallest rows
+function partitionTable(partitions) {
+  const rows = Object.entries(partitions || {});
+  if (!rows.length) return null;
+  return el("section", {class: "card", id: "partitions"}, el("h2", {}, "Shuffle partitions (rows)"),
+    el("table", {}, el("thead", {}, el("tr", {}, ["phase", "done", "largest", "median", "smallest", "largest / median"]
+                                                   .map((h) => el("th", {}, h)))),
+       el("tbody", {}, rows.map(([phase, x]) => el("tr", {"data-phase": phase}, el("td", {}, phase),
+         el("td", {class: "num"}, fmt(x.done)), el("td", {class: "num"}, fmt(x.largest)),
+         el("td", {class: "num"}, fmt(Math.round(x.median))), el("td", {class: "num"}, fmt(x.smallest)),
+         el("td", {class: "num"}, x.skew === null ? "–" : x.skew.toFixed(2)))))));
+}
+
 async function showRun(id, keepSql) {
-  let run, stats, live = {};
+  let run, stats, live = {}, partitions = {}, retries = 0;
   try {
     let progress;
     [run, stats, progress] = await Promise.all([api(`/runs/${encodeURIComponent(id)}`),
                                       api(`/runs/${encodeURIComponent(id)}/stats`).catch(() => null),
                                       api(`/runs/${encodeURIComponent(id)}/progress`).catch(() => null)]);
     live = (progress && progress.live) || {};
+    partitions = (progress && progress.partitions) || {};
+    retries = (progress && progress.retries) || 0;
   } catch (e) {
     setMain(el("p", {}, el("a", {href: "#/"}, "← runs")), el("p", {class: "error"}, e.message));
     return;
@@ -694,7 +709,8 @@ async function showRun(id, keepSql) {
     el("h2", {}, `${run.name || ""} `, el("code", {}, run.id), " ", badge(run.state)),
     el("p", {}, bar(run.progress, `${(100 * run.progress).toFixed(0)}%`), " ",
        `${(100 * run.progress).toFixed(0)}% · submitted ${when(run.submitted)} · elapsed ${duration(run.elapsed_s)}`,
-       run.attempt > 1 ? ` · attempt ${run.attempt}` : ""),
+       run.attempt > 1 ? ` · attempt ${run.attempt}` : "",
+       retries ? ` · ${fmt(retries)} storage requests retried` : ""),
     el("p", {},
        el("button", {id: "cancel-button", disabled: !ACTIVE.has(run.state), onclick: () => action(id, "cancel")}, "Cancel"),
        " ",
@@ -709,6 +725,8 @@ async function showRun(id, keepSql) {
   const parts = [head];
   const slow = stragglerTable(live);
   if (slow) parts.push(slow);
+  const shuffles = partitionTable(partitions);
+  if (shuffles) parts.push(shuffles);
   if (stats) {
     const stages = stats.stages;
     parts.push(el("section", {class: "card"}, el("h2", {}, "Stages"), stageTable(stages)));
