@@ -148,3 +148,52 @@ def test_demo_pack_reads_the_demo_through_format_run():
     d = yaml.safe_load((REPO / "pipelines" / "demo-pack.yaml").read_text())
     assert [s["format"] for s in d["inputs"].values()] == ["run"]
     assert d["inputs"]["docs"] == {"format": "run", "run": "runs/demo", "stage": "merged"}
+
+
+def _chained(root: Path, upstream: Path, name: str, with_global: bool) -> tuple[object, Path]:
+    stages = {"gopher2": {"type": "gopher_quality", "input": "docs", "min_doc_words": 1}}
+    if with_global:
+        stages["exact"] = {"type": "exact_dedup", "input": "gopher2", "partitions": 2}
+    dag = parse_dag({"name": name, "inputs": {"docs": {"format": "run", "run": str(upstream), "stage": "merged"}},
+                     "stages": stages}, f"{name}.yaml")
+    return dag, root / name
+
+
+def test_a_shard_gone_upstream_is_refused_not_left_stale(first, tmp_path):
+    """The second run read every shard of ``merged``; one of them is then no longer committed
+    upstream (its file removed): rerunning the second run refuses, naming the shard, before any
+    work (its rows would otherwise stay in the second run's stages and outputs)."""
+    import shutil
+
+    up = tmp_path / "up"
+    shutil.copytree(first, up)
+    dag, out = _chained(tmp_path, up, "chained", with_global=False)
+    run_dag(dag, out, workers=2, quiet=True)
+    c4 = RunDir(up).entries("c4")
+    key = sorted(k for k, e in c4.items() if e.get("file"))[0]
+    (up / c4[key]["file"]).unlink()  # no longer committed in the upstream run
+    manifest = (out / "gopher2" / "_manifest.jsonl").read_text()
+    with pytest.raises(InputError, match=rf"inputs.docs: .*merged: 1 shard\(s\) this run read are no longer "
+                                         rf"committed there \(docs-{key}\).*new --out"):
+        run_dag(dag, out, workers=2, quiet=True)
+    assert (out / "gopher2" / "_manifest.jsonl").read_text() == manifest  # nothing ran
+    # a fresh run directory reads the upstream as it is now
+    fresh = run_dag(dag, tmp_path / "fresh", workers=2, quiet=True)
+    assert fresh["state"] == "done" and f"docs-{key}" not in RunDir(tmp_path / "fresh").entries("docs")
+
+
+def test_a_changed_upstream_shard_below_a_finished_global_stage_is_refused(first, tmp_path):
+    import shutil
+
+    up = tmp_path / "up"
+    shutil.copytree(first, up)
+    dag, out = _chained(tmp_path, up, "chained-global", with_global=True)
+    run_dag(dag, out, workers=2, quiet=True)
+    run_dag(dag, out, workers=2, quiet=True)  # unchanged upstream: the rerun is a no-op, not refused
+    c4 = RunDir(up).entries("c4")
+    key = sorted(k for k, e in c4.items() if e.get("file"))[0]
+    with open(up / "c4" / "_manifest.jsonl", "a") as f:  # the shard rewritten upstream: another sha256
+        f.write(json.dumps({**c4[key], "sha256": "0" * 64}, sort_keys=True) + "\n")
+    with pytest.raises(InputError, match=rf"1 shard\(s\) this run read changed since \(docs-{key}\) and the "
+                                         r"global stage\(s\) exact below them"):
+        run_dag(dag, out, workers=2, quiet=True)

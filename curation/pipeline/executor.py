@@ -34,7 +34,7 @@ from curation.pipeline.context import GlobalContext
 from curation.pipeline.dag import Dag, parse_dag, roots
 from curation.pipeline.progress import RunProgress
 from curation.pipeline.rundir import RunDir, RunDirError, ShardWriter  # noqa: F401  (RunDirError: callers catch it from here)
-from curation.pipeline.run_input import FORMAT as RUN_FORMAT, Upstream, iter_run_shard, plan_run_input
+from curation.pipeline.run_input import FORMAT as RUN_FORMAT, Upstream, check_upstream, iter_run_shard, plan_run_input
 from curation.pipeline.tasks import Resources, TasksFailed, run_bounded
 from curation.formats.documents import PAYLOAD_COLUMNS
 from curation.io.shards import split_kept_rejected
@@ -502,6 +502,7 @@ def run_dag(dag: Dag, run_dir: str | os.PathLike, workers: int | None = None, ad
     """Run (or resume) ``dag`` into ``run_dir``. Returns the final progress state."""
     rundir = RunDir(run_dir)
     plan = make_plan(dag)  # fails on missing inputs before any Ray work starts
+    check_upstream(rundir, dag, plan.hashes, plan.upstream)  # a format: run input's shards gone or changed
     rundir.prepare(dag, overwrite)
     progress = RunProgress(rundir.write_progress, dag.name, quiet=quiet,
                            min_write_s=2.0 if rundir.remote else 0.0, workers=workers)
@@ -524,8 +525,9 @@ def run_dag(dag: Dag, run_dir: str | os.PathLike, workers: int | None = None, ad
                 if up is not None and root in done and \
                         committed[root][key].get("upstream", {}).get("sha256") != up.sha256:
                     done = set()  # the upstream shard changed since: read it again, and all below it
-                # shards of signals only cannot be read back as rows: a stage still to run that
-                # takes a done stage's rows runs it again (the same bytes come out)
+                # shards of signals only cannot be read back as rows, and a shard that kept no
+                # row has no file: a stage still to run that takes a done stage's rows runs it
+                # again (the same bytes come out)
                 changed = True
                 while changed:
                     changed = False
@@ -533,7 +535,9 @@ def run_dag(dag: Dag, run_dir: str | os.PathLike, workers: int | None = None, ad
                         if s in done or s not in dag.stages:
                             continue
                         for f in dag.feeders(s):
-                            if f in done and f in dag.stages and not dag.writes_rows(f):
+                            no_file = f in committed and key in committed[f] and not committed[f][key].get("file") \
+                                and (f in dag.stages or f in plan.materialize_inputs)
+                            if f in done and (no_file or f in dag.stages and not dag.writes_rows(f)):
                                 done.discard(f)
                                 changed = True
                 done_stages = tuple(s for s in writes[root] if s in done)

@@ -16,7 +16,11 @@ inputs:
 - Shard keys are ``INPUT-UPSTREAMKEY``, stable as the upstream grows. Each input shard's
   manifest line records where it came from (``upstream``: run, stage, the leaf stage and key,
   its params hash, the file's sha256 and rows); a rerun whose upstream shard changed since
-  (another sha256) reads it again, with everything downstream of it.
+  (another sha256) reads it again, with the row-local stages below it.
+- A rerun is refused (``check_upstream``, before any work) when this run's committed shards
+  were made from an upstream shard that is no longer committed there (its rows would stay in
+  this run's stages and outputs), or from one that changed while a global stage below the
+  input has committed output (a global stage is not redone for one changed input shard).
 """
 
 from __future__ import annotations
@@ -107,6 +111,49 @@ def plan_run_input(name: str, spec: InputSpec, base_dir: str | None = None) -> t
     return shards, upstream
 
 
+def check_upstream(rundir, dag, hashes: dict[str, str], upstream: dict[str, dict[str, Upstream]]) -> None:
+    """Refuse a rerun into ``rundir`` whose committed work was made from upstream shards that
+    are gone (no longer committed in the upstream run) or, below a global stage that has
+    committed output, changed. ``upstream``: per ``format: run`` input, the shards planned now.
+    Raises ``InputError`` naming the input, the shards and what to do."""
+    for name, planned in upstream.items():
+        mine = {k: e for k, e in rundir.committed(name, hashes[name]).items() if e.get("upstream")}
+        if not mine:
+            continue
+        spec = dag.inputs[name]
+        where = f"inputs.{name}: {spec.run}/{spec.stage}"
+        redo = f"run into a new --out (or delete {rundir.root}) to read the upstream as it is now"
+        gone = sorted(k for k in mine if k not in planned)
+        if gone:
+            raise InputError(f"{where}: {len(gone)} shard(s) this run read are no longer committed there "
+                             f"({_some(gone)}); their rows are still in this run's stages: {redo}")
+        changed = sorted(k for k, e in mine.items() if e["upstream"].get("sha256") != planned[k].sha256)
+        below = [g for g, st in dag.stages.items()
+                 if st.kind == "global" and name in _ancestors(dag, g) and rundir.committed(g, hashes[g])]
+        if changed and below:
+            raise InputError(f"{where}: {len(changed)} shard(s) this run read changed since ({_some(changed)}) "
+                             f"and the global stage(s) {', '.join(below)} below them have committed output made "
+                             f"from the old rows: {redo}")
+
+
+def _some(keys: list[str], n: int = 3) -> str:
+    return ", ".join(keys[:n]) + (f" and {len(keys) - n} more" if len(keys) > n else "")
+
+
+def _ancestors(dag, node: str) -> set[str]:
+    """Every node whose rows flow into ``node``."""
+    out: set[str] = set()
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        st = dag.stages.get(n)
+        for u in (st.upstreams() if st is not None else ()):
+            if u not in out:
+                out.add(u)
+                todo.append(u)
+    return out
+
+
 def _progress(rd) -> dict | None:
     try:
         return json.loads(location.read_text(rd.progress_file))
@@ -155,11 +202,11 @@ def node_rows(path: str, batch_size: int = 8192) -> Iterator[pa.Table] | None:
 
 def iter_run_shard(shard: InputShard, spec: InputSpec, up: Upstream, base_dir: str | None,
                    batch_size: int) -> Iterator[pa.Table]:
-    """The shard's whole rows, ``batch_size`` at a time (at least one batch, possibly empty)."""
+    """The shard's whole rows, ``batch_size`` at a time (at least one batch, possibly empty,
+    from a file; none for a shard with no file: it kept no row upstream)."""
     from curation.pipeline.rundir import RunDir
 
     if not shard.path:
-        yield pa.table({"id": pa.array([], pa.string())})
         return
     f = location.parquet_file(shard.path)
     base = _whole_rows(RunDir(run_root(spec, base_dir)), up) if up.joins else None

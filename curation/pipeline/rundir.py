@@ -73,7 +73,8 @@ class ShardOutput:
 class ShardWriter:
     """One stage's kept and rejected rows for one shard key, appended batch by batch (memory:
     one row group per file), each file renamed into place by ``close``; the shard is committed
-    later by its manifest line. The rejected file is only created by the first rejected row."""
+    later by its manifest line. The rejected file is only created by the first rejected row,
+    and a shard that keeps no row writes no file (its line says ``file: null, rows: 0``)."""
 
     def __init__(self, rundir: RunDir, stage: str, key: str, params_hash: str, materialize: bool,
                  row_group_size: int):
@@ -99,7 +100,12 @@ class ShardWriter:
         entry: dict = {"shard": self.key, "stage": self.stage, "params_hash": self.params_hash,
                        "rows_in": self.rows_in, "file": None, "rows": self.rows_in - self.rejected_rows,
                        "rejected_file": None, "rejected_rows": 0, **extra}
-        if self._kept is not None:
+        if self._kept is not None and self._kept.rows == 0:
+            # no rows, no file: the line says rows 0 (readers list shards through the manifest
+            # and skip a line without a file; nothing opens a Parquet file with no row in it)
+            self._kept.abort()
+            entry["rows"] = 0
+        elif self._kept is not None:
             info = self._kept.close()
             entry.update(file=self.rundir.rel(self._kept.path), rows=info["rows"], bytes=info["bytes"],
                          sha256=info["sha256"])
