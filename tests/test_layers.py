@@ -202,6 +202,21 @@ def test_only_io_files_renames_a_temporary_file_into_place():
     assert not stale, f"exempt but no longer renaming anything (drop the exemption): {stale}"
 
 
+#: the trainer's own homes of renames (it imports nothing from curation but its formats)
+TRAINING_RENAMES = {
+    "training.files": "atomic small files (meta.json, latest, trimmed logs)",
+    "training.checkpoint": "checkpoint directories renamed into place (rank 0, after every rank wrote)",
+}
+
+
+def test_training_renames_only_in_its_two_homes():
+    mods = _modules()
+    bad = [f"{mod}:{line}" for mod, f in mods.items()
+           if mod.startswith("training") and mod not in TRAINING_RENAMES for line in _renames(f)]
+    assert not bad, "rename into place outside training.files / training.checkpoint: " + ", ".join(sorted(bad))
+    assert all(_renames(mods[m]) for m in TRAINING_RENAMES)
+
+
 def test_the_rename_checker_sees_renames(tmp_path):
     f = tmp_path / "m.py"
     f.write_text("import os\nos.replace(a, b)\nos.rename(a, b)\ntmp.rename(p)\ntmp.replace(p)\n"

@@ -39,6 +39,7 @@ import torch.distributed.checkpoint as dcp
 import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from training.files import write_text_atomic
 from training.parallel import DistEnv, barrier, broadcast_object
 
 LATEST = "latest"
@@ -50,15 +51,6 @@ class Stateful(Protocol):
     def state_dict(self) -> Any: ...
 
     def load_state_dict(self, state: Any) -> None: ...
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def step_of(path: Path) -> int:
@@ -129,7 +121,7 @@ class Checkpointer:
         if self.env.is_main:
             rng, meta = extra
             torch.save(rng, tmp / "rng.pt")
-            _write_atomic(tmp / "meta.json", meta)
+            write_text_atomic(tmp / "meta.json", meta)
         barrier(self.env)  # every rank's shards are on disk before the rename makes them visible
         if self.env.is_main:
             if final.exists():  # the same step saved again (e.g. after a resume): replace it
@@ -140,7 +132,7 @@ class Checkpointer:
                 shutil.rmtree(trash, ignore_errors=True)
             else:
                 os.replace(tmp, final)
-            _write_atomic(self.dir / LATEST, name + "\n")
+            write_text_atomic(self.dir / LATEST, name + "\n")
             self._prune(keep=final)
         barrier(self.env)
 

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from training.files import truncate_jsonl
+
 #: Dense (no sparsity) bf16 tensor-core peak FLOP/s of one device, by a substring of its CUDA
 #: name; the first match wins, so more specific names come first ("L40S" before "L4").
 PEAK_FLOPS: list[tuple[str, float]] = [
@@ -55,22 +57,6 @@ def mfu(flops_per_token: float, tokens_per_s: float, peak: float | None, devices
     if not peak:
         return None
     return flops_per_token * tokens_per_s / (peak * devices)
-
-
-def truncate_jsonl(path: Path, before_step: int) -> None:
-    """Keep only records with ``step < before_step`` (atomic rewrite)."""
-    if not path.exists():
-        return
-    kept = []
-    for line in path.read_text().splitlines():
-        try:
-            if json.loads(line).get("step", -1) < before_step:
-                kept.append(line)
-        except ValueError:
-            continue  # a torn last line from a killed run
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(k + "\n" for k in kept))
-    tmp.replace(path)
 
 
 class _Console:

@@ -27,6 +27,8 @@ import fsspec
 import numpy as np
 import pyarrow.parquet as pq
 
+from training.files import truncate_jsonl
+
 TRACE_DIR = "trace"
 ROWS_FILE = "rows.bin"
 DATA_FILE = "data.jsonl"
@@ -60,21 +62,6 @@ def _records(path: Path):
             offset = end
 
 
-def _truncate_jsonl(path: Path, before_step: int) -> None:
-    if not path.exists():
-        return
-    kept = []
-    for line in path.read_text().splitlines():
-        try:
-            if json.loads(line)["step"] < before_step:
-                kept.append(line)
-        except (ValueError, KeyError):
-            continue
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(k + "\n" for k in kept))
-    tmp.replace(path)
-
-
 class TraceWriter:
     """Appends each step's global row ids; ``flush`` before a checkpoint makes them durable.
 
@@ -99,7 +86,7 @@ class TraceWriter:
             with open(self.path, "r+b") as f:
                 f.truncate(keep)
         data = self.dir / DATA_FILE
-        _truncate_jsonl(data, start_step)
+        truncate_jsonl(data, start_step)
         with open(data, "a") as f:
             f.write(json.dumps({
                 "step": start_step,
