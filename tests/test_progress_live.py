@@ -141,3 +141,15 @@ def test_a_shuffle_run_reports_its_partition_sizes(tmp_path, ray_session):
     assert prog["retries"] == 0  # a local run sends no storage request
     # the phase's partition sizes are the keys the run hashed: 400 documents, one key each
     assert parts["largest"] + parts["median"] + parts["smallest"] == 400
+
+
+def test_stragglers_are_aged_to_now_between_writes():
+    from curation.pipeline.progress import as_of
+
+    prog = {"state": "running", "updated": 1000.0,
+            "live": {"read+map": {"elapsed_s": 50.0, "stragglers": [{"task": "a", "bytes": 1, "running_s": 10.0}]}}}
+    now = as_of(prog, 1030.0)
+    assert now["live"]["read+map"]["stragglers"][0]["running_s"] == 40.0
+    assert now["live"]["read+map"]["elapsed_s"] == 80.0 and now["as_of"] == 1030.0
+    assert prog["live"]["read+map"]["stragglers"][0]["running_s"] == 10.0  # the stored state is left as it is
+    assert as_of({**prog, "state": "done"}, 1030.0)["live"]["read+map"]["stragglers"][0]["running_s"] == 10.0

@@ -229,6 +229,20 @@ def _duration(s: float | None) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
+def as_of(progress: dict, now: float | None = None) -> dict:
+    """``progress`` as of ``now`` (default: the clock): a running run's file is rewritten when a
+    task starts or ends and every few seconds otherwise, so its stragglers' ``running_s`` and
+    phases' ``elapsed_s`` are aged by the time since ``updated`` (``as_of`` records when)."""
+    now = time.time() if now is None else now
+    age = max(0.0, now - float(progress.get("updated") or now))
+    if progress.get("state") != "running" or not age:
+        return progress
+    live = {phase: {**lv, "elapsed_s": round(lv.get("elapsed_s", 0) + age, 3),
+                    "stragglers": [{**x, "running_s": round(x["running_s"] + age, 1)} for x in lv.get("stragglers", [])]}
+            for phase, lv in (progress.get("live") or {}).items()}
+    return {**progress, "live": live, "as_of": now}
+
+
 def render_status(progress: dict):
     """``progress.json`` as a rich renderable: per phase a bar (done/total), documents and bytes
     per second (overall and the last minute), ETA, tasks per node; then the stragglers."""
@@ -236,8 +250,9 @@ def render_status(progress: dict):
     from rich.progress_bar import ProgressBar
     from rich.table import Table
 
+    progress = as_of(progress)
     state = progress.get("state", "?")
-    end = progress.get("finished") or progress.get("updated") or time.time()
+    end = progress.get("finished") or progress.get("as_of") or progress.get("updated") or time.time()
     head = f"{progress.get('name', '?')}: {state}, {_duration(end - progress.get('started', end))}"
     if progress.get("retries"):
         head += f"  ({progress['retries']:,} storage requests retried)"

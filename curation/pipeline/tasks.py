@@ -65,13 +65,14 @@ def run_bounded(fn: Callable[..., Any], jobs: Sequence[tuple], workers: int,
     import ray
 
     remote = ray.remote(max_retries=MAX_RETRIES, retry_exceptions=RETRY_EXCEPTIONS)(_counted)
+    name = getattr(fn, "__name__", "task")  # the task's name (and its worker's title: ray::NAME) stays fn's
     per_job = not isinstance(resources, Resources)
     inflight: dict[Any, int] = {}
     nxt = 0
     while nxt < len(jobs) or inflight:
         while nxt < len(jobs) and len(inflight) < max(1, workers):
             res = resources[nxt] if per_job else resources
-            inflight[remote.options(**res.ray_options()).remote(fn, *jobs[nxt])] = nxt
+            inflight[remote.options(name=name, **res.ray_options()).remote(fn, *jobs[nxt])] = nxt
             if on_submit is not None:
                 on_submit(nxt)
             nxt += 1

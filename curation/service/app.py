@@ -549,25 +549,28 @@ def create_app(runs_dir: str | Path, token: str, address: str | None = None,
     def get_progress(run_id: str) -> dict:
         """The run's progress.json as `refinery status` shows it: per phase shards done, and under
         ``live`` tasks running/done/failed (per node), documents and bytes per second (overall and
-        the last minute), ETA and the slowest running tasks; ``run_state`` is the service's view."""
+        the last minute), ETA and the slowest running tasks (their seconds as of now: ``as_of``);
+        ``run_state`` is the service's view."""
+        from curation.pipeline.progress import as_of
+
         d = runs.run_dir(run_id)
         try:
             progress = json.loads(Path(RunDir(d).progress_file).read_text())
         except (OSError, ValueError):
             progress = {}
-        return {**progress, "run_state": runs.describe(run_id, detail=False)["state"]}
+        return {**as_of(progress), "run_state": runs.describe(run_id, detail=False)["state"]}
 
     @app.get("/metrics", tags=["service"], response_class=Response)
     def metrics():
         """Every run's progress as Prometheus gauges (text format): shards done/total, tasks
         running and failed, documents, documents and bytes per second, ETA and the slowest
         running task, per run and phase."""
-        from curation.pipeline.progress import prometheus_text
+        from curation.pipeline.progress import as_of, prometheus_text
 
         progress = {}
         for rid in runs._run_ids():
             try:
-                progress[rid] = json.loads(Path(RunDir(runs.runs_dir / rid).progress_file).read_text())
+                progress[rid] = as_of(json.loads(Path(RunDir(runs.runs_dir / rid).progress_file).read_text()))
             except (OSError, ValueError):
                 continue
         return Response(prometheus_text(progress), media_type="text/plain; version=0.0.4")
