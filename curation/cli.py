@@ -695,6 +695,28 @@ def index_add(
     _index_add(index, run_dir, stages, name)
 
 
+@index_app.command("apply-superseded")
+def index_apply_superseded(
+    index: str = typer.Argument(..., help="the index (local or s3://...)"),
+    shards: list[str] = typer.Argument(..., help="old shards: Parquet files or folders (their top-level *.parquet)"),
+    out: str = typer.Option(..., "--out", "-o", help="where the filtered copies go (not the shards' own folder)"),
+    member: Optional[str] = typer.Option(None, "--member", help="only the documents of this member (default: all)"),
+) -> None:
+    """Write copies of old shards without the documents a later member superseded (keep: latest,
+    highest_quality, source_rank); the old shards are not rewritten in place."""
+    from curation.dedup.index import is_index
+    from curation.pipeline.corpus_index import apply_superseded
+
+    if not is_index(index):
+        _fail(f"{index}: no corpus index (no _index.json)")
+    try:
+        rep = apply_superseded(index, shards, out, member)
+    except (ValueError, FileNotFoundError) as e:
+        _fail(str(e))
+    console.print(f"[green]wrote[/] {len(rep['files'])} shards to {out}: {rep['rows'] - rep['removed']:,} of "
+                  f"{rep['rows']:,} rows kept, {rep['removed']:,} superseded removed ({rep['superseded']:,} listed)")
+
+
 @index_app.command("show")
 def index_show(index: str = typer.Argument(..., help="the index (local or s3://...)")) -> None:
     """Members, documents and size on disk."""
@@ -704,12 +726,12 @@ def index_show(index: str = typer.Argument(..., help="the index (local or s3://.
         _fail(f"{index}: no corpus index (no _index.json)")
     idx = CorpusIndex(index)
     t = Table(title=f"{index}: generation {idx.manifest['generation']}")
-    for c in ("member", "exact keys", "near docs", "band rows"):
+    for c in ("member", "exact keys", "near docs", "band rows", "superseded"):
         t.add_column(c)
     for m in idx.members:
         t.add_row(m["name"], f"{m['exact']['keys']:,}" if m.get("exact") else "-",
                   f"{m['near']['indexed_docs']:,}" if m.get("near") else "-",
-                  f"{m['near']['band_rows']:,}" if m.get("near") else "-")
+                  f"{m['near']['band_rows']:,}" if m.get("near") else "-", f"{m.get('superseded', 0):,}")
     console.print(t)
     size = idx.size()
     console.print(f"{size['files']} files, {size['bytes'] / 1e6:,.1f} MB (exact {size['exact_bytes'] / 1e6:,.1f}, "

@@ -60,16 +60,21 @@ def text_keys(texts: pa.Array, level: str, seed: int) -> tuple[np.ndarray, np.nd
     return rows[keep], para[keep], hash_texts(norm, seed), hash_texts(norm, seed2)
 
 
-def duplicate_keys(keys: pa.Table) -> np.ndarray:
+def duplicate_keys(keys: pa.Table, rank: np.ndarray | None = None) -> np.ndarray:
     """bool per row of ``keys`` (columns hash, hash2, id, para, shard, row): True for every copy
     of a key but the first in corpus order (lowest id, then paragraph; shard and row only
-    break ties between equal ids). Exact: equal means equal in both 64-bit hashes."""
+    break ties between equal ids), or with ``rank`` (a keeper policy's, lower wins) the best
+    ranked copy, ties as before. Exact: equal means equal in both 64-bit hashes."""
     n = keys.num_rows
     dup = np.zeros(n, dtype=bool)
     if n < 2:
         return dup
-    order = pc.sort_indices(keys, [("hash", "ascending"), ("hash2", "ascending"), ("id", "ascending"),
-                                   ("para", "ascending"), ("shard", "ascending"), ("row", "ascending")]).to_numpy()
+    by = [("hash", "ascending"), ("hash2", "ascending"), ("id", "ascending"), ("para", "ascending"),
+          ("shard", "ascending"), ("row", "ascending")]
+    if rank is not None:
+        keys = keys.append_column("__rank", pa.array(rank, pa.float64()))
+        by.insert(2, ("__rank", "ascending"))
+    order = pc.sort_indices(keys, by).to_numpy()
     h = keys.column("hash").to_numpy()[order]
     h2 = keys.column("hash2").to_numpy()[order]
     same = (h[1:] == h[:-1]) & (h2[1:] == h2[:-1])

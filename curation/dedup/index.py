@@ -239,7 +239,9 @@ def build_exact(keys_dir: str, bloom_dir: str, partitions: int, out: str, false_
         f = location.join(out, "bloom", f"part-{p:05d}.bloom")
         bf.save(f)
         nbytes += (bf.m + 63) // 64 * 8
-    return {"keys": keys, "bytes": nbytes}
+    attributes = [c for c in location.parquet_file(location.join(out, "keys", "part-00000.parquet")).schema_arrow.names
+                  if c not in ("hash", "hash2", "id")] if partitions else []
+    return {"keys": keys, "bytes": nbytes, "attributes": attributes}
 
 
 def build_near(lsh_dir: str, out: str) -> dict:
@@ -253,17 +255,32 @@ def build_near(lsh_dir: str, out: str) -> dict:
     doc_files = [location.join(lsh_dir, "docs", f"{n}.parquet") for n in meta["blocks"]]
     # documents: streamed block by block; the ones left out are remembered (few)
     docs_out = location.join(out, "docs.parquet")
-    schema = pa.schema([("doc", pa.int64()), ("id", pa.string()), ("cluster", pa.int64()), ("kept", pa.bool_())])
+    fields = [("doc", pa.int64()), ("id", pa.string()), ("cluster", pa.int64()), ("kept", pa.bool_())]
+    first = location.parquet_file(doc_files[0]).schema_arrow if doc_files else pa.schema(fields)
+    attributes = [c for c in first.names if c not in {f for f, _ in fields}]
+    fields += [(c, first.field(c).type) for c in attributes]
+    # each cluster's keeper where it is not the cluster's smallest document (a keeper policy
+    # other than first): pass 1 collects them (few), pass 2 writes them beside every document
+    other: dict[int, int] = {}
+    for f in doc_files:
+        t = location.read_parquet(f, columns=["doc", "cluster", "kept"])
+        d, c, k = (t.column(x).to_numpy(zero_copy_only=False) for x in ("doc", "cluster", "kept"))
+        sel = k & (c != d) & (c >= 0)
+        other.update(zip(c[sel].tolist(), d[sel].tolist()))
+    schema = pa.schema(fields + ([("keeper", pa.int64())] if other else []))
     dropped, ndocs, nbytes = [], 0, 0
     staged = files.StagedFile(docs_out)
     try:
         with pq.ParquetWriter(staged.tmp, schema, compression="zstd") as w:
             for f in doc_files:
-                t = location.read_parquet(f).select(schema.names).cast(schema)
+                t = location.read_parquet(f).select([n for n, _ in fields]).cast(pa.schema(fields))
                 neg = pc.less(t.column("cluster"), 0)
                 if pc.any(neg).as_py():
                     dropped.append(t.column("doc").filter(neg).to_numpy())
                     t = t.filter(pc.invert(neg))
+                if other:
+                    c = t.column("cluster").to_numpy()
+                    t = t.append_column("keeper", pa.array([other.get(x, x) for x in c.tolist()], pa.int64()))
                 ndocs += t.num_rows
                 w.write_table(t, row_group_size=ROW_GROUP)
         nbytes += staged.tmp.stat().st_size
@@ -289,7 +306,7 @@ def build_near(lsh_dir: str, out: str) -> dict:
             pq.write_table(t, tmp, compression="zstd", row_group_size=ROW_GROUP)
             nbytes += tmp.stat().st_size
     return {"docs": int(meta["docs"]), "indexed_docs": ndocs, "band_rows": rows, "bytes": nbytes,
-            "partitions": P}
+            "partitions": P, "attributes": attributes}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -311,16 +328,22 @@ def _groups_in_range(pf: pq.ParquetFile, column: int, sorted_keys: np.ndarray) -
     return out
 
 
-def exact_matches(parts: tuple[ExactPart, ...], h: np.ndarray, h2: np.ndarray) -> tuple[np.ndarray, list]:
+def exact_matches(parts: tuple[ExactPart, ...], h: np.ndarray, h2: np.ndarray, attribute: str | None = None,
+                  latest_member_first: bool = False) -> tuple[np.ndarray, list]:
     """For keys (h, h2) of one partition: (bool per key: held by a member, 'MEMBER:ID' or None
-    per key). The first member holding a key names it. Exact: both 64-bit hashes must match a
-    persisted key; the Bloom filter only spares the lookup of keys it never saw. Returns also
-    counters in ``exact_matches.last`` (bloom positives, row groups read)."""
+    per key). The first member holding a key names it (``latest_member_first``: the last one,
+    the current keeper where a later member superseded an earlier one's copy). Exact: both
+    64-bit hashes must match a persisted key; the Bloom filter only spares the lookup of keys
+    it never saw. Returns also counters in ``exact_matches.last`` (bloom positives, row groups
+    read) and, with ``attribute`` (a keeper policy's stored column), the matched copies' values
+    in ``exact_matches.values`` (a list, None where no match)."""
     n = len(h)
     found = np.zeros(n, dtype=bool)
     names: list = [None] * n
+    values: list = [None] * n
     stats = {"bloom_positive": 0, "row_groups_read": 0, "row_groups": 0}
-    for part in parts:
+    cols = ["hash", "hash2", "id"] + ([attribute] if attribute else [])
+    for part in (parts[::-1] if latest_member_first else parts):
         todo = ~found
         if not todo.any():
             break
@@ -333,25 +356,31 @@ def exact_matches(parts: tuple[ExactPart, ...], h: np.ndarray, h2: np.ndarray) -
         pf = location.parquet_file(part.keys)
         stats["row_groups"] += pf.num_row_groups
         col = pf.schema_arrow.get_field_index("hash")
-        hits: dict[tuple[int, int], str] = {}
+        if attribute and attribute not in pf.schema_arrow.names:
+            raise IndexMismatch(f"{part.keys}: member {part.member} holds no {attribute!r} of its documents (made "
+                                f"with keep: first); a keeper policy ranking by {attribute} cannot compare with it")
+        hits: dict[tuple[int, int], tuple] = {}
         for g in _groups_in_range(pf, col, cand):
             stats["row_groups_read"] += 1
             rh = pf.read_row_group(g, columns=["hash"]).column(0).to_numpy()
             m = np.isin(rh, cand)
             if not m.any():
                 continue
-            t = pf.read_row_group(g, columns=["hash", "hash2", "id"]).filter(pa.array(m))
-            for a, b, i in zip(t.column("hash").to_numpy().tolist(), t.column("hash2").to_numpy().tolist(),
-                               t.column("id").to_pylist()):
-                hits.setdefault((a, b), i)
+            t = pf.read_row_group(g, columns=cols).filter(pa.array(m))
+            vals = t.column(attribute).to_pylist() if attribute else [None] * t.num_rows
+            for a, b, i, v in zip(t.column("hash").to_numpy().tolist(), t.column("hash2").to_numpy().tolist(),
+                                  t.column("id").to_pylist(), vals):
+                hits.setdefault((a, b), (i, v))
         if not hits:
             continue
         for i, a, b in zip(pos.tolist(), h[pos].tolist(), h2[pos].tolist()):
             got = hits.get((a, b))
             if got is not None:
                 found[i] = True
-                names[i] = f"{part.member}:{got}"
+                names[i] = f"{part.member}:{got[0]}"
+                values[i] = got[1]
     exact_matches.last = stats
+    exact_matches.values = values
     return found, names
 
 
@@ -366,12 +395,13 @@ def _lookup_docs(docs_file: str, want: np.ndarray, columns: list[str]) -> pa.Tab
     return t.filter(pa.array(np.isin(t.column("doc").to_numpy(), want)))
 
 
-def near_rows(parts: tuple[NearPart, ...], band: np.ndarray, bucket: np.ndarray
+def near_rows(parts: tuple[NearPart, ...], band: np.ndarray, bucket: np.ndarray, attribute: str | None = None
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, pa.Table, dict]:
     """Index band rows sharing a (band, bucket) with the new rows ``(band, bucket)`` of one
     partition, as (band, bucket, node) with each indexed document replaced by its cluster's
-    node; and (node, match) naming each such node ``MEMBER:ID`` (the cluster's smallest
-    document's id). The members' files are streamed a row group at a time."""
+    node; and (node, match[, attribute]) naming each such node ``MEMBER:ID`` (the id of the
+    cluster's keeper, the document the member kept; with ``attribute``, a keeper policy's
+    stored column, the keeper's value). The members' files are streamed a row group at a time."""
     keys = np.unique(bucket)
     out_b, out_h, out_n, names = [], [], [], []
     stats = {"row_groups": 0, "row_groups_read": 0, "matched_rows": 0}
@@ -407,20 +437,35 @@ def near_rows(parts: tuple[NearPart, ...], band: np.ndarray, bucket: np.ndarray
         order = np.argsort(dd)
         cluster = cc[order][np.searchsorted(dd[order], d)]
         clusters = np.unique(cluster)
-        heads = _lookup_docs(part.docs, clusters, ["doc", "id"])
+        have = location.parquet_file(part.docs).schema_arrow.names
+        if attribute and attribute not in have:
+            raise IndexMismatch(f"{part.docs}: member {part.member} holds no {attribute!r} of its documents (made "
+                                f"with keep: first); a keeper policy ranking by {attribute} cannot compare with it")
+        heads = _lookup_docs(part.docs, clusters, ["doc"] + (["keeper"] if "keeper" in have else []))
+        hd = heads.column("doc").to_numpy()
+        keeper = heads.column("keeper").to_numpy() if "keeper" in have else hd
+        kt = _lookup_docs(part.docs, np.unique(keeper), ["doc", "id"] + ([attribute] if attribute else []))
+        order = np.argsort(kt.column("doc").to_numpy())
+        at = order[np.searchsorted(kt.column("doc").to_numpy()[order], keeper)]
         node = near_node(part.base, cluster)
         out_b.append(b)
         out_h.append(hh)
         out_n.append(node)
-        hd = heads.column("doc").to_numpy()
-        names.append(pa.table({"node": pa.array(near_node(part.base, hd), pa.int64()),
-                               "match": pc.binary_join_element_wise(pa.scalar(part.member + ":"),
-                                                                    heads.column("id"), "")}))
+        cols = {"node": pa.array(near_node(part.base, hd), pa.int64()),
+                "match": pc.binary_join_element_wise(pa.scalar(part.member + ":"),
+                                                     kt.column("id").take(pa.array(at)), "")}
+        if attribute:
+            cols[attribute] = kt.column(attribute).take(pa.array(at))
+        names.append(pa.table(cols))
         stats["matched_rows"] += int(len(d))
     if not out_b:
         empty = np.zeros(0, np.int64)
-        return (np.zeros(0, np.int32), np.zeros(0, np.uint64), empty,
-                pa.table({"node": pa.array([], pa.int64()), "match": pa.array([], pa.string())}), stats)
+        cols = {"node": pa.array([], pa.int64()), "match": pa.array([], pa.string())}
+        if attribute:
+            from curation.dedup.keeper import attribute_type
+            cols[attribute] = pa.array([], attribute_type({"date": "latest", "quality": "highest_quality",
+                                                           "source": "source_rank"}[attribute]))
+        return (np.zeros(0, np.int32), np.zeros(0, np.uint64), empty, pa.table(cols), stats)
     return (np.concatenate(out_b).astype(np.int32), np.concatenate(out_h), np.concatenate(out_n),
             pa.concat_tables(names), stats)
 

@@ -18,8 +18,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
 from curation.dedup.index import CorpusIndex, IndexMismatch, build_exact, build_near
-from curation.io import location
+from curation.dedup.keeper import SUPERSEDED_DIR, SUPERSEDED_SCHEMA
+from curation.io import files, location
 from curation.pipeline.rundir import RunDir
 
 KINDS = {"exact": "exact_dedup", "near": "minhash_dedup"}
@@ -112,6 +117,10 @@ def add_run(index_root: str, rundir: RunDir, stages: dict[str, IndexedStage], na
             _refuse(idx, "near", stages)
         member["near"] = {"stage": s.name, "params_hash": s.params_hash,
                           **build_near(lsh, location.join(out, "near"))}
+    sup = _superseded(rundir, stages)
+    if sup.num_rows:
+        files.write_parquet(sup, location.join(out, "superseded.parquet"))
+    member["superseded"] = sup.num_rows
     m = idx.commit(member, exact_params, near_params)
     return {"added": True, "member": member, "generation": m["generation"],
             "seconds": round(time.perf_counter() - t0, 3)}
@@ -125,3 +134,73 @@ def _refuse(idx: CorpusIndex, kind: str, stages: dict) -> None:
 def add_run_dir(index_root: str, run_root: str, wanted: list[str], name: str | None = None) -> dict:
     rundir = RunDir(run_root)
     return add_run(index_root, rundir, stages_of(rundir, wanted), name)
+
+
+def _superseded(rundir: RunDir, stages: dict[str, IndexedStage]) -> pa.Table:
+    """The run's superseded tables (indexed documents its keeper policy replaced), all stages,
+    sorted by (member, id, by, stage), a (member, id, by) listed by two stages once."""
+    parts = []
+    for s in stages.values():
+        d = location.join(rundir.stage_dir(s.name), SUPERSEDED_DIR)
+        for f in sorted(location.files_under(d)) if location.exists(d) else []:
+            if f.endswith(".parquet"):
+                parts.append(location.read_parquet(f).select(SUPERSEDED_SCHEMA.names).cast(SUPERSEDED_SCHEMA))
+    t = pa.concat_tables(parts) if parts else SUPERSEDED_SCHEMA.empty_table()
+    t = t.take(pc.sort_indices(t, [(c, "ascending") for c in ("member", "id", "by", "stage")]))
+    if t.num_rows > 1:  # a document both stages replaced (an exact copy is near too): listed once
+        k = [t.column(c).to_pylist() for c in ("member", "id", "by")]
+        first = [True] + [any(col[j] != col[j - 1] for col in k) for j in range(1, t.num_rows)]
+        t = t.filter(pa.array(first))
+    return t
+
+
+def superseded(index_root: str, member: str | None = None) -> pa.Table:
+    """Every member's superseded rows (``member``: only those replacing documents of that member)."""
+    idx = CorpusIndex(index_root)
+    parts = [location.read_parquet(location.join(idx.member_dir(m), "superseded.parquet"))
+             for m in idx.members if m.get("superseded")]
+    t = pa.concat_tables(parts) if parts else SUPERSEDED_SCHEMA.empty_table()
+    if member is not None:
+        t = t.filter(pc.equal(t.column("member"), member))
+    return t
+
+
+def shard_files(inputs: list[str]) -> list[str]:
+    """Parquet shards named by ``inputs``: files, or folders (their top-level ``*.parquet``)."""
+    out = []
+    for x in inputs:
+        if x.endswith(".parquet"):
+            out.append(x)
+        else:
+            out += sorted(f for f in location.files_under(x) if f.endswith(".parquet")
+                          and location.parent(f).rstrip("/") == str(x).rstrip("/"))
+    return out
+
+
+def apply_superseded(index_root: str, inputs: list[str], out: str, member: str | None = None) -> dict:
+    """Copies of the old shards ``inputs`` without the documents the index lists as superseded
+    (``member``: only those of that member), written to ``out`` under the same file names;
+    the old shards are not changed. Returns {files, rows, removed, superseded}."""
+    ids = superseded(index_root, member).column("id")
+    paths = shard_files(inputs)
+    if not paths:
+        raise ValueError(f"{inputs}: no Parquet shards")
+    outs = [location.join(out, location.name(p)) for p in paths]
+    if len(set(outs)) != len(outs):
+        raise ValueError("two input shards have the same file name; apply them to separate --out folders")
+    if any(o == p for o, p in zip(outs, paths)):
+        raise ValueError(f"{out}: the input's own folder; old shards are not rewritten in place (choose another --out)")
+    want = pc.unique(ids)
+    report = {"index": index_root, "generation": CorpusIndex(index_root).manifest["generation"], "member": member,
+              "superseded": len(want), "files": []}
+    for p, o in zip(paths, outs):
+        t = location.read_parquet(p)
+        gone = pc.is_in(t.column("id").cast(pa.string()), value_set=want)
+        kept = t.filter(pc.invert(gone))
+        with files.atomic_path(o) as tmp:
+            pq.write_table(kept, tmp, compression="zstd")
+        report["files"].append({"file": location.name(p), "rows": t.num_rows, "removed": t.num_rows - kept.num_rows})
+    report["rows"] = sum(f["rows"] for f in report["files"])
+    report["removed"] = sum(f["removed"] for f in report["files"])
+    files.write_json(location.join(out, "_superseded_applied.json"), report)
+    return report

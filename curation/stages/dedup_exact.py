@@ -14,7 +14,8 @@ Phases (``StageContext.phase``: resumable, timed; results never depend on the wo
    document or paragraph; write the keys with their partition (a hash prefix) to
    ``_work/<params>/keys/<block>.parquet``.
 2. partitions (one task per partition): read the partition's keys from every shard and decide
-   duplicates exactly (sorted keys; the copy with the lowest ``id`` survives). Keys an earlier
+   duplicates exactly (sorted keys; the copy with the lowest ``id`` survives, or the one
+   the ``keep`` policy ranks best: ``curation.dedup.keeper``). Keys an earlier
    dump's filter holds (``against``) are duplicates too. The partition's Bloom filter is built
    for its actual count of distinct keys (``bloom.expected_items`` split over the partitions
    is only the floor) and saved to ``RUN/STAGE/_bloom/part-NNNNN.bloom`` for a later
@@ -39,12 +40,13 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from curation.io import files, location
 from curation.dedup.bloom import BloomFilter
 from curation.dedup.exact import PARAGRAPH_SEPARATOR, drop_paragraphs, duplicate_keys, filter_health, key_partition, text_keys
-from curation.dedup.index import CorpusIndex, ExactPart, exact_matches, is_index
+from curation.dedup import keeper as keepers
+from curation.dedup.index import CorpusIndex, ExactPart, IndexMismatch, exact_matches, is_index
 from curation.dedup.minhash import NORMALIZATION, read_artifact, write_artifact
 from curation.io.artifacts import read_partition, write_partitioned
 from curation.io.shards import block_name, blocks, split_kept_rejected
@@ -98,6 +100,8 @@ class KeysJob:
     partitions: int
     seed: int
     header: dict
+    keep: str = "first"
+    rank_column: str | None = None  # the input column the keeper policy reads
 
 
 _EMPTY_KEYS = {"part": pa.int32(), "id": pa.string(), "shard": pa.int32(), "row": pa.int32(), "para": pa.int32(),
@@ -107,19 +111,24 @@ _EMPTY_KEYS = {"part": pa.int32(), "id": pa.string(), "shard": pa.int32(), "row"
 def keys_task(job: KeysJob) -> dict:
     """Phase 1 for one block of upstream shards: their keys, sorted by partition, in one file."""
     parts, rows_in = [], 0
+    attr = keepers.attribute_column(job.keep)
     for k, path in enumerate(job.paths):
-        table = location.read_parquet(path, columns=["id", "text"])
+        table = location.read_parquet(path, columns=["id", "text"] + ([job.rank_column] if attr else []))
         rows_in += table.num_rows
+        values = keepers.attribute(table.column(job.rank_column), job.keep) if attr else None
         for lo in range(0, table.num_rows, _HASH_BATCH):
             batch = table.slice(lo, _HASH_BATCH)
             rows, para, h, h2 = text_keys(batch.column("text").combine_chunks(), job.level, job.seed)
             rows = rows + lo
-            parts.append(pa.table({
-                "part": pa.array(key_partition(h, job.partitions), pa.int32()),
-                "id": table.column("id").take(pa.array(rows)),
-                "shard": pa.array(np.full(len(rows), job.first + k, np.int32)), "row": pa.array(rows),
-                "para": pa.array(para), "hash": pa.array(h), "hash2": pa.array(h2)}))
-    keys = pa.concat_tables(parts) if parts else pa.table({k: pa.array([], t) for k, t in _EMPTY_KEYS.items()})
+            cols = {"part": pa.array(key_partition(h, job.partitions), pa.int32()),
+                    "id": table.column("id").take(pa.array(rows)),
+                    "shard": pa.array(np.full(len(rows), job.first + k, np.int32)), "row": pa.array(rows),
+                    "para": pa.array(para), "hash": pa.array(h), "hash2": pa.array(h2)}
+            if attr:
+                cols[attr] = values.take(pa.array(rows))
+            parts.append(pa.table(cols))
+    empty = dict(_EMPTY_KEYS, **({attr: keepers.attribute_type(job.keep)} if attr else {}))
+    keys = pa.concat_tables(parts) if parts else pa.table({k: pa.array([], t) for k, t in empty.items()})
     keys = keys.take(pc.sort_indices(keys, [("part", "ascending"), ("shard", "ascending"), ("row", "ascending"),
                                             ("para", "ascending")]))
     write_partitioned(keys.drop_columns(["part"]), keys.column("part").to_numpy(), job.out, job.header)
@@ -140,6 +149,10 @@ class PartitionJob:
     header: dict
     keys_out: str | None = None
     index: tuple[ExactPart, ...] = ()
+    keep: str = "first"
+    source_rank: tuple[str, ...] = ()
+    superseded_out: str | None = None  # indexed copies a new document replaced (keep: latest, ...)
+    stage: str = ""
 
 
 def _against_seen(job: PartitionJob, h: np.ndarray) -> tuple[np.ndarray, list[dict]]:
@@ -164,21 +177,39 @@ def _against_seen(job: PartitionJob, h: np.ndarray) -> tuple[np.ndarray, list[di
 
 def partition_task(job: PartitionJob) -> dict:
     """Phase 2 for one partition: its duplicate keys, decided exactly, and its Bloom filter."""
-    tables = [read_partition(f, job.p, job.header, columns=["id", "shard", "row", "para", "hash", "hash2"])
-              for f in job.key_files]
-    keys = pa.concat_tables(tables) if tables else pa.table({k: pa.array([], t) for k, t in _EMPTY_KEYS.items()
-                                                              if k != "part"})
-    in_run = duplicate_keys(keys)
+    attr = keepers.attribute_column(job.keep)
+    cols = ["id", "shard", "row", "para", "hash", "hash2"] + ([attr] if attr else [])
+    tables = [read_partition(f, job.p, job.header, columns=cols) for f in job.key_files]
+    empty = dict(_EMPTY_KEYS, **({attr: keepers.attribute_type(job.keep)} if attr else {}))
+    keys = pa.concat_tables(tables) if tables else pa.table({k: pa.array([], empty[k]) for k in cols})
+    rank = keepers.rank(keys.column(attr), job.keep, job.source_rank) if attr else None
+    in_run = duplicate_keys(keys, rank)
     h = keys.column("hash").to_numpy()
     from_against, health = _against_seen(job, h)
     from_index, match = np.zeros(len(h), dtype=bool), [None] * len(h)
     lookup: dict = {}
+    superseded = 0
     if job.index:
-        from_index, match = exact_matches(job.index, h, keys.column("hash2").to_numpy())
+        from_index, match = exact_matches(job.index, h, keys.column("hash2").to_numpy(), attr,
+                                          latest_member_first=job.keep != "first")
         lookup = dict(exact_matches.last)
+        if attr:  # the run's copy of a key (its best) against the indexed copy: the policy decides
+            held = np.flatnonzero(from_index & ~in_run)
+            theirs = keepers.rank(pa.array([exact_matches.values[i] for i in held], keepers.attribute_type(job.keep)),
+                                  job.keep, job.source_rank)
+            wins = held[keepers.new_wins(job.keep, rank[held], theirs)]
+            ids = keys.column("id").take(pa.array(wins, pa.int64())).to_pylist()
+            table = keepers.superseded_table([match[i] for i in wins.tolist()], ids, job.stage)
+            table = table.take(pc.sort_indices(table, [("member", "ascending"), ("id", "ascending"), ("by", "ascending")]))
+            files.write_parquet(table, job.superseded_out)
+            superseded = len(wins)
+            if len(wins):
+                from_index[wins] = False
+                for i in wins.tolist():
+                    match[i] = None
     dup = in_run | from_against | from_index
     if job.keys_out is not None:  # the survivors' keys, sorted: a corpus index's exact side
-        survivors = keys.select(["hash", "hash2", "id"]).filter(pa.array(~dup))
+        survivors = keys.select(["hash", "hash2", "id"] + ([attr] if attr else [])).filter(pa.array(~dup))
         survivors = survivors.take(pc.sort_indices(survivors, [("hash", "ascending"), ("hash2", "ascending")]))
         files.write_parquet(survivors, job.keys_out, row_group_size=65536)
     distinct = h[~in_run]
@@ -194,7 +225,7 @@ def partition_task(job: PartitionJob) -> dict:
     return {"partition": job.p, "keys": keys.num_rows, "distinct_keys": int(len(distinct)),
             "duplicates": int(dup.sum()), "in_run_duplicates": int(in_run.sum()),
             "against_duplicates": int((from_against & ~in_run).sum()),
-            "index_duplicates": int(from_index.sum()), "index_lookup": lookup,
+            "index_duplicates": int(from_index.sum()), "index_lookup": lookup, "superseded": superseded,
             "capacity": max(len(distinct), job.capacity_floor), "m": bloom.m, "k": bloom.k,
             "fill_ratio": own["fill_ratio"], "predicted_false_positive_rate": bloom.predicted_false_positive_rate(),
             "measured_false_positive_rate": own["measured_false_positive_rate"], "loaded_filters": len(job.against),
@@ -284,12 +315,42 @@ class ExactDedup(GlobalStage):
     partitions: int = Field(default=16, ge=1, le=4096)
     seed: int = Field(default=0, ge=0)
     against: list[str] = Field(default_factory=list)
+    #: which copy survives (``curation.dedup.keeper``): first (lowest id), latest (``date_column``),
+    #: highest_quality (``quality``) or source_rank (``source`` by ``source_rank``); against a
+    #: corpus index, a new copy the policy prefers is kept and the indexed one is listed in
+    #: ``RUN/STAGE/_superseded/``
+    keep: keepers.Keep = "first"
+    source_rank: list[str] = Field(default_factory=list)
+    date_column: str = "date"
+
+    @model_validator(mode="after")
+    def _check_keep(self) -> ExactDedup:
+        if self.keep == "source_rank" and not self.source_rank:
+            raise ValueError("keep: source_rank needs source_rank: [a source, ...] (best first)")
+        if self.keep != "first" and self.level != "document":
+            raise ValueError(f"keep: {self.keep} ranks documents: it needs level: document")
+        return self
+
+    def params(self) -> dict[str, Any]:
+        p = super().params()
+        for k, default in (("keep", "first"), ("source_rank", []), ("date_column", "date")):
+            if p.get(k) == default:
+                p.pop(k, None)  # runs made before keeper policies keep their params hash
+        return p
+
+    def keeper(self) -> dict[str, Any]:
+        """The keeper policy's parameters (empty for ``first``)."""
+        if self.keep == "first":
+            return {}
+        return {"keep": self.keep, **({"source_rank": list(self.source_rank)} if self.keep == "source_rank" else {}),
+                **({"date_column": self.date_column} if self.keep == "latest" else {})}
 
     def header(self) -> dict[str, Any]:
         """What every artifact of this stage depends on."""
         return {"algorithm": "exact-dedup-xxh3x2-sorted", "version": EXACT_VERSION, "seed": self.seed,
                 "params": {"level": self.level, "partitions": self.partitions, "normalization": NORMALIZATION,
-                           "paragraph_separator": PARAGRAPH_SEPARATOR, "bloom": self.bloom.model_dump()}}
+                           "paragraph_separator": PARAGRAPH_SEPARATOR, "bloom": self.bloom.model_dump(),
+                           **self.keeper()}}
 
     def bloom_params(self) -> dict[str, Any]:
         """What a filter's keys mean: filters are queried across runs only when these agree."""
@@ -328,12 +389,27 @@ class ExactDedup(GlobalStage):
     def indexes(self) -> list[CorpusIndex]:
         """The corpus indexes among ``against``, their key parameters checked (on the driver)."""
         out = []
+        attr = keepers.attribute_column(self.keep)
         for entry in self.against:
             if is_index(entry):
                 idx = CorpusIndex(str(entry))
                 idx.check_exact(self.index_params(), f"exact_dedup.against: {entry}")
+                lacking = [m["name"] for m in idx.members if m.get("exact") and attr
+                           and attr not in m["exact"].get("attributes", [])]
+                if lacking:
+                    raise IndexMismatch(f"exact_dedup.against: {entry}: member(s) {lacking} hold no {attr!r} of their "
+                                        f"documents (indexed from a run with another keep), so keep: {self.keep} "
+                                        "cannot rank their copies; index runs made with this keep policy")
                 out.append(idx)
         return out
+
+    def _check_columns(self, ctx: StageContext, paths: list[str]) -> str | None:
+        col = keepers.source_column(self.keep, self.date_column)
+        if col is not None:
+            missing = [p for p in paths if col not in location.read_schema(p).names]
+            if missing:
+                raise ValueError(f"{ctx.name}: keep: {self.keep} reads a {col!r} column, which {missing[0]} lacks")
+        return col
 
     def run(self, ctx: StageContext) -> None:
         keys = [k for k, _ in ctx.upstream]
@@ -352,14 +428,20 @@ class ExactDedup(GlobalStage):
         if set(keys) - ctx.done_keys():
             against = [tuple(self.against_files(p)) for p in range(P)]  # fail before any work
             indexes = self.indexes()
+            rank_column = self._check_columns(ctx, paths)
             keys_dir = location.join(ctx.stage_dir, KEYS_DIR)
+            sup_dir = location.join(ctx.stage_dir, keepers.SUPERSEDED_DIR)
+            superseding = bool(indexes) and self.keep != "first"
             ctx.phase("keys", keys_task, [KeysJob(tuple(paths[lo:hi]), lo, key_files[b], self.level, P, self.seed,
-                                                  header) for b, (lo, hi) in enumerate(spans)])
+                                                  header, self.keep, rank_column) for b, (lo, hi) in enumerate(spans)])
             ctx.phase("partitions", partition_task, [
                 PartitionJob(p, key_files, dup_files[p], location.join(bloom_dir, f"part-{p:05d}.bloom"), against[p],
                              self.partition_capacity(), self.bloom.false_positive_rate, self.seed, self.bloom_params(),
                              header, location.join(keys_dir, f"part-{p:05d}.parquet"),
-                             tuple(x for idx in indexes for x in idx.exact_parts(p))) for p in range(P)])
+                             tuple(x for idx in indexes for x in idx.exact_parts(p)), self.keep,
+                             tuple(self.source_rank),
+                             location.join(sup_dir, f"part-{p:05d}.parquet") if superseding else None, ctx.name)
+                for p in range(P)])
             ctx.phase("apply", apply_block, [ApplyJob(tuple(ctx.output(k) for k in keys[lo:hi]), tuple(paths[lo:hi]),
                                                       lo, dup_files, self.level, header) for lo, hi in spans],
                       commit=True)
@@ -376,6 +458,7 @@ class ExactDedup(GlobalStage):
             "in_run_duplicates": sum(p["in_run_duplicates"] for p in parts),
             "against_duplicates": sum(p["against_duplicates"] for p in parts),
             "index_duplicates": sum(p.get("index_duplicates", 0) for p in parts),
+            "superseded": sum(p.get("superseded", 0) for p in parts),
             "indexes": [{"index": i.root, "generation": i.manifest["generation"]} for i in self.indexes()],
             "fill_ratio": (sum(p["fill_ratio"] * p["m"] for p in parts) / m) if parts else 0.0,
             "predicted_false_positive_rate": max((p["predicted_false_positive_rate"] for p in parts), default=0.0),

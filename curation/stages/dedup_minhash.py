@@ -22,10 +22,13 @@ Phases, each a set of Ray tasks whose output does not depend on the worker count
 3. components (``curation.dedup.components``): large-star / small-star rounds over
    hash-partitioned edge files; no task holds more than its partition's edges. A component
    is named by its smallest doc index.
-4. keepers (``keep: highest_quality`` only): per block, (component, doc, quality) rows go
-   to the component's partition; per partition, the document with the highest ``quality``
-   (then the smallest index) is the keeper. With ``keep: first`` the keeper is the
-   component's smallest index.
+4. keepers (a ``keep`` other than ``first``: ``latest``, ``highest_quality``, ``source_rank``,
+   see ``curation.dedup.keeper``): per block, (component, doc, score) rows go to the
+   component's partition; per partition, the document with the best score (then the smallest
+   index) is the keeper. With ``keep: first`` the keeper is the component's smallest index.
+   Against a corpus index, the indexed clusters' nodes take part scored by their keepers'
+   stored attribute: where a new document wins, it is kept and the indexed keeper goes to
+   ``RUN/STAGE/_superseded/<block>.parquet``.
 5. apply (one task per block, one output per upstream shard): ``dup_cluster`` (component id, or the document's
    own index when it has no near-duplicate) on every row; non-keepers are rejected as
    ``minhash_dedup:cluster=<id>``.
@@ -48,7 +51,8 @@ from pydantic import Field, model_validator
 
 from curation.hashing import GOLDEN
 from curation.io import files, location
-from curation.dedup.index import CorpusIndex, NearPart, near_rows
+from curation.dedup import keeper as keepers
+from curation.dedup.index import CorpusIndex, IndexMismatch, NearPart, near_rows
 from curation.dedup.components import connected_components, edge_header, read_labels, symmetric, write_edges
 from curation.dedup.lsh import EMPTY_BUCKETS, bucket_partition, candidate_edges
 from curation.io.artifacts import read_partition, write_partitioned
@@ -92,13 +96,24 @@ class SignatureJob:
     rows: int
     partitions: int
     header: dict
+    keep: str = "highest_quality"  # with quality_out: the policy whose score it holds
+    rank_column: str = "quality"
+    source_rank: tuple[str, ...] = ()
+
+
+def _score(col: pa.Array | pa.ChunkedArray, job: SignatureJob) -> np.ndarray:
+    """A keeper policy's score (higher wins; NaN or -inf lowest): the quality itself for
+    ``highest_quality``, minus the policy's rank otherwise."""
+    if job.keep == "highest_quality":
+        return pc.fill_null(col.cast(pa.float64()), float("nan")).to_numpy(zero_copy_only=False)
+    return -keepers.rank(keepers.attribute(col, job.keep), job.keep, job.source_rank)
 
 
 def signature_task(job: SignatureJob) -> dict:
     """Phase 1 for one block of upstream shards: its documents' signatures, cut into bands,
     as bucket rows in one file indexed by partition (each candidates task reads only its own
     row groups). Signatures themselves are not kept: nothing after this phase reads them."""
-    cols = ["text"] + (["quality"] if job.quality_out is not None else [])
+    cols = ["text"] + ([job.rank_column] if job.quality_out is not None else [])
     bucket_parts, parts, qual_parts = [], [], []
     lo = 0
     for path in job.paths:
@@ -108,7 +123,7 @@ def signature_task(job: SignatureJob) -> dict:
             doc = np.arange(job.first_doc + lo, job.first_doc + lo + batch.num_rows, dtype=np.int64)
             lo += batch.num_rows
             if job.quality_out is not None:
-                q = pc.fill_null(batch.column("quality").cast(pa.float64()), float("nan")).to_numpy(zero_copy_only=False)
+                q = _score(batch.column(job.rank_column), job)
                 qual_parts.append(pa.table({"doc": pa.array(doc), "quality": pa.array(q, pa.float64())}))
             has = n > 0  # a document without words has no shingles: it never collides
             flat = band_hashes(sig[has], job.bands, job.rows, job.hasher.seed).ravel()
@@ -164,6 +179,8 @@ class CandidatesJob:
     verify: Verify | None
     index: tuple[NearPart, ...] = ()  # corpus indexes' files of this partition (``against``)
     matches_out: str | None = None
+    keep: str = "first"  # with an index and another policy: the indexed keepers' scores go to matches_out
+    source_rank: tuple[str, ...] = ()
 
 
 def candidate_task(job: CandidatesJob) -> dict:
@@ -177,7 +194,11 @@ def candidate_task(job: CandidatesJob) -> dict:
     band, bucket, doc = t.column("band").to_numpy(), t.column("bucket").to_numpy(), t.column("doc").to_numpy()
     lookup: dict = {}
     if job.index:
-        ib, ih, inode, names, lookup = near_rows(job.index, band, bucket)
+        attr = keepers.attribute_column(job.keep)
+        ib, ih, inode, names, lookup = near_rows(job.index, band, bucket, attr)
+        if attr:  # the indexed keeper's score, as signature_task scores the new documents
+            score = -keepers.rank(names.column(attr), job.keep, job.source_rank)
+            names = names.drop_columns([attr]).append_column("quality", pa.array(score, pa.float64()))
         band, bucket, doc = np.r_[band, ib].astype(np.int32), np.r_[bucket, ih], np.r_[doc, inode]
         names = names.take(pc.sort_indices(names, [("node", "ascending")]))
         write_artifact(names, job.matches_out, job.header)
@@ -199,7 +220,7 @@ def candidate_task(job: CandidatesJob) -> dict:
 
 @dataclass(frozen=True)
 class ClusterQualityJob:
-    quality_file: str
+    quality_file: str | None
     lo: int
     hi: int
     label_files: tuple[str, ...]
@@ -207,14 +228,22 @@ class ClusterQualityJob:
     partitions: int
     header: dict
     cc_head: dict
+    match_files: tuple[str, ...] = ()  # for the indexed clusters' nodes [lo, 0): their keepers' scores
 
 
 def cluster_quality_task(job: ClusterQualityJob) -> dict:
     """Phase 4a for one block: (component, doc, quality) of its clustered docs, in one file
-    indexed by the component's partition."""
+    indexed by the component's partition. With ``match_files``, the same for the indexed
+    clusters' nodes (negative) the run's components hold, scored by their keepers."""
     nodes, comps = read_labels(list(job.label_files), job.cc_head, job.lo, job.hi)
-    t = read_artifact(job.quality_file, job.header, columns=["doc", "quality"])
-    q = t.column("quality").to_numpy(zero_copy_only=False)[nodes - job.lo] if len(nodes) else np.zeros(0)
+    if job.match_files:
+        t = pa.concat_tables([read_artifact(f, job.header, columns=["node", "quality"]) for f in job.match_files])
+        n, first = np.unique(t.column("node").to_numpy(), return_index=True)
+        sc = t.column("quality").to_numpy(zero_copy_only=False)[first]
+        q = sc[np.searchsorted(n, nodes)] if len(nodes) else np.zeros(0)
+    else:
+        t = read_artifact(job.quality_file, job.header, columns=["doc", "quality"])
+        q = t.column("quality").to_numpy(zero_copy_only=False)[nodes - job.lo] if len(nodes) else np.zeros(0)
     part = bucket_partition(comps.astype(np.uint64) * np.uint64(GOLDEN), job.partitions)
     order = np.lexsort((nodes, comps, part))
     rows = pa.table({"component": pa.array(comps[order], pa.int64()), "doc": pa.array(nodes[order], pa.int64()),
@@ -229,23 +258,40 @@ class KeeperJob:
     files: tuple[str, ...]
     out: str
     header: dict
+    index_out: str | None = None  # (component, keeper, node) of the components holding indexed clusters
+    new_wins_ties: bool = False  # keep: latest: a new document beats an indexed one of the same date
 
 
 def keeper_task(job: KeeperJob) -> dict:
     """Phase 4b for one partition: the keeper of each of its components (highest quality,
-    then smallest doc index; a missing quality ranks lowest)."""
+    then smallest doc index; a missing quality ranks lowest). Indexed clusters' nodes
+    (negative) take part with their keepers' scores: they win ties (they came first), unless
+    ``new_wins_ties``; ``index_out`` lists, per component holding one, its keeper and every
+    indexed node in it (what apply names, or lists as superseded where a new document won)."""
     t = pa.concat_tables([read_partition(f, job.q, job.header, columns=["component", "doc", "quality"])
                           for f in job.files])
     comp, doc = t.column("component").to_numpy(), t.column("doc").to_numpy()
     qual = np.nan_to_num(t.column("quality").to_numpy(zero_copy_only=False), nan=-np.inf)
-    keepers = np.zeros(0, np.int64)
+    keeper_docs = np.zeros(0, np.int64)
+    idx_rows = {"component": np.zeros(0, np.int64), "keeper": np.zeros(0, np.int64), "node": np.zeros(0, np.int64)}
     if len(comp):
-        order = np.lexsort((doc, -qual, comp))  # per component: best quality first, then smallest doc
+        tie = (doc < 0) if job.new_wins_ties else np.zeros(len(doc), bool)
+        order = np.lexsort((doc, tie, -qual, comp))  # per component: best quality first, then smallest doc
         c = comp[order]
         first = np.r_[True, c[1:] != c[:-1]]
-        keepers = np.sort(doc[order][first])
-    write_artifact(pa.table({"doc": pa.array(keepers, pa.int64())}), job.out, job.header)
-    return {"components": int(len(keepers))}
+        keeper_docs = np.sort(doc[order][first])
+        if job.index_out is not None:
+            heads = doc[order][first]
+            comp_keeper = heads[np.cumsum(first) - 1]  # each sorted row's component keeper
+            neg = doc[order] < 0
+            idx_rows = {"component": c[neg], "keeper": comp_keeper[neg], "node": doc[order][neg]}
+    write_artifact(pa.table({"doc": pa.array(keeper_docs, pa.int64())}), job.out, job.header)
+    if job.index_out is not None:
+        rows = pa.table({k: pa.array(v, pa.int64()) for k, v in idx_rows.items()})
+        write_artifact(rows.take(pc.sort_indices(rows, [("component", "ascending"), ("node", "ascending")])),
+                       job.index_out, job.header)
+    return {"components": int(len(keeper_docs)), "index_components_won": int(
+        len(np.unique(idx_rows["component"][idx_rows["keeper"] >= 0])))}
 
 
 @dataclass(frozen=True)
@@ -259,6 +305,11 @@ class ApplyJob:
     cc_head: dict
     docs_out: str | None = None  # (doc, id, cluster, kept) of the block, for a corpus index
     match_files: tuple[str, ...] = ()  # (node, MEMBER:ID) of indexed clusters (``against``)
+    keep: str = "first"  # another policy: its attribute goes to docs_out
+    rank_column: str | None = None
+    index_keeper_files: tuple[str, ...] = ()  # (component, keeper, node): a policy across the index
+    superseded_out: str | None = None
+    stage: str = ""
 
 
 def _index_names(files_: tuple[str, ...], header: dict, nodes: np.ndarray) -> dict[int, str]:
@@ -285,7 +336,19 @@ def apply_task(job: ApplyJob) -> list[dict]:
     cluster_all[nodes - b_lo] = comps
     kept_all = cluster_all == np.arange(b_lo, b_hi, dtype=np.int64)
     in_index = cluster_all < 0
-    names = _index_names(job.match_files, job.header, cluster_all[in_index]) if in_index.any() else {}
+    won: dict[int, list[int]] = {}  # a new keeper of a component holding indexed clusters: their nodes
+    if job.index_keeper_files and in_index.any():
+        ik = pa.concat_tables([read_artifact(f, job.header) for f in job.index_keeper_files])
+        ic, ikeep, inode = (ik.column(c).to_numpy() for c in ("component", "keeper", "node"))
+        uc, at = np.unique(ic, return_index=True)
+        pos = np.searchsorted(uc, cluster_all[in_index])
+        cluster_all[in_index] = ikeep[at][pos]  # the component's keeper: new (it won) or an indexed cluster
+        mine = (ikeep >= b_lo) & (ikeep < b_hi)
+        for kd, nd in zip(ikeep[mine].tolist(), inode[mine].tolist()):
+            won.setdefault(kd, []).append(nd)
+        in_index = cluster_all < 0
+    wanted = np.r_[cluster_all[in_index], np.array([n for v in won.values() for n in v], np.int64)]
+    names = _index_names(job.match_files, job.header, wanted) if len(wanted) else {}
     if job.keeper_files is not None:
         is_keeper = np.zeros(b_hi - b_lo, dtype=bool)
         for f in job.keeper_files:
@@ -294,7 +357,8 @@ def apply_task(job: ApplyJob) -> list[dict]:
         in_cluster = np.zeros(b_hi - b_lo, dtype=bool)
         in_cluster[nodes - b_lo] = True
         kept_all = (~in_cluster | is_keeper) & ~in_index
-    entries, doc_ids = [], []
+    entries, doc_ids, attrs = [], [], []
+    collect_ids = job.docs_out is not None or job.superseded_out is not None
     for out, path, lo, hi in zip(job.outs, job.paths, job.offsets[:-1], job.offsets[1:]):
         table = location.read_parquet(path)
         mine = cluster_all[lo - b_lo:hi - b_lo]
@@ -304,16 +368,33 @@ def apply_task(job: ApplyJob) -> list[dict]:
             label = pa.array([names[c] if c < 0 else s for c, s in zip(mine.tolist(), label.to_pylist())], pa.string())
         reasons = pc.binary_join_element_wise(pa.scalar(REASON_PREFIX), label, "")
         reasons = pc.if_else(pa.array(kept_all[lo - b_lo:hi - b_lo]), pa.scalar(None, pa.string()), reasons)
-        if job.docs_out is not None:
+        if collect_ids:
             doc_ids.append(table.column("id"))
+        if job.docs_out is not None and job.rank_column is not None:
+            attrs.append(keepers.attribute(table.column(job.rank_column), job.keep))
         table = table.append_column("dup_cluster", ids)
         kept_t, rejected = split_kept_rejected(table, reasons, out.stage)
         entries.append(out.write(kept_t, rejected, table.num_rows))
+    all_ids = pa.chunked_array([c.cast(pa.string()) for ids_ in doc_ids for c in ids_.chunks], pa.string()) \
+        if collect_ids else None
     if job.docs_out is not None:
-        files.write_parquet(pa.table({
-            "doc": pa.array(np.arange(b_lo, b_hi, dtype=np.int64)),
-            "id": pa.chunked_array([c.cast(pa.string()) for ids_ in doc_ids for c in ids_.chunks], pa.string()),
-            "cluster": pa.array(cluster_all), "kept": pa.array(kept_all)}), job.docs_out, row_group_size=65536)
+        cols = {"doc": pa.array(np.arange(b_lo, b_hi, dtype=np.int64)), "id": all_ids,
+                "cluster": pa.array(cluster_all), "kept": pa.array(kept_all)}
+        attr = keepers.attribute_column(job.keep)
+        if attr and job.rank_column is not None:
+            cols[attr] = pa.chunked_array(attrs, keepers.attribute_type(job.keep))
+        files.write_parquet(pa.table(cols), job.docs_out, row_group_size=65536)
+    if job.superseded_out is not None:  # indexed keepers a new document of this block replaced
+        kd = sorted(won)
+        by = all_ids.take(pa.array(np.array(kd, np.int64) - b_lo)).to_pylist() if kd else []
+        olds, bys = [], []
+        for d, b in zip(kd, by):
+            for n in sorted(won[d]):
+                olds.append(names[n])
+                bys.append(b)
+        t = keepers.superseded_table(olds, bys, job.stage)
+        files.write_parquet(t.take(pc.sort_indices(t, [("member", "ascending"), ("id", "ascending"),
+                                                        ("by", "ascending")])), job.superseded_out)
     return entries
 
 
@@ -326,7 +407,8 @@ class MinHashDedup(GlobalStage):
     """Remove near-duplicate documents: documents whose MinHash signatures share an LSH
     bucket are linked, linked documents form clusters (connected components), one document
     per cluster is kept (``keep: first`` = smallest index, ``highest_quality`` = largest
-    ``quality`` column, then smallest index).
+    ``quality`` column, ``latest`` = latest ``date_column``, ``source_rank`` = ``source`` first
+    in ``source_rank``; then smallest index).
 
     ``threshold`` picks (bands, rows) like datasketch's ``MinHashLSH`` (``weights`` = FP, FN
     weights), unless ``bands`` and ``rows`` are given. ``verify_jaccard`` keeps only
@@ -345,7 +427,13 @@ class MinHashDedup(GlobalStage):
     weights: tuple[float, float] = (0.5, 0.5)
     bands: int | None = Field(default=None, ge=1)
     rows: int | None = Field(default=None, ge=1)
-    keep: Literal["first", "highest_quality"] = "first"
+    #: which document of a cluster survives (``curation.dedup.keeper``): first (smallest index),
+    #: latest (``date_column``), highest_quality (``quality``) or source_rank (``source`` by
+    #: ``source_rank``); against a corpus index, a new document the policy prefers to the
+    #: indexed cluster's keeper is kept and that keeper is listed in ``RUN/STAGE/_superseded/``
+    keep: keepers.Keep = "first"
+    source_rank: list[str] = Field(default_factory=list)
+    date_column: str = "date"
     verify_jaccard: bool = False
     partitions: int = Field(default=16, ge=1, le=4096)
     seed: int = Field(default=1, ge=0)
@@ -361,7 +449,15 @@ class MinHashDedup(GlobalStage):
         p = super().params()
         if not p.get("against"):
             p.pop("against", None)  # runs made before ``against`` existed keep their params hash
+        for k, default in (("source_rank", []), ("date_column", "date")):
+            if p.get(k) == default:
+                p.pop(k, None)  # nor before keeper policies
         return p
+
+    def keeper(self) -> dict[str, Any]:
+        """The keeper policy's parameters beyond ``keep``."""
+        return {**({"source_rank": list(self.source_rank)} if self.keep == "source_rank" else {}),
+                **({"date_column": self.date_column} if self.keep == "latest" else {})}
 
     def index_params(self) -> dict[str, Any]:
         """What a corpus index's band keys must have been made with for this stage to query
@@ -373,9 +469,16 @@ class MinHashDedup(GlobalStage):
 
     def indexes(self) -> list[CorpusIndex]:
         out = []
+        attr = keepers.attribute_column(self.keep)
         for entry in self.against:
             idx = CorpusIndex(str(entry))
             idx.check_near(self.index_params(), f"minhash_dedup.against: {entry}")
+            lacking = [m["name"] for m in idx.members if m.get("near") and attr
+                       and attr not in m["near"].get("attributes", [])]
+            if lacking:
+                raise IndexMismatch(f"minhash_dedup.against: {entry}: member(s) {lacking} hold no {attr!r} of their "
+                                    f"documents (indexed from a run with another keep), so keep: {self.keep} cannot "
+                                    "rank their clusters' keepers; index runs made with this keep policy")
             out.append(idx)
         return out
 
@@ -385,6 +488,8 @@ class MinHashDedup(GlobalStage):
             raise ValueError("give both bands and rows, or neither (then the threshold chooses them)")
         if self.bands is not None and self.bands * self.rows > self.num_perm:
             raise ValueError(f"bands * rows = {self.bands * self.rows} exceeds num_perm = {self.num_perm}")
+        if self.keep == "source_rank" and not self.source_rank:
+            raise ValueError("keep: source_rank needs source_rank: [a source, ...] (best first)")
         return self
 
     def band_rows(self) -> tuple[int, int]:
@@ -403,7 +508,7 @@ class MinHashDedup(GlobalStage):
                 "minhash_version": MINHASH_VERSION, "seed": self.seed,
                 "params": {**self.hasher().header()["params"], "bands": b, "rows": r, "threshold": self.threshold,
                            "partitions": self.partitions, "verify_jaccard": self.verify_jaccard,
-                           "keep": self.keep}}
+                           "keep": self.keep, **self.keeper()}}
 
     def run(self, ctx: StageContext) -> None:
         keys = [k for k, _ in ctx.upstream]
@@ -411,18 +516,19 @@ class MinHashDedup(GlobalStage):
         ctx.check_work_header(self.header(), create=False)
         if ctx.finished(keys, REPORT):
             return
-        if self.keep == "highest_quality":
-            missing = [p for p in paths if "quality" not in location.read_schema(p).names]
+        rank_column = keepers.source_column(self.keep, self.date_column)
+        if rank_column is not None:
+            missing = [p for p in paths if rank_column not in location.read_schema(p).names]
             if missing:
-                raise ValueError(f"{ctx.name}: keep: highest_quality needs a 'quality' column, which {missing[0]} "
-                                 "lacks; put a quality stage upstream or use keep: first")
+                raise ValueError(f"{ctx.name}: keep: {self.keep} needs a {rank_column!r} column, which {missing[0]} "
+                                 "lacks; put a stage that adds it upstream or use keep: first")
         work, header, P = ctx.work_dir, self.header(), self.partitions
         ctx.check_work_header(header)
         cc_head, (b, r) = edge_header(header), self.band_rows()
         offsets = np.r_[0, np.cumsum([location.parquet_file(p).metadata.num_rows for p in paths])].astype(np.int64)
         spans = blocks(location.sizes(paths))
         names = [block_name(keys[lo:hi]) for lo, hi in spans]
-        with_quality = self.keep == "highest_quality"
+        with_quality = self.keep != "first"
         quality_files = [location.join(work, "quality", f"{n}.parquet") if with_quality else None for n in names]
         lsh = location.join(ctx.stage_dir, LSH_DIR, ctx.params_hash)
         bucket_files = tuple(location.join(lsh, "buckets", f"{n}.parquet") for n in names)
@@ -436,13 +542,14 @@ class MinHashDedup(GlobalStage):
 
         ctx.phase("signatures", signature_task, [
             SignatureJob(tuple(paths[lo:hi]), int(offsets[lo]), quality_files[k], bucket_files[k], self.hasher(), b, r,
-                         P, header) for k, (lo, hi) in enumerate(spans)])
+                         P, header, self.keep, rank_column or "quality", tuple(self.source_rank))
+            for k, (lo, hi) in enumerate(spans)])
         verify = (Verify(tuple(paths), tuple(offsets.tolist()), self.ngram, self.threshold)
                   if self.verify_jaccard else None)
         cand = ctx.phase("candidates", candidate_task, [
             CandidatesJob(p, bucket_files, cc_root, P, header, cc_head, verify,
                           tuple(x for i, s in zip(indexes, starts) for x in i.near_parts(p, int(s))),
-                          match_files[p] if indexes else None) for p in range(P)])
+                          match_files[p] if indexes else None, self.keep, tuple(self.source_rank)) for p in range(P)])
         # the components algorithm keeps its own per-step markers, so it resumes mid-way
         local_edges = self.local_components_edges
         if local_edges is None:
@@ -451,17 +558,28 @@ class MinHashDedup(GlobalStage):
                                     phase=f"{ctx.name}:components", local_max_edges=local_edges)
         labels = tuple(comp.label_files)
         keeper_files = None
+        superseding = with_quality and bool(indexes)  # the policy decides between new and indexed keepers
+        index_keepers: tuple[str, ...] = ()
         if with_quality:
             cq_files = tuple(location.join(work, "cluster_quality", f"{n}.parquet") for n in names)
+            cq_jobs = [ClusterQualityJob(quality_files[k], int(offsets[lo]), int(offsets[hi]), labels, cq_files[k], P,
+                                         header, cc_head) for k, (lo, hi) in enumerate(spans)]
+            if superseding:  # the indexed clusters' nodes, scored by their keepers
+                cq_files += (location.join(work, "cluster_quality", "_index.parquet"),)
+                cq_jobs.append(ClusterQualityJob(None, -total, 0, labels, cq_files[-1], P, header, cc_head,
+                                                 match_files))
+                index_keepers = tuple(location.join(work, "index_keepers", f"part-{q:04d}.parquet") for q in range(P))
             keeper_files = tuple(location.join(work, "keepers", f"part-{q:04d}.parquet") for q in range(P))
-            ctx.phase("cluster_quality", cluster_quality_task, [
-                ClusterQualityJob(quality_files[k], int(offsets[lo]), int(offsets[hi]), labels, cq_files[k], P,
-                                  header, cc_head) for k, (lo, hi) in enumerate(spans)])
-            ctx.phase("keepers", keeper_task, [KeeperJob(q, cq_files, keeper_files[q], header) for q in range(P)])
+            ctx.phase("cluster_quality", cluster_quality_task, cq_jobs)
+            ctx.phase("keepers", keeper_task, [
+                KeeperJob(q, cq_files, keeper_files[q], header, index_keepers[q] if superseding else None,
+                          self.keep == "latest") for q in range(P)])
+        sup_dir = location.join(ctx.stage_dir, keepers.SUPERSEDED_DIR)
         ctx.phase("apply", apply_task, [
             ApplyJob(tuple(ctx.output(k) for k in keys[lo:hi]), tuple(paths[lo:hi]),
                      tuple(int(o) for o in offsets[lo:hi + 1]), labels, keeper_files, header, cc_head, doc_files[k],
-                     match_files)
+                     match_files, self.keep, rank_column, index_keepers,
+                     location.join(sup_dir, f"{names[k]}.parquet") if superseding else None, ctx.name)
             for k, (lo, hi) in enumerate(spans)], commit=True)
         files.write_json(location.join(lsh, "meta.json"), {
             "header": header, "index_params": self.index_params(), "partitions": P, "blocks": names,
