@@ -640,9 +640,6 @@ def main() -> None:  # pragma: no cover
     app()
 
 
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(app())
-
 
 index_app = typer.Typer(no_args_is_help=True, help="Corpus indexes: a deduplicated corpus' dedup state, reused by the next snapshot.")
 app.add_typer(index_app, name="index")
@@ -736,3 +733,7 @@ def index_show(index: str = typer.Argument(..., help="the index (local or s3://.
     size = idx.size()
     console.print(f"{size['files']} files, {size['bytes'] / 1e6:,.1f} MB (exact {size['exact_bytes'] / 1e6:,.1f}, "
                   f"near {size['near_bytes'] / 1e6:,.1f})")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(app())

@@ -109,3 +109,45 @@ def test_tasks_run_on_both_nodes_and_match_a_one_node_run(tmp_path, two_nodes):
         shards = lambda run: {e["shard"]: (e.get("sha256"), e["rows"], e.get("rejected_sha256"))  # noqa: E731
                               for e in _entries(run, stage)}
         assert shards(tmp_path / "cluster") == shards(tmp_path / "local"), stage
+
+
+@pytest.mark.slow
+def test_against_an_index_on_two_nodes_is_byte_identical_to_one_worker(tmp_path, two_nodes):
+    """Issue 31: snapshot B deduplicated (exact + near) against snapshot A's corpus index on the
+    two-node cluster and with one local worker: the same shards, manifests, persisted keys and
+    LSH state, and the same index member built from each."""
+    from test_corpus_index import _digests, _index_digests, _snapshots, _write
+
+    A, B, _ = _snapshots()
+    _write(tmp_path / "in" / "a.jsonl.gz", A)
+    for k in range(4):  # four shards: read tasks on both nodes (global phases' tasks are not counted per node)
+        _write(tmp_path / "in" / f"b-{k}.jsonl.gz", B[k::4])
+
+    def dag(name: str, against: list[str]) -> Path:
+        d = {"name": "snap",
+             "inputs": {"docs": {"format": "jsonl", "paths": [str(tmp_path / "in" / name)], "source": "web",
+                                 "id_field": "id", "split_bytes": 60000}},
+             "stages": {"exact": {"type": "exact_dedup", "input": "docs", "partitions": 4, "against": against,
+                                  "bloom": {"expected_items": 10_000, "false_positive_rate": 1e-6}},
+                        "near": {"type": "minhash_dedup", "input": "exact", "partitions": 4, "against": against}},
+             "output": "near"}
+        f = tmp_path / f"{name[0]}.yaml"
+        f.write_text(yaml.safe_dump(d))
+        return f
+
+    index = tmp_path / "index"
+    _run(dag("a.jsonl.gz", []), tmp_path / "cc-a", "--workers", "1")
+    res = subprocess.run([*REFINERY, "index", "build", str(tmp_path / "cc-a"), "--out", str(index)], cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    b = dag("b-*.jsonl.gz", [str(index)])
+    _run(b, tmp_path / "cluster", "--address", two_nodes)
+    _run(b, tmp_path / "local", "--workers", "1")
+    assert len(json.loads((tmp_path / "cluster" / "progress.json").read_text())["nodes"]) == 2
+    got, want = _digests(tmp_path / "cluster"), _digests(tmp_path / "local")
+    assert got == want and any("/_keys/" in k for k in got) and any("/_lsh/" in k for k in got)
+    for run in ("cluster", "local"):
+        res = subprocess.run([*REFINERY, "index", "add", str(tmp_path / f"index-{run}"), str(tmp_path / run),
+                              "--name", "cc-b"], cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stdout + res.stderr
+    assert _index_digests(tmp_path / "index-cluster") == _index_digests(tmp_path / "index-local")

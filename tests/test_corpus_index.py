@@ -2,8 +2,8 @@
 reading no text), snapshot B deduplicated ``against`` it: B's exact and near copies of A's
 documents are rejected naming the member and A's id, B's unique documents are all kept, and the
 corpus A + B equals deduplicating both from scratch. ``index add`` is idempotent and atomic. The
-same bytes (shards, manifests, index files) with 1, 2, 3 and 4 workers, and after a run killed
-with 2 workers and resumed with 4."""
+same bytes (shards, manifests, index files) with 1, 2, 3, 4 and 8 workers, and after a run killed
+with 2 workers and resumed with 4 (and on a two-node cluster: tests/test_cluster.py)."""
 
 from __future__ import annotations
 
@@ -198,11 +198,11 @@ def test_add_is_idempotent_and_atomic(snaps, tmp_path, monkeypatch):
         run_dag(bad, tmp_path / "bad", workers=2, quiet=True)
 
 
-def test_same_bytes_with_one_to_four_workers(snaps, tmp_path):
+def test_same_bytes_with_one_to_eight_workers(snaps, tmp_path):
     root, A, B, kind = snaps
     ref_run, ref_index = _digests(root / "cc-b"), None
     dag = _dag([str(root / "in" / "b.jsonl.gz")], [str(root / "index")])
-    for w in (1, 3, 4):
+    for w in (1, 3, 4, 8):
         run_dag(dag, tmp_path / f"w{w}", workers=w, quiet=True)
         assert _digests(tmp_path / f"w{w}") == ref_run, w
         corpus_index.add_run_dir(str(tmp_path / f"index{w}"), str(tmp_path / f"w{w}"), ["exact", "near"], "cc-b")
