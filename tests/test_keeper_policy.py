@@ -7,6 +7,7 @@ writes filtered copies of the old shards."""
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 from pathlib import Path
 
@@ -65,6 +66,12 @@ def _run(root: Path, upstream, against=(), workers=2, **keep) -> dict:
     stages = {"exact": IndexedStage("exact", exact, ctx.params_hash), "near": IndexedStage("near", near, nctx.params_hash)}
     return {"kept": set(kept), "reasons": reasons, "rd": rd, "stages": stages,
             "near_files": [rd.path(e["file"]) for e in rd.committed("near", nctx.params_hash).values() if e.get("file")]}
+
+
+def _digests(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file() and "_work" not in p.parts
+            and (p.suffix in (".parquet", ".bloom") or p.name == "_manifest.jsonl")}
 
 
 def _near(text: str) -> str:
@@ -129,6 +136,10 @@ def test_source_rank_across_the_index_supersedes_and_applies(tmp_path, ray_sessi
     assert all(i == "a-" + by.rsplit("-", 1)[1] and sup[("cc-a", i)] == {(by, "near")} for by, i in near_sup.items())
     assert all(len({by for by, _ in v}) == 1 for v in sup.values())
     assert len(sup) == 10 + len(near_sup)
+    # the same bytes with one worker (shards, manifests, superseded tables, persisted keys and LSH state)
+    one = _run(tmp_path / "cc-b1", _write(tmp_path / "in1" / "b.parquet", B), against=[index], workers=1, **kw)
+    assert _digests(tmp_path / "cc-b1") == _digests(tmp_path / "cc-b") and one["kept"] == kept
+    assert any("_superseded" in k for k in _digests(tmp_path / "cc-b"))
     # into the index; the winners are B's member's; apply to A's shards
     res = add_run(index, b["rd"], b["stages"], "cc-b")
     assert res["member"]["superseded"] == len(sup)
