@@ -441,10 +441,14 @@ def near_rows(parts: tuple[NearPart, ...], band: np.ndarray, bucket: np.ndarray,
         if attribute and attribute not in have:
             raise IndexMismatch(f"{part.docs}: member {part.member} holds no {attribute!r} of its documents (made "
                                 f"with keep: first); a keeper policy ranking by {attribute} cannot compare with it")
-        heads = _lookup_docs(part.docs, clusters, ["doc"] + (["keeper"] if "keeper" in have else []))
-        hd = heads.column("doc").to_numpy()
-        keeper = heads.column("keeper").to_numpy() if "keeper" in have else hd
-        kt = _lookup_docs(part.docs, np.unique(keeper), ["doc", "id"] + ([attribute] if attribute else []))
+        want = ["doc", "id"] + ([attribute] if attribute else [])
+        if "keeper" in have:  # a keeper policy: the keeper may be another document than the cluster's head
+            heads = _lookup_docs(part.docs, clusters, ["doc", "keeper"])
+            hd, keeper = heads.column("doc").to_numpy(), heads.column("keeper").to_numpy()
+            kt = _lookup_docs(part.docs, np.unique(keeper), want)
+        else:  # keep: first: the head is the keeper (one lookup)
+            kt = _lookup_docs(part.docs, clusters, want)
+            hd = keeper = kt.column("doc").to_numpy()
         order = np.argsort(kt.column("doc").to_numpy())
         at = order[np.searchsorted(kt.column("doc").to_numpy()[order], keeper)]
         node = near_node(part.base, cluster)
