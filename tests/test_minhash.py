@@ -111,6 +111,20 @@ def test_fused_raw_text_path_equals_normalise_then_split():
     assert (np.diff(off) == 2).all()  # every character str.split splits on splits here too
 
 
+def test_compiled_scan_bounds_hold_at_document_edges():
+    """The compiled word scan sizes its outputs from a first pass (words after whitespace,
+    non-ASCII words per run of high bytes): runs of non-ASCII bytes and multi-byte spaces
+    that meet at document boundaries must stay inside those bounds and cut the same words
+    as normalising first (run under NUMBA_BOUNDSCHECK=1 to check the bounds themselves)."""
+    cases = (["é"] * 1000, ["aé", "éa", "é\u00a0é", "ж", ""] * 400, ["\u00a0"] * 100 + ["x\u3000y"] * 100,
+             ["日本語" * 50] * 30, ["\u2028é\u2029", "é\x85é", "\u00a0\u00a0"] * 100)
+    for texts in cases:
+        arr = pa.array(texts)
+        h1, o1 = word_hashes(normalize_text(arr))
+        h2, o2 = normalized_word_hashes(arr)
+        assert (o1 == o2).all() and (h1 == h2).all()
+
+
 @pytest.mark.parametrize("family", ["affine32", "multiply_shift64"])
 def test_signatures_equal_brute_force_minimum_in_any_block_size(family):
     texts = ODD_TEXTS + _docs()[:30]

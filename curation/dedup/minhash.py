@@ -5,21 +5,23 @@ The text path, for a batch of documents (never a Python loop per word or shingle
 1. ``normalize_text``: NFKC, casefold, every whitespace character mapped to an ASCII one.
    ASCII documents (most of a crawl) take pyarrow's ``ascii_lower``; only the others go
    through Python's ``unicodedata`` / ``str.casefold`` (one C call per document).
-2. ``word_hashes``: words are maximal runs of non-whitespace bytes of the UTF-8 buffer. Each
-   word is cut into 8-byte little-endian chunks read straight out of the Arrow buffer;
-   chunks are mixed with their position (splitmix64) and summed per word, so every word of
-   the batch is hashed to 64 bits by a handful of array passes.
+2. ``word_hashes`` / ``normalized_word_hashes``: words are maximal runs of non-whitespace
+   bytes of the UTF-8 buffer, cut and hashed to 64 bits in one compiled scan
+   (``curation.dedup.kernels.scan_words``): 8-byte little-endian chunks, every chunk after
+   the first mixed with its position (splitmix64), summed per word, the length mixed in.
 3. ``shingle_hashes``: word n-grams as a polynomial over the word hashes (uint64
-   wraparound), n-grams that would cross a document boundary masked out; documents shorter
-   than n words are one shingle of all their words. A final splitmix64 keeps the top 32 bits.
+   wraparound), never crossing a document; documents shorter than n words are one shingle
+   of all their words. A final splitmix64 keeps the top 32 bits.
 4. ``MinHasher.signatures``: num_perm hash functions ``h_k(x) = (a_k x + b_k) mod 2^32``
    (``affine32``, the default) or the strongly universal multiply-add-shift
-   ``((a_k x + b_k) mod 2^64) >> 32`` on 64-bit words (``multiply_shift64``), computed in
-   blocks of a few thousand shingles laid out perm-major, and the per-document minimum
-   taken with ``np.minimum.reduceat`` over the document offsets.
+   ``((a_k x + b_k) mod 2^64) >> 32`` on 64-bit words (``multiply_shift64``); each
+   document's minima in a compiled loop with the permutations innermost (SIMD lanes).
 
-Why ``affine32`` by default: numpy multiplies 32-bit lanes with SIMD but 64-bit ones mostly
-scalar, so it is ~3x faster, and its Jaccard error on real document pairs equals the
+The compiled loops (``curation/dedup/kernels.py``) replaced array passes in issue 32 and are
+bit-exact with them: ``tests/test_minhash.py`` pins the signatures' bytes.
+
+Why ``affine32`` by default: 32-bit lanes multiply with SIMD but 64-bit ones mostly
+scalar, so it is several times faster, and its Jaccard error on real document pairs equals the
 binomial ideal (``tests/test_minhash.py`` and ``tests/benchmarks/bench_minhash.py`` measure
 both families against datasketch).
 
@@ -42,7 +44,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from curation.hashing import GOLDEN, MIX1, fmix64
+from curation.dedup import kernels as _k
+from curation.hashing import GOLDEN, fmix64
 from curation.io.artifacts import ArtifactMismatch, check_header, read_artifact, write_artifact  # noqa: F401
 
 #: Bump when signatures for the same parameters would change (hashing, tokenising...).
@@ -51,13 +54,8 @@ NORMALIZATION = "nfkc-casefold-whitespace"
 
 _U64 = np.uint64
 _MASK64 = 0xFFFFFFFFFFFFFFFF
-# splitmix64 (``curation.hashing``); its multipliers also give position salts
-_M1 = _U64(MIX1)
 _GOLDEN = _U64(GOLDEN)
 _NGRAM_BASE = _U64(0x9FB21C651E98DF25)  # odd multiplier of the n-gram polynomial
-_CHUNK_SALT = _U64(0xD6E8FEB86659FD93)
-_LEN_SALT = _U64(0xA0761D6478BD642F)
-_BYTE_MASKS = np.array([0] + [(1 << (8 * i)) - 1 for i in range(1, 8)] + [_MASK64], dtype=np.uint64)
 
 # Bytes that split words: ASCII whitespace as Python's str.split() sees it.
 _WS_BYTES = np.zeros(256, dtype=bool)
@@ -204,43 +202,6 @@ def _word_spans(offsets: np.ndarray, data: np.ndarray, ws: np.ndarray) -> tuple[
     return np.flatnonzero(is_word & prev_break), np.flatnonzero(is_word & next_break) + 1
 
 
-def _hash_spans(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-    """64-bit hash of the byte spans ``data[starts[i]:ends[i]]`` (all non-empty).
-
-    8-byte little-endian chunks are read unaligned straight from the buffer (padded so the
-    last read stays inside); every chunk after the first is mixed with its position, the
-    chunks are summed per span (order-sensitive) and the length is mixed in at the end.
-    """
-    n = len(data)
-    lengths = ends - starts
-    padded = np.zeros((n + 16) // 8 * 8, dtype=np.uint8)
-    padded[:n] = data
-    windows = np.lib.stride_tricks.as_strided(padded.view("<u8"), shape=(n,), strides=(1,))
-    # the first chunk enters unmixed: with the length it is injective for words of up to 8
-    # bytes, and the final mix64 is a bijection, so short words never collide
-    summed = windows[starts] & _BYTE_MASKS[np.minimum(lengths, 8)]
-    long_words = np.flatnonzero(lengths > 8)  # few: the per-chunk bookkeeping is only for them
-    if len(long_words):
-        extra = (lengths[long_words] - 1) >> 3
-        chunk_word = np.repeat(long_words, extra)
-        first = np.cumsum(extra) - extra
-        chunk_idx = np.arange(len(chunk_word)) - np.repeat(first, extra) + 1
-        chunk_start = starts[chunk_word] + 8 * chunk_idx
-        chunk_len = np.minimum(ends[chunk_word] - chunk_start, 8)
-        mixed = fmix64((windows[chunk_start] & _BYTE_MASKS[chunk_len])
-                      ^ (chunk_idx.astype(np.uint64) + _U64(1)) * _CHUNK_SALT)
-        summed[long_words] += np.add.reduceat(mixed, first)
-    # a half mixer (xorshift-multiply-xorshift, a bijection) is enough here: the n-gram
-    # polynomial over these values gets a full mix64 afterwards
-    x = summed + lengths.astype(np.uint64) * _LEN_SALT
-    t = x >> _U64(32)
-    x ^= t
-    x *= _M1
-    np.right_shift(x, _U64(29), out=t)
-    x ^= t
-    return x
-
-
 def word_hashes(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """64-bit hash of every whitespace-separated word of a batch of already normalised
     texts (``normalize_text``).
@@ -251,9 +212,8 @@ def word_hashes(texts: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     offsets, data = _string_buffers(texts)
     if len(data) == 0:
         return np.zeros(0, np.uint64), np.zeros(len(offsets), np.int64)
-    starts, ends = _word_spans(offsets, data, _whitespace_mask(data))
-    # words never cross documents, so a document's words are those starting inside it
-    return _hash_spans(data, starts, ends), np.searchsorted(starts, offsets, side="left").astype(np.int64)
+    hashes, doc_offsets, _, _, _ = _k.scan_words(data, offsets, _WS_BYTES, False)
+    return hashes, doc_offsets
 
 
 def normalized_word_hashes(texts: pa.Array | pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
@@ -273,36 +233,18 @@ def normalized_word_hashes(texts: pa.Array | pa.ChunkedArray) -> tuple[np.ndarra
     offsets, data = _string_buffers(pc.fill_null(texts, ""))
     if len(data) == 0:
         return np.zeros(0, np.uint64), np.zeros(len(offsets), np.int64)
-    hi = np.flatnonzero(data >= 0x80)
-    ws = _whitespace_mask(data, hi)
-    starts, ends = _word_spans(offsets, data, ws)
-    doc_offsets = np.searchsorted(starts, offsets, side="left").astype(np.int64)
-    lowered = data + ((data - np.uint8(65)) < 26).view(np.uint8) * np.uint8(32)  # A-Z -> a-z
-    hashes = _hash_spans(lowered, starts, ends)
-    if len(hi) == 0:
+    # one compiled scan: whitespace, words cut at documents, ASCII letters lowered and hashed
+    # (word_of, w_start, w_end: the words holding a non-ASCII non-space byte, in order)
+    hashes, doc_offsets, word_of, w_start, w_end = _k.scan_words(data, offsets, _WS_BYTES, True)
+    if len(word_of) == 0:
         return hashes, doc_offsets
-    # words holding a non-ASCII byte: looked up once per run of consecutive high bytes (a
-    # Cyrillic word is one run), not once per byte
-    hw = hi[~ws[hi]]
-    new_run = np.ones(len(hw), dtype=bool)
-    if len(hw) > 1:
-        new_run[1:] = hw[1:] != hw[:-1] + 1
-        at_start = np.zeros(len(data), dtype=bool)
-        at_start[starts] = True
-        new_run |= at_start[hw]  # a run never continues into the next word (or document)
-    runs = hw[new_run]
-    word_of = np.searchsorted(starts, runs, side="right") - 1
-    word_of = word_of[(word_of >= 0) & (runs < ends[np.maximum(word_of, 0)])]
-    word_of = word_of[np.r_[True, word_of[1:] != word_of[:-1]]] if len(word_of) else word_of  # sorted: dedupe
-    if len(word_of) == 0:  # the only non-ASCII characters were spaces
-        return hashes, doc_offsets
-    raw = _hash_spans(data, starts[word_of], ends[word_of])
+    raw = _k.span_hashes(data, w_start, w_end)
     uniq, first, inverse = np.unique(raw, return_index=True, return_inverse=True)
-    u_words = word_of[first]
-    lens = ends[u_words] - starts[u_words]
-    gather = np.repeat(starts[u_words] - np.r_[0, np.cumsum(lens)[:-1]], lens) + np.arange(int(lens.sum()))
+    u_start = w_start[first]
+    lens = w_end[first] - u_start
+    gather = np.repeat(u_start - np.r_[0, np.cumsum(lens)[:-1]], lens) + np.arange(int(lens.sum()))
     u_off = np.r_[0, np.cumsum(lens)].astype(np.int32)
-    u_arr = pa.Array.from_buffers(pa.string(), len(u_words), [None, pa.py_buffer(u_off), pa.py_buffer(data[gather])])
+    u_arr = pa.Array.from_buffers(pa.string(), len(first), [None, pa.py_buffer(u_off), pa.py_buffer(data[gather])])
     normal = pa.array([_normalize_one(w) for w in u_arr.to_pylist()], pa.string())
     n_hash, n_off = word_hashes(normal)
     k = np.diff(n_off)[inverse]
@@ -310,11 +252,11 @@ def normalized_word_hashes(texts: pa.Array | pa.ChunkedArray) -> tuple[np.ndarra
         hashes[word_of] = n_hash[n_off[inverse]]
         return hashes, doc_offsets
     # splice: every word has 1 hash, except the non-ASCII ones, which have k >= 0
-    counts = np.ones(len(starts), dtype=np.int64)
+    counts = np.ones(len(hashes), dtype=np.int64)
     counts[word_of] = k
     pos = np.cumsum(counts) - counts
     out = np.empty(int(counts.sum()), dtype=np.uint64)
-    ascii_words = np.ones(len(starts), dtype=bool)
+    ascii_words = np.ones(len(hashes), dtype=bool)
     ascii_words[word_of] = False
     out[pos[ascii_words]] = hashes[ascii_words]
     w_rep = np.repeat(np.arange(len(word_of)), k)
@@ -323,61 +265,16 @@ def normalized_word_hashes(texts: pa.Array | pa.ChunkedArray) -> tuple[np.ndarra
     return out, np.r_[0, np.cumsum(counts)][doc_offsets].astype(np.int64)
 
 
-def _polynomial(words: np.ndarray, n: int) -> np.ndarray:
-    """``g[i] = sum_j words[i + j] * BASE^(n - 1 - j)`` (uint64 wraparound) for every start i,
-    by doubling: windows of 2, 4, ... words are combined pairwise (log n passes, not n)."""
-    W = len(words)
-    out = None  # polynomial of the first `done` words of each window
-    done = 0
-    width, cur, base = 1, words, _NGRAM_BASE  # cur: windows of `width` words, base = BASE^width
-    rest = n
-    while rest:
-        if rest & 1:
-            piece = cur[done: W - n + 1 + done]
-            if out is None:
-                out = piece.copy()
-            else:
-                out *= base
-                out += piece
-            done += width
-        rest >>= 1
-        if rest:
-            cur = cur[:-width] * base + cur[width:]
-            base = _U64((int(base) * int(base)) & _MASK64)
-            width *= 2
-    return out
-
-
 def shingle_hashes(words: np.ndarray, doc_offsets: np.ndarray, ngram: int) -> tuple[np.ndarray, np.ndarray]:
     """64-bit hash of every word n-gram; n-grams never cross documents.
 
     A document with fewer than ``ngram`` (but at least one) words is a single shingle of all
     its words. Returns ``(hashes uint64[num_shingles], shingle_offsets int64[num_docs + 1])``.
     """
-    num_docs = len(doc_offsets) - 1
-    counts = np.diff(doc_offsets)
-    per_doc = np.where(counts >= ngram, counts - ngram + 1, np.minimum(counts, 1))
-    sh_off = np.zeros(num_docs + 1, dtype=np.int64)
-    np.cumsum(per_doc, out=sh_off[1:])
-    out = np.empty(int(sh_off[-1]), dtype=np.uint64)
-    W = len(words)
-    if W >= ngram:
-        g = _polynomial(words, ngram)
-        # a start is valid when its n-gram ends inside the same document
-        word_doc = np.repeat(np.arange(num_docs), counts)
-        valid = word_doc[: W - ngram + 1] == word_doc[ngram - 1:]
-        slot_is_long = np.repeat(counts >= ngram, per_doc)
-        out[slot_is_long] = g[valid]
-    short_docs = np.flatnonzero((counts > 0) & (counts < ngram))
-    for length in np.unique(counts[short_docs]).tolist():
-        docs = short_docs[counts[short_docs] == length]
-        g = words[doc_offsets[docs]].copy()
-        for j in range(1, length):
-            g *= _NGRAM_BASE
-            g += words[doc_offsets[docs] + j]
-        out[sh_off[docs]] = g
     # the n-gram length is part of the hash: a 3-word document is not a "3-gram" of a 5-gram corpus
-    return fmix64(out ^ _U64((ngram * GOLDEN) & _MASK64)), sh_off
+    return _k.shingle_hashes(np.ascontiguousarray(words, dtype=np.uint64),
+                             np.ascontiguousarray(doc_offsets, dtype=np.int64), int(ngram),
+                             _U64((ngram * GOLDEN) & _MASK64), _NGRAM_BASE)
 
 
 def _words_of(texts: pa.Array | pa.ChunkedArray | list[str], normalized: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -409,7 +306,7 @@ class MinHasher:
     ngram: int = 5
     seed: int = 1
     family: Family = "affine32"
-    block_shingles: int = 16384  # shingles per numpy block: 8 MB of uint32 work per block
+    block_shingles: int = 16384  # unused since the compiled minima (kept: callers pass it)
 
     def __post_init__(self) -> None:
         if self.num_perm < 1 or self.ngram < 1:
@@ -437,46 +334,21 @@ class MinHasher:
 
     def signatures(self, texts: pa.Array | list[str], normalized: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """``(signatures uint32[num_docs, num_perm], num_shingles int64[num_docs])``."""
-        x, off = self.shingles(texts, normalized)
-        return self.signatures_from_shingles(x, off), np.diff(off)
+        sh, off = shingle_hashes(*_words_of(texts, normalized), self.ngram)
+        return self._minima(sh, off, 32), np.diff(off)
 
     def signatures_from_shingles(self, x: np.ndarray, offsets: np.ndarray) -> np.ndarray:
         """Per-document minima of every hash function over 32-bit shingle values ``x``."""
+        return self._minima(x, offsets, 0)
+
+    def _minima(self, x: np.ndarray, offsets: np.ndarray, shift: int) -> np.ndarray:
+        """Compiled: per document, every permutation's minimum over ``x >> shift``."""
         a, b = self.permutations()
-        k = self.num_perm
-        num_docs = len(offsets) - 1
-        sig = np.full((k, num_docs), 0xFFFFFFFF, dtype=np.uint32)  # perm-major while filling
+        x = np.ascontiguousarray(x, dtype=np.uint64)
+        offsets = np.ascontiguousarray(offsets, dtype=np.int64)
         if self.family == "affine32":
-            a_, b_ = a.astype(np.uint32)[:, None], b.astype(np.uint32)[:, None]
-            xs = x.astype(np.uint32)
-        else:
-            a_, b_ = a[:, None], b[:, None]
-            xs = x
-        counts = np.diff(offsets)
-        B = self.block_shingles
-        M = len(xs)
-        # one block buffer for the whole batch: a fresh multi-MB array per block costs page
-        # faults comparable to the arithmetic itself
-        buf = np.empty((k, min(B, max(M, 1))), dtype=xs.dtype)
-        lo = 0
-        while lo < M:
-            hi = min(lo + B, M)
-            # documents touching [lo, hi): segments cut at document starts inside the block
-            d0 = int(np.searchsorted(offsets, lo, side="right")) - 1
-            d1 = int(np.searchsorted(offsets, hi, side="left"))
-            starts = np.maximum(offsets[d0:d1], lo)
-            docs = np.arange(d0, d1)
-            nonempty = (starts < np.minimum(offsets[d0 + 1:d1 + 1], hi)) & (counts[d0:d1] > 0)
-            starts, docs = starts[nonempty], docs[nonempty]
-            block = buf[:, : hi - lo]
-            np.multiply(a_, xs[None, lo:hi], out=block)
-            np.add(block, b_, out=block)
-            mins = np.minimum.reduceat(block, starts - lo, axis=1)
-            if self.family == "multiply_shift64":
-                mins = (mins >> _U64(32)).astype(np.uint32)
-            sig[:, docs] = np.minimum(sig[:, docs], mins)
-            lo = hi
-        return np.ascontiguousarray(sig.T)
+            return _k.minhash_affine32(x, offsets, a.astype(np.uint32), b.astype(np.uint32), _U64(shift))
+        return _k.minhash_multiply_shift64(x, offsets, a, b, _U64(shift))
 
 
 def estimate_jaccard(sig_a: np.ndarray, sig_b: np.ndarray) -> np.ndarray:

@@ -1,0 +1,293 @@
+"""Compiled loops of the MinHash text path (``curation.dedup.minhash``), bit-exact with the
+array passes they replace (``tests/test_minhash.py`` pins the signatures' bytes).
+
+- ``scan_words``: one pass over a batch's UTF-8 bytes bounds the output, a second cuts the
+  words at whitespace (``str.split``'s characters, multi-byte ones included) and document
+  ends and hashes each as its bytes are read (ASCII letters lowered when asked); numpy took
+  ~20 passes over the bytes and as many temporary arrays.
+- ``span_hashes``: the same word hash over given byte spans.
+- ``shingle_hashes``: the n-gram polynomial and its final mix, per document.
+- ``minhash_affine32`` / ``minhash_multiply_shift64``: each document's minimum of every hash
+  function, the permutations in the inner loop (SIMD lanes), no block buffer written and read
+  back per block.
+
+The word hash: the span's first 8 bytes (little-endian, zero-padded) plus, for each further
+8-byte chunk c (1, 2, ...), ``fmix64(chunk ^ (c + 1) * CHUNK_SALT)``, all summed mod 2^64;
+then ``x = sum + length * LEN_SALT`` and a half mixer ``x ^= x >> 32; x *= MIX1; x ^= x >> 29``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from curation.hashing import MIX1, MIX2
+
+_CHUNK_SALT = np.uint64(0xD6E8FEB86659FD93)
+_LEN_SALT = np.uint64(0xA0761D6478BD642F)
+_M1 = np.uint64(MIX1)
+_M2 = np.uint64(MIX2)
+
+@njit(cache=True, nogil=True)
+def _fmix64(x):
+    x ^= x >> np.uint64(30)
+    x *= _M1
+    x ^= x >> np.uint64(27)
+    x *= _M2
+    x ^= x >> np.uint64(31)
+    return x
+
+
+@njit(cache=True, nogil=True)
+def _byte(data, i, lower):
+    b = data[i]
+    if lower and b >= 65 and b <= 90:
+        b += 32
+    return np.uint64(b)
+
+
+@njit(cache=True, nogil=True)
+def _hash_span(data, s, e, lower):
+    length = e - s
+    summed = np.uint64(0)
+    k = min(length, 8)
+    for j in range(k):
+        summed |= _byte(data, s + j, lower) << np.uint64(8 * j)
+    c = 1
+    p = s + 8
+    while p < e:
+        chunk = np.uint64(0)
+        k = min(e - p, 8)
+        for j in range(k):
+            chunk |= _byte(data, p + j, lower) << np.uint64(8 * j)
+        summed += _fmix64(chunk ^ (np.uint64(c + 1) * _CHUNK_SALT))
+        c += 1
+        p += 8
+    x = summed + np.uint64(length) * _LEN_SALT
+    x ^= x >> np.uint64(32)
+    x *= _M1
+    x ^= x >> np.uint64(29)
+    return x
+
+
+@njit(cache=True, nogil=True)
+def _ws_width(data, i, n, ws_table):
+    """Width in bytes of the whitespace character at ``data[i]``, 0 when it is none
+    (``str.split``'s characters; the multi-byte ones: U+0085, U+00A0, U+1680, U+2000-U+200A,
+    U+2028, U+2029, U+202F, U+205F, U+3000)."""
+    b0 = data[i]
+    if b0 < 128:
+        return 1 if ws_table[b0] else 0
+    if b0 < 0xC2:
+        return 0
+    b1 = data[min(i + 1, n - 1)]
+    b2 = data[min(i + 2, n - 1)]
+    if b0 == 0xC2 and (b1 == 0x85 or b1 == 0xA0):
+        return 2
+    if ((b0 == 0xE1 and b1 == 0x9A and b2 == 0x80)
+            or (b0 == 0xE2 and b1 == 0x80 and (b2 <= 0x8A or b2 == 0xA8 or b2 == 0xA9 or b2 == 0xAF))
+            or (b0 == 0xE2 and b1 == 0x81 and b2 == 0x9F)
+            or (b0 == 0xE3 and b1 == 0x80 and b2 == 0x80)):
+        return 3
+    return 0
+
+
+@njit(cache=True, nogil=True)
+def _word_hash(summed, chunk, c, length):
+    """The word hash from its running state: the sum over full chunks, the open chunk and
+    its index, the word's length in bytes."""
+    if c == 0:
+        summed = chunk
+    elif chunk or length > 8 * c:  # the open chunk holds bytes
+        summed += _fmix64(chunk ^ (np.uint64(c + 1) * _CHUNK_SALT))
+    x = summed + np.uint64(length) * _LEN_SALT
+    x ^= x >> np.uint64(32)
+    x *= _M1
+    x ^= x >> np.uint64(29)
+    return x
+
+
+@njit(cache=True, nogil=True)
+def scan_words(data, offsets, ws_table, lower):
+    """One pass over a batch's UTF-8 bytes: the maximal non-whitespace runs, cut at document
+    offsets, hashed as they are read (ASCII letters lowered when ``lower``).
+
+    Returns ``(hashes, doc_offsets, high_words, high_starts, high_ends)``: ``doc_offsets[d]``
+    is the index of document d's first word; the ``high_*`` arrays list the words holding a
+    byte >= 0x80 (index, byte span), in order.
+    """
+    n = len(data)
+    num_docs = len(offsets) - 1
+    # upper bounds, so that the scan never grows an array (a reassigned array costs the loop
+    # its hoisted pointers): every word but a document's first follows a whitespace
+    # character, one ASCII byte or a multi-byte one led by C2, E1, E2 or E3; a word holding
+    # a byte >= 0x80 holds the start of a run of them, or follows a multi-byte space
+    seps = 0
+    runs = 0
+    prev_high = False
+    for i in range(n):
+        b = data[i]
+        high = b >= 128
+        if high:
+            if not prev_high:
+                runs += 1
+            if b == 0xC2 or b == 0xE1 or b == 0xE2 or b == 0xE3:
+                seps += 1
+                runs += 1
+        elif ws_table[b]:
+            seps += 1
+        prev_high = high
+    words_max = seps
+    leads = runs + num_docs  # a run may span documents: one word on each side
+    hashes = np.empty(words_max + num_docs, dtype=np.uint64)
+    doc_offsets = np.empty(num_docs + 1, dtype=np.int64)
+    hw = np.empty(leads + 1, dtype=np.int64)
+    hs = np.empty(leads + 1, dtype=np.int64)
+    he = np.empty(leads + 1, dtype=np.int64)
+    k = 0
+    nh = 0
+    for d in range(num_docs):
+        doc_offsets[d] = k
+        end = offsets[d + 1]
+        # words ending inside the document are hashed at the whitespace after them, the
+        # document's last word after the loop (the same code: the loop runs one step past)
+        inword = False
+        hi = False
+        s = 0
+        summed = np.uint64(0)
+        chunk = np.uint64(0)
+        c = 0  # index of the open chunk
+        sh = 0  # bit position inside it
+        skip = 0  # continuation bytes of a multi-byte whitespace character still to pass
+        for i in range(offsets[d], end):
+            if skip:
+                skip -= 1
+                continue
+            b = data[i]
+            if b < 128:
+                ws = ws_table[b]
+            elif b >= 0xC2:
+                skip = _ws_width(data, i, n, ws_table)
+                ws = skip > 0
+                if ws:
+                    skip -= 1
+            else:
+                ws = False
+            if ws:
+                if inword:
+                    inword = False
+                    hashes[k] = _word_hash(summed, chunk, c, i - s)
+                    if hi:
+                        hw[nh] = k
+                        hs[nh] = s
+                        he[nh] = i
+                        nh += 1
+                    k += 1
+                continue
+            if not inword:
+                inword = True
+                hi = False
+                s = i
+                summed = np.uint64(0)
+                chunk = np.uint64(0)
+                c = 0
+                sh = 0
+            if b >= 128:
+                hi = True
+            elif lower and b >= 65 and b <= 90:
+                b += np.uint8(32)
+            chunk |= np.uint64(b) << np.uint64(sh)
+            sh += 8
+            if sh == 64:
+                if c == 0:
+                    summed = chunk
+                else:
+                    summed += _fmix64(chunk ^ (np.uint64(c + 1) * _CHUNK_SALT))
+                c += 1
+                chunk = np.uint64(0)
+                sh = 0
+        if inword:
+            hashes[k] = _word_hash(summed, chunk, c, end - s)
+            if hi:
+                hw[nh] = k
+                hs[nh] = s
+                he[nh] = end
+                nh += 1
+            k += 1
+    doc_offsets[num_docs] = k
+    return hashes[:k], doc_offsets, hw[:nh], hs[:nh], he[:nh]
+
+
+@njit(cache=True, nogil=True)
+def shingle_hashes(words, doc_offsets, ngram, salt, base):
+    """Per document, ``g = sum_j words[i + j] * base^(n - 1 - j)`` (uint64 wraparound) of
+    every n-gram start i (one shingle of all its words when it has fewer than n), then
+    ``fmix64(g ^ salt)``. Returns ``(hashes, shingle_offsets)``."""
+    num_docs = len(doc_offsets) - 1
+    sh_off = np.empty(num_docs + 1, dtype=np.int64)
+    sh_off[0] = 0
+    for d in range(num_docs):
+        c = doc_offsets[d + 1] - doc_offsets[d]
+        sh_off[d + 1] = sh_off[d] + (c - ngram + 1 if c >= ngram else min(c, 1))
+    out = np.empty(sh_off[num_docs], dtype=np.uint64)
+    for d in range(num_docs):
+        w0 = doc_offsets[d]
+        c = doc_offsets[d + 1] - w0
+        if c == 0:
+            continue
+        width = min(c, ngram)
+        o = sh_off[d]
+        for t in range(sh_off[d + 1] - o):
+            g = words[w0 + t]
+            for j in range(1, width):
+                g = g * base + words[w0 + t + j]
+            out[o + t] = _fmix64(g ^ salt)
+    return out, sh_off
+
+
+@njit(cache=True, nogil=True)
+def span_hashes(data, starts, ends):
+    """The word hash of each byte span ``data[starts[i]:ends[i]]`` (not lowered)."""
+    out = np.empty(len(starts), dtype=np.uint64)
+    for i in range(len(starts)):
+        out[i] = _hash_span(data, starts[i], ends[i], False)
+    return out
+
+
+@njit(cache=True, nogil=True)
+def minhash_affine32(x, offsets, a, b, shift):
+    """``sig[d, k] = min over document d's shingles of (a[k] * (x >> shift) + b[k]) mod 2^32``."""
+    num_docs = len(offsets) - 1
+    k = len(a)
+    sig = np.empty((num_docs, k), dtype=np.uint32)
+    row = np.empty(k, dtype=np.uint32)
+    for d in range(num_docs):
+        row[:] = np.uint32(0xFFFFFFFF)
+        for i in range(offsets[d], offsets[d + 1]):
+            xi = np.uint32(x[i] >> shift)
+            for j in range(k):
+                v = np.uint32(a[j] * xi + b[j])
+                if v < row[j]:
+                    row[j] = v
+        sig[d] = row
+    return sig
+
+
+@njit(cache=True, nogil=True)
+def minhash_multiply_shift64(x, offsets, a, b, shift):
+    """``sig[d, k] = min over document d's shingles of ((a[k] * (x >> shift) + b[k]) mod 2^64) >> 32``."""
+    num_docs = len(offsets) - 1
+    k = len(a)
+    sig = np.empty((num_docs, k), dtype=np.uint32)
+    row = np.empty(k, dtype=np.uint64)
+    for d in range(num_docs):
+        row[:] = np.uint64(0xFFFFFFFFFFFFFFFF)
+        for i in range(offsets[d], offsets[d + 1]):
+            xi = x[i] >> shift
+            for j in range(k):
+                v = a[j] * xi + b[j]
+                if v < row[j]:
+                    row[j] = v
+        for j in range(k):
+            sig[d, j] = np.uint32(row[j] >> np.uint64(32))
+    return sig
