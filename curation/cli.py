@@ -663,6 +663,8 @@ def _index_add(index: str, run_dir: str, stages: str, name: Optional[str]) -> No
         parts.append(f"{m['exact']['keys']:,} exact keys")
     if m.get("near"):
         parts.append(f"{m['near']['indexed_docs']:,} documents' band keys ({m['near']['band_rows']:,} rows)")
+    if m.get("superseded"):
+        parts.append(f"{m['superseded']:,} earlier members' documents superseded (refinery index apply-superseded)")
     console.print(f"[green]added[/] {m['name']} to {index}: {', '.join(parts)}; generation {res['generation']}")
 
 

@@ -141,8 +141,10 @@ def test_source_rank_across_the_index_supersedes_and_applies(tmp_path, ray_sessi
     assert _digests(tmp_path / "cc-b1") == _digests(tmp_path / "cc-b") and one["kept"] == kept
     assert any("_superseded" in k for k in _digests(tmp_path / "cc-b"))
     # into the index; the winners are B's member's; apply to A's shards
-    res = add_run(index, b["rd"], b["stages"], "cc-b")
-    assert res["member"]["superseded"] == len(sup)
+    res = add_run(index, b["rd"], b["stages"], "cc-b")  # (stages run without a DAG: refinery index add needs one)
+    assert res["member"]["superseded"] == CorpusIndex(index).members[1]["superseded"] == len(sup)
+    show = CliRunner().invoke(app, ["index", "show", index])
+    assert show.exit_code == 0 and "superseded" in show.output
     assert superseded(index, "cc-a").num_rows == len(sup)
     out = tmp_path / "a-applied"
     cli = CliRunner().invoke(app, ["index", "apply-superseded", index, *a["near_files"], "--out", str(out)])
