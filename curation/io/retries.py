@@ -5,7 +5,10 @@ loggers counts the decisions and drops every record below the level the logger h
 nothing more is printed. ``install()`` in every process that may talk to object storage (every task
 of ``curation.pipeline.tasks.run_bounded`` and the run's driver do); ``count()`` is the
 running total: ``curation.pipeline.tasks`` hands each task's share back
-to the driver, which adds its own and writes the sum to ``progress.json`` (``retries``)."""
+to the driver, which adds its own and writes the sum to ``progress.json`` (``retries``).
+
+Not counted: a request aiohttp resends by itself (a reset on a reused keep-alive connection,
+retried once below botocore, which never sees it)."""
 
 from __future__ import annotations
 
