@@ -187,3 +187,41 @@ def test_document_browser_filters_rejected_documents_and_draws_thresholds(servic
     _wait(browser).until(lambda b: len(_texts(b, "#sql-result table.sql tbody tr")) == min(expected["total"], 50))
     assert _js_errors(browser) == []
 
+
+
+def test_a_running_run_shows_rates_eta_stragglers_partitions_and_retries(service, browser):
+    """A run made by the CLI, still running: its progress.json's live figures (rates over the
+    last minute, ETA, the slowest running tasks), a shuffle's partition sizes and the storage
+    retries are on its page."""
+    import json
+    import shutil
+    import time
+
+    run = service.runs_dir / "live-view"
+    if not run.exists():
+        shutil.copytree(service.runs_dir / "signals", run)
+    now = time.time()
+    (run / "progress.json").write_text(json.dumps({
+        "name": "signals", "state": "running", "started": now - 90, "updated": now, "retries": 7,
+        "phases": {"read+map": {"done": 3, "total": 10}, "exact:partitions": {"done": 3, "total": 4}},
+        "stages": {},
+        "live": {"read+map": {"running": 2, "done": 3, "failed": 0, "total": 10, "docs": 3000, "bytes": 3 << 20,
+                              "total_bytes": 10 << 20, "elapsed_s": 90.0, "docs_per_s": 33.3, "bytes_per_s": 34952.5,
+                              "docs_per_s_1m": 50.0, "bytes_per_s_1m": 52428.8, "eta_s": 140.0, "nodes": {},
+                              "stragglers": [{"task": "crawl-00007 big.warc.gz [0:1048576]", "bytes": 1 << 20,
+                                              "running_s": 61.0},
+                                             {"task": "crawl-00008 big.warc.gz [1048576:2097152]", "bytes": 1 << 20,
+                                              "running_s": 4.0}]}},
+        "partitions": {"exact:partitions": {"done": 3, "largest": 900, "median": 300, "smallest": 250, "skew": 3.0}},
+    }))
+    browser.get(f"{service.url}/?token={TOKEN}")
+    browser.get(f"{service.url}/#/runs/live-view")
+    _wait(browser).until(lambda b: _texts(b, "#stragglers tbody tr td:nth-child(2)"))
+    assert _texts(browser, "#stragglers tbody tr td:nth-child(2)")[0].startswith("crawl-00007")
+    phases = " ".join(_texts(browser, "#phases tr"))
+    assert "50 docs/s" in phases and "52.4 kB/s" in phases and "ETA 2 m 20 s" in phases and "2 running" in phases, phases
+    row = _texts(browser, '#partitions tr[data-phase="exact:partitions"] td')
+    assert row[:3] == ["exact:partitions", "3", "900"] and row[-1] == "3.00"
+    assert "7 storage requests retried" in _texts(browser, "#run-header")[0]
+    browser.save_screenshot(str(ARTIFACTS / "dashboard-live.png"))
+    assert _js_errors(browser) == []
