@@ -91,6 +91,71 @@ def load_pages() -> list[tuple[str, bytes]]:
     return pages
 
 
+def _extracted_chars(html: bytes) -> int:
+    """Characters of main text the extract stage gets from this page (same decoder, engine
+    and options)."""
+    from curation.stages.extract import _resiliparse, decode_html
+
+    try:
+        return len(_resiliparse(decode_html(html, None)).strip())
+    except Exception:
+        return 0
+
+
+_LANG = re.compile(rb"<html[^>]*?\slang\s*=\s*[\"']?([a-zA-Z]{2,3})", re.I)
+
+
+def page_facts() -> dict[str, dict]:
+    """Per page of ``load_pages()``: extracted characters and the ``<html lang>`` it declares
+    (cached beside the WARCs: extracting 1,500 pages takes a while on a shared machine)."""
+    path = bench_root() / f"page-facts-v{GEN_VERSION}.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    out = {}
+    for name, html in load_pages():
+        m = _LANG.search(html[:4096])
+        out[name] = {"chars": _extracted_chars(html), "lang": m.group(1).decode().lower() if m else None}
+    path.write_text(json.dumps(out))
+    return out
+
+
+def long_pages(pages: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
+    """The pages of a long-page corpus: those whose extracted text is longest, plus pages in
+    languages other than English and German (declared ``<html lang>``; the default corpus
+    is mostly those two), longest first while the mean extracted length stays at least 2x
+    that of all pages (issue 32: filter cost grows with text length, extraction's does not)."""
+    facts = page_facts()
+    chars = {n: facts[n]["chars"] for n, _ in pages}
+    overall = sum(chars.values()) / len(chars)
+    ranked = sorted(chars, key=lambda n: -chars[n])
+    for cut in range(len(ranked), 0, -1):  # the largest top set whose mean reaches 2.6x
+        top = ranked[:cut]
+        if sum(chars[n] for n in top) / cut >= 2.6 * overall:
+            break
+    keep = set(top)
+    total = sum(chars[n] for n in keep)
+    for n in ranked[len(top):]:
+        if (facts[n]["lang"] or "en") not in ("en", "de") and chars[n] >= 500:
+            if (total + chars[n]) / (len(keep) + 1) < 2.05 * overall:
+                break
+            keep.add(n)
+            total += chars[n]
+    return [(n, h) for n, h in pages if n in keep]
+
+
+def mean_extracted_chars(facts: dict) -> float:
+    """Mean extracted characters per response of a bench WARC (pages are written in order,
+    cycling, so response i is page i mod P)."""
+    pf = page_facts()
+    pages = [n for n, _ in load_pages()]
+    if facts.get("pages") == "long":
+        keep = {n for n, _ in long_pages([(n, b"") for n in pages])}
+        pages = [n for n in pages if n in keep]
+    lens = [pf[n]["chars"] for n in pages]
+    n, p = facts["responses"], len(lens)
+    return (sum(lens) * (n // p) + sum(lens[: n % p])) / n
+
+
 def _slug(name: str) -> str:
     s = re.sub(r"[^a-z0-9]+", "-", Path(name).stem.lower()).strip("-")
     return (s or "page")[:40]
@@ -118,9 +183,11 @@ def _digest(b: bytes) -> str:
     return "sha1:" + base64.b32encode(hashlib.sha1(b).digest()).decode()
 
 
-def build_warc(path: Path, size_bytes: int, seed: int = 0) -> dict:
+def build_warc(path: Path, size_bytes: int, seed: int = 0, which: str = "default") -> dict:
     """Write a CC-like WARC of about ``size_bytes`` (compressed) to ``path``; return its facts."""
     pages = load_pages()
+    if which == "long":
+        pages = long_pages(pages)
     rng = random.Random(seed)
     urn = lambda: f"<urn:uuid:{uuid.UUID(int=rng.getrandbits(128), version=4)}>"  # noqa: E731
     t0 = datetime(2024, 5, 20, tzinfo=timezone.utc)
@@ -172,20 +239,25 @@ def build_warc(path: Path, size_bytes: int, seed: int = 0) -> dict:
     os.replace(tmp, path)
     facts = {"path": str(path), "bytes": size, "responses": n_resp, "records": n_records + 1,
              "distinct_pages": len(pages), "copies": copy, "shuffled": n_shuffled, "raw_bytes": raw_bytes,
-             "version": GEN_VERSION}
+             "version": GEN_VERSION, "pages": which}
     path.with_suffix(".json").write_text(json.dumps(facts, indent=1))
     return facts
 
 
-def cached_warc(size_mb: int) -> dict:
-    path = bench_root() / f"cc-like-{size_mb}mb-v{GEN_VERSION}.warc.gz"
+def cached_warc(size_mb: int, which: str = "default") -> dict:
+    kind = "" if which == "default" else f"{which}-"
+    path = bench_root() / f"cc-like-{kind}{size_mb}mb-v{GEN_VERSION}.warc.gz"
     facts_path = path.with_suffix(".json")
     if path.exists() and facts_path.exists():
-        return json.loads(facts_path.read_text())
-    t0 = time.perf_counter()
-    facts = build_warc(path, size_mb * MiB)
-    facts["build_s"] = time.perf_counter() - t0
-    facts_path.write_text(json.dumps(facts, indent=1))
+        facts = json.loads(facts_path.read_text())
+    else:
+        t0 = time.perf_counter()
+        facts = build_warc(path, size_mb * MiB, which=which)
+        facts["build_s"] = time.perf_counter() - t0
+    if "mean_text_chars" not in facts:
+        facts.setdefault("pages", which)
+        facts["mean_text_chars"] = mean_extracted_chars(facts)
+        facts_path.write_text(json.dumps(facts, indent=1))
     return facts
 
 
@@ -457,19 +529,25 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--split-mb", type=int, default=128, help="InputSpec.split_bytes in MiB (default 128)")
     ap.add_argument("--only", choices=["full", "extract"])
+    ap.add_argument("--pages", choices=["default", "long"], default="default",
+                    help="long: the pages whose extracted text is longest plus the multilingual ones "
+                         "(mean extracted length >= 2x the default's)")
+    ap.add_argument("--snapshot-warcs", type=int, default=90_000, help="WARC files of a CC snapshot (cost line)")
+    ap.add_argument("--responses-per-warc", type=int, default=44_000, help="HTML responses per CC WARC (cost line)")
     ap.add_argument("--one", nargs=3, help=argparse.SUPPRESS)  # internal: MODE FACTS_JSON OUT_JSON
     a = ap.parse_args()
     if a.one:
         run_one(a.one[0], json.loads(Path(a.one[1]).read_text()), a.workers, a.split_mb, a.one[2])
         return
     t0 = time.perf_counter()
-    facts = cached_warc(a.size_mb)
+    facts = cached_warc(a.size_mb, a.pages)
     print(f"WARC {facts['path']}: {facts['bytes'] / MiB:,.1f} MiB, {facts['records']:,} records, "
           f"{facts['responses']:,} responses ({facts['distinct_pages']} distinct pages x {facts['copies']} copies, "
-          f"{facts['shuffled']:,} with shuffled paragraphs), {facts['raw_bytes'] / MiB:,.0f} MiB uncompressed "
-          f"(ready in {time.perf_counter() - t0:.0f} s)")
+          f"{facts['shuffled']:,} with shuffled paragraphs), {facts['raw_bytes'] / MiB:,.0f} MiB uncompressed, "
+          f"mean extracted text {facts['mean_text_chars']:,.0f} chars (ready in {time.perf_counter() - t0:.0f} s)")
     facts_json = Path(facts["path"]).with_suffix(".json")
-    walls = {}
+    walls: dict[str, float] = {}
+    rates: dict[str, float] = {}
     for mode in ["full", "extract"] if a.only is None else [a.only]:
         with tempfile.NamedTemporaryFile(suffix=".json", delete=False, dir=bench_root()) as f:
             out = f.name
@@ -479,11 +557,18 @@ def main() -> None:
             res = json.loads(Path(out).read_text())
             show(res)
             walls[mode] = res["wall_s"]
+            rates[mode] = res["docs"] / res["wall_s"] / res["workers"]
         finally:
             Path(out).unlink(missing_ok=True)
     if len(walls) == 2:  # same documents in both: the throughput ratio is the inverse wall ratio
         print(f"\nfull DAG throughput = {walls['extract'] / walls['full']:.1%} of extract-only in this run "
-              f"({walls['full']:.1f} s vs {walls['extract']:.1f} s)")
+              f"({walls['full']:.1f} s vs {walls['extract']:.1f} s), mean extracted text "
+              f"{facts['mean_text_chars']:,.0f} chars ({a.pages} pages)")
+    snapshot_docs = a.snapshot_warcs * a.responses_per_warc
+    for mode, rate in rates.items():  # the unit users budget in
+        label = "full DAG" if mode == "full" else "extract-only"
+        print(f"cost: a {a.snapshot_warcs:,}-WARC snapshot ({snapshot_docs:,.0f} responses) at {rate:,.1f} docs/s/core "
+              f"({label}) = {snapshot_docs / rate / 3600:,.0f} core-hours")
 
 
 if __name__ == "__main__":
