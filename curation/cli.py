@@ -146,6 +146,10 @@ def status(run_dir: str = typer.Argument(..., help="run directory (local or s3:/
         return
     from rich.live import Live
 
+    if not location.exists(path):  # --watch started beside `refinery run`: wait for the run to begin
+        err.print(f"[refinery status] waiting for {path} ...", highlight=False)
+        while not location.exists(path):
+            time.sleep(interval)
     with Live(render_status(read()), console=console, refresh_per_second=4) as live:
         while True:
             prog = read()

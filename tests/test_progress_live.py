@@ -153,3 +153,23 @@ def test_stragglers_are_aged_to_now_between_writes():
     assert now["live"]["read+map"]["elapsed_s"] == 80.0 and now["as_of"] == 1030.0
     assert prog["live"]["read+map"]["stragglers"][0]["running_s"] == 10.0  # the stored state is left as it is
     assert as_of({**prog, "state": "done"}, 1030.0)["live"]["read+map"]["stragglers"][0]["running_s"] == 10.0
+
+
+def test_watch_waits_for_the_run_to_start(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    from conftest import REPO
+
+    run = tmp_path / "run"
+    run.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "curation.cli", "status", str(run), "--watch", "--interval", "0.2"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(3)
+    assert proc.poll() is None  # no progress.json yet: it waits, it does not fail
+    (run / "progress.json").write_text(json.dumps({"name": "late", "state": "done", "started": 1.0, "finished": 2.0,
+                                                   "updated": 2.0, "phases": {}, "stages": {}, "live": {}}))
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "waiting for" in err and "late: done" in out
