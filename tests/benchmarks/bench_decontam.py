@@ -6,18 +6,9 @@ canonical solution: what a copy on the web holds) pasted between two paragraphs 
 page (DCLM human-labelled Common Crawl text, CCNet documents, UD English Web Treebank
 documents, WikiText-2 articles), in one of these forms:
 
-- ``verbatim``: as in the benchmark file;
-- ``spaced_punct``: every punctuation mark set off by spaces (``3 , 5 .``, tokenised text);
-- ``typographic``: curly quotes and apostrophes, ``…``, en dashes;
-- ``html_entities``: ``html.escape`` (``&quot;``, ``&#x27;``, ``&amp;``, ``&lt;``), a fifth of
-  the spaces as ``&nbsp;``, non-ASCII as ``&#NNN;``;
-- ``boilerplate_split``: two boilerplate lines (``Advertisement``, ``Continue reading below``)
-  inserted at random word boundaries inside the item;
-- ``reflow``: re-wrapped at 60 columns with doubled spaces, code re-indented with tabs;
-- ``upper``: upper case;
-- ``unicode_compat``: full-width letters in every third word, soft hyphens inside long words,
-  no-break spaces;
-- ``combined``: typographic + html_entities + boilerplate_split + reflow at once.
+the forms ``curation.quality.evaluate.LEAK_FORMS`` lists and its docstring describes (verbatim, spaced
+punctuation, typographic, HTML entities, boilerplate split, reflow, upper case, Unicode
+compatibility forms, and all of them combined).
 
 Recall = planted documents flagged; false drops = clean pages (the hosts alone) flagged;
 GSM8K train items (same style, other problems) are reported as hard negatives.
