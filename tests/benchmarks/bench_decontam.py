@@ -4,9 +4,7 @@ Leaks of our own construction: items of the real GSM8K test, MATH test (1,000-pr
 and HumanEval sets in ``../shared/data/jsonl`` (question + answer, problem + solution, prompt +
 canonical solution: what a copy on the web holds) pasted between two paragraphs of a real web
 page (DCLM human-labelled Common Crawl text, CCNet documents, UD English Web Treebank
-documents, WikiText-2 articles), in one of these forms:
-
-the forms ``curation.quality.evaluate.LEAK_FORMS`` lists and its docstring describes (verbatim, spaced
+documents, WikiText-2 articles), in one of the forms ``curation.quality.evaluate.LEAK_FORMS`` lists and its docstring describes (verbatim, spaced
 punctuation, typographic, HTML entities, boilerplate split, reflow, upper case, Unicode
 compatibility forms, and all of them combined).
 
