@@ -48,29 +48,41 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _answers_s3(port: int) -> bool:
+    """True when what listens on ``port`` is an S3 endpoint (ListBuckets answers)."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2) as r:
+            return r.status == 200 and b"ListAllMyBucketsResult" in r.read()
+    except Exception:
+        return False
+
+
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
     """The server, its environment for child processes, and an s3fs filesystem on it."""
     import moto  # noqa: F401  (in the dev extra that `make test` installs: missing is a failure, not a skip)
 
-    port = _free_port()
     log = tmp_path_factory.mktemp("moto") / "server.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            pytest.skip("the S3 test server (python -m moto.server) could not start on 127.0.0.1; it runs where "
-                        f"a local port can be bound. Its log: {log.read_text()[-500:]}")
-        with socket.socket() as c:
-            if c.connect_ex(("127.0.0.1", port)) == 0:
+    # A port found free can be taken before moto binds it (Ray's workers open ports all the
+    # time in this session): the server must answer S3 itself, else it is restarted on another.
+    for _attempt in range(3):
+        port = _free_port()
+        with open(log, "wb") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.time() + 60
+        while time.time() < deadline and proc.poll() is None:
+            if _answers_s3(port):
                 break
-        time.sleep(0.2)
-    else:
+            time.sleep(0.2)
+        if proc.poll() is None and _answers_s3(port):
+            break
         proc.kill()
-        pytest.skip(f"the S3 test server (python -m moto.server) did not answer on 127.0.0.1:{port} within 60 s; "
-                    "it runs on a machine less loaded than this one")
+    else:
+        pytest.skip("the S3 test server (python -m moto.server) could not serve on 127.0.0.1 in 3 tries; it runs "
+                    f"where a local port can be bound. Its log: {log.read_text()[-500:]}")
     env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"}
     saved = {k: os.environ.get(k) for k in env}
