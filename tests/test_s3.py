@@ -89,6 +89,9 @@ def s3(tmp_path_factory):
     os.environ.update(env)
     import s3fs
 
+    # fsspec caches filesystems by their arguments, not by the endpoint in the environment: one
+    # made for another module's server (now gone) would be handed back to the library here.
+    s3fs.S3FileSystem.clear_instance_cache()
     fs = s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False)
     fs.mkdir(BUCKET)
     for f in sorted((REPO / "tests/data/warc").glob("*.warc.gz")):
@@ -104,6 +107,7 @@ def s3(tmp_path_factory):
                 os.environ[k] = v
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+        s3fs.S3FileSystem.clear_instance_cache()
 
 
 def _refinery(s3, *args: str, check: bool = True) -> subprocess.CompletedProcess:
