@@ -186,7 +186,7 @@ def run_one(corpus: str, workers: int, partitions: int, out_json: str) -> None:
     upstream = [tuple(u) for u in meta["shards"]]
     with tempfile.TemporaryDirectory(prefix="bench_dedup_") as tmp:
         root = Path(tmp)
-        ray.init(num_cpus=workers, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+        ray.init(address="local", num_cpus=workers, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
         res: dict = {"docs": n, "mean_words": words, "generate_s": gen_s, "workers": workers, "partitions": partitions}
         with TreeRSS() as rss:
             exact = ExactDedup(input="corpus", partitions=partitions,
@@ -271,7 +271,7 @@ def quality(workers: int) -> None:
             p = root / f"q-{s}.parquet"
             pq.write_table(t.slice(s * (len(docs) // 4 + 1), len(docs) // 4 + 1), p)
             up.append((f"q-{s}", str(p)))
-        ray.init(num_cpus=workers, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+        ray.init(address="local", num_cpus=workers, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
         stage = MinHashDedup(input="q", threshold=0.8, num_perm=128, ngram=5, partitions=8)
         ctx = GlobalContext(RunDir(root / "run"), "near", stage.params_hash(["q"]), workers, up)
         stage.run(ctx)

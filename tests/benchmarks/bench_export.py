@@ -123,7 +123,7 @@ def main() -> None:
     disk = sum(f.stat().st_size for f in (run / "tokenize").glob("*.parquet"))
     print(f"shards: {a.shards} x tokenize, {total / 1e6:.1f} M tokens, {disk / 1e6:.0f} MB of Parquet "
           f"(built in {time.perf_counter() - t0:.0f} s)", flush=True)
-    ray.init(num_cpus=a.workers, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    ray.init(address="local", num_cpus=a.workers, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     read_all(run, a.workers)  # warm: page cache, workers, imports
     n, secs = read_all(run, a.workers)
     assert n == total

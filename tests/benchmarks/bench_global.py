@@ -115,7 +115,7 @@ def run_size(n: int, shard_docs: int, workers: int, stages: list[str], out_json:
         res["generate_s"] = time.perf_counter() - t0
         res["upstream_shards"] = len(upstream)
         res["input_bytes"] = sum(Path(p).stat().st_size for _, p in upstream)
-        ray.init(num_cpus=workers, include_dashboard=False, logging_level="ERROR")
+        ray.init(address="local", num_cpus=workers, include_dashboard=False, logging_level="ERROR")
         rd = RunDir(root / "run")
         tokens = n * 24
         configs = {

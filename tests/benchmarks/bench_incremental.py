@@ -131,7 +131,7 @@ def run_mode(mode: str, root: Path, workers: int, out_json: str) -> None:
     index = str(root / "index")
     upstream = {"base": base, "scratch": base + new, "against": new}[mode]
     against = [index] if mode == "against" else []
-    ray.init(num_cpus=workers, include_dashboard=False, logging_level="ERROR")
+    ray.init(address="local", num_cpus=workers, include_dashboard=False, logging_level="ERROR")
     rd = RunDir(root / f"run-{mode}")
     res: dict = {"mode": mode, "docs": sum(pq.ParquetFile(p).metadata.num_rows for _, p in upstream),
                  "input_bytes": sum(Path(p).stat().st_size for _, p in upstream), "stages": {}}

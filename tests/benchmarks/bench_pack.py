@@ -74,7 +74,7 @@ def main() -> None:
 
         print(f"training a {a.vocab} BPE on {corpus} ...", flush=True)
         train_tokenizer(corpus, tok, kind="bpe", vocab_size=a.vocab, progress=False)
-    ray.init(num_cpus=a.workers, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    ray.init(address="local", num_cpus=a.workers, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
 
     # 1. tokenize throughput: the same DAG with and without the tokenize stage (reading,
     #    parsing and writing the inputs cost the same in both)

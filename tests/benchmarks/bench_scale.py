@@ -418,7 +418,7 @@ def run_one(mode: str, warc_facts: dict, workers: int, split_mb: int, out_json: 
                         "bench_scale.yaml")
         sampler = ProcSampler()
         sampler.start()
-        ray.init(num_cpus=workers, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+        ray.init(address="local", num_cpus=workers, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
                  runtime_env={"worker_process_setup_hook": _worker_hook,
                               "env_vars": {"BENCH_SCALE_LOG": str(log_dir)}})
         t0 = time.perf_counter()
