@@ -168,9 +168,6 @@ def test_the_checker_sees_a_violation(tmp_path):
 #: modules that may still rename a temporary file into place themselves, and why
 OWN_RENAMES = {
     "curation.io.files": "the one home of atomic writes (StagedFile, atomic_path)",
-    # curation/service/ is being changed in another piece of work; its _write_json moves to
-    # curation.io.files.write_json when that lands
-    "curation.service.runs": "pending: service/runs.py _write_json",
 }
 
 
@@ -224,11 +221,8 @@ def test_the_rename_checker_sees_renames(tmp_path):
     assert _renames(f) == [2, 3, 4, 5]
 
 
-#: imports of another module's private name still allowed, and why
-PRIVATE_IMPORTS = {
-    # curation/service/ is being changed in another piece of work; dag._refusal becomes public then
-    ("curation.service.runs", "curation.pipeline.dag._refusal"),
-}
+#: imports of another module's private name still allowed, and why (none: keep it that way)
+PRIVATE_IMPORTS: set[tuple[str, str]] = set()
 
 
 def test_no_module_imports_another_modules_private_names():

@@ -121,7 +121,9 @@ def refused_stage_types(data: Any, allowed: tuple[str, ...] | None) -> list[tupl
     return out
 
 
-def _refusal(stype: str, allowed: tuple[str, ...]) -> str:
+def stage_module_refusal(stype: str, allowed: tuple[str, ...]) -> str:
+    """Why a ``module:Class`` stage type outside the operator's allow-list is refused (names
+    the allowed modules, or how to allow some; never a file of this machine)."""
     if allowed:
         return (f"{stype!r}: this service loads stages of your own only from the modules its operator "
                 f"allowed ({', '.join(allowed)}); use a built-in stage type or one of those")
@@ -322,7 +324,7 @@ def parse_dag(data: Any, path: str = "<dag>", base_dir: str | None = None) -> Da
             raise DagError(f"{where}: stages.{name}.type: missing (known types: {', '.join(sorted(registry))})")
         allowed = _STAGE_MODULES.get()
         if not stage_module_allowed(str(stype), allowed):
-            raise StageModuleRefused(where, name, f"stages.{name}.type: {_refusal(str(stype), allowed)}")
+            raise StageModuleRefused(where, name, f"stages.{name}.type: {stage_module_refusal(str(stype), allowed)}")
         try:
             cls = registry.resolve(str(stype), _search_paths(path, base_dir))
         except StageTypeError as e:

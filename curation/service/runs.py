@@ -36,6 +36,7 @@ from typing import Any
 
 import yaml
 
+from curation.io import files
 from curation.pipeline.rundir import RunDir
 from curation.service.auth import PathDenied, PathPolicy, walk_strings
 
@@ -97,12 +98,12 @@ def _check_stage_params(stages: Any, policy: PathPolicy, where: str, as_written:
 def check_stage_modules(data: Any, stage_modules: tuple[str, ...], where: str) -> None:
     """Refuse (403) a ``module:Class`` stage whose module the operator did not allow, before
     anything is imported: the service imports no module a client names."""
-    from curation.pipeline.dag import _refusal, refused_stage_types
+    from curation.pipeline.dag import refused_stage_types, stage_module_refusal
 
     refused = refused_stage_types(data, tuple(stage_modules))
     if refused:
         name, stype = refused[0]
-        raise SubmitError(f"{where}: stages.{name}.type: {_refusal(stype, tuple(stage_modules))}", 403)
+        raise SubmitError(f"{where}: stages.{name}.type: {stage_module_refusal(stype, tuple(stage_modules))}", 403)
 
 
 def admit_dag(text: str, policy: PathPolicy, where: str = "submitted.yaml", stage_modules: tuple[str, ...] = ()):
@@ -248,12 +249,6 @@ def _read_json(p: Path) -> dict | None:
         return None
 
 
-def _write_json(p: Path, data: dict) -> None:
-    tmp = p.with_name(f".{p.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, p)
-
-
 def _fresh(meta: dict, progress: dict | None) -> bool:
     """Whether progress.json belongs to the current attempt (a resumed run keeps the old file
     until its new process gets going)."""
@@ -379,7 +374,7 @@ class RunManager:
         return _read_json(self.runs_dir / rid / SERVICE_FILE) or {}
 
     def _write_meta(self, rid: str, meta: dict) -> None:
-        _write_json(self.runs_dir / rid / SERVICE_FILE, meta)
+        files.write_json(self.runs_dir / rid / SERVICE_FILE, meta, indent=1)
 
     # -- state -------------------------------------------------------------------------------
 
