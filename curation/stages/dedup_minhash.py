@@ -29,14 +29,28 @@ Phases, each a set of Ray tasks whose output does not depend on the worker count
    Against a corpus index, the indexed clusters' nodes take part scored by their keepers'
    stored attribute: where a new document wins, it is kept and the indexed keeper goes to
    ``RUN/STAGE/_superseded/<block>.parquet``.
-5. apply (one task per block, one output per upstream shard): ``dup_cluster`` (component id, or the document's
-   own index when it has no near-duplicate) on every row; non-keepers are rejected as
-   ``minhash_dedup:cluster=<id>``.
+5. partner check (``partner_check: true``; ``curation.dedup.partners``): per block, the
+   clustered documents' (component, doc, keeper score, text) go to the component's partition
+   (``partner_members``: the block's shards are read once); per partition (``partners``),
+   each component's members are taken in keeper order and each is removed only if its exact
+   shingle Jaccard (the signatures' own word n-grams) to a member kept before it reaches
+   ``threshold - partner_slack``; otherwise it is kept (*rescued*) and later members may be
+   removed against it. Every removal then has a kept partner in its component at or above
+   that floor. The partition writes (doc, cluster, kept) of the components it changed; the
+   rescued members' sub-clusters are named by their smallest index. Components holding an
+   indexed cluster (``against``) are not checked: the indexed keeper's text is in another run.
+6. apply (one task per block, one output per upstream shard): ``dup_cluster`` (component id, or the document's
+   own index when it has no near-duplicate; with the partner check, its sub-cluster) on every
+   row; non-keepers are rejected as ``minhash_dedup:cluster=<id>``. With the partner check,
+   each shard's manifest entry says how many of its documents were rescued
+   (``partner_rescued``).
 
 Artifacts carry a header (algorithm, version, seed, parameters); ``_work/<params>/header.json``
 is checked on every run and a mismatch is refused (``ArtifactMismatch``), never reused.
 ``RUN/STAGE/_minhash_report.json`` records (b, r), counts, the largest edge set one task held,
-per-phase seconds and docs/s, and peak worker RSS.
+per-phase seconds and docs/s, and peak worker RSS; with the partner check, ``rescued`` and a
+``partner_check`` section (removals checked, rescued, components split, Jaccards computed, the
+partners' Jaccard histogram).
 """
 
 from __future__ import annotations
@@ -55,6 +69,7 @@ from curation.dedup import keeper as keepers
 from curation.dedup.index import CorpusIndex, IndexMismatch, NearPart, near_rows
 from curation.dedup.components import connected_components, edge_header, read_labels, symmetric, write_edges
 from curation.dedup.lsh import EMPTY_BUCKETS, bucket_partition, candidate_edges
+from curation.dedup.partners import partner_clusters
 from curation.io.artifacts import read_partition, write_partitioned
 from curation.io.rows import take_rows
 from curation.io.shards import block_name, blocks, split_kept_rejected
@@ -294,6 +309,119 @@ def keeper_task(job: KeeperJob) -> dict:
         len(np.unique(idx_rows["component"][idx_rows["keeper"] >= 0])))}
 
 
+#: the partner check's (doc, cluster, kept) rows of the components it changed
+_PARTNER_SCHEMA = pa.schema([("doc", pa.int64()), ("cluster", pa.int64()), ("kept", pa.bool_())])
+_HIST_BINS = 20  # the partners' Jaccard histogram: bins of 0.05 over [0, 1]
+
+
+@dataclass(frozen=True)
+class PartnerMembersJob:
+    paths: tuple[str, ...]  # the block's shards
+    offsets: tuple[int, ...]  # each shard's first doc index, and the block's end
+    label_files: tuple[str, ...]
+    quality_file: str | None  # (doc, score) of the block: a keeper policy other than first
+    out: str
+    partitions: int
+    header: dict
+    cc_head: dict
+
+
+def partner_members_task(job: PartnerMembersJob) -> dict:
+    """Partner check, step 1, for one block: (component, doc, score, text) of its clustered
+    documents, in one file indexed by the component's partition (the partition the keepers
+    phase uses), so a partition's task holds its components' members whole. The block's
+    shards are read once, only the row groups holding clustered documents. Components
+    holding an indexed cluster (negative ids) are left out: they are not checked."""
+    b_lo, b_hi = job.offsets[0], job.offsets[-1]
+    nodes, comps = read_labels(list(job.label_files), job.cc_head, b_lo, b_hi)
+    skipped = int((comps < 0).sum())
+    nodes, comps = nodes[comps >= 0], comps[comps >= 0]
+    if job.quality_file is not None and len(nodes):
+        q = read_artifact(job.quality_file, job.header, columns=["quality"]).column("quality")
+        score = q.to_numpy(zero_copy_only=False)[nodes - b_lo]
+    else:
+        score = np.zeros(len(nodes))
+    texts = []
+    for path, lo, hi in zip(job.paths, job.offsets[:-1], job.offsets[1:]):
+        mine = nodes[(nodes >= lo) & (nodes < hi)]
+        if len(mine):
+            texts.append(take_rows(path, mine - lo, "text").cast(pa.large_string()))
+    text = pa.concat_arrays(texts) if texts else pa.array([], pa.large_string())
+    part = bucket_partition(comps.astype(np.uint64) * np.uint64(GOLDEN), job.partitions)
+    order = np.lexsort((nodes, comps, part))
+    rows = pa.table({"component": pa.array(comps, pa.int64()), "doc": pa.array(nodes, pa.int64()),
+                     "score": pa.array(score, pa.float64()), "text": text}).take(pa.array(order))
+    write_partitioned(rows, part[order], job.out, job.header)
+    return {"rows": rows.num_rows, "index_rows": skipped}
+
+
+@dataclass(frozen=True)
+class PartnerJob:
+    q: int
+    files: tuple[str, ...]  # every block's partner_members file
+    out: str
+    header: dict
+    ngram: int
+    floor: float  # threshold - partner_slack
+
+
+#: rows of one partner-check batch (whole components): bounds the shingle sets held at once
+_PARTNER_BATCH = 8192
+
+
+def partner_task(job: PartnerJob) -> dict:
+    """Partner check, step 2, for one partition: its components' members in keeper order
+    (best score, then smallest index: the keepers phase's order), each removal verified
+    against the members kept before it (``curation.dedup.partners``); (doc, cluster, kept) of
+    every member of a component the check changed go to ``out``, sorted by doc."""
+    parts = [read_partition(f, job.q, job.header, columns=["component", "doc", "score", "text"]) for f in job.files]
+    t = pa.concat_tables(parts) if parts else pa.table({"component": pa.array([], pa.int64())})
+    stats = {"partition": job.q, "members": t.num_rows, "components": 0, "checked": 0, "rescued": 0,
+             "components_split": 0, "jaccard_pairs": 0, "pruned_pairs": 0, "largest_component": 0,
+             "most_kept_in_component": 0, "min_partner_jaccard": None, "hist": [0] * _HIST_BINS}
+    out = []
+    if t.num_rows:
+        comp, doc = t.column("component").to_numpy(), t.column("doc").to_numpy()
+        score = np.nan_to_num(t.column("score").to_numpy(zero_copy_only=False), nan=-np.inf)
+        order = np.lexsort((doc, -score, comp))
+        comp, doc, text = comp[order], doc[order], t.column("text").take(pa.array(order))
+        starts = np.flatnonzero(np.r_[True, comp[1:] != comp[:-1]])
+        sizes = np.diff(np.r_[starts, len(comp)])
+        stats.update(components=int(len(starts)), checked=int(len(comp) - len(starts)),
+                     largest_component=int(sizes.max()))
+        cuts = [0]  # batches of whole components
+        for s in starts.tolist():
+            if s - cuts[-1] >= _PARTNER_BATCH:
+                cuts.append(s)
+        cuts.append(len(comp))
+        for lo, hi in zip(cuts[:-1], cuts[1:]):
+            c, d = comp[lo:hi], doc[lo:hi]
+            res = partner_clusters(c, d, shingle_sets(text.slice(lo, hi - lo), job.ngram), job.floor)
+            stats["jaccard_pairs"] += res.pairs
+            stats["pruned_pairs"] += res.pruned
+            stats["rescued"] += int(res.rescued.sum())
+            removed = ~res.kept
+            if removed.any():
+                j = res.jaccard[removed]
+                m = float(j.min())
+                cur = stats["min_partner_jaccard"]
+                stats["min_partner_jaccard"] = m if cur is None else min(cur, m)
+                h = np.bincount(np.minimum((j * _HIST_BINS).astype(np.int64), _HIST_BINS - 1), minlength=_HIST_BINS)
+                stats["hist"] = [a + int(b) for a, b in zip(stats["hist"], h)]
+            changed = np.isin(c, np.unique(c[res.rescued]))
+            if changed.any():
+                kept_per = np.bincount(np.unique(c[changed], return_inverse=True)[1], weights=res.kept[changed])
+                stats["components_split"] += int(len(kept_per))
+                stats["most_kept_in_component"] = max(stats["most_kept_in_component"], int(kept_per.max()))
+                out.append(pa.table({"doc": pa.array(d[changed], pa.int64()),
+                                     "cluster": pa.array(res.cluster[changed], pa.int64()),
+                                     "kept": pa.array(res.kept[changed], pa.bool_())}, schema=_PARTNER_SCHEMA))
+        stats["most_kept_in_component"] = max(stats["most_kept_in_component"], 1)
+    rows = pa.concat_tables(out) if out else _PARTNER_SCHEMA.empty_table()
+    write_artifact(rows.take(pc.sort_indices(rows, [("doc", "ascending")])), job.out, job.header)
+    return stats
+
+
 @dataclass(frozen=True)
 class ApplyJob:
     outs: tuple[ShardSink, ...]  # one per shard of the block
@@ -310,6 +438,7 @@ class ApplyJob:
     index_keeper_files: tuple[str, ...] = ()  # (component, keeper, node): a policy across the index
     superseded_out: str | None = None
     stage: str = ""
+    partner_files: tuple[str, ...] = ()  # (doc, cluster, kept) the partner check changed
 
 
 def _index_names(files_: tuple[str, ...], header: dict, nodes: np.ndarray) -> dict[int, str]:
@@ -357,6 +486,15 @@ def apply_task(job: ApplyJob) -> list[dict]:
         in_cluster = np.zeros(b_hi - b_lo, dtype=bool)
         in_cluster[nodes - b_lo] = True
         kept_all = (~in_cluster | is_keeper) & ~in_index
+    rescued_all = None
+    if job.partner_files:  # the partner check's decisions replace the components' own
+        before = kept_all.copy()
+        for f in job.partner_files:
+            t = read_artifact(f, job.header, filters=[("doc", ">=", b_lo), ("doc", "<", b_hi)])
+            d = t.column("doc").to_numpy() - b_lo
+            cluster_all[d] = t.column("cluster").to_numpy()
+            kept_all[d] = t.column("kept").to_numpy(zero_copy_only=False)
+        rescued_all = kept_all & ~before
     entries, doc_ids, attrs = [], [], []
     collect_ids = job.docs_out is not None or job.superseded_out is not None
     for out, path, lo, hi in zip(job.outs, job.paths, job.offsets[:-1], job.offsets[1:]):
@@ -374,7 +512,8 @@ def apply_task(job: ApplyJob) -> list[dict]:
             attrs.append(keepers.attribute(table.column(job.rank_column), job.keep))
         table = table.append_column("dup_cluster", ids)
         kept_t, rejected = split_kept_rejected(table, reasons, out.stage)
-        entries.append(out.write(kept_t, rejected, table.num_rows))
+        extra = {} if rescued_all is None else {"partner_rescued": int(rescued_all[lo - b_lo:hi - b_lo].sum())}
+        entries.append(out.write(kept_t, rejected, table.num_rows, **extra))
     all_ids = pa.chunked_array([c.cast(pa.string()) for ids_ in doc_ids for c in ids_.chunks], pa.string()) \
         if collect_ids else None
     if job.docs_out is not None:
@@ -415,6 +554,14 @@ class MinHashDedup(GlobalStage):
     candidate links whose exact shingle Jaccard reaches the threshold. ``partitions`` fixes
     how bucket and edge work is split (not the worker count), so results never depend on
     the number of workers.
+
+    ``partner_check`` makes every removal have a partner: connected components chain A~B~C
+    into one cluster although A and C may share nothing, so each document a cluster would
+    remove is compared, in exact shingle Jaccard, with the members the cluster keeps (in
+    keeper order); below ``threshold - partner_slack`` against all of them it is kept
+    (rescued) and becomes a keeper later members may be removed against. Off by default (the
+    outputs, params hash and artifacts are then those of a stage without it); it costs a read
+    of the clustered documents' text and their shingle sets, see ``_minhash_report.json``.
     """
 
     type: Literal["minhash_dedup"] = "minhash_dedup"
@@ -444,9 +591,17 @@ class MinHashDedup(GlobalStage):
     #: corpus indexes (``refinery index build``) to deduplicate against: a new document near
     #: an indexed one is rejected as ``minhash_dedup:cluster=MEMBER:ID``
     against: list[str] = Field(default_factory=list)
+    #: verify every removal against the members its cluster keeps (exact Jaccard >= threshold -
+    #: partner_slack), keeping the ones without such a partner (``curation.dedup.partners``)
+    partner_check: bool = False
+    #: how far below ``threshold`` a removal's exact Jaccard to its kept partner may be
+    partner_slack: float = Field(default=0.0, ge=0, lt=1)
 
     def params(self) -> dict[str, Any]:
         p = super().params()
+        if not p.get("partner_check"):  # runs made before the partner check keep their params hash
+            p.pop("partner_check", None)
+            p.pop("partner_slack", None)
         if not p.get("against"):
             p.pop("against", None)  # runs made before ``against`` existed keep their params hash
         for k, default in (("source_rank", []), ("date_column", "date")):
@@ -490,7 +645,14 @@ class MinHashDedup(GlobalStage):
             raise ValueError(f"bands * rows = {self.bands * self.rows} exceeds num_perm = {self.num_perm}")
         if self.keep == "source_rank" and not self.source_rank:
             raise ValueError("keep: source_rank needs source_rank: [a source, ...] (best first)")
+        if self.partner_check and self.partner_slack >= self.threshold:
+            raise ValueError(f"partner_slack = {self.partner_slack} must be below threshold = {self.threshold} "
+                             "(a removal's partner must share something with it)")
         return self
+
+    def partner_floor(self) -> float:
+        """The exact Jaccard a removal's kept partner must reach with the partner check."""
+        return self.threshold - self.partner_slack
 
     def band_rows(self) -> tuple[int, int]:
         """(bands, rows) used for LSH."""
@@ -508,7 +670,9 @@ class MinHashDedup(GlobalStage):
                 "minhash_version": MINHASH_VERSION, "seed": self.seed,
                 "params": {**self.hasher().header()["params"], "bands": b, "rows": r, "threshold": self.threshold,
                            "partitions": self.partitions, "verify_jaccard": self.verify_jaccard,
-                           "keep": self.keep, **self.keeper()}}
+                           "keep": self.keep, **self.keeper(),
+                           **({"partner_check": True, "partner_slack": self.partner_slack}
+                              if self.partner_check else {})}}
 
     def run(self, ctx: StageContext) -> None:
         keys = [k for k, _ in ctx.upstream]
@@ -574,23 +738,53 @@ class MinHashDedup(GlobalStage):
             ctx.phase("keepers", keeper_task, [
                 KeeperJob(q, cq_files, keeper_files[q], header, index_keepers[q] if superseding else None,
                           self.keep == "latest") for q in range(P)])
+        partner_files: tuple[str, ...] = ()
+        partners: list[dict] | None = None
+        if self.partner_check:
+            pm_files = tuple(location.join(work, "partner_members", f"{n}.parquet") for n in names)
+            ctx.phase("partner_members", partner_members_task, [
+                PartnerMembersJob(tuple(paths[lo:hi]), tuple(int(o) for o in offsets[lo:hi + 1]), labels,
+                                  quality_files[k], pm_files[k], P, header, cc_head)
+                for k, (lo, hi) in enumerate(spans)])
+            partner_files = tuple(location.join(work, "partners", f"part-{q:04d}.parquet") for q in range(P))
+            partners = ctx.phase("partners", partner_task, [
+                PartnerJob(q, pm_files, partner_files[q], header, self.ngram, self.partner_floor()) for q in range(P)])
         sup_dir = location.join(ctx.stage_dir, keepers.SUPERSEDED_DIR)
         ctx.phase("apply", apply_task, [
             ApplyJob(tuple(ctx.output(k) for k in keys[lo:hi]), tuple(paths[lo:hi]),
                      tuple(int(o) for o in offsets[lo:hi + 1]), labels, keeper_files, header, cc_head, doc_files[k],
                      match_files, self.keep, rank_column, index_keepers,
-                     location.join(sup_dir, f"{names[k]}.parquet") if superseding else None, ctx.name)
+                     location.join(sup_dir, f"{names[k]}.parquet") if superseding else None, ctx.name,
+                     partner_files)
             for k, (lo, hi) in enumerate(spans)], commit=True)
         files.write_json(location.join(lsh, "meta.json"), {
             "header": header, "index_params": self.index_params(), "partitions": P, "blocks": names,
             "docs": int(offsets[-1])})
-        self._write_report(ctx, keys, int(offsets[-1]), cand, comp, header)
+        self._write_report(ctx, keys, int(offsets[-1]), cand, comp, header, partners)
+
+    def _partner_report(self, partners: list[dict]) -> dict[str, Any]:
+        """The partner check's figures, summed over its partitions."""
+        mins = [p["min_partner_jaccard"] for p in partners if p["min_partner_jaccard"] is not None]
+        hist = np.sum([p["hist"] for p in partners], axis=0).astype(int).tolist() if partners else []
+        return {"slack": self.partner_slack, "floor": self.partner_floor(),
+                **{k: sum(p[k] for p in partners) for k in ("members", "components", "checked", "rescued",
+                                                             "components_split", "jaccard_pairs", "pruned_pairs")},
+                "largest_component": max((p["largest_component"] for p in partners), default=0),
+                "most_kept_in_component": max((p["most_kept_in_component"] for p in partners), default=0),
+                "min_partner_jaccard": min(mins) if mins else None,
+                "partner_jaccard_histogram": {f"{i / len(hist):.2f}": n for i, n in enumerate(hist) if n}}
 
     def _write_report(self, ctx: StageContext, keys: list[str], total_docs: int, cand: list[dict],
-                      comp: Any, header: dict) -> None:
+                      comp: Any, header: dict, partners: list[dict] | None = None) -> None:
         entries = ctx.committed()
         removed = sum(int(entries[k].get("rejected_rows", 0)) for k in keys if k in entries)
         b, r = self.band_rows()
+        extra: dict[str, Any] = {}
+        if partners is not None:
+            pr = self._partner_report(partners)
+            extra = {"rescued": pr["rescued"], "partner_check": pr,
+                     "reasons": {REASON_PREFIX.rstrip("="): removed,
+                                 "kept:partner_rescued": pr["rescued"]}}
         ctx.write_report(REPORT, {
             "header": header, "bands": b, "rows": r,
             "documents": total_docs, "removed": removed, "kept": total_docs - removed,
@@ -603,4 +797,5 @@ class MinHashDedup(GlobalStage):
             "components": {"steps": comp.steps, "input_directed_edges": comp.input_edges,
                            "largest_task_edges": comp.max_task_edges, "per_step": comp.per_step},
             "docs_per_s": {k: round(total_docs / v["seconds"], 1) for k, v in ctx.phases.items() if v["seconds"] > 0},
+            **extra,
         }, timings=True)
