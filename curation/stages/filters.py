@@ -155,7 +155,8 @@ class _LangRules(MapStage):
     #: Applied over ``lang_config``'s entry, field by field.
     by_lang: dict[str, dict[str, Any]] | None = None
     #: a shipped preset of ``by_lang`` entries (``curation/text/data/lang_rules/NAME.json``):
-    #: ``fineweb2`` = FineWeb-2's per-language thresholds and stop words.
+    #: ``fineweb2`` = FineWeb-2's per-language thresholds and stop words; or a file of them by
+    #: path, e.g. ``RUN/STAGE/_calibration.json`` written by a ``calibrate_rules`` stage.
     lang_config: str | None = None
 
     #: how this view splits words: ``spaces`` (``TextState.words``) or ``chars`` (CJK)
@@ -187,8 +188,17 @@ class _LangRules(MapStage):
         if v is None:
             return None
         known = lang_rules.presets()
-        if v not in known:
-            raise ValueError(f"unknown preset {v!r} (known: {', '.join(known)})")
+        if lang_rules.is_file(v):  # a calibration file (calibrate_rules) or a preset of one's own
+            from pathlib import Path  # noqa: PLC0415
+
+            path = Path(v).expanduser()
+            if not path.is_file():
+                raise ValueError(f"{v!r}: no such file (lang_config names a shipped preset: {', '.join(known)}, "
+                                 "or a .json file such as RUN/STAGE/_calibration.json)")
+            v = str(path.resolve())
+            lang_rules.preset(v)  # parses, or says why not
+        elif v not in known:
+            raise ValueError(f"unknown preset {v!r} (known: {', '.join(known)}); or name a .json file")
         stype = cls.model_fields["type"].default
         stages = lang_rules.preset_stages(v)
         if stype not in stages:
@@ -286,6 +296,8 @@ class _LangRules(MapStage):
                 p.pop(f, None)
         if self.lang_table():
             p["by_lang"] = self.lang_table()  # with the preset's values: a new preset version rehashes
+        if self.lang_config and lang_rules.is_file(self.lang_config):
+            p["lang_config"] = {"file_sha256": lang_rules.sha256(self.lang_config)}  # moving it does not rehash
         return p
 
     def signal_params(self) -> dict[str, Any]:

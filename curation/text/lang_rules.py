@@ -21,6 +21,10 @@ entries). This module holds what those need below the stage layer:
   (all of FineWeb-2's zh and ja stop words are) match exactly, but counts, n-grams and
   newline-per-word ratios are per character, not per dictionary word: the preset scales
   the thresholds that depend on it (see ``CHAR_WORDS`` in the data and its README).
+- A ``lang_config`` may also name a file (``is_file``: a path, or a name ending ``.json``) in a
+  preset's format: the ``_calibration.json`` a ``calibrate_rules`` stage writes (an overlay of
+  its ``base`` preset, like ``auto``), reused by path in the same or another run. It is read
+  when the DAG is validated and its entries go into the filter's params hash.
 - ``default_words(lang)``: ``"chars"`` for the languages above, ``"spaces"`` otherwise; what
   a ``by_lang`` entry without ``words:`` uses.
 """
@@ -79,12 +83,30 @@ def count_char_words(values: pa.Array) -> np.ndarray:
     return ts.count_py_words(cjk_spaced(values))
 
 
-@functools.lru_cache(maxsize=None)
+def is_file(name: str) -> bool:
+    """Whether a ``lang_config`` value names a file (a calibration written by the
+    ``calibrate_rules`` stage, or any file in a preset's format) rather than a shipped preset."""
+    return name.endswith(".json") or "/" in name or "\\" in name
+
+
 def _load(name: str) -> dict[str, Any]:
+    if is_file(name):
+        path = Path(name).expanduser()
+        if not path.is_file():
+            raise ValueError(f"lang_config {name!r}: no such file")
+        return _parse(path.read_text(encoding="utf-8"), name)
     path = DATA_DIR / f"{name}.json"
     if not path.exists():
-        raise ValueError(f"unknown lang_config {name!r} (known: {', '.join(presets())})")
-    data = json.loads(path.read_text(encoding="utf-8"))
+        raise ValueError(f"unknown lang_config {name!r} (known: {', '.join(presets())}, or a .json file)")
+    return _parse(path.read_text(encoding="utf-8"), name)
+
+
+@functools.lru_cache(maxsize=64)
+def _parse(text: str, name: str) -> dict[str, Any]:
+    """A preset's data (cached by its text: a file rewritten is read again)."""
+    data = json.loads(text)
+    if not isinstance(data, dict) or not isinstance(data.get("languages"), dict):
+        raise ValueError(f"lang_config {name!r}: not a preset (a JSON object with 'languages')")
     if "base" in data:  # an overlay: the base preset's entries with this one's fields over them
         base = _load(data["base"])
         merged = json.loads(json.dumps(base["languages"]))
@@ -96,6 +118,21 @@ def _load(name: str) -> dict[str, Any]:
         for lang in data.get("codes", []):
             data["languages"].setdefault(lang, data["fallback"])
     return data
+
+
+def sha256(name: str) -> str:
+    """A digest of what ``lang_config: name`` reads (a file's text; a preset's too)."""
+    import hashlib  # noqa: PLC0415
+
+    path = Path(name).expanduser() if is_file(name) else DATA_DIR / f"{name}.json"
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def root_preset(name: str) -> str:
+    """The shipped preset at the bottom of ``name``'s chain of ``base`` overlays (``fineweb2``
+    for ``auto`` and for a calibration over either)."""
+    data = json.loads((Path(name).expanduser() if is_file(name) else DATA_DIR / f"{name}.json").read_text("utf-8"))
+    return root_preset(data["base"]) if "base" in data else name
 
 
 def presets() -> list[str]:
