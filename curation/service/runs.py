@@ -312,7 +312,7 @@ class RunManager:
             raise RunsDirBusy(f"{self.runs_dir}: another `refinery serve` manages this runs directory") from None
         self._lock_fd = fd
         with self._lock:
-            for rid in self._run_ids():
+            for rid in self.run_ids():
                 meta = self._meta(rid)
                 if meta.get("state") == "started" and not meta.get("pid") and not meta.get("launch_error"):
                     pid = _find_run_process(self.runs_dir / rid)
@@ -363,7 +363,8 @@ class RunManager:
             raise RunMissing(run_id)
         return d
 
-    def _run_ids(self) -> list[str]:
+    def run_ids(self) -> list[str]:
+        """Every run directory here (made by the service or by `refinery run`), unordered."""
         out = []
         for d in self.runs_dir.iterdir():
             if d.is_dir() and RUN_ID.match(d.name) and ((d / SERVICE_FILE).exists() or Path(RunDir(d).dag_file).exists()):
@@ -497,7 +498,7 @@ class RunManager:
     def list_runs(self) -> list[dict[str, Any]]:
         """Every run in the runs directory, newest submission first."""
         out = []
-        for rid in self._run_ids():
+        for rid in self.run_ids():
             try:
                 out.append(self.describe(rid, detail=False))
             except RunMissing:  # deleted while listing
