@@ -189,6 +189,66 @@ def test_document_browser_filters_rejected_documents_and_draws_thresholds(servic
 
 
 
+def test_eval_panel_shows_each_stages_latest_report(service, demo, browser):
+    """`refinery eval rules` on two stages of the demo run (the real eval code on the labelled
+    pages of tests/data/eval): the run's page lists each stage's latest report with its kind,
+    headline figures (as /runs/ID/evals and the report file say) and when it was written, and
+    unfolds the tables the command printed."""
+    import json
+    import time
+
+    from typer.testing import CliRunner
+
+    from curation.cli import app
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    run_id, run_dir = demo["id"], demo["run_dir"]
+    pages = str(REPO / "tests" / "data" / "eval" / "rules_pages.jsonl.gz")
+    t0 = time.time()
+    for stage, extra in (("fineweb", ["--lang-config", "fineweb2"]), ("gopher", [])):
+        out = CliRunner().invoke(app, ["eval", "rules", pages, "--stages", str(run_dir / stage), *extra])
+        assert out.exit_code == 0, out.output
+    reports = {s: json.loads((run_dir / s / "_eval_rules.json").read_text()) for s in ("fineweb", "gopher")}
+    assert reports["fineweb"]["configs"] == ["as run", "fineweb2"] and reports["gopher"]["configs"] == ["as run"]
+
+    with service.client() as c:
+        listed = c.get(f"/runs/{run_id}/evals").raise_for_status().json()
+    assert [(e["stage"], e["kind"]) for e in listed] == [("gopher", "rules"), ("fineweb", "rules")]  # DAG order
+    for e in listed:
+        rep = reports[e["stage"]]
+        every = rep["languages"]["all"]
+        assert {f["name"]: f["value"] for f in e["headline"]} == {
+            f"{c}: {k.replace('_', ' ')}": every[c][k] for c in rep["configs"] for k in ("natural_kept", "unnatural_caught")}
+        assert e["tables"] == rep["tables"] and e["target"] == f"RUN/{e['stage']}"
+        assert t0 - 1 <= e["modified"] <= time.time()
+
+    browser.get(f"{service.url}/?token={TOKEN}")
+    browser.get(f"{service.url}/#/runs/{run_id}")
+    _wait(browser).until(lambda b: len(_texts(b, "#eval-table tbody tr")) == 2)
+    for e in listed:
+        row = browser.find_element(By.CSS_SELECTOR, f'#eval-table tr[data-stage="{e["stage"]}"][data-kind="rules"]')
+        cells = row.find_elements(By.TAG_NAME, "td")
+        assert [cells[0].text, cells[1].text] == [e["stage"], "rules"]
+        assert cells[3].text not in ("", "–")  # when it was written
+        shown = {f.get_attribute("data-name"): f.text for f in cells[2].find_elements(By.CSS_SELECTOR, "span.figure")}
+        assert set(shown) == {f["name"] for f in e["headline"]}
+        for f in e["headline"]:  # shares as percentages with one decimal
+            text = shown[f["name"]]
+            assert text.startswith(f["name"] + " ") and text.endswith("%"), text
+            assert float(text[len(f["name"]) + 1:-1]) == pytest.approx(100 * f["value"], abs=0.051)
+    # the tables refinery eval printed, folded under each report
+    detail = browser.find_element(By.CSS_SELECTOR, 'details.eval-detail[data-stage="fineweb"][data-kind="rules"]')
+    detail.find_element(By.TAG_NAME, "summary").click()
+    tables = detail.find_elements(By.CSS_SELECTOR, "table.eval-table")
+    assert len(tables) == len(reports["fineweb"]["tables"])
+    for t, want in zip(tables, reports["fineweb"]["tables"]):
+        assert len(t.find_elements(By.CSS_SELECTOR, "tbody tr")) == len(want["rows"])
+        assert [th.text for th in t.find_elements(By.CSS_SELECTOR, "thead th")] == want["columns"]
+    browser.execute_script("document.getElementById('evals').scrollIntoView()")
+    browser.save_screenshot(str(ARTIFACTS / "dashboard-evals.png"))
+    assert _js_errors(browser) == []
+
+
 def test_a_running_run_shows_rates_eta_stragglers_partitions_and_retries(service, browser):
     """A run made by the CLI, still running: its progress.json's live figures (rates over the
     last minute, ETA, the slowest running tasks), a shuffle's partition sizes and the storage

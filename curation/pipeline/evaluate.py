@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from curation.io import files
+from curation.io import files, location
 from curation.io.evalsets import base_name, open_text
 from curation.pipeline.dag import Dag, load_dag
 from curation.pipeline.rundir import RunDir, stage_of
@@ -43,6 +43,10 @@ from curation.stages.base import Stage
 
 class EvalError(ValueError):
     pass
+
+
+#: a run stage's latest report of one kind (``refinery eval`` overwrites it)
+REPORT = "_eval_{kind}.json"
 
 
 # -- targets -----------------------------------------------------------------------------------
@@ -72,7 +76,7 @@ class Target:
     def write(self, kind: str, report: dict) -> str | None:
         if self.run is None or self.stage is None:
             return None
-        name = f"_eval_{kind}.json"
+        name = REPORT.format(kind=kind)
         self.run.write_report(self.stage, name, report)
         return self.run.report_path(self.stage, name)
 
@@ -383,3 +387,77 @@ def eval_dedup(pairs: str, target_spec: str | None = None, docs: Sequence[str] =
                ngram=st.ngram, num_perm=st.num_perm, bands=bands, rows=rws, verify_jaccard=st.verify_jaccard)
     return save(rep, json_out, target, "dedup")
 
+
+
+# -- reports in a run --------------------------------------------------------------------------
+
+
+def _figure(name: str, value: Any, unit: str = "share") -> dict:
+    """One headline figure: ``unit`` is ``share`` (0..1), ``count`` or ``rate`` (per second)."""
+    return {"name": name, "value": value, "unit": unit}
+
+
+def headline(report: dict) -> list[dict]:
+    """The few figures that sum a report up (what a dashboard row shows), by its ``kind``."""
+    kind = report.get("kind")
+    if kind == "decontam":
+        return [_figure("recall, all forms", report.get("recall_all")),
+                _figure("false drops", (report.get("false_drops") or {}).get("rate")),
+                _figure("planted", report.get("planted"), "count"),
+                _figure("docs/s", report.get("docs_per_s"), "rate")]
+    if kind == "rules":
+        every = (report.get("languages") or {}).get("all") or {}
+        return [f for c in report.get("configs") or []
+                for f in (_figure(f"{c}: natural kept", (every.get(c) or {}).get("natural_kept")),
+                          _figure(f"{c}: unnatural caught", (every.get(c) or {}).get("unnatural_caught")))]
+    if kind == "langid":
+        return [_figure("accuracy", report.get("accuracy")), _figure("documents", report.get("documents"), "count")]
+    if kind == "dedup":
+        out = [_figure("pairs", report.get("pairs"), "count")]
+        for name, d in (report.get("decisions") or {}).items():
+            if name.startswith("stage: ") or name == "run clusters":
+                out += [_figure(f"{name} precision", d.get("precision")), _figure(f"{name} recall", d.get("recall"))]
+        return out
+    return []
+
+
+def run_reports(run: RunDir) -> list[dict]:
+    """The eval reports in a run directory, each stage's latest of each kind: ``stage``,
+    ``kind``, ``modified`` (when it was written, epoch seconds), ``target`` (``RUN/STAGE`` when
+    it is this run's stage), its ``headline``
+    figures and its ``tables`` (what ``refinery eval`` printed). In DAG order, the newest first
+    within a stage. A report that is not JSON is listed with an ``error``; a file that leads
+    outside the run directory is not read."""
+    out = []
+    for stage in run.load_dag().stages:
+        if stage.startswith(".") or "/" in stage:
+            continue
+        found = []
+        prefix, suffix = REPORT.split("{kind}")
+        for path in location.listdir(run.stage_dir(stage), REPORT.format(kind="*")):
+            kind = location.name(path)[len(prefix):-len(suffix)]
+            entry: dict[str, Any] = {"stage": stage, "kind": kind, "file": f"{stage}/{location.name(path)}",
+                                     "modified": None}
+            try:
+                if not run.remote:
+                    real = Path(path).resolve()
+                    if not str(real).startswith(str(Path(run.root).resolve()) + "/"):
+                        continue
+                    entry["modified"] = real.stat().st_mtime
+                else:
+                    fs, p = location.fs_path(path)
+                    when = fs.info(p).get("LastModified")
+                    entry["modified"] = when.timestamp() if hasattr(when, "timestamp") else None
+                report = json.loads(location.read_text(path))
+                if not isinstance(report, dict):
+                    raise ValueError("not a JSON object")
+            except (OSError, ValueError) as e:
+                found.append({**entry, "error": f"unreadable report: {type(e).__name__}"})
+                continue
+            target = report.get("target")
+            if isinstance(target, str) and target.startswith(run.root + "/"):
+                target = "RUN/" + target[len(run.root) + 1:]  # the run's own stage, not this machine's path
+            found.append({**entry, "kind": report.get("kind") or kind, "target": target,
+                          "headline": headline(report), "tables": report.get("tables") or []})
+        out += sorted(found, key=lambda e: -(e["modified"] or 0))
+    return out

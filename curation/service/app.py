@@ -3,7 +3,7 @@
 ``refinery serve`` calls :func:`serve`; tests and embedding code call :func:`create_app`, which
 assembles the shared state (``state.ServiceState``), the middleware in front of every route
 (``middleware``: size limit, token, security headers, the stage-module allow-list), the error
-answers, and the routes of each area (``routes/``: pages, runs, inspect, browse).
+answers, and the routes of each area (``routes/``: pages, runs, inspect, browse, evals).
 Every route but ``/healthz`` needs the token (see ``curation.service.auth``); ``/`` answers
 401 with a login form until the browser holds the session cookie.
 """
@@ -26,7 +26,7 @@ from curation.pipeline.dag import StageModuleRefused
 from curation.service import browse
 from curation.service.auth import PathPolicy, TokenAuth, load_token
 from curation.service.middleware import GuardMiddleware, StageModulesMiddleware
-from curation.service.routes import browse as browse_routes, inspect, pages, runs as runs_routes
+from curation.service.routes import browse as browse_routes, evals, inspect, pages, runs as runs_routes
 from curation.service.runs import RunConflict, RunManager, RunMissing, SubmitError
 from curation.service.sql_guard import SqlRejected
 from curation.service.state import ServiceState
@@ -34,7 +34,7 @@ from curation.service.state import ServiceState
 MiB = 1 << 20
 
 #: the areas, in the order their routes are matched and documented
-AREAS = (pages, runs_routes, inspect, browse_routes)
+AREAS = (pages, runs_routes, inspect, browse_routes, evals)
 
 
 def _error_answers(app: FastAPI) -> None:

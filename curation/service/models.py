@@ -109,3 +109,18 @@ class SignalHistogram(_Open):
     nulls: int
     thresholds: list[dict[str, Any]]
 
+
+class EvalReport(_Open):
+    """A stage's latest ``refinery eval`` report of one kind (``RUN/STAGE/_eval_<kind>.json``):
+    when it was written (``modified``, epoch seconds), its headline figures (``unit``: share,
+    count or rate) and the tables ``refinery eval`` printed; ``error`` when the file is not a
+    report."""
+
+    stage: str
+    kind: str
+    file: str
+    modified: float | None = None
+    target: str | None = None
+    headline: list[dict[str, Any]] = []
+    tables: list[dict[str, Any]] = []
+    error: str | None = None

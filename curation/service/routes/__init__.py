@@ -9,5 +9,6 @@ entry there in FastAPI 0.16x); a test may hand one a fresh ``APIRouter``.
   OpenAPI document and ``/docs``;
 - ``runs``: submit, list, describe, progress, ``/metrics``, the DAG, cancel, resume;
 - ``inspect``: a run's stats and read-only SQL;
-- ``browse``: stages, documents, signal histograms.
+- ``browse``: stages, documents, signal histograms;
+- ``evals``: the latest ``refinery eval`` report of each stage.
 """

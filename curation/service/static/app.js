@@ -689,13 +689,51 @@ function partitionTable(partitions) {
          el("td", {class: "num"}, x.skew === null ? "–" : x.skew.toFixed(2)))))));
 }
 
+// `refinery eval` reports (RUN/STAGE/_eval_<kind>.json): the latest per stage and kind, its
+// headline figures and, folded, the tables the command printed
+function figureText(f) {
+  const v = f.value;
+  if (v === null || v === undefined) return "–";
+  if (f.unit === "share") return (100 * v).toFixed(1) + "%";
+  if (f.unit === "rate") return `${fmt(Math.round(v))}/s`;
+  return fmt(v);
+}
+
+function evalTable(t) {
+  return el("table", {class: "eval-table"},
+    el("caption", {}, t.title),
+    el("thead", {}, el("tr", {}, t.columns.map((c) => el("th", {}, c)))),
+    el("tbody", {}, t.rows.map((row) => el("tr", {}, row.map((v) => el("td", {}, cellText(v)))))));
+}
+
+function evalPanel(reports) {
+  if (!reports || !reports.length) return null;
+  const rows = reports.map((r) => el("tr", {"data-stage": r.stage, "data-kind": r.kind},
+    el("td", {}, r.stage), el("td", {}, r.kind),
+    el("td", {class: "eval-headline"}, r.error ? el("span", {class: "error"}, r.error)
+      : (r.headline || []).map((f) => el("span", {class: "figure", "data-name": f.name},
+          el("span", {class: "muted"}, `${f.name} `), figureText(f)))),
+    el("td", {class: "eval-when"}, when(r.modified))));
+  const details = reports.filter((r) => (r.tables || []).length).map((r) =>
+    el("details", {class: "eval-detail", "data-stage": r.stage, "data-kind": r.kind},
+       el("summary", {}, `${r.stage} · ${r.kind}` + (r.target ? ` (${r.target})` : "")),
+       r.tables.map(evalTable)));
+  return el("section", {class: "card", id: "evals"},
+    el("h2", {}, "Evaluations (latest report per stage and kind)"),
+    el("table", {id: "eval-table"},
+       el("thead", {}, el("tr", {}, ["Stage", "Kind", "Headline", "Written"].map((h) => el("th", {}, h)))),
+       el("tbody", {}, rows)),
+    details);
+}
+
 async function showRun(id, keepSql) {
-  let run, stats, live = {}, partitions = {}, retries = 0;
+  let run, stats, evals, live = {}, partitions = {}, retries = 0;
   try {
     let progress;
-    [run, stats, progress] = await Promise.all([api(`/runs/${encodeURIComponent(id)}`),
+    [run, stats, progress, evals] = await Promise.all([api(`/runs/${encodeURIComponent(id)}`),
                                       api(`/runs/${encodeURIComponent(id)}/stats`).catch(() => null),
-                                      api(`/runs/${encodeURIComponent(id)}/progress`).catch(() => null)]);
+                                      api(`/runs/${encodeURIComponent(id)}/progress`).catch(() => null),
+                                      api(`/runs/${encodeURIComponent(id)}/evals`).catch(() => null)]);
     live = (progress && progress.live) || {};
     partitions = (progress && progress.partitions) || {};
     retries = (progress && progress.retries) || 0;
@@ -762,6 +800,8 @@ async function showRun(id, keepSql) {
         Object.entries(stats.tokens_by_source).map(([s, n]) => ({label: s, value: n}))));
     }
   }
+  const evalSection = evalPanel(evals);
+  if (evalSection) parts.push(evalSection);
   if (run.state !== "queued") {  // a queued run has no run directory to browse yet
     if (!docBrowser || docBrowser.runId !== id || !keepSql) docBrowser = new DocBrowser(id);
     else if (ACTIVE.has(run.state)) docBrowser.init();  // counts grow as shards commit
