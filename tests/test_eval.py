@@ -157,3 +157,35 @@ def test_eval_over_a_run(tmp_path, ray_session):
     assert rep["decisions"]["run clusters"]["tp"] >= rep["decisions"]["stage: lsh"]["tp"]
     out = CliRunner().invoke(app, ["eval", "decontam", str(run / "near")])
     assert out.exit_code == 2 and "not decontaminate" in out.output
+
+
+def test_run_reports_lists_each_stages_latest_report(tmp_path):
+    """What the dashboard's Evaluations panel reads: each stage's ``_eval_<kind>.json`` with its
+    headline figures, a broken file listed with an error, a link leading out of the run not read."""
+    import os
+    import time
+
+    from curation.pipeline.evaluate import run_reports
+    from curation.pipeline.rundir import RunDir
+
+    run = tmp_path / "run"
+    run.mkdir()
+    dag = parse_dag({"name": "reports", "inputs": {"docs": {"format": "jsonl", "paths": DEDUP_DOCS, "source": "web"}},
+                     "stages": {"rep": {"type": "gopher_repetition", "input": "docs"},
+                                "gopher": {"type": "gopher_quality", "input": "rep"}}}, "reports.yaml")
+    (run / "dag.yaml").write_text(yaml.safe_dump(dag.to_dict(), sort_keys=False))
+    rep = eval_rules(str(EVAL / "rules_pages.jsonl.gz"), str(run / "gopher"))
+    (run / "rep").mkdir()
+    (run / "rep" / "_eval_langid.json").write_text("{not json")
+    secret = tmp_path / "outside.json"
+    secret.write_text(json.dumps({"kind": "langid", "accuracy": 1.0}))
+    os.symlink(secret, run / "gopher" / "_eval_langid.json")
+    got = run_reports(RunDir(run))
+    assert [(e["stage"], e["kind"]) for e in got] == [("rep", "langid"), ("gopher", "rules")]
+    assert got[0]["error"].startswith("unreadable report")
+    g = got[1]
+    every = rep["languages"]["all"]["as run"]
+    assert g["headline"] == [{"name": "as run: natural kept", "value": every["natural_kept"], "unit": "share"},
+                             {"name": "as run: unnatural caught", "value": every["unnatural_caught"], "unit": "share"}]
+    assert g["tables"] == rep["tables"] and g["target"] == "RUN/gopher" and g["file"] == "gopher/_eval_rules.json"
+    assert abs(g["modified"] - time.time()) < 60
