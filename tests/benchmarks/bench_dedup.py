@@ -15,7 +15,14 @@ largest process (driver and every Ray worker, sampled from /proc, plus the tasks
 ``getrusage`` figures), the largest edge set any one task held against all edges, and the
 growth from the smaller to the larger size. Asserts nothing.
 
-Run: ``.venv/bin/python tests/benchmarks/bench_dedup.py [--sizes 100000 200000] [--workers 2]``
+With ``--partner-rounds R`` each size then runs ``minhash_dedup`` again 2R times over the same
+exact-deduplicated shards, alternating without and with ``partner_check`` (off, on, off, on...,
+each in its own run folder, one Ray session), and prints both docs/s (each round and the
+median), the rescued count and the partner phases' seconds; the quality section then also
+scores the stage with the check (slack 0 and 0.05).
+
+Run: ``.venv/bin/python tests/benchmarks/bench_dedup.py [--sizes 100000 200000] [--workers 2]
+[--partner-rounds 2]``
 The machine may be shared with other jobs: wall-clock figures move with its load.
 """
 
@@ -27,6 +34,8 @@ import json
 import os
 import random
 import re
+import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -172,7 +181,7 @@ def _cmdline(pid: int) -> str:
 # one size, in its own process
 
 
-def run_one(corpus: str, workers: int, partitions: int, out_json: str) -> None:
+def run_one(corpus: str, workers: int, partitions: int, out_json: str, partner_rounds: int = 0) -> None:
     import ray
 
     import curation.stages  # noqa: F401
@@ -204,6 +213,21 @@ def run_one(corpus: str, workers: int, partitions: int, out_json: str) -> None:
             near.run(ctx2)
             res["near_s"] = time.perf_counter() - t1
             res["near"] = json.loads((root / "run" / "near" / "_minhash_report.json").read_text())
+            rounds = []
+            for i in range(partner_rounds):  # alternating, over the same shards, each in its own run folder
+                for on in (False, True):
+                    st = MinHashDedup(input="exact", partitions=partitions, partner_check=on)
+                    where = RunDir(root / f"near-{i}-{'on' if on else 'off'}")
+                    c = GlobalContext(where, "near", st.params_hash(["e"]), workers, up2)
+                    t1 = time.perf_counter()
+                    st.run(c)
+                    sec = time.perf_counter() - t1
+                    rep = json.loads(Path(where.report_path("near", "_minhash_report.json")).read_text())
+                    rounds.append({"round": i, "partner_check": on, "seconds": sec, "removed": rep["removed"],
+                                   "rescued": rep.get("rescued"), "partner": rep.get("partner_check"),
+                                   "phase_seconds": rep["phase_seconds"]})
+                    shutil.rmtree(where.root, ignore_errors=True)
+            res["partner_rounds"] = rounds
         ray.shutdown()
         # VmHWM, not getrusage: ru_maxrss of a forked child starts from its parent's peak
         res["driver_rss_mb"] = rss.peak.get(os.getpid(), 0.0)
@@ -213,6 +237,31 @@ def run_one(corpus: str, workers: int, partitions: int, out_json: str) -> None:
         res["process_count"] = len(rss.peak)
         res["task_rss_mb"] = max(res["near"]["max_rss_mb"], res["exact"]["max_rss_mb"])
     Path(out_json).write_text(json.dumps(res, indent=1, default=str))
+
+
+def print_partner(r: dict) -> None:
+    rounds = r.get("partner_rounds") or []
+    if not rounds:
+        return
+    n = r["near"]["documents"]
+    print(f"   partner_check, alternating off/on over the same {n:,} documents ({len(rounds) // 2} rounds each):")
+    for on in (False, True):
+        mine = [x for x in rounds if x["partner_check"] is on]
+        rates = [n / x["seconds"] for x in mine]
+        print(f"      {'on ' if on else 'off'}  docs/s {', '.join(f'{v:,.0f}' for v in rates)}  "
+              f"(median {statistics.median(rates):,.0f}); removed {mine[0]['removed']:,}"
+              + (f", rescued {mine[0]['rescued']:,}" if on else ""))
+        if on:
+            p = mine[0]["partner"]
+            ph = {k: statistics.median(x["phase_seconds"].get(k, 0.0) for x in mine)
+                  for k in ("partner_members", "partners", "apply")}
+            print(f"           partner phases (median s): members {ph['partner_members']:.1f}, "
+                  f"check {ph['partners']:.1f}; {p['checked']:,} removals checked in {p['components']:,} "
+                  f"components, {p['jaccard_pairs']:,} exact Jaccards, {p['components_split']:,} components split, "
+                  f"largest component {p['largest_component']:,}, min partner Jaccard {p['min_partner_jaccard']}")
+    off = statistics.median(n / x["seconds"] for x in rounds if not x["partner_check"])
+    on_ = statistics.median(n / x["seconds"] for x in rounds if x["partner_check"])
+    print(f"      stage cost of the check: {100 * (off / on_ - 1):+.1f}% time (median docs/s {off:,.0f} -> {on_:,.0f})")
 
 
 def print_size(r: dict) -> None:
@@ -236,13 +285,14 @@ def print_size(r: dict) -> None:
     print(f"   peak RSS: largest process {r['largest_process_rss_mb']:.0f} MB ({r['largest_process']}), "
           f"largest task (worker getrusage) {r['task_rss_mb']:.0f} MB, driver {r['driver_rss_mb']:.0f} MB, "
           f"{r['process_count']} processes")
+    print_partner(r)
 
 
 # ---------------------------------------------------------------------------------------------
 # precision / recall on a labelled set, beside datasketch
 
 
-def quality(workers: int) -> None:
+def quality(workers: int, partner: bool = False) -> None:
     import ray
 
     import curation.stages  # noqa: F401
@@ -272,20 +322,29 @@ def quality(workers: int) -> None:
             pq.write_table(t.slice(s * (len(docs) // 4 + 1), len(docs) // 4 + 1), p)
             up.append((f"q-{s}", str(p)))
         ray.init(address="local", num_cpus=workers, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-        stage = MinHashDedup(input="q", threshold=0.8, num_perm=128, ngram=5, partitions=8)
-        ctx = GlobalContext(RunDir(root / "run"), "near", stage.params_hash(["q"]), workers, up)
-        stage.run(ctx)
+        variants = [("ours (minhash_dedup)", {})]
+        if partner:
+            variants += [("ours + partner_check", {"partner_check": True}),
+                         ("ours + partner, slack .05", {"partner_check": True, "partner_slack": 0.05})]
+        scored, rescued = [], {}
+        for k, (name, extra) in enumerate(variants):
+            stage = MinHashDedup(input="q", threshold=0.8, num_perm=128, ngram=5, partitions=8, **extra)
+            run = root / f"run-{k}"
+            ctx = GlobalContext(RunDir(run), "near", stage.params_hash(["q"]), workers, up)
+            stage.run(ctx)
+            rej = pq.read_table(list((run / "rejected" / "near").glob("*.parquet"))).column("id").to_pylist() \
+                if (run / "rejected" / "near").exists() else []
+            scored.append((name, edits.score_removals(group, set(rej))))
+            rescued[name] = json.loads((run / "near" / "_minhash_report.json").read_text()).get("rescued")
         ray.shutdown()
-        rej = pq.read_table(list((root / "run" / "rejected" / "near").glob("*.parquet"))).column("id").to_pylist() \
-            if (root / "run" / "rejected" / "near").exists() else []
-    ours = edits.score_removals(group, set(rej))
     theirs = edits.score_removals(group, datasketch_removals(docs))
     copies = sum(1 for k, g in group.items() if k != g)
     print(f"== precision / recall of removed near-duplicates, threshold 0.8, 128 perms, word 5-grams: "
           f"{len(pool)} real documents + {copies} edited copies")
-    for name, s in (("ours (minhash_dedup)", ours), ("datasketch MinHashLSH", theirs)):
-        print(f"   {name:24s} precision {s['precision']:.3f}  recall {s['recall']:.3f}  "
-              f"(removed right {s['true_removals']}, wrong {s['false_removals']}, missed {s['missed']})")
+    for name, s in scored + [("datasketch MinHashLSH", theirs)]:
+        print(f"   {name:26s} precision {s['precision']:.3f}  recall {s['recall']:.3f}  "
+              f"(removed right {s['true_removals']}, wrong {s['false_removals']}, missed {s['missed']})"
+              + (f"; rescued {rescued[name]}" if rescued.get(name) is not None else ""))
 
 
 def main() -> None:
@@ -296,13 +355,15 @@ def main() -> None:
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--skip-quality", action="store_true")
+    ap.add_argument("--partner-rounds", type=int, default=0,
+                    help="per size, rerun minhash_dedup 2R times alternating without / with partner_check")
     args = ap.parse_args()
     if args.one:
-        run_one(args.one, args.workers, args.partitions, args.out)
+        run_one(args.one, args.workers, args.partitions, args.out, args.partner_rounds)
         return
     print("(machine shared with other jobs while measuring: wall-clock figures move with its load)\n")
     if not args.skip_quality:
-        quality(args.workers)
+        quality(args.workers, partner=args.partner_rounds > 0)
     results = []
     for n in args.sizes:
         # the corpus is made here, so the measured process tree holds only the stages' work
@@ -316,7 +377,8 @@ def main() -> None:
                 {"docs": n, "mean_words": words, "generate_s": time.perf_counter() - t0, "shards": shards}))
             out = str(Path(corpus) / "result.json")
             subprocess.run([sys.executable, __file__, "--one", corpus, "--out", out, "--workers", str(args.workers),
-                            "--partitions", str(args.partitions)], check=True)
+                            "--partitions", str(args.partitions), "--partner-rounds", str(args.partner_rounds)],
+                           check=True)
             r = json.loads(Path(out).read_text())
         print_size(r)
         results.append(r)
