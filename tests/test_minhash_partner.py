@@ -286,3 +286,30 @@ def test_a_partner_checked_run_indexes_and_is_deduplicated_against(tmp_path, ray
     run_dag(dag(tmp_path / "b.jsonl", [str(tmp_path / "index")]), tmp_path / "run-b", workers=2, quiet=True)
     reasons = dict(connect(tmp_path / "run-b").execute("select id, reason from rejected").fetchall())
     assert reasons["docs/b-copy"].startswith("minhash_dedup:cluster=run-a:docs/c-00"), reasons
+
+
+def test_eval_dedup_shows_the_partner_decision(tmp_path):
+    """``refinery eval dedup`` on a DAG whose stage has the check: its decision is collision +
+    exact Jaccard >= threshold - slack (a pair alone is a two-document cluster)."""
+    import yaml
+
+    from curation.pipeline.evaluate import eval_dedup
+
+    pairs = str(DATA / "eval" / "dedup_pairs.jsonl")
+    docs = [str(DEDUP / "dclm_docs_150.jsonl.gz"), str(DEDUP / "near_dups.jsonl.gz")]
+
+    def dag(**near):
+        p = tmp_path / f"dag-{len(near)}.yaml"
+        p.write_text(yaml.safe_dump({"name": "e", "inputs": {"docs": {"format": "jsonl", "paths": docs,
+                                                                       "source": "web", "id_field": "id"}},
+                                     "stages": {"near": {"type": "minhash_dedup", "input": "docs", **near}},
+                                     "output": "near"}))
+        return f"{p}:near"
+
+    plain = eval_dedup(pairs, dag(), docs=docs)
+    assert "stage: lsh" in plain["decisions"] and "partner_check" not in plain
+    rep = eval_dedup(pairs, dag(partner_check=True, partner_slack=0.1), docs=docs)
+    d = rep["decisions"]
+    assert rep["partner_check"] is True and rep["partner_slack"] == 0.1 and "lsh" in d and "stage: lsh" not in d
+    assert d["stage: lsh+partner"]["precision"] == 1.0
+    assert d["lsh+verify"]["tp"] <= d["stage: lsh+partner"]["tp"] <= d["lsh"]["tp"]

@@ -17,8 +17,10 @@ a run's stage (the latest one per stage and kind), and wherever ``--json`` says.
   stock one): accuracy per language.
 - ``dedup``: labelled pairs (``a``/``b`` ids with ``--docs`` or the run's own rows, or
   ``text_a``/``text_b``; ``label``; optional ``kind``) against the target's ``minhash_dedup``
-  configuration: LSH collision, collision + exact Jaccard, exact Jaccard alone, and, for a run
-  whose rows hold the pairs' documents, the run's own clusters.
+  configuration: LSH collision, collision + exact Jaccard, exact Jaccard alone (with
+  ``partner_check``, collision + exact Jaccard >= threshold - slack: a pair alone is a
+  two-document cluster), and, for a run whose rows hold the pairs' documents, the run's own
+  clusters (where the partner check splits chained clusters).
 """
 
 from __future__ import annotations
@@ -377,14 +379,19 @@ def eval_dedup(pairs: str, target_spec: str | None = None, docs: Sequence[str] =
     dec = ev.pair_decisions(ta, tb, st.hasher(), bands, rws, st.threshold)
     jac = dec.pop("jaccard")
     decisions = {"lsh": dec["lsh"], "lsh+verify": dec["lsh+verify"], "jaccard>=t": dec["jaccard>=t"]}
-    decisions = {("stage: " if (k == "lsh+verify") == bool(st.verify_jaccard) and k != "jaccard>=t" else "") + k: v
-                 for k, v in decisions.items()}
+    stage_key = "lsh+verify" if st.verify_jaccard else "lsh"
+    if getattr(st, "partner_check", False):  # a pair alone is a two-document cluster: its own Jaccard decides
+        decisions["lsh+partner"] = decisions[stage_key] & (jac >= st.partner_floor())
+        stage_key = "lsh+partner"
+    decisions = {("stage: " if k == stage_key else "") + k: v for k, v in decisions.items()}
     if cluster and not by_text:
         if all(x in cluster for x in a + b):
             decisions["run clusters"] = np.array([cluster[x] == cluster[y] for x, y in zip(a, b)])
     rep = ev.pair_figures(decisions, labels, kinds, jac, st.threshold)
     rep.update(kind="dedup", pairs_file=str(pairs), target=target.label if target else None, stage=name,
-               ngram=st.ngram, num_perm=st.num_perm, bands=bands, rows=rws, verify_jaccard=st.verify_jaccard)
+               ngram=st.ngram, num_perm=st.num_perm, bands=bands, rows=rws, verify_jaccard=st.verify_jaccard,
+               **({"partner_check": True, "partner_slack": st.partner_slack} if getattr(st, "partner_check", False)
+                  else {}))
     return save(rep, json_out, target, "dedup")
 
 
