@@ -11,7 +11,8 @@ of its own in the ``base`` preset (all of them with ``all_languages: true``) and
 ``min_docs`` documents, each threshold in ``fields`` is set where that language loses the share
 of its documents that the ``reference`` language (English) loses to the same rule at its own
 threshold (the stage's own field, or the base preset's ``en`` entry): a quantile of the
-language's signal (``curation.text.calibrate``). A language with fewer documents keeps the
+language's signal (``curation.text.calibrate``). A rule the preset switched off for a language
+of its own (FineWeb-2's ``line_punct_thr: -1``) stays off. A language with fewer documents keeps the
 base's entry (the preset's, or the median ``fallback`` for a language without one), the reason
 recorded. Stop words: a language whose base entry has no list (and that splits at spaces) gets
 the ``stop_words`` most frequent words of its documents (a bounded top-k count per block,
@@ -369,8 +370,12 @@ class CalibrateRules(GlobalStage):
             view = {t: self._stage(t, by_lang if t == "gopher_quality" else None).view(lang) for t in fmap}
             entry: dict[str, dict] = {}
             fields_out = {}
+            own = lang_rules.has_own_entry(lang, root)
             for s in specs:
                 prefer = _value(view[s.stage], s)
+                if prefer is None and own:  # the preset switched the rule off for this language
+                    fields_out[s.name] = {"threshold": None, "base": None, "reason": f"off in {root}'s entry"}
+                    continue
                 thr, share = cal.choose(sig["hist"][lang][s.name], n, s, ref_share[s.name], prefer, self.bins)
                 fields_out[s.name] = {"threshold": thr, "base": prefer, "achieved_share": round(share, 6),
                                       "reference_share": round(ref_share[s.name], 6)}

@@ -151,7 +151,8 @@ def main() -> None:
           + ", ".join(f"{k.split('.', 1)[1]} {v:.0%}" for k, v in ref["reference_drop_share"].items()))
     for lang, v in info.items():
         if v.get("status") == "calibrated":
-            worst = max(abs(f["achieved_share"] - f["reference_share"]) for f in v["fields"].values())
+            worst = max((abs(f["achieved_share"] - f["reference_share"]) for f in v["fields"].values()
+                         if "achieved_share" in f), default=0.0)
             print(f"  {lang}: {v['docs']} pages calibrated, largest |its loss - English's| over "
                   f"{len(v['fields'])} thresholds: {worst:.1%}")
     print(f"\ncalibration files: {cal_default}, {cal_all}; phases {ph2}")
