@@ -89,6 +89,59 @@ def make_plan(dag: Dag) -> Plan:
     return Plan(dag, dag.hashes(), dag.signal_hashes(), input_shards, closures, materialize, upstream)
 
 
+@dataclass(frozen=True)
+class PlannedJob:
+    """A root shard's task still to run: which of the stages it writes are done (committed
+    with the current params hash, and readable back as rows where a stage to run needs them)
+    and the manifest entries it may re-decide from."""
+
+    root: str
+    key: str
+    shard: InputShard | None
+    source_path: str | None
+    done: tuple[str, ...]
+    signals: tuple[tuple[str, dict], ...]
+    upstream: Upstream | None
+
+
+def plan_jobs(plan: Plan, jobs: list[tuple[str, str, InputShard | None, str | None]],
+              committed: dict[str, dict[str, dict]], redecide: dict[str, dict[str, dict]]) -> list[PlannedJob]:
+    """What is done, what must run again and what can be re-decided, for each ``(root, key,
+    shard, source path)`` of a phase; the jobs with nothing left to write are left out.
+    ``committed``: stage -> key -> manifest entry with the current params hash, for every stage
+    the jobs write; ``redecide``: stage -> key -> entry with the current signals hash (stages
+    with rules). No I/O: the driver reads the manifests once and hands them in."""
+    dag = plan.dag
+    out = []
+    for root, key, shard, src in jobs:
+        writes = plan.writes(root)
+        done = {s for s in writes if key in committed[s]}
+        up = plan.upstream.get(root, {}).get(key)
+        if up is not None and root in done and \
+                committed[root][key].get("upstream", {}).get("sha256") != up.sha256:
+            done = set()  # the upstream shard changed since: read it again, and all below it
+        # shards of signals only cannot be read back as rows, and a shard that kept no row has
+        # no file: a stage still to run that takes a done stage's rows runs it again (the same
+        # bytes come out)
+        changed = True
+        while changed:
+            changed = False
+            for s in writes:
+                if s in done or s not in dag.stages:
+                    continue
+                for f in dag.feeders(s):
+                    no_file = f in committed and key in committed[f] and not committed[f][key].get("file") \
+                        and (f in dag.stages or f in plan.materialize_inputs)
+                    if f in done and (no_file or f in dag.stages and not dag.writes_rows(f)):
+                        done.discard(f)
+                        changed = True
+        done_stages = tuple(s for s in writes if s in done)
+        if len(done_stages) < len(writes):
+            stored = tuple((s, redecide[s][key]) for s in writes if key in redecide.get(s, {}))
+            out.append(PlannedJob(root, key, shard, src, done_stages, stored, up))
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # the task (worker)
 
@@ -518,33 +571,9 @@ def run_dag(dag: Dag, run_dir: str | os.PathLike, workers: int | None = None, ad
             # entries whose signals can be re-decided: same signals hash, other params hash
             redecide = {s: {k: e for k, e in rundir.entries(s).items() if e.get(SIGNALS_HASH) == plan.signal_hashes[s]}
                         for ws in writes.values() for s in ws if s in dag.stages and dag.stages[s].rules}
-            todo = []
-            for root, key, shard, src in jobs:
-                done = {s for s in writes[root] if key in committed[s]}
-                up = plan.upstream.get(root, {}).get(key)
-                if up is not None and root in done and \
-                        committed[root][key].get("upstream", {}).get("sha256") != up.sha256:
-                    done = set()  # the upstream shard changed since: read it again, and all below it
-                # shards of signals only cannot be read back as rows, and a shard that kept no
-                # row has no file: a stage still to run that takes a done stage's rows runs it
-                # again (the same bytes come out)
-                changed = True
-                while changed:
-                    changed = False
-                    for s in writes[root]:
-                        if s in done or s not in dag.stages:
-                            continue
-                        for f in dag.feeders(s):
-                            no_file = f in committed and key in committed[f] and not committed[f][key].get("file") \
-                                and (f in dag.stages or f in plan.materialize_inputs)
-                            if f in done and (no_file or f in dag.stages and not dag.writes_rows(f)):
-                                done.discard(f)
-                                changed = True
-                done_stages = tuple(s for s in writes[root] if s in done)
-                if len(done_stages) < len(writes[root]):
-                    stored = tuple((s, redecide[s][key]) for s in writes[root] if key in redecide.get(s, {}))
-                    todo.append(RootJob(dag_dict, dag.path, dag.base_dir, rundir, root, key, shard, src,
-                                        root in plan.materialize_inputs, done_stages, stored, user_stages, up))
+            todo = [RootJob(dag_dict, dag.path, dag.base_dir, rundir, j.root, j.key, j.shard, j.source_path,
+                            j.root in plan.materialize_inputs, j.done, j.signals, user_stages, j.upstream)
+                    for j in plan_jobs(plan, jobs, committed, redecide)]
             total, finished = len(jobs), len(jobs) - len(todo)
             progress.tasks_planned(phase, sum(_task_bytes(j) for j in todo))
             progress.phase(phase, finished, total)
