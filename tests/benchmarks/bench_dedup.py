@@ -297,6 +297,7 @@ def quality(workers: int, partner: bool = False) -> None:
 
     import curation.stages  # noqa: F401
     from curation.pipeline.context import GlobalContext
+    from curation.pipeline.rundir import RunDir
     from curation.stages.dedup_minhash import MinHashDedup
 
     edits = fixture_edits()
