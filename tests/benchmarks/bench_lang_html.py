@@ -48,7 +48,7 @@ from curation.text import lang_rules  # noqa: E402
 
 TRAF = SHARED_DATA / "html" / "trafilatura_eval_and_cache_pages.tar.xz"
 FILTERS = (GopherRepetitionFilter, GopherQualityFilter, FineWebQualityFilter)
-HTML_LANG = re.compile(rb"<html[^>]*?\slang\s*=\s*[\"']?([A-Za-z]{2,3})(?:[-_][A-Za-z0-9-]+)?", re.I)
+HTML_LANG = re.compile(rb"<html[^>]*?\slang\s*=\s*[\"']?([A-Za-z]{2,3})(?![A-Za-z])(?:[-_][A-Za-z0-9-]+)?", re.I)
 
 
 def pages() -> tuple[list[str], list[str], list[str]]:
