@@ -22,10 +22,13 @@ def split_kept_rejected(table: pa.Table, reasons: pa.Array | None, stage: str) -
 
 
 #: a block of upstream shards holds about this many bytes on disk (fewer when the whole input
-#: is small: see ``blocks``)
-BLOCK_BYTES = 32 << 20
-#: the input is cut into at least this many blocks (when it has as many shards)
-MIN_BLOCKS = 16
+#: is small: see ``blocks``). Per block a global stage writes its map files (exact's keys,
+#: minhash's kept band and doc files): at 64 MB, 50k-document shards (30 MB) pair up and those
+#: files halve, while the largest worker stays where 32 MB had it (bench_global.py, 10M docs)
+BLOCK_BYTES = 64 << 20
+#: the input is cut into at least this many blocks (when it has as many shards): parallelism
+#: for a small input, not a memory bound
+MIN_BLOCKS = 8
 
 
 def blocks(sizes: list[int], target: int = BLOCK_BYTES, min_blocks: int = MIN_BLOCKS) -> list[tuple[int, int]]:
