@@ -142,6 +142,29 @@ def test_upsampling_repeats_whole_epochs_then_a_partial_one(tmp_path, ray_sessio
     assert abs(report["sources"]["code"]["realised_tokens"] - 2.5 * sum(toks)) < 50
 
 
+def test_a_work_folder_left_by_an_older_version_is_refused(tmp_path, ray_session):
+    """Phase records without a header (mix before version 3 counted per shard, not per block):
+    refused with a message, never resumed as if its jobs were this version's; once deleted,
+    the stage runs and writes its header."""
+    import shutil
+
+    from curation.io.artifacts import ArtifactMismatch
+    from curation.pipeline.rundir import RunDir
+
+    toks = [50] * 40 + [7] * 60
+    upstream = _shards(tmp_path, {"code": toks}, split=3)
+    stage = Mix(total_tokens=sum(toks) // 2, rows_per_shard=100)
+    run = tmp_path / "run"
+    work = Path(RunDir(run).work_dir("mix", stage.params_hash(["up"])))
+    (work / "_phases").mkdir(parents=True)
+    (work / "_phases" / "count.jsonl").write_text('{"job": 0, "result": {"docs": 1}}\n')
+    with pytest.raises(ArtifactMismatch, match="older version of refinery"):
+        _run(stage, run, upstream)
+    shutil.rmtree(work)
+    report, out, _ = _run(stage, run, upstream)
+    assert out.num_rows and abs(report["sources"]["code"]["realised_tokens"] - sum(toks) // 2) < 50
+
+
 def test_positions_spread_each_shard_evenly_so_prefixes_keep_the_mix():
     rng = np.random.default_rng(3)
     per_source = [rng.integers(1, 300, n) for n in (500, 40, 1200)]

@@ -31,7 +31,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from curation.formats.manifest import parse_lines
-from curation.io.artifacts import check_header
+from curation.io.artifacts import ArtifactMismatch, check_header
 from curation.io import files, location
 from curation.pipeline.rundir import RunDir, ShardOutput
 from curation.pipeline.tasks import Resources, TasksFailed, peak_rss_mb, run_measured
@@ -162,6 +162,11 @@ class GlobalContext:
         if location.exists(f):
             check_header(json.loads(location.read_text(f)), header, f)
         elif create:
+            if location.exists(location.join(self.work_dir, PHASES)):
+                # phase records without a header: an older version's folder, whose jobs (per
+                # shard, say, where this one runs per block) must not be taken for this one's
+                raise ArtifactMismatch(f"{self.work_dir}: holds phase records but no header.json: it was left by "
+                                       "an older version of refinery. Delete it to recompute the stage.")
             files.write_json(f, header)
 
     def recorded(self, name: str) -> list[Any]:

@@ -536,6 +536,9 @@ class Mix(GlobalStage):
             raise MixError("mix: upstream has no shards")
         if ctx.finished(keys, REPORT):
             return
+        # the work folder's layout (count/choice/scatter per block since version 3): an older
+        # version's folder is refused, never resumed as if its jobs were this version's
+        ctx.check_work_header({"algorithm": "mix", "version": MIX_VERSION})
         spans = blocks(location.sizes(paths))
         choice = [location.join(ctx.work_dir, "choice", f"{block_name(keys[lo:hi])}.parquet") for lo, hi in spans]
         total = ctx.phase("count", count_task, [CountJob(tuple(paths[lo:hi]), self.seed, choice[b])
