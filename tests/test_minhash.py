@@ -91,17 +91,28 @@ def test_words_and_shingles_follow_str_split():
         assert len(set(seen.values())) == len(seen)
 
 
+def _spaces() -> list[str]:
+    """Every character ``str.isspace`` calls whitespace."""
+    return [chr(c) for c in range(0x110000) if chr(c).isspace()]
+
+
+def _awkward_soup() -> list[str]:
+    """400 random strings of ASCII, Latin-1/Extended and the awkward characters: every Unicode
+    whitespace, spacing accents whose NFKC form holds a space, combining marks, ligatures,
+    full-width and mathematical letters (seeded: the pinned digests hash them)."""
+    rng = random.Random(0)
+    awkward = _spaces() + [chr(c) for c in (0xA8, 0xB4, 0x301, 0x3C2, 0x3A3, 0xDF, 0x130, 0xFB01, 0xFF21, 0x1D400,
+                                            0x2126, 0xFDFA, 0x1C4, 0x180E, 0x200B, 0x0)]
+    chars = [chr(c) for c in range(32, 127)] + [chr(c) for c in range(0xA0, 0x250)] + awkward
+    return ["".join(rng.choice(chars) for _ in range(rng.randint(0, 80))) for _ in range(400)]
+
+
 def test_fused_raw_text_path_equals_normalise_then_split():
     """``normalized_word_hashes`` (words cut on raw bytes, only distinct non-ASCII words
     normalised in Python) must equal normalising whole texts first, on real text and on a
     soup of the awkward characters: every Unicode whitespace, spacing accents whose NFKC
     form holds a space, combining marks, ligatures, full-width and mathematical letters."""
-    rng = random.Random(0)
-    spaces = [chr(c) for c in range(0x110000) if chr(c).isspace()]
-    awkward = spaces + [chr(c) for c in (0xA8, 0xB4, 0x301, 0x3C2, 0x3A3, 0xDF, 0x130, 0xFB01, 0xFF21, 0x1D400,
-                                         0x2126, 0xFDFA, 0x1C4, 0x180E, 0x200B, 0x0)]
-    chars = [chr(c) for c in range(32, 127)] + [chr(c) for c in range(0xA0, 0x250)] + awkward
-    soup = ["".join(rng.choice(chars) for _ in range(rng.randint(0, 80))) for _ in range(400)]
+    spaces, soup = _spaces(), _awkward_soup()
     for batch in (ODD_TEXTS, soup, _docs(), [f"a{c}b" for c in spaces]):
         arr = pa.array(batch)
         h1, o1 = word_hashes(normalize_text(arr))
@@ -160,12 +171,7 @@ PINNED_SIGNATURES = {
 
 
 def _pinned_texts() -> list[str | None]:
-    rng = random.Random(0)
-    spaces = [chr(c) for c in range(0x110000) if chr(c).isspace()]
-    awkward = spaces + [chr(c) for c in (0xA8, 0xB4, 0x301, 0x3C2, 0x3A3, 0xDF, 0x130, 0xFB01, 0xFF21, 0x1D400,
-                                         0x2126, 0xFDFA, 0x1C4, 0x180E, 0x200B, 0x0)]
-    chars = [chr(c) for c in range(32, 127)] + [chr(c) for c in range(0xA0, 0x250)] + awkward
-    soup = ["".join(rng.choice(chars) for _ in range(rng.randint(0, 80))) for _ in range(400)]
+    soup = _awkward_soup()
     return ODD_TEXTS + soup + _docs() + [b for _, b in _near_dup_pairs()]
 
 

@@ -127,15 +127,30 @@ class CorpusIndex:
 
     # -- exact side -------------------------------------------------------------------------
 
+    def _check_side(self, side: str, keys: str, params: dict, where: str) -> None:
+        """The index holds ``side`` keys (``"exact"``/``"near"``, named ``keys`` in messages)
+        made with ``params``; IndexMismatch otherwise."""
+        entry = self.manifest.get(side)
+        if entry is None or not any(m.get(side) for m in self.members):
+            raise IndexMismatch(f"{where}: index {self.root} holds no {keys}")
+        if entry["params"] != params:
+            diff = {k: (entry["params"].get(k), params.get(k)) for k in set(entry["params"]) | set(params)
+                    if entry["params"].get(k) != params.get(k)}
+            raise IndexMismatch(f"{where}: index {self.root} has {keys} made with other "
+                                f"parameters (index, stage): {diff}")
+
+    def check_keep(self, side: str, attribute: str | None, keep: str, ranks: str, where: str) -> None:
+        """Every ``side`` member stores ``attribute``, what the keeper policy ``keep`` ranks
+        ``ranks`` by (None: the policy needs nothing stored); IndexMismatch otherwise."""
+        lacking = [m["name"] for m in self.members if m.get(side) and attribute
+                   and attribute not in m[side].get("attributes", [])]
+        if lacking:
+            raise IndexMismatch(f"{where}: member(s) {lacking} hold no {attribute!r} of their documents (indexed "
+                                f"from a run with another keep), so keep: {keep} cannot rank {ranks}; index runs "
+                                "made with this keep policy")
+
     def check_exact(self, key_params: dict, where: str) -> None:
-        side = self.manifest.get("exact")
-        if side is None or not any(m.get("exact") for m in self.members):
-            raise IndexMismatch(f"{where}: index {self.root} holds no exact keys")
-        if side["params"] != key_params:
-            diff = {k: (side["params"].get(k), key_params.get(k)) for k in set(side["params"]) | set(key_params)
-                    if side["params"].get(k) != key_params.get(k)}
-            raise IndexMismatch(f"{where}: index {self.root} has exact keys made with other parameters "
-                                f"(index, stage): {diff}")
+        self._check_side("exact", "exact keys", key_params, where)
 
     def exact_parts(self, p: int) -> tuple[ExactPart, ...]:
         out = []
@@ -149,14 +164,7 @@ class CorpusIndex:
     # -- near side --------------------------------------------------------------------------
 
     def check_near(self, lsh_params: dict, where: str) -> None:
-        side = self.manifest.get("near")
-        if side is None or not any(m.get("near") for m in self.members):
-            raise IndexMismatch(f"{where}: index {self.root} holds no MinHash band keys")
-        if side["params"] != lsh_params:
-            diff = {k: (side["params"].get(k), lsh_params.get(k)) for k in set(side["params"]) | set(lsh_params)
-                    if side["params"].get(k) != lsh_params.get(k)}
-            raise IndexMismatch(f"{where}: index {self.root} has band keys made with other parameters "
-                                f"(index, stage): {diff}")
+        self._check_side("near", "MinHash band keys", lsh_params, where)
 
     def near_docs(self) -> int:
         return sum(m["near"]["docs"] for m in self.members if m.get("near"))

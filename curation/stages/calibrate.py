@@ -100,8 +100,14 @@ def _rows(paths: tuple[str, ...]) -> pa.Table:
     return pa.concat_tables([location.read_parquet(p, columns=["text", "lang"]) for p in paths]).combine_chunks()
 
 
-def _langs(table: pa.Table) -> np.ndarray:
-    return np.asarray(pc.fill_null(table.column("lang").cast(pa.string()), "").to_pylist(), object)
+def _by_lang(table: pa.Table) -> dict[str, np.ndarray]:
+    """Row indices (ascending) per language of the ``lang`` column (null as ""), languages in
+    sorted order: one dictionary encoding and one sort, no Python object per document."""
+    enc = pc.fill_null(table.column("lang").cast(pa.string()), "").combine_chunks().dictionary_encode()
+    names, codes = enc.dictionary.to_pylist(), enc.indices.to_numpy()
+    order = np.argsort(codes, kind="stable")
+    bounds = np.searchsorted(codes[order], np.arange(len(names) + 1))
+    return {names[c]: order[bounds[c]:bounds[c + 1]] for c in sorted(range(len(names)), key=names.__getitem__)}
 
 
 @dataclass(frozen=True)
@@ -114,10 +120,8 @@ class WordsJob:
 def words_task(job: WordsJob) -> dict[str, list]:
     """Phase ``words``, one block: per language, [documents, top-k word counts or {}]."""
     table = _rows(job.paths)
-    langs = _langs(table)
     out: dict[str, list] = {}
-    for lang in sorted(set(langs.tolist())):
-        idx = np.flatnonzero(langs == lang)
+    for lang, idx in _by_lang(table).items():
         counts: dict[str, int] = {}
         if lang and lang not in job.listed:
             texts = table.column("text").take(pa.array(idx)).combine_chunks()
@@ -154,12 +158,11 @@ def signals_task(job: SignalsJob) -> dict:
     """Phase ``signals``, one block: per target language its documents and a histogram per
     threshold; the reference language's documents each threshold drops."""
     table = _rows(job.paths)
-    langs = _langs(table)
-    sel = np.flatnonzero(np.isin(langs, list(job.targets | {job.reference})))
+    wanted = [idx for lang, idx in _by_lang(table).items() if lang in job.targets or lang == job.reference]
     out: dict[str, Any] = {"docs": {}, "hist": {}, "ref_drop": {}}
-    if not len(sel):
+    if not wanted:
         return out
-    table, langs = table.take(pa.array(sel)), langs[sel]
+    table = table.take(pa.array(np.sort(np.concatenate(wanted))))
     text = None
     measured = table
     for stage in job.stages:  # in the DAG's order; one text state, words split once
@@ -167,8 +170,8 @@ def signals_task(job: SignalsJob) -> dict:
         if stage.rewrites_text:
             text = None
     ref = dict(job.ref_thresholds)
-    for lang in sorted(set(langs.tolist())):
-        rows = pa.array(np.flatnonzero(langs == lang))
+    for lang, idx in _by_lang(table).items():
+        rows = pa.array(idx)
         out["docs"][lang] = len(rows)
         cols = {}
         for s in job.specs:

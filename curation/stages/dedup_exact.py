@@ -46,7 +46,7 @@ from curation.io import files, location
 from curation.dedup.bloom import BloomFilter
 from curation.dedup.exact import PARAGRAPH_SEPARATOR, drop_paragraphs, duplicate_keys, filter_health, key_partition, text_keys
 from curation.dedup import keeper as keepers
-from curation.dedup.index import CorpusIndex, ExactPart, IndexMismatch, exact_matches, is_index
+from curation.dedup.index import CorpusIndex, ExactPart, exact_matches, is_index
 from curation.dedup.minhash import NORMALIZATION, read_artifact, write_artifact
 from curation.io.artifacts import read_partition, write_partitioned
 from curation.io.shards import block_name, blocks, split_kept_rejected
@@ -394,12 +394,7 @@ class ExactDedup(GlobalStage):
             if is_index(entry):
                 idx = CorpusIndex(str(entry))
                 idx.check_exact(self.index_params(), f"exact_dedup.against: {entry}")
-                lacking = [m["name"] for m in idx.members if m.get("exact") and attr
-                           and attr not in m["exact"].get("attributes", [])]
-                if lacking:
-                    raise IndexMismatch(f"exact_dedup.against: {entry}: member(s) {lacking} hold no {attr!r} of their "
-                                        f"documents (indexed from a run with another keep), so keep: {self.keep} "
-                                        "cannot rank their copies; index runs made with this keep policy")
+                idx.check_keep("exact", attr, self.keep, "their copies", f"exact_dedup.against: {entry}")
                 out.append(idx)
         return out
 

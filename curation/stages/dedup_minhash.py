@@ -66,7 +66,7 @@ from pydantic import Field, model_validator
 from curation.hashing import GOLDEN
 from curation.io import files, location
 from curation.dedup import keeper as keepers
-from curation.dedup.index import CorpusIndex, IndexMismatch, NearPart, near_rows
+from curation.dedup.index import CorpusIndex, NearPart, near_rows
 from curation.dedup.components import connected_components, edge_header, read_labels, symmetric, write_edges
 from curation.dedup.lsh import EMPTY_BUCKETS, bucket_partition, candidate_edges
 from curation.dedup.partners import partner_clusters
@@ -628,12 +628,7 @@ class MinHashDedup(GlobalStage):
         for entry in self.against:
             idx = CorpusIndex(str(entry))
             idx.check_near(self.index_params(), f"minhash_dedup.against: {entry}")
-            lacking = [m["name"] for m in idx.members if m.get("near") and attr
-                       and attr not in m["near"].get("attributes", [])]
-            if lacking:
-                raise IndexMismatch(f"minhash_dedup.against: {entry}: member(s) {lacking} hold no {attr!r} of their "
-                                    f"documents (indexed from a run with another keep), so keep: {self.keep} cannot "
-                                    "rank their clusters' keepers; index runs made with this keep policy")
+            idx.check_keep("near", attr, self.keep, "their clusters' keepers", f"minhash_dedup.against: {entry}")
             out.append(idx)
         return out
 

@@ -113,9 +113,10 @@ def top_words(words: pa.Array, k: int) -> dict[str, int]:
     if not len(words):
         return {}
     vc = pc.value_counts(words)
-    vals, counts = vc.field("values").to_pylist(), vc.field("counts").to_numpy()
-    order = sorted(range(len(vals)), key=lambda i: (-int(counts[i]), vals[i]))[:k]
-    return {vals[i]: int(counts[i]) for i in order}
+    # Arrow sorts strings by UTF-8 bytes, which is code-point order: the same ties as Python's
+    top = pa.table({"values": vc.field("values"), "counts": vc.field("counts")})
+    top = top.take(pc.sort_indices(top, [("counts", "descending"), ("values", "ascending")])[:k])
+    return dict(zip(top.column("values").to_pylist(), top.column("counts").to_pylist()))
 
 
 def merge_top(a: dict[str, int], b: dict[str, int], k: int) -> dict[str, int]:
