@@ -169,16 +169,21 @@ def test_document_browser_filters_rejected_documents_and_draws_thresholds(servic
 
     # the histogram of that signal, with the DAG's threshold drawn as a line
     row.find_element(By.CSS_SELECTOR, "a.to-hist").click()
-    chart = _wait(browser).until(EC.presence_of_element_located(
-        (By.CSS_SELECTOR, f'svg#chart-signal[data-column="{column}"]')))
-    line = _wait(browser).until(lambda b: b.find_element(
-        By.CSS_SELECTOR, f'svg#chart-signal line.threshold[data-value="{threshold}"]'))
-    assert line.get_attribute("data-param") == detail["thresholds"][column][0]["param"]
+    param = detail["thresholds"][column][0]["param"]
+    _wait(browser).until(lambda b: b.execute_script(
+        "const l = document.querySelector(arguments[0]); return l && l.dataset.param",
+        f'svg#chart-signal[data-column="{column}"] line.threshold[data-value="{threshold}"]') == param)
     with httpx.Client(base_url=service.url, headers={"Authorization": f"Bearer {TOKEN}"}) as c:
         hist = c.get(f"/runs/{run_id}/stages/gopher/histogram", params={"column": column, "bins": 30}).json()
-    drawn = sum(int(r.get_attribute("data-docs")) for r in chart.find_elements(By.CSS_SELECTOR, "rect[data-docs]"))
-    assert drawn == sum(b["docs"] for b in hist["bins"]) == hist["rows"] - hist["nulls"]
-    assert chart.find_elements(By.CSS_SELECTOR, "line.doc-marker")  # the opened document's value
+    # read in one script each time: the chart is redrawn when the opened document's marker
+    # arrives, so an element found before that goes stale
+    chart_css = f'svg#chart-signal[data-column="{column}"]'
+    total = sum(b["docs"] for b in hist["bins"])
+    assert total == hist["rows"] - hist["nulls"]
+    _wait(browser).until(lambda b: b.execute_script(
+        "return [...document.querySelectorAll(arguments[0] + ' rect[data-docs]')]"
+        ".reduce((s, r) => s + parseInt(r.dataset.docs), 0)", chart_css) == total
+        and b.find_elements(By.CSS_SELECTOR, chart_css + " line.doc-marker"))  # the opened document's value
     browser.find_element(By.ID, "signals").screenshot(str(ARTIFACTS / "browser-histogram.png"))
 
     # the SQL box, filled from the browser's selection, answers the same rows
