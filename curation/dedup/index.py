@@ -370,11 +370,11 @@ def exact_matches(parts: tuple[ExactPart, ...], h: np.ndarray, h2: np.ndarray, a
         hits: dict[tuple[int, int], tuple] = {}
         for g in _groups_in_range(pf, col, cand):
             stats["row_groups_read"] += 1
-            rh = pf.read_row_group(g, columns=["hash"]).column(0).to_numpy()
+            rh = pf.read_row_group(g, columns=["hash"], use_threads=False).column(0).to_numpy()
             m = np.isin(rh, cand)
             if not m.any():
                 continue
-            t = pf.read_row_group(g, columns=cols).filter(pa.array(m))
+            t = pf.read_row_group(g, columns=cols, use_threads=False).filter(pa.array(m))
             vals = t.column(attribute).to_pylist() if attribute else [None] * t.num_rows
             for a, b, i, v in zip(t.column("hash").to_numpy().tolist(), t.column("hash2").to_numpy().tolist(),
                                   t.column("id").to_pylist(), vals):
@@ -399,7 +399,7 @@ def _lookup_docs(docs_file: str, want: np.ndarray, columns: list[str]) -> pa.Tab
     groups = _groups_in_range(pf, pf.schema_arrow.get_field_index("doc"), want.astype(np.uint64)) if len(want) else []
     if not groups:
         return pa.table({c: pa.array([], pf.schema_arrow.field(c).type) for c in columns})
-    t = pf.read_row_groups(groups, columns=columns)
+    t = pf.read_row_groups(groups, columns=columns, use_threads=False)
     return t.filter(pa.array(np.isin(t.column("doc").to_numpy(), want)))
 
 
@@ -422,11 +422,11 @@ def near_rows(parts: tuple[NearPart, ...], band: np.ndarray, bucket: np.ndarray,
         mb, mh, md = [], [], []
         for g in _groups_in_range(pf, col, keys):
             stats["row_groups_read"] += 1
-            rh = pf.read_row_group(g, columns=["bucket"]).column(0).to_numpy()
+            rh = pf.read_row_group(g, columns=["bucket"], use_threads=False).column(0).to_numpy()
             m = np.isin(rh, keys)
             if not m.any():
                 continue
-            t = pf.read_row_group(g, columns=["band", "bucket", "doc"]).filter(pa.array(m))
+            t = pf.read_row_group(g, columns=["band", "bucket", "doc"], use_threads=False).filter(pa.array(m))
             mb.append(t.column("band").to_numpy())
             mh.append(t.column("bucket").to_numpy())
             md.append(t.column("doc").to_numpy())

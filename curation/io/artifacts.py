@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from curation.io import location
-from curation.io.files import atomic_path
+from curation.io.files import atomic_path, dictionary_columns
 
 HEADER_KEY = b"refinery.artifact"
 
@@ -56,7 +56,8 @@ def write_artifact(table: pa.Table, path: str | Path, header: dict[str, Any], ro
     its schema metadata. Intermediate files: no checksum, light compression."""
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), **header_metadata(header)})
     with atomic_path(path) as tmp:
-        pq.write_table(table, tmp, compression="lz4", row_group_size=row_group_size)
+        pq.write_table(table, tmp, compression="lz4", row_group_size=row_group_size,
+                       use_dictionary=dictionary_columns(table.schema))
 
 
 def read_artifact(path: str | Path, header: dict[str, Any], **kwargs) -> pa.Table:
@@ -92,7 +93,7 @@ def write_partitioned(table: pa.Table, part: "np.ndarray", path: str | Path, hea
     meta = {**(table.schema.metadata or {}), **header_metadata(header), PARTITIONS_KEY: json.dumps(index).encode()}
     schema = table.schema.with_metadata(meta)
     with atomic_path(path) as tmp:
-        with pq.ParquetWriter(tmp, schema, compression="lz4") as w:
+        with pq.ParquetWriter(tmp, schema, compression="lz4", use_dictionary=dictionary_columns(schema)) as w:
             for lo, hi in slices:
                 w.write_table(table.slice(lo, hi - lo).replace_schema_metadata(meta), row_group_size=max_rows)
 
@@ -109,7 +110,7 @@ def read_partition(path: str | Path, partition: int, header: dict[str, Any],
         raise ArtifactMismatch(f"{path}: not a partitioned artifact (no partition index)")
     for p, lo, hi in json.loads(meta[PARTITIONS_KEY]):
         if p == partition:
-            return pf.read_row_groups(list(range(lo, hi)), columns=columns)
+            return pf.read_row_groups(list(range(lo, hi)), columns=columns, use_threads=False)
     schema = pf.schema_arrow
     if columns is not None:
         schema = pa.schema([schema.field(c) for c in columns])

@@ -110,7 +110,7 @@ def read_choice_columns(path: str) -> tuple[pa.Table, int]:
     pf = location.parquet_file(path)
     md = pf.metadata
     nbytes = sum(md.row_group(i).total_byte_size for i in range(md.num_row_groups))
-    return pf.read(columns=["id", "source", _token_column(path, pf.schema_arrow.names)]), nbytes
+    return pf.read(columns=["id", "source", _token_column(path, pf.schema_arrow.names)], use_threads=False), nbytes
 
 
 _CHOICE_SCHEMA = pa.schema([("source", pa.string()), ("id", pa.string()), ("u", pa.uint64()),
