@@ -357,3 +357,36 @@ def test_verify_jaccard_keeps_only_links_that_reach_the_threshold(labelled, tmp_
     for a, b in pairs:  # a two-document cluster is one verified link
         sa, sb = shingle_sets([text[a], text[b]], 5)
         assert jaccard(sa, sb) >= 0.8
+
+
+def test_signature_task_hashes_a_block_of_small_shards_like_one_large_shard(labelled, tmp_path, monkeypatch):
+    """Documents of consecutive shards are hashed together up to a batch: a block of many small
+    shards (some of them empty, one typed differently) writes the same bucket and quality files
+    as the same documents in one shard."""
+    from curation.dedup.minhash import MinHasher
+
+    docs = labelled[0]
+    monkeypatch.setattr(dedup_minhash, "_SIG_BATCH", 64)  # several batches, each across shards
+    cuts = [0, 3, 3, 40, 41, 130, 200, len(docs)]
+    small = []
+    for i, (a, b) in enumerate(zip(cuts[:-1], cuts[1:])):
+        t = pa.table({"text": [d["text"] for d in docs[a:b]], "quality": [d["quality"] for d in docs[a:b]]})
+        if i == 5:
+            t = t.cast(pa.schema([("text", pa.large_string()), ("quality", pa.float64())]))
+        small.append(str(tmp_path / f"s{i}.parquet"))
+        pq.write_table(t, small[-1])
+    one = str(tmp_path / "one.parquet")
+    pq.write_table(pa.table({"text": [d["text"] for d in docs], "quality": [d["quality"] for d in docs]}), one)
+    bands, rows = lsh_params(0.8, 128)
+
+    def run(paths, tag):
+        job = dedup_minhash.SignatureJob(tuple(paths), 1000, str(tmp_path / f"q-{tag}.parquet"),
+                                         str(tmp_path / f"b-{tag}.parquet"), MinHasher(), bands, rows, 4, {"t": 1})
+        res = dedup_minhash.signature_task(job)
+        return res, pq.read_table(job.bucket_out), pq.read_table(job.quality_out)
+
+    res_s, buckets_s, quality_s = run(small, "small")
+    res_1, buckets_1, quality_1 = run([one], "one")
+    assert res_s == res_1 == {"docs": len(docs), "bucket_rows": buckets_1.num_rows}
+    assert buckets_s.equals(buckets_1) and quality_s.equals(quality_1)
+    assert quality_1.column("doc").to_pylist() == list(range(1000, 1000 + len(docs)))

@@ -180,7 +180,11 @@ def read_parquet(url: str | Path, **kwargs: Any) -> pa.Table:
     at 500 rows), which made many small shards cost twice as much as few large ones."""
     kwargs.setdefault("use_threads", False)
     if not is_remote(url):
-        return pq.read_table(local(url), **kwargs)
+        path = local(url)
+        if set(kwargs) <= {"columns", "use_threads"} and os.path.isfile(path):
+            # one file, no filters: ParquetFile skips the dataset set-up (1.3 vs 1.9 ms a 500-row shard)
+            return pq.ParquetFile(path).read(**kwargs)
+        return pq.read_table(path, **kwargs)
     with _remote_file(url) as f:
         return pq.read_table(f, **kwargs)
 

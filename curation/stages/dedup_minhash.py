@@ -131,21 +131,38 @@ def signature_task(job: SignatureJob) -> dict:
     cols = ["text"] + ([job.rank_column] if job.quality_out is not None else [])
     bucket_parts, parts, qual_parts = [], [], []
     lo = 0
+    pending: list[pa.RecordBatch] = []
+
+    def flush() -> None:
+        # documents of consecutive shards hashed together: a block of many small shards makes
+        # as few signature calls as one large shard (same signatures: each is per document)
+        nonlocal lo
+        if not pending:
+            return
+        batch = pa.Table.from_batches(pending).combine_chunks()
+        pending.clear()
+        sig, n = job.hasher.signatures(batch.column("text"))
+        doc = np.arange(job.first_doc + lo, job.first_doc + lo + batch.num_rows, dtype=np.int64)
+        lo += batch.num_rows
+        if job.quality_out is not None:
+            q = _score(batch.column(job.rank_column), job)
+            qual_parts.append(pa.table({"doc": pa.array(doc), "quality": pa.array(q, pa.float64())}))
+        has = n > 0  # a document without words has no shingles: it never collides
+        flat = band_hashes(sig[has], job.bands, job.rows, job.hasher.seed).ravel()
+        parts.append(bucket_partition(flat, job.partitions))
+        bucket_parts.append(pa.table({
+            "band": pa.array(np.tile(np.arange(job.bands, dtype=np.int32), int(has.sum()))),
+            "bucket": pa.array(flat), "doc": pa.array(np.repeat(doc[has], job.bands))}))
+
     for path in job.paths:
         pf = location.parquet_file(path)
-        for batch in pf.iter_batches(batch_size=_SIG_BATCH, columns=cols):
-            sig, n = job.hasher.signatures(batch.column("text"))
-            doc = np.arange(job.first_doc + lo, job.first_doc + lo + batch.num_rows, dtype=np.int64)
-            lo += batch.num_rows
-            if job.quality_out is not None:
-                q = _score(batch.column(job.rank_column), job)
-                qual_parts.append(pa.table({"doc": pa.array(doc), "quality": pa.array(q, pa.float64())}))
-            has = n > 0  # a document without words has no shingles: it never collides
-            flat = band_hashes(sig[has], job.bands, job.rows, job.hasher.seed).ravel()
-            parts.append(bucket_partition(flat, job.partitions))
-            bucket_parts.append(pa.table({
-                "band": pa.array(np.tile(np.arange(job.bands, dtype=np.int32), int(has.sum()))),
-                "bucket": pa.array(flat), "doc": pa.array(np.repeat(doc[has], job.bands))}))
+        for batch in pf.iter_batches(batch_size=_SIG_BATCH, columns=cols, use_threads=False):
+            if pending and batch.schema != pending[0].schema:
+                flush()  # shards of a union may type a column differently
+            pending.append(batch)
+            if sum(b.num_rows for b in pending) >= _SIG_BATCH:
+                flush()
+    flush()
     buckets = pa.concat_tables(bucket_parts) if bucket_parts else EMPTY_BUCKETS
     part = np.concatenate(parts) if parts else np.zeros(0, np.int32)
     order = np.lexsort((buckets.column("doc").to_numpy(), buckets.column("bucket").to_numpy(),
