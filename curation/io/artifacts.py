@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from curation.io import location
-from curation.io.files import atomic_path, dictionary_columns
+from curation.io.files import atomic_path
 
 HEADER_KEY = b"refinery.artifact"
 
@@ -56,8 +56,7 @@ def write_artifact(table: pa.Table, path: str | Path, header: dict[str, Any], ro
     its schema metadata. Intermediate files: no checksum, light compression."""
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), **header_metadata(header)})
     with atomic_path(path) as tmp:
-        pq.write_table(table, tmp, compression="lz4", row_group_size=row_group_size,
-                       use_dictionary=dictionary_columns(table.schema))
+        pq.write_table(table, tmp, compression="lz4", row_group_size=row_group_size)
 
 
 def read_artifact(path: str | Path, header: dict[str, Any], **kwargs) -> pa.Table:
@@ -93,7 +92,7 @@ def write_partitioned(table: pa.Table, part: "np.ndarray", path: str | Path, hea
     meta = {**(table.schema.metadata or {}), **header_metadata(header), PARTITIONS_KEY: json.dumps(index).encode()}
     schema = table.schema.with_metadata(meta)
     with atomic_path(path) as tmp:
-        with pq.ParquetWriter(tmp, schema, compression="lz4", use_dictionary=dictionary_columns(schema)) as w:
+        with pq.ParquetWriter(tmp, schema, compression="lz4") as w:
             for lo, hi in slices:
                 w.write_table(table.slice(lo, hi - lo).replace_schema_metadata(meta), row_group_size=max_rows)
 

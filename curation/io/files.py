@@ -134,21 +134,10 @@ def write_json(path: str | Path, obj: Any, indent: int | None = 2) -> None:
     write_text(path, json.dumps(obj, indent=indent, sort_keys=True) + "\n")
 
 
-#: columns of free text: every value distinct, so a dictionary page is built and thrown away
-#: (~15% of a shard's write time, and larger files)
-FREE_TEXT = frozenset({"text", "html"})
-
-
-def dictionary_columns(schema: pa.Schema) -> list[str]:
-    """The columns Parquet writers dictionary-encode: all but the free-text ones."""
-    return [f.name for f in schema if f.name not in FREE_TEXT]
-
-
 def write_parquet(table: pa.Table, path: str | Path, row_group_size: int = 1024, compression: str = "zstd") -> dict:
     """Write ``table`` atomically. Returns rows, bytes and sha256 of the file."""
     with atomic_path(path) as tmp:
-        pq.write_table(table, tmp, compression=compression, row_group_size=row_group_size,
-                       use_dictionary=dictionary_columns(table.schema))
+        pq.write_table(table, tmp, compression=compression, row_group_size=row_group_size)
         info = {"rows": table.num_rows, "bytes": tmp.stat().st_size, "sha256": file_sha256(tmp)}
     return info
 
@@ -214,8 +203,7 @@ class ParquetAppender:
         self._buf, self._buffered = ([rest] if rest.num_rows else []), rest.num_rows
         if self._writer is None:
             self._schema = head.schema
-            self._writer = pq.ParquetWriter(self._tmp, head.schema, compression=self.compression,
-                                            use_dictionary=dictionary_columns(head.schema))
+            self._writer = pq.ParquetWriter(self._tmp, head.schema, compression=self.compression)
         elif head.schema != self._schema:
             head = self._conform(head)
         if head.num_rows:
@@ -232,8 +220,7 @@ class ParquetAppender:
         os.replace(self._tmp, old)
         try:
             self._schema = unified
-            self._writer = pq.ParquetWriter(self._tmp, unified, compression=self.compression,
-                                            use_dictionary=dictionary_columns(unified))
+            self._writer = pq.ParquetWriter(self._tmp, unified, compression=self.compression)
             src = pq.ParquetFile(old)
             for i in range(src.num_row_groups):
                 rg = src.read_row_group(i)
