@@ -20,19 +20,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from byte_identity import tree_of  # the same detached worktrees (this folder is on sys.path)
+
 REPO = Path(__file__).resolve().parents[2]
+TREES = Path(os.environ.get("BENCH_TMP", "/tmp")) / "refinery-trees"
 DATA = Path(os.environ.get("REFINERY_DATA", REPO.parent / "shared" / "data"))
-
-
-def tree(rev: str) -> Path:
-    if rev == ".":
-        return REPO
-    sha = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", rev], check=True,
-                         capture_output=True, text=True).stdout.strip()
-    path = Path(os.environ.get("BENCH_TMP", "/tmp")) / f"refinery-tree-{sha}"
-    if not path.exists():
-        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(path), sha], check=True)
-    return path
 
 
 def run(where: Path, script: str, args: list[str], label: str) -> int:
@@ -51,7 +43,8 @@ def main() -> None:
     ap.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script (after --)")
     a = ap.parse_args()
     args = a.args[1:] if a.args[:1] == ["--"] else a.args
-    sides = [("before", tree(a.base)), ("after", tree(a.head))]
+    TREES.mkdir(parents=True, exist_ok=True)
+    sides = [("before", tree_of(a.base, TREES)[0]), ("after", tree_of(a.head, TREES)[0])]
     for _, where in sides:  # numba caches live in each tree: compile before anything is timed
         subprocess.run([sys.executable, "-m", "curation.cli", "warmup"], cwd=where,
                        env={**os.environ, "PYTHONPATH": str(where)}, check=True, capture_output=True)
