@@ -132,15 +132,17 @@ def signature_task(job: SignatureJob) -> dict:
     bucket_parts, parts, qual_parts = [], [], []
     lo = 0
     pending: list[pa.RecordBatch] = []
+    pending_rows = 0
 
     def flush() -> None:
         # documents of consecutive shards hashed together: a block of many small shards makes
         # as few signature calls as one large shard (same signatures: each is per document)
-        nonlocal lo
+        nonlocal lo, pending_rows
         if not pending:
             return
         batch = pa.Table.from_batches(pending).combine_chunks()
         pending.clear()
+        pending_rows = 0
         sig, n = job.hasher.signatures(batch.column("text"))
         doc = np.arange(job.first_doc + lo, job.first_doc + lo + batch.num_rows, dtype=np.int64)
         lo += batch.num_rows
@@ -160,7 +162,8 @@ def signature_task(job: SignatureJob) -> dict:
             if pending and batch.schema != pending[0].schema:
                 flush()  # shards of a union may type a column differently
             pending.append(batch)
-            if sum(b.num_rows for b in pending) >= _SIG_BATCH:
+            pending_rows += batch.num_rows
+            if pending_rows >= _SIG_BATCH:
                 flush()
     flush()
     buckets = pa.concat_tables(bucket_parts) if bucket_parts else EMPTY_BUCKETS
