@@ -69,6 +69,10 @@ class ShardOutput:
         """Write the shard (and its rejections); return its manifest entry."""
         return self.rundir.write_stage_shard(self.stage, self.key, kept, rejected, rows_in, self.params_hash, **kwargs)
 
+    def open(self) -> ShardWriter:
+        """The shard written part by part (``append`` then ``close``)."""
+        return self.rundir.open_shard(self.stage, self.key, self.params_hash)
+
 
 class ShardWriter:
     """One stage's kept and rejected rows for one shard key, appended batch by batch (memory:

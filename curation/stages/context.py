@@ -15,12 +15,16 @@ A job is a frozen dataclass; a commit phase's jobs carry ``out = ctx.output(key)
 ``ShardSink``), through which their tasks write and which returns the manifest entry, or
 ``outs`` (several sinks: a task writing several shards returns the list of their entries).
 
+A task whose block of upstream shards may share outputs (``curation.io.shards.output_groups``)
+writes through ``GroupedOutputs``: shard by shard, each group's shards appended to one file.
+
 This module is a leaf: ``curation.stages.base`` refers to it, not the other way round (a
 stage and ``Resources`` appear here as ``Any``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -38,6 +42,93 @@ class ShardSink(Protocol):
     def write(self, kept: pa.Table | None, rejected: pa.Table | None, rows_in: int, **kwargs: Any) -> dict:
         """Write the shard (and its rejections); return its manifest entry."""
         ...
+
+    def open(self) -> ShardAppender:
+        """The shard written part by part (several upstream shards into one output)."""
+        ...
+
+
+class ShardAppender(Protocol):
+    def append(self, kept: pa.Table | None, rejected: pa.Table | None, rows_in: int) -> None: ...
+
+    def close(self, **extra: Any) -> dict:
+        """Put the files in place; the manifest entry (``extra`` keys added)."""
+        ...
+
+    def abort(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class GroupedOutputs:
+    """The outputs of one block task: ``outs[g]`` receives the block's shards up to (not
+    including) ``ends[g]``, counted from the block's first shard. One output per shard when
+    every group holds one (``ends == (1, 2, ...)``)."""
+
+    outs: tuple[ShardSink, ...]
+    ends: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.outs) != len(self.ends) or list(self.ends) != sorted(set(self.ends)):
+            raise ValueError(f"GroupedOutputs: {len(self.outs)} outputs for group ends {self.ends}")
+
+    def writer(self) -> GroupWriter:
+        return GroupWriter(self)
+
+
+def block_outputs(ctx: StageContext, keys: Sequence[str], sizes: list[int],
+                  spans: list[tuple[int, int]]) -> list[GroupedOutputs]:
+    """Per block ``[lo, hi)`` of the upstream, its outputs (``output_groups``: small shards
+    share one), each a sink of ``ctx`` under its first shard's key."""
+    from curation.io.shards import output_groups  # noqa: PLC0415 (this module stays a leaf at import)
+
+    out = []
+    for lo, hi in spans:
+        groups = output_groups(sizes, (lo, hi))
+        out.append(GroupedOutputs(tuple(ctx.output(keys[a]) for a, _ in groups), tuple(b - lo for _, b in groups)))
+    return out
+
+
+def output_keys(outputs: Sequence[GroupedOutputs]) -> list[str]:
+    """The keys a stage writing ``outputs`` commits (what ``ctx.finished`` waits for)."""
+    return [o.key for g in outputs for o in g.outs]
+
+
+class GroupWriter:
+    """Feed it the block's shards in order (``add``); ``entries`` are the finished outputs'
+    manifest entries. Integer ``counts`` given per shard are summed into the entry."""
+
+    def __init__(self, groups: GroupedOutputs):
+        self.groups = groups
+        self.entries: list[dict] = []
+        self._shard = 0
+        self._open: ShardAppender | None = None
+        self._counts: dict[str, int] = {}
+
+    def add(self, kept: pa.Table | None, rejected: pa.Table | None, rows_in: int, **counts: int) -> None:
+        g = len(self.entries)
+        if g >= len(self.groups.outs):
+            raise IndexError(f"GroupWriter: shard {self._shard} is past the block's last group")
+        if self._open is None:
+            self._open = self.groups.outs[g].open()
+        try:
+            self._open.append(kept, rejected, rows_in)
+        except BaseException:
+            self._open.abort()
+            raise
+        for k, v in counts.items():
+            self._counts[k] = self._counts.get(k, 0) + int(v)
+        self._shard += 1
+        if self._shard == self.groups.ends[g]:
+            self.entries.append(self._open.close(**self._counts))
+            self._open, self._counts = None, {}
+
+    def done(self) -> list[dict]:
+        """The entries, every group written (a shard missing is a bug: said, not hidden)."""
+        if len(self.entries) != len(self.groups.outs):
+            if self._open is not None:
+                self._open.abort()
+            raise RuntimeError(f"GroupWriter: {self._shard} shards fed, groups end at {self.groups.ends}")
+        return self.entries
 
 
 class RunSource(Protocol):

@@ -22,7 +22,8 @@ Phases (``StageContext.phase``: resumable, timed; results never depend on the wo
    dump's ``against``.
 3. apply (one task per block, reading its range of each partition's duplicates once): drop duplicate documents (``exact_dedup:duplicate``)
    or remove duplicate paragraphs, dropping documents left without text
-   (``exact_dedup:empty_after_paragraph_dedup``). One output shard per upstream shard key.
+   (``exact_dedup:empty_after_paragraph_dedup``). One output shard per upstream shard key,
+   except that a block's consecutive small shards share one (``curation.io.shards.output_groups``).
 
 An ``against`` filter that has been filled beyond its capacity answers "seen" for unseen keys:
 the stage measures each one's false-positive rate and refuses to run (naming the filter and
@@ -51,7 +52,7 @@ from curation.dedup.minhash import NORMALIZATION, read_artifact, write_artifact
 from curation.io.artifacts import read_partition, write_partitioned
 from curation.io.shards import block_name, blocks, split_kept_rejected
 from curation.stages.base import GlobalStage, Resources, registry
-from curation.stages.context import ShardSink, StageContext
+from curation.stages.context import GroupedOutputs, StageContext, block_outputs, output_keys
 
 
 #: Bump when keys or the choice of duplicates change for the same parameters.
@@ -234,12 +235,16 @@ def partition_task(job: PartitionJob) -> dict:
 
 @dataclass(frozen=True)
 class ApplyJob:
-    outs: tuple[ShardSink, ...]  # one per shard of the block
+    groups: GroupedOutputs  # the block's outputs (small shards share one)
     paths: tuple[str, ...]
     first: int  # the block's first shard's number
     dup_files: tuple[str, ...]
     level: str
     header: dict
+
+    @property
+    def outs(self) -> tuple:
+        return self.groups.outs
 
 
 def apply_block(job: ApplyJob) -> list[dict]:
@@ -250,16 +255,16 @@ def apply_block(job: ApplyJob) -> list[dict]:
              for f in job.dup_files]
     dups = pa.concat_tables(parts) if parts else None
     shard = dups.column("shard").to_numpy() if dups is not None else np.zeros(0, np.int32)
-    entries = []
-    for k, (out, path) in enumerate(zip(job.outs, job.paths)):
+    w = job.groups.writer()
+    stage = job.groups.outs[0].stage
+    for k, path in enumerate(job.paths):
         mine = dups.filter(pa.array(shard == job.first + k)) if dups is not None else None
-        entries.append(apply_task(out, path, mine, job.level))
-    return entries
+        w.add(*apply_task(stage, path, mine, job.level))
+    return w.done()
 
 
-def apply_task(out: ShardSink, path: str, dups: pa.Table | None, level: str) -> dict:
-    """One upstream shard, given its duplicate (row, para) rows: write its deduplicated shard
-    and rejections."""
+def apply_task(stage: str, path: str, dups: pa.Table | None, level: str) -> tuple[pa.Table, pa.Table | None, int]:
+    """One upstream shard, given its duplicate (row, para) rows: its kept and rejected rows."""
     table = location.read_parquet(path)
     rows = dups.column("row").to_numpy() if dups is not None else np.zeros(0, np.int32)
     reasons = np.full(table.num_rows, None, dtype=object)
@@ -287,8 +292,8 @@ def apply_task(out: ShardSink, path: str, dups: pa.Table | None, level: str) -> 
             idx = table.schema.get_field_index("text")
             table = table.set_column(idx, "text", pa.array(texts, table.schema.field("text").type))
         table = table.append_column("dup_paragraphs", pa.array(removed, pa.int32()))
-    kept, rejected = split_kept_rejected(table, pa.array(reasons.tolist(), pa.string()), out.stage)
-    return out.write(kept, rejected, table.num_rows)
+    kept, rejected = split_kept_rejected(table, pa.array(reasons.tolist(), pa.string()), stage)
+    return kept, rejected, table.num_rows
 
 
 # ---------------------------------------------------------------------------------------------
@@ -412,15 +417,17 @@ class ExactDedup(GlobalStage):
         header = self.header()
         ctx.check_work_header(header, create=False)
         bloom_dir = location.join(ctx.stage_dir, BLOOM_DIR)
-        if ctx.finished(keys, REPORT):
+        sizes = location.sizes(paths)
+        spans = blocks(sizes)
+        outputs = block_outputs(ctx, keys, sizes, spans)
+        if ctx.finished(output_keys(outputs), REPORT):
             return
         work = ctx.work_dir
         ctx.check_work_header(header)
         P = self.partitions
-        spans = blocks(location.sizes(paths))
         key_files = tuple(location.join(work, "keys", f"{block_name(keys[lo:hi])}.parquet") for lo, hi in spans)
         dup_files = tuple(location.join(work, "dups", f"part-{p:05d}.parquet") for p in range(P))
-        if set(keys) - ctx.done_keys():
+        if set(output_keys(outputs)) - ctx.done_keys():
             against = [tuple(self.against_files(p)) for p in range(P)]  # fail before any work
             indexes = self.indexes()
             rank_column = self._check_columns(ctx, paths)
@@ -437,9 +444,8 @@ class ExactDedup(GlobalStage):
                              tuple(self.source_rank),
                              location.join(sup_dir, f"part-{p:05d}.parquet") if superseding else None, ctx.name)
                 for p in range(P)])
-            ctx.phase("apply", apply_block, [ApplyJob(tuple(ctx.output(k) for k in keys[lo:hi]), tuple(paths[lo:hi]),
-                                                      lo, dup_files, self.level, header) for lo, hi in spans],
-                      commit=True)
+            ctx.phase("apply", apply_block, [ApplyJob(outputs[b], tuple(paths[lo:hi]), lo, dup_files, self.level, header)
+                                             for b, (lo, hi) in enumerate(spans)], commit=True)
         self._write_report(ctx, bloom_dir)
 
     def _write_report(self, ctx: StageContext, bloom_dir: str) -> None:

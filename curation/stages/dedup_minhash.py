@@ -39,10 +39,11 @@ Phases, each a set of Ray tasks whose output does not depend on the worker count
    that floor. The partition writes (doc, cluster, kept) of the components it changed; the
    rescued members' sub-clusters are named by their smallest index. Components holding an
    indexed cluster (``against``) are not checked: the indexed keeper's text is in another run.
-6. apply (one task per block, one output per upstream shard): ``dup_cluster`` (component id, or the document's
+6. apply (one task per block, one output per upstream shard or per run of small ones,
+   ``curation.io.shards.output_groups``): ``dup_cluster`` (component id, or the document's
    own index when it has no near-duplicate; with the partner check, its sub-cluster) on every
    row; non-keepers are rejected as ``minhash_dedup:cluster=<id>``. With the partner check,
-   each shard's manifest entry says how many of its documents were rescued
+   each output's manifest entry says how many of its documents were rescued
    (``partner_rescued``).
 
 Artifacts carry a header (algorithm, version, seed, parameters); ``_work/<params>/header.json``
@@ -84,7 +85,7 @@ from curation.dedup.minhash import (
     write_artifact,
 )
 from curation.stages.base import GlobalStage, Resources, registry
-from curation.stages.context import ShardSink, StageContext
+from curation.stages.context import GroupedOutputs, StageContext, block_outputs, output_keys
 
 #: Bump when buckets, edges or the choice of keepers change for the same parameters.
 MINHASH_DEDUP_VERSION = 3  # 2: bucket files indexed by partition; 3: one per block, no signature files
@@ -444,7 +445,7 @@ def partner_task(job: PartnerJob) -> dict:
 
 @dataclass(frozen=True)
 class ApplyJob:
-    outs: tuple[ShardSink, ...]  # one per shard of the block
+    groups: GroupedOutputs  # the block's outputs (small shards share one)
     paths: tuple[str, ...]
     offsets: tuple[int, ...]  # each shard's first doc index, and the block's end
     label_files: tuple[str, ...]
@@ -459,6 +460,10 @@ class ApplyJob:
     superseded_out: str | None = None
     stage: str = ""
     partner_files: tuple[str, ...] = ()  # (doc, cluster, kept) the partner check changed
+
+    @property
+    def outs(self) -> tuple:
+        return self.groups.outs
 
 
 def _index_names(files_: tuple[str, ...], header: dict, nodes: np.ndarray) -> dict[int, str]:
@@ -515,9 +520,10 @@ def apply_task(job: ApplyJob) -> list[dict]:
             cluster_all[d] = t.column("cluster").to_numpy()
             kept_all[d] = t.column("kept").to_numpy(zero_copy_only=False)
         rescued_all = kept_all & ~before
-    entries, doc_ids, attrs = [], [], []
+    doc_ids, attrs = [], []
+    w = job.groups.writer()
     collect_ids = job.docs_out is not None or job.superseded_out is not None
-    for out, path, lo, hi in zip(job.outs, job.paths, job.offsets[:-1], job.offsets[1:]):
+    for path, lo, hi in zip(job.paths, job.offsets[:-1], job.offsets[1:]):
         table = location.read_parquet(path)
         mine = cluster_all[lo - b_lo:hi - b_lo]
         ids = pa.array(mine, pa.int64())
@@ -531,9 +537,10 @@ def apply_task(job: ApplyJob) -> list[dict]:
         if job.docs_out is not None and job.rank_column is not None:
             attrs.append(keepers.attribute(table.column(job.rank_column), job.keep))
         table = table.append_column("dup_cluster", ids)
-        kept_t, rejected = split_kept_rejected(table, reasons, out.stage)
+        kept_t, rejected = split_kept_rejected(table, reasons, job.groups.outs[0].stage)
         extra = {} if rescued_all is None else {"partner_rescued": int(rescued_all[lo - b_lo:hi - b_lo].sum())}
-        entries.append(out.write(kept_t, rejected, table.num_rows, **extra))
+        w.add(kept_t, rejected, table.num_rows, **extra)
+    entries = w.done()
     all_ids = pa.chunked_array([c.cast(pa.string()) for ids_ in doc_ids for c in ids_.chunks], pa.string()) \
         if collect_ids else None
     if job.docs_out is not None:
@@ -693,7 +700,10 @@ class MinHashDedup(GlobalStage):
         keys = [k for k, _ in ctx.upstream]
         paths = [p for _, p in ctx.upstream]
         ctx.check_work_header(self.header(), create=False)
-        if ctx.finished(keys, REPORT):
+        sizes = location.sizes(paths)
+        spans = blocks(sizes)
+        outputs = block_outputs(ctx, keys, sizes, spans)
+        if ctx.finished(output_keys(outputs), REPORT):
             return
         rank_column = keepers.source_column(self.keep, self.date_column)
         if rank_column is not None:
@@ -705,7 +715,6 @@ class MinHashDedup(GlobalStage):
         ctx.check_work_header(header)
         cc_head, (b, r) = edge_header(header), self.band_rows()
         offsets = np.r_[0, np.cumsum([location.parquet_file(p).metadata.num_rows for p in paths])].astype(np.int64)
-        spans = blocks(location.sizes(paths))
         names = [block_name(keys[lo:hi]) for lo, hi in spans]
         with_quality = self.keep != "first"
         quality_files = [location.join(work, "quality", f"{n}.parquet") if with_quality else None for n in names]
@@ -766,7 +775,7 @@ class MinHashDedup(GlobalStage):
                 PartnerJob(q, pm_files, partner_files[q], header, self.ngram, self.partner_floor()) for q in range(P)])
         sup_dir = location.join(ctx.stage_dir, keepers.SUPERSEDED_DIR)
         ctx.phase("apply", apply_task, [
-            ApplyJob(tuple(ctx.output(k) for k in keys[lo:hi]), tuple(paths[lo:hi]),
+            ApplyJob(outputs[k], tuple(paths[lo:hi]),
                      tuple(int(o) for o in offsets[lo:hi + 1]), labels, keeper_files, header, cc_head, doc_files[k],
                      match_files, self.keep, rank_column, index_keepers,
                      location.join(sup_dir, f"{names[k]}.parquet") if superseding else None, ctx.name,
@@ -775,7 +784,7 @@ class MinHashDedup(GlobalStage):
         files.write_json(location.join(lsh, "meta.json"), {
             "header": header, "index_params": self.index_params(), "partitions": P, "blocks": names,
             "docs": int(offsets[-1])})
-        self._write_report(ctx, keys, int(offsets[-1]), cand, comp, header, partners)
+        self._write_report(ctx, output_keys(outputs), int(offsets[-1]), cand, comp, header, partners)
 
     def _partner_report(self, partners: list[dict]) -> dict[str, Any]:
         """The partner check's figures, summed over its partitions."""

@@ -31,7 +31,7 @@ from curation.quality.topk import BINS, Prefix, choose_bin, cut, score_keys
 from curation.io.shards import block_name, blocks, split_kept_rejected
 from curation.sampling.radix import GATHER_CAP, Search, narrow
 from curation.stages.base import GlobalStage, MapStage, Stage, StageResult, registry
-from curation.stages.context import ShardSink, StageContext
+from curation.stages.context import GroupedOutputs, StageContext, block_outputs, output_keys
 
 REPORT = "_quality_report.json"
 
@@ -177,24 +177,32 @@ def gather_task(job: GatherJob) -> list[list]:
 
 @dataclass(frozen=True)
 class CutJob:
-    outs: tuple[ShardSink, ...]  # one per shard of the block
+    groups: GroupedOutputs  # the block's outputs (small shards share one)
     paths: tuple[str, ...]
+    keys: tuple[str, ...]  # the upstream shards' keys: the tie-break's (id, shard, row)
     scores: str
     threshold: float
     boundary: tuple[str, str, int] | None
 
+    @property
+    def outs(self) -> tuple:
+        return self.groups.outs
+
 
 def cut_task(job: CutJob) -> list[dict]:
     """Phase ``cut``, one block: for each shard, kept rows (score above the cut, or tied and not
-    after the boundary document) and rejected rows, written; their manifest entries."""
+    after the boundary document) and rejected rows, written to its output; their manifest
+    entries."""
     block, shard = _block_scores(job.scores)
     start = np.searchsorted(shard, np.arange(len(job.paths) + 1))
-    return [_cut_shard(out, path, block[lo:hi], job.threshold, job.boundary)
-            for out, path, lo, hi in zip(job.outs, job.paths, start[:-1].tolist(), start[1:].tolist())]
+    w, stage = job.groups.writer(), job.groups.outs[0].stage
+    for key, path, lo, hi in zip(job.keys, job.paths, start[:-1].tolist(), start[1:].tolist()):
+        w.add(*_cut_shard(key, stage, path, block[lo:hi], job.threshold, job.boundary))
+    return w.done()
 
 
-def _cut_shard(out: ShardSink, path: str, scores: np.ndarray, threshold: float,
-               boundary: tuple[str, str, int] | None) -> dict:
+def _cut_shard(key: str, stage: str, path: str, scores: np.ndarray, threshold: float,
+               boundary: tuple[str, str, int] | None) -> tuple[pa.Table, pa.Table | None, int]:
     table = location.read_parquet(path)
     has = ~np.isnan(scores)
     keep = has & (scores > threshold)
@@ -202,11 +210,11 @@ def _cut_shard(out: ShardSink, path: str, scores: np.ndarray, threshold: float,
     if len(tied) and boundary is not None:
         ids = table.column("id").take(pa.array(tied)).to_pylist()
         for j, doc_id in zip(tied.tolist(), ids):
-            keep[j] = (str(doc_id), out.key, j) <= boundary
+            keep[j] = (str(doc_id), key, j) <= boundary
     reasons = np.where(keep, None, np.where(has, "quality:below_top_fraction", "quality:no_text"))
     table = _with_quality(table, scores)
-    kept, rejected = split_kept_rejected(table, pa.array(reasons.tolist(), pa.string()), out.stage)
-    return out.write(kept, rejected, table.num_rows)
+    kept, rejected = split_kept_rejected(table, pa.array(reasons.tolist(), pa.string()), stage)
+    return kept, rejected, table.num_rows
 
 
 # ---------------------------------------------------------------------------------------------
@@ -287,7 +295,8 @@ class QualityTop(_Model, GlobalStage):
     ``score`` (the block's scores to one file in the work folder, a histogram of their top key
     byte), ``refineN`` (only while the chosen bin is large: the next byte's histogram),
     ``gather`` (the few documents in the final bin), ``cut`` (write each shard's kept and
-    rejected rows). See ``curation.quality.topk``.
+    rejected rows; a block's small shards into one output, ``curation.io.shards.output_groups``).
+    See ``curation.quality.topk``.
     """
 
     type: Literal["quality_top", "quality"] = "quality_top"
@@ -313,9 +322,11 @@ class QualityTop(_Model, GlobalStage):
                                  "model or put a quality stage upstream")
         keys = [k for k, _ in ctx.upstream]
         paths = [p for _, p in ctx.upstream]
-        if ctx.finished(keys, REPORT):
+        sizes = location.sizes(paths)
+        spans = blocks(sizes)
+        outputs = block_outputs(ctx, keys, sizes, spans)
+        if ctx.finished(output_keys(outputs), REPORT):
             return
-        spans = blocks(location.sizes(paths))
         scores = [location.join(ctx.work_dir, "scores", f"{block_name(keys[lo:hi])}.parquet") for lo, hi in spans]
         facts = ctx.phase("score", score_task, [ScoreJob(tuple(paths[lo:hi]), self.model, self.positive_label,
                                                          scores[b]) for b, (lo, hi) in enumerate(spans)],
@@ -338,9 +349,8 @@ class QualityTop(_Model, GlobalStage):
             threshold, bnd = cut([tuple(c) for c in found], search.need)
             boundary = tuple(bnd)
             del found
-        ctx.phase("cut", cut_task, [CutJob(tuple(ctx.output(key) for key in keys[lo:hi]), tuple(paths[lo:hi]),
-                                           scores[b], threshold, boundary) for b, (lo, hi) in enumerate(spans)],
-                  commit=True)
+        ctx.phase("cut", cut_task, [CutJob(outputs[b], tuple(paths[lo:hi]), tuple(keys[lo:hi]), scores[b], threshold,
+                                           boundary) for b, (lo, hi) in enumerate(spans)], commit=True)
         loads = facts["loads"]
         ctx.write_report(REPORT, {"documents": n, "with_text": with_text, "keep_top": self.keep_top, "kept": k,
                                   "kept_share": (k / n) if n else 0.0, "threshold": threshold if k > 0 else None,
