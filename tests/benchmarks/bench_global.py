@@ -19,6 +19,9 @@ shards follow ``--shard-docs`` (as many outputs as inputs: the gather the issue 
 pack's window stays at its default (10,000 documents) at every ``--shard-docs``: it is how many
 documents best-fit packs together, a packing parameter, not a property of the upstream's
 shards, so the same windows (and output shards) are packed from more, smaller shards.
+exact, near and top write a block's shards under 16 MB into shared outputs
+(``curation.io.shards.output_groups``): their files follow the bytes, not the shard count (1M
+documents in 2,000 shards: top x1.06 of 200 shards, where one output per shard was x1.64).
 
 Run: ``.venv/bin/python tests/benchmarks/bench_global.py [--sizes 1000000 10000000]
 [--shard-docs 50000 [500 ...]] [--workers 2] [--stages exact near top mix pack]``
