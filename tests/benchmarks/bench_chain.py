@@ -1,15 +1,18 @@
 """The web DAG's post-extraction chain, stage by stage, against extraction itself: CPU
 microseconds per document on the pages ``bench_scale.py`` builds its WARCs from (``default``:
 every real page; ``long``: the longest and the multilingual ones, ``bench_scale.long_pages``).
-Prints, per corpus, the mean extracted length, extraction's cost per page (decode + resiliparse,
-what extract-only spends beside reading and inflating), each chain stage's cost (its
-``run_batch`` on one batch of every page's text, the kept rows and their text state handed
-down as the executor does: a later stage sees only what the earlier ones kept), and the ratio the chain allows: extract / (extract + chain), the ceiling of bench_scale's
-full-DAG / extract-only before dedup and I/O. Asserts nothing; ``--profile`` adds the chain's
-top functions by own time.
+
+Prints, per corpus: the mean extracted length; extraction's cost per page (decode +
+resiliparse, what extract-only spends beside reading and inflating); each chain stage's cost
+(its ``run_batch`` over batches cut as the executor joins extract's kept rows, 4 MB or 2,000
+rows, with the kept rows and their text state handed down as ``_Step`` does: a later stage sees
+only what the earlier ones kept); and the ratio the chain allows, extract / (extract + chain):
+the ceiling of bench_scale's full-DAG / extract-only before dedup and I/O. Asserts nothing;
+``--profile`` adds the chain's top functions by own time. ``--batch-mb 4`` with small batches
+(``--batch-rows 30``) shows what per-batch costs would be without the executor's joining.
 
 Run: ``REFINERY_DATA=../shared/data .venv/bin/python tests/benchmarks/bench_chain.py
-[--pages default long] [--copies 3] [--repeat 3] [--profile]``
+[--pages default long] [--copies 3] [--repeat 3] [--batch-mb 4] [--batch-rows 2000] [--profile]``
 """
 
 from __future__ import annotations
@@ -35,21 +38,44 @@ from curation.io.shards import split_kept_rejected  # noqa: E402
 CHAIN = ["langid", "gopher_repetition", "gopher_quality", "c4_quality", "fineweb_quality"]
 
 
-def extracted(which: str) -> tuple[list[str], float]:
-    """Every page's extracted text (empty ones left out) and extraction's CPU s per page."""
+def extracted(which: str) -> tuple[list[tuple[str, int]], float]:
+    """Every page's extracted text and HTML size (pages without text left out), and
+    extraction's CPU s per page."""
     from curation.stages.extract import _resiliparse, decode_html
 
     pages = bench_scale.load_pages()
     if which == "long":
         pages = bench_scale.long_pages(pages)
-    texts, t0 = [], time.process_time()
+    out, t0 = [], time.process_time()
     for _, html in pages:
         try:
-            texts.append(_resiliparse(decode_html(html, None)).strip())
+            out.append((_resiliparse(decode_html(html, None)).strip(), len(html)))
         except Exception:  # a page the extractor refuses: extract rejects it, no text
-            texts.append("")
+            out.append(("", len(html)))
     per_page = (time.process_time() - t0) / max(1, len(pages))
-    return [t for t in texts if t], per_page
+    return [x for x in out if x[0]], per_page
+
+
+#: an extracted row's columns besides its text (id, url, WARC record id and date, content type,
+#: source), in Arrow bytes: what ``_Coalesced`` counts toward a batch
+ROW_BYTES = 200
+
+
+def batches(docs: list[tuple[str, int]], batch_bytes: int, batch_rows: int) -> list[pa.Table]:
+    """The documents in the batches the chain sees in a run: the executor joins extract's kept
+    rows back to ``dag.batch_bytes`` (4 MB) or ``dag.batch_size`` (2,000) rows (``_Coalesced``),
+    so per-batch costs count as they do there."""
+    out, cur, size = [], [], 0
+    for i, (text, _html_bytes) in enumerate(docs):
+        cur.append((i, text))
+        size += len(text.encode()) + ROW_BYTES
+        if size >= batch_bytes or len(cur) >= batch_rows:
+            out.append(cur)
+            cur, size = [], 0
+    if cur:
+        out.append(cur)
+    return [pa.table({"id": [f"d{i}" for i, _ in b], "url": [f"https://example.com/{i}" for i, _ in b],
+                      "text": [t for _, t in b]}) for b in out]
 
 
 def chain_stages() -> list:
@@ -63,44 +89,47 @@ def chain_stages() -> list:
     return stages
 
 
-def run_chain(stages: list, batch: pa.Table) -> dict[str, float]:
-    """CPU seconds of each stage's ``run_batch`` and hand-off, as the executor's ``_Step`` does:
-    the kept rows and their text state go on to the next stage."""
-    out, text = {}, None
-    for name, st in zip(CHAIN, stages):
-        t0 = time.process_time()
-        r = st.run_batch(batch, text)
-        kept, _ = split_kept_rejected(r.table, r.reasons, name)
-        if r.text is not None and r.reasons is not None:
-            text = r.text.take(np.flatnonzero(pc.is_null(r.reasons).to_numpy(zero_copy_only=False)))
-        else:
-            text = r.text
-        out[name] = time.process_time() - t0
-        batch = kept
+def run_chain(stages: list, tables: list[pa.Table]) -> dict[str, float]:
+    """CPU seconds of each stage's ``run_batch`` and hand-off over all batches, as the
+    executor's ``_Step`` does: the kept rows and their text state go on to the next stage."""
+    out = dict.fromkeys(CHAIN, 0.0)
+    for batch in tables:
+        text = None
+        for name, st in zip(CHAIN, stages):
+            t0 = time.process_time()
+            r = st.run_batch(batch, text)
+            kept, _ = split_kept_rejected(r.table, r.reasons, name)
+            if r.text is not None and r.reasons is not None:
+                text = r.text.take(np.flatnonzero(pc.is_null(r.reasons).to_numpy(zero_copy_only=False)))
+            else:
+                text = r.text
+            out[name] += time.process_time() - t0
+            batch = kept
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pages", nargs="+", choices=["default", "long"], default=["default", "long"])
-    ap.add_argument("--copies", type=int, default=3, help="each page's text this many times in the batch")
+    ap.add_argument("--copies", type=int, default=3, help="each page's text this many times")
+    ap.add_argument("--batch-mb", type=float, default=4, help="the DAG's batch_bytes in MiB (default 4)")
+    ap.add_argument("--batch-rows", type=int, default=2000, help="the DAG's batch_size (default 2000)")
     ap.add_argument("--repeat", type=int, default=3, help="chain runs; the per-stage minimum is printed")
     ap.add_argument("--profile", action="store_true")
     a = ap.parse_args()
     stages = chain_stages()
     for which in a.pages:
-        texts, extract_s = extracted(which)
-        texts = texts * a.copies
-        n = len(texts)
-        batch = pa.table({"id": [f"d{i}" for i in range(n)], "url": [f"https://example.com/{i}" for i in range(n)],
-                          "text": texts})
-        run_chain(stages, batch)  # warm: compiled kernels, tables
-        runs = [run_chain(stages, batch) for _ in range(a.repeat)]
+        docs, extract_s = extracted(which)
+        docs = docs * a.copies
+        n = len(docs)
+        tables = batches(docs, int(a.batch_mb * 2**20), a.batch_rows)
+        run_chain(stages, tables[:2])  # warm: compiled kernels, tables
+        runs = [run_chain(stages, tables) for _ in range(a.repeat)]
         best = {k: min(r[k] for r in runs) for k in CHAIN}
         chain_us = sum(best.values()) / n * 1e6
         extract_us = extract_s * 1e6
-        mean_chars = sum(map(len, texts)) / n
-        print(f"\n== {which}: {n:,} documents, mean extracted text {mean_chars:,.0f} chars")
+        mean_chars = sum(len(t) for t, _ in docs) / n
+        print(f"\n== {which}: {n:,} documents in {len(tables)} batches, mean extracted text {mean_chars:,.0f} chars")
         print(f"  extract (decode + resiliparse)  {extract_us:8,.0f} us/page")
         for k in CHAIN:
             print(f"  {k:<31} {best[k] / n * 1e6:8,.0f} us/doc  ({best[k] / sum(best.values()):.0%} of the chain)"
@@ -111,7 +140,7 @@ def main() -> None:
         if a.profile:
             pr = cProfile.Profile()
             pr.enable()
-            run_chain(stages, batch)
+            run_chain(stages, tables)
             pr.disable()
             pstats.Stats(pr).sort_stats("tottime").print_stats(15)
 
