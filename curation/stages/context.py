@@ -18,14 +18,16 @@ A job is a frozen dataclass; a commit phase's jobs carry ``out = ctx.output(key)
 A task whose block of upstream shards may share outputs (``curation.io.shards.output_groups``)
 writes through ``GroupedOutputs``: shard by shard, each group's shards appended to one file.
 
-This module is a leaf: ``curation.stages.base`` refers to it, not the other way round (a
-stage and ``Resources`` appear here as ``Any``).
+Of the stage layer this module imports nothing: ``curation.stages.base`` refers to it, not the
+other way round (a stage and ``Resources`` appear here as ``Any``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+
+from curation.io.shards import output_groups
 
 if TYPE_CHECKING:  # pragma: no cover
     import pyarrow as pa
@@ -79,8 +81,6 @@ def block_outputs(ctx: StageContext, keys: Sequence[str], sizes: list[int],
                   spans: list[tuple[int, int]]) -> list[GroupedOutputs]:
     """Per block ``[lo, hi)`` of the upstream, its outputs (``output_groups``: small shards
     share one), each a sink of ``ctx`` under its first shard's key."""
-    from curation.io.shards import output_groups  # noqa: PLC0415 (this module stays a leaf at import)
-
     out = []
     for lo, hi in spans:
         groups = output_groups(sizes, (lo, hi))
