@@ -33,7 +33,7 @@ def test_output_groups_cut_a_block_into_runs_of_at_most_the_target():
 
 def test_grouped_outputs_refuse_ends_that_do_not_match_their_outputs():
     with pytest.raises(ValueError, match="group ends"):
-        GroupedOutputs(outs=(), ends=(1,))
+        GroupedOutputs(sinks=(), ends=(1,))
 
 
 def _docs(n: int, seed: int = 0) -> list[dict]:

@@ -62,16 +62,27 @@ class ShardAppender(Protocol):
 
 @dataclass(frozen=True)
 class GroupedOutputs:
-    """The outputs of one block task: ``outs[g]`` receives the block's shards up to (not
+    """The outputs of one block task: ``sinks[g]`` receives the block's shards up to (not
     including) ``ends[g]``, counted from the block's first shard. One output per shard when
-    every group holds one (``ends == (1, 2, ...)``)."""
+    every group holds one (``ends == (1, 2, ...)``). Iterates over its sinks, so a job holds
+    it as its ``outs`` (what a commit phase looks for)."""
 
-    outs: tuple[ShardSink, ...]
+    sinks: tuple[ShardSink, ...]
     ends: tuple[int, ...]
 
     def __post_init__(self) -> None:
-        if len(self.outs) != len(self.ends) or list(self.ends) != sorted(set(self.ends)):
-            raise ValueError(f"GroupedOutputs: {len(self.outs)} outputs for group ends {self.ends}")
+        if len(self.sinks) != len(self.ends) or list(self.ends) != sorted(set(self.ends)):
+            raise ValueError(f"GroupedOutputs: {len(self.sinks)} outputs for group ends {self.ends}")
+
+    def __iter__(self):
+        return iter(self.sinks)
+
+    def __len__(self) -> int:
+        return len(self.sinks)
+
+    @property
+    def stage(self) -> str:
+        return self.sinks[0].stage
 
     def writer(self) -> GroupWriter:
         return GroupWriter(self)
@@ -90,7 +101,7 @@ def block_outputs(ctx: StageContext, keys: Sequence[str], sizes: list[int],
 
 def output_keys(outputs: Sequence[GroupedOutputs]) -> list[str]:
     """The keys a stage writing ``outputs`` commits (what ``ctx.finished`` waits for)."""
-    return [o.key for g in outputs for o in g.outs]
+    return [o.key for g in outputs for o in g]
 
 
 class GroupWriter:
@@ -106,10 +117,10 @@ class GroupWriter:
 
     def add(self, kept: pa.Table | None, rejected: pa.Table | None, rows_in: int, **counts: int) -> None:
         g = len(self.entries)
-        if g >= len(self.groups.outs):
+        if g >= len(self.groups):
             raise IndexError(f"GroupWriter: shard {self._shard} is past the block's last group")
         if self._open is None:
-            self._open = self.groups.outs[g].open()
+            self._open = self.groups.sinks[g].open()
         try:
             self._open.append(kept, rejected, rows_in)
         except BaseException:
@@ -124,7 +135,7 @@ class GroupWriter:
 
     def done(self) -> list[dict]:
         """The entries, every group written (a shard missing is a bug: said, not hidden)."""
-        if len(self.entries) != len(self.groups.outs):
+        if len(self.entries) != len(self.groups):
             if self._open is not None:
                 self._open.abort()
             raise RuntimeError(f"GroupWriter: {self._shard} shards fed, groups end at {self.groups.ends}")

@@ -235,16 +235,12 @@ def partition_task(job: PartitionJob) -> dict:
 
 @dataclass(frozen=True)
 class ApplyJob:
-    groups: GroupedOutputs  # the block's outputs (small shards share one)
+    outs: GroupedOutputs  # the block's outputs (small shards share one)
     paths: tuple[str, ...]
     first: int  # the block's first shard's number
     dup_files: tuple[str, ...]
     level: str
     header: dict
-
-    @property
-    def outs(self) -> tuple:
-        return self.groups.outs
 
 
 def apply_block(job: ApplyJob) -> list[dict]:
@@ -255,8 +251,8 @@ def apply_block(job: ApplyJob) -> list[dict]:
              for f in job.dup_files]
     dups = pa.concat_tables(parts) if parts else None
     shard = dups.column("shard").to_numpy() if dups is not None else np.zeros(0, np.int32)
-    w = job.groups.writer()
-    stage = job.groups.outs[0].stage
+    w = job.outs.writer()
+    stage = job.outs.stage
     for k, path in enumerate(job.paths):
         mine = dups.filter(pa.array(shard == job.first + k)) if dups is not None else None
         w.add(*apply_task(stage, path, mine, job.level))

@@ -445,7 +445,7 @@ def partner_task(job: PartnerJob) -> dict:
 
 @dataclass(frozen=True)
 class ApplyJob:
-    groups: GroupedOutputs  # the block's outputs (small shards share one)
+    outs: GroupedOutputs  # the block's outputs (small shards share one)
     paths: tuple[str, ...]
     offsets: tuple[int, ...]  # each shard's first doc index, and the block's end
     label_files: tuple[str, ...]
@@ -460,10 +460,6 @@ class ApplyJob:
     superseded_out: str | None = None
     stage: str = ""
     partner_files: tuple[str, ...] = ()  # (doc, cluster, kept) the partner check changed
-
-    @property
-    def outs(self) -> tuple:
-        return self.groups.outs
 
 
 def _index_names(files_: tuple[str, ...], header: dict, nodes: np.ndarray) -> dict[int, str]:
@@ -521,7 +517,7 @@ def apply_task(job: ApplyJob) -> list[dict]:
             kept_all[d] = t.column("kept").to_numpy(zero_copy_only=False)
         rescued_all = kept_all & ~before
     doc_ids, attrs = [], []
-    w = job.groups.writer()
+    w = job.outs.writer()
     collect_ids = job.docs_out is not None or job.superseded_out is not None
     for path, lo, hi in zip(job.paths, job.offsets[:-1], job.offsets[1:]):
         table = location.read_parquet(path)
@@ -537,7 +533,7 @@ def apply_task(job: ApplyJob) -> list[dict]:
         if job.docs_out is not None and job.rank_column is not None:
             attrs.append(keepers.attribute(table.column(job.rank_column), job.keep))
         table = table.append_column("dup_cluster", ids)
-        kept_t, rejected = split_kept_rejected(table, reasons, job.groups.outs[0].stage)
+        kept_t, rejected = split_kept_rejected(table, reasons, job.outs.stage)
         extra = {} if rescued_all is None else {"partner_rescued": int(rescued_all[lo - b_lo:hi - b_lo].sum())}
         w.add(kept_t, rejected, table.num_rows, **extra)
     entries = w.done()

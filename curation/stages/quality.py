@@ -177,16 +177,12 @@ def gather_task(job: GatherJob) -> list[list]:
 
 @dataclass(frozen=True)
 class CutJob:
-    groups: GroupedOutputs  # the block's outputs (small shards share one)
+    outs: GroupedOutputs  # the block's outputs (small shards share one)
     paths: tuple[str, ...]
     keys: tuple[str, ...]  # the upstream shards' keys: the tie-break's (id, shard, row)
     scores: str
     threshold: float
     boundary: tuple[str, str, int] | None
-
-    @property
-    def outs(self) -> tuple:
-        return self.groups.outs
 
 
 def cut_task(job: CutJob) -> list[dict]:
@@ -195,7 +191,7 @@ def cut_task(job: CutJob) -> list[dict]:
     entries."""
     block, shard = _block_scores(job.scores)
     start = np.searchsorted(shard, np.arange(len(job.paths) + 1))
-    w, stage = job.groups.writer(), job.groups.outs[0].stage
+    w, stage = job.outs.writer(), job.outs.stage
     for key, path, lo, hi in zip(job.keys, job.paths, start[:-1].tolist(), start[1:].tolist()):
         w.add(*_cut_shard(key, stage, path, block[lo:hi], job.threshold, job.boundary))
     return w.done()
