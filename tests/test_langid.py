@@ -209,3 +209,39 @@ def test_a_long_document_is_detected_on_windows_that_see_its_whole_length():
     s, w = sampled.table.column("lang_score")[0].as_py(), whole.table.column("lang_score")[0].as_py()
     assert abs(s - w) < 0.15, (s, w)
     assert "sample_chars" in LanguageId(type="langid").params()
+
+
+class _Spy:
+    """A detector that records the lengths of the texts it is given."""
+
+    def __init__(self, inner):
+        self.inner, self.seen = inner, []
+
+    def detect(self, texts):
+        self.seen.append([len(t) for t in texts])
+        return self.inner.detect(texts)
+
+
+def test_a_first_look_decides_one_language_texts_and_sends_mixed_ones_to_the_full_windows():
+    docs = _docs()
+    de = "\n".join(d["text"] for d in docs if d["lang"] == "de")
+    en = "\n".join(d["text"] for d in docs if d["lang"] == "en")
+    mixed = en[:2000] + "\n" + de
+    assert len(de) > 2000 and len(en) > 2000 and len(mixed) > 6000
+    texts = [de, en, mixed]
+    stage = LanguageId(type="langid", min_score=0.0)
+    stage.setup()
+    spy = stage._detector = _Spy(stage._detector)
+    codes, scores = stage._detect(texts)
+    # one call on the first looks (2,000 chars in 6 windows), one on the full windows for the
+    # text the first look was not sure of: the mixed one
+    assert len(spy.seen) == 2
+    assert all(n <= 2000 + 5 for n in spy.seen[0]) and len(spy.seen[0]) == 3
+    assert len(spy.seen[1]) == 1 and spy.seen[1][0] > 5000
+    without = LanguageId(type="langid", min_score=0.0, first_look_chars=None)
+    without.setup()
+    ref_codes, ref_scores = without._detect(texts)
+    assert codes == ref_codes == ["de", "en", "de"]
+    assert scores[0] >= 0.95 and scores[1] >= 0.95
+    assert scores[2] == ref_scores[2]  # detected on the same windows as without a first look
+    assert "first_look_chars" in stage.params()

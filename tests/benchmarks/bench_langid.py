@@ -28,7 +28,12 @@ Throughput: docs/s in this one process on one core (RAYON_NUM_THREADS=1, OMP=1),
 Run: ``.venv/bin/python tests/benchmarks/bench_langid.py [--per-lang 100] [--only NAME,...]``
 
 ``--long``: the stage's window sampling of long texts (``sample_chars``) against detecting the
-whole text, on documents of > 12,000 characters, one language or mixed.
+whole text, on documents of > 12,000 characters, one language or mixed; the last row is the
+stage's default (a 2,000-char first look, then the 6 x 1,000 windows when it scores < 0.95).
+
+``--pages``: the stage's first look (``first_look_chars``) against the 6 x 1,000 windows alone,
+on the extracted text of the pages ``bench_scale.py`` builds its WARCs from (default and long):
+CPU per document, labels and keep decisions at 0.65 that differ, texts detected twice.
 """
 
 from __future__ import annotations
@@ -241,19 +246,62 @@ def long_sampling(per_lang: int = 6, min_chars: int = 12000) -> None:
     settings = [("whole text", None, 1), ("head 2000", 2000, 1), ("head 4000", 4000, 1), ("head 8000", 8000, 1),
                 ("4 x 500", 2000, 4), ("4 x 1000", 4000, 4), ("8 x 500", 4000, 8), ("6 x 1000", 6000, 6),
                 ("8 x 1000", 8000, 8)]
+    from curation.stages.langid import LanguageId
+
+    stage = LanguageId(type="langid")
+    stage.setup()
+    settings.append(("first look", "stage", 6))
     for name, set_ in (("one language", docs), ("mixed", mixed)):
         texts, golds = [t for _, t in set_], [g for g, _ in set_]
         ref_codes, ref_scores = det.detect(texts)
         print(f"\n{name}: setting      accuracy  label!=whole  keep@0.65!=whole  mean|dscore|   seconds")
         for label, chars, windows in settings:
-            xs = texts if chars is None else [sample_text(t, chars, windows) for t in texts]
+            xs = texts if chars in (None, "stage") else [sample_text(t, chars, windows) for t in texts]
             t0 = time.perf_counter()
-            codes, scores = det.detect(xs)
+            codes, scores = stage._detect(xs) if chars == "stage" else det.detect(xs)
             dt = time.perf_counter() - t0
             acc = np.mean([_correct(g, c) for g, c in zip(golds, codes)])
             diff = sum(a != b for a, b in zip(codes, ref_codes))
             keep = int(((scores >= 0.65) != (ref_scores >= 0.65)).sum())
             print(f"  {label:12s} {acc:15.4f} {diff:13d} {keep:17d} {np.abs(scores - ref_scores).mean():13.4f} {dt:9.3f}")
+
+
+def page_first_look() -> None:
+    """``--pages``: the stage with its first look against the same stage without it
+    (``first_look_chars: null``, the 6 x 1,000 windows for every text over 6,000 chars), on
+    the extracted text of bench_scale's pages. CPU seconds are the fastest of three passes."""
+    import numpy as np
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import bench_chain
+
+    from curation.quality.langid import sample_text
+    from curation.stages.langid import LanguageId
+
+    with_look = LanguageId(type="langid")
+    without = LanguageId(type="langid", first_look_chars=None)
+    for st in (with_look, without):
+        st.setup()
+    for which in ("default", "long"):
+        texts = [t for t, _ in bench_chain.extracted(which)[0]]
+        runs = {}
+        for name, st in (("windows only", without), ("first look", with_look)):
+            best = float("inf")
+            for _ in range(3):
+                t0 = time.process_time()
+                got = st._detect(texts)
+                best = min(best, time.process_time() - t0)
+            runs[name] = (best, got)
+        (t_ref, (ref_codes, ref_scores)), (t_new, (codes, scores)) = runs["windows only"], runs["first look"]
+        look = with_look.first_look_chars
+        first = [t for t in texts if len(t) > look]
+        _, s1 = with_look._detector.detect([sample_text(t, look, with_look.sample_windows) for t in first])
+        again = int((s1 < with_look.first_look_score).sum())
+        labels = sum(a != b for a, b in zip(codes, ref_codes))
+        keeps = int(((scores >= 0.65) != (ref_scores >= 0.65)).sum())
+        print(f"{which}: {len(texts):,} texts, {len(first):,} over {look:,} chars, {again:,} of them detected again")
+        print(f"  windows only {t_ref / len(texts) * 1e6:6,.0f} us/doc   first look {t_new / len(texts) * 1e6:6,.0f} us/doc"
+              f"  (x{t_ref / t_new:.2f})   labels changed {labels}, keep@0.65 changed {keeps}")
 
 
 def main() -> None:
@@ -262,7 +310,11 @@ def main() -> None:
     ap.add_argument("--only", default="", help="comma-separated candidate names")
     ap.add_argument("--long-docs", type=int, default=400, help="~500-word English docs for throughput")
     ap.add_argument("--long", action="store_true", help="only: window sampling against the whole text, long docs")
+    ap.add_argument("--pages", action="store_true", help="only: the first look on bench_scale's pages")
     args = ap.parse_args()
+    if args.pages:
+        page_first_look()
+        return
     if args.long:
         long_sampling()
         return
