@@ -233,10 +233,10 @@ def test_a_first_look_decides_one_language_texts_and_sends_mixed_ones_to_the_ful
     stage.setup()
     spy = stage._detector = _Spy(stage._detector)
     codes, scores = stage._detect(texts)
-    # one call on the first looks (2,000 chars in 6 windows), one on the full windows for the
+    # one call on the first looks (1,500 chars in 6 windows), one on the full windows for the
     # text the first look was not sure of: the mixed one
     assert len(spy.seen) == 2
-    assert all(n <= 2000 + 5 for n in spy.seen[0]) and len(spy.seen[0]) == 3
+    assert all(n <= 1500 + 5 for n in spy.seen[0]) and len(spy.seen[0]) == 3
     assert len(spy.seen[1]) == 1 and spy.seen[1][0] > 5000
     without = LanguageId(type="langid", min_score=0.0, first_look_chars=None)
     without.setup()

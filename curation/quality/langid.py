@@ -11,6 +11,7 @@ stage (``curation/stages/langid.py``) holds the parameters and rules and calls t
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from typing import Any
@@ -58,6 +59,7 @@ _CONTROL_PATTERN = r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]"
 _CONTROL = re.compile(_CONTROL_PATTERN)
 
 
+@functools.lru_cache(maxsize=4096)  # a few hundred labels, called once per document
 def normalize_lang(label: str | None) -> str | None:
     """A language label from any detector as ISO 639-1 where one exists, else its own code.
 

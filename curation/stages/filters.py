@@ -74,7 +74,7 @@ from curation.text import lang_rules
 from curation.text import words as text_words
 from curation.text.arrow import mask, safe_div, to_numpy
 from curation.text.chars import TERMINAL_PUNCTUATION
-from curation.text.counts import bullet_and_ellipsis_lines, hashes_and_ellipses
+from curation.text.counts import bullet_and_ellipsis_lines, hashes_and_ellipses, word_tallies
 from curation.text import segments
 from curation.text.segments import Segments
 from curation.text.repetition import repetition_chars
@@ -498,13 +498,13 @@ class GopherQualityFilter(_FilterStage):
 
     def signals(self, text):
         texts = text.texts
-        n = len(texts)
         words = self._words(text)
-        doc = words.doc
         n_words = words.counts
-        real = ~words.symbol
-        n_real = np.bincount(doc[real], minlength=n)
-        real_chars = np.bincount(doc[real], weights=words.lengths[real], minlength=n)
+        stop_idx = words.match(self.stop_words)
+        stop_idx = _match_elisions(words, self.stop_words, stop_idx)
+        n_real, real_chars, n_alpha, n_stop, n_stop_real = word_tallies(
+            words.offsets, words.symbol, words.alpha, words.lengths.astype(np.int64, copy=False), stop_idx,
+            len(self.stop_words))
         with np.errstate(invalid="ignore", divide="ignore"):
             # Undefined (NaN) without words, like np.mean([]) in datatrove: no rule fires.
             mean_len = np.where(n_real > 0, real_chars / np.maximum(n_real, 1), np.nan)
@@ -512,13 +512,6 @@ class GopherQualityFilter(_FilterStage):
         lines = text.lines
         bullet, ell_end = bullet_and_ellipsis_lines(texts, lines)
         n_lines = lines.counts
-        stop_idx = words.match(self.stop_words)
-        stop_idx = _match_elisions(words, self.stop_words, stop_idx)
-        has_stop = stop_idx >= 0
-        # Distinct stop words per document: unique (document, stop word) pairs.
-        k = len(self.stop_words) + 1
-        key = np.unique(doc[has_stop] * k + stop_idx[has_stop])
-        n_stop = np.bincount(key // k, minlength=n)
         return {
             "gopher_n_words": n_real,
             "gopher_mean_word_length": mean_len,
@@ -526,9 +519,9 @@ class GopherQualityFilter(_FilterStage):
             "gopher_ellipsis_word_ratio": safe_div(ellipses, n_words),
             "gopher_bullet_lines_frac": safe_div(lines.per_doc_sum(bullet), n_lines),
             "gopher_ellipsis_lines_frac": safe_div(lines.per_doc_sum(ell_end), n_lines),
-            "gopher_alpha_words_frac": safe_div(np.bincount(doc[words.alpha], minlength=n), n_words),
+            "gopher_alpha_words_frac": safe_div(n_alpha, n_words),
             "gopher_stop_words": n_stop,
-            **({"gopher_stop_words_frac": safe_div(np.bincount(doc[has_stop & real], minlength=n), n_real)}
+            **({"gopher_stop_words_frac": safe_div(n_stop_real, n_real)}
                if self._stop_frac or self.min_stop_words_frac is not None else {}),
         }
 

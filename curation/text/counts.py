@@ -80,9 +80,10 @@ def _hashes_and_ellipses(b, doff):
         i = doff[d]
         end = doff[d + 1]
         while i < end:
-            if b[i] == 0x23:
+            c = b[i]
+            if c == 0x23:
                 hashes[d] += 1
-            elif _ellipsis_at(b, i, end):
+            elif (c == 0x2E or c == 0xE2) and _ellipsis_at(b, i, end):  # the test first: a call per byte cost 3x
                 ellipses[d] += 1
                 i += 3
                 continue
@@ -116,3 +117,34 @@ def _bullet_and_ellipsis_lines(b, start, length):
             k -= w
         ellipsis[j] = k - 3 >= i and _ellipsis_at(b, k - 3, k)
     return bullet, ellipsis
+
+
+@njit(cache=True, nogil=True)
+def word_tallies(offsets, symbol, alpha, lengths, stop_idx, n_stop_words):
+    """Per document (words ``offsets[d]:offsets[d + 1]``), in one pass over the words: words
+    that are not symbols and their characters, words with a letter, distinct stop words
+    (``stop_idx`` >= 0: which one) and stop-word occurrences among the non-symbol words.
+    (``GopherQualityFilter``'s counts: six numpy passes with a sort did this at 3x the time.)"""
+    n = len(offsets) - 1
+    n_real = np.zeros(n, np.int64)
+    real_chars = np.zeros(n, np.int64)
+    n_alpha = np.zeros(n, np.int64)
+    n_stop = np.zeros(n, np.int64)
+    n_stop_real = np.zeros(n, np.int64)
+    last = np.full(max(n_stop_words, 1), -1, np.int64)  # the last document each stop word was seen in
+    for d in range(n):
+        for i in range(offsets[d], offsets[d + 1]):
+            real = not symbol[i]
+            if real:
+                n_real[d] += 1
+                real_chars[d] += lengths[i]
+            if alpha[i]:
+                n_alpha[d] += 1
+            s = stop_idx[i]
+            if s >= 0:
+                if last[s] != d:
+                    last[s] = d
+                    n_stop[d] += 1
+                if real:
+                    n_stop_real[d] += 1
+    return n_real, real_chars, n_alpha, n_stop, n_stop_real

@@ -29,7 +29,7 @@ Run: ``.venv/bin/python tests/benchmarks/bench_langid.py [--per-lang 100] [--onl
 
 ``--long``: the stage's window sampling of long texts (``sample_chars``) against detecting the
 whole text, on documents of > 12,000 characters, one language or mixed; the last row is the
-stage's default (a 2,000-char first look, then the 6 x 1,000 windows when it scores < 0.95).
+stage's default (a 1,500-char first look, then the 6 x 1,000 windows when it scores < 0.95).
 
 ``--pages``: the stage's first look (``first_look_chars``) against the 6 x 1,000 windows alone,
 on the extracted text of the pages ``bench_scale.py`` builds its WARCs from (default and long):
