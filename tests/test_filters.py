@@ -400,7 +400,9 @@ def _fuzz_texts(n_texts: int, seed: int = 7) -> list[str]:
     rng = random.Random(seed)
     pre = list("(\"“$#'…+-*<[") + ["..", "€"]
     parts = ["word", "Word", "ABC", "x", "12", "3.5", "don't", "it's", "жук", "Ж", "é", "の", "U.S", "5kg",
-             "10m", "25$", "7мбар", "°C", "am", "10am", "http://x.com/a-b", "www.a.org", "e.g", "Mr", "s"]
+             "10m", "25$", "7мбар", "°C", "am", "10am", "http://x.com/a-b", "www.a.org", "e.g", "Mr", "s",
+             # non-ASCII cores take the quick path too: the dot rule reads whole characters
+             "ÉÉ", "ÉA", "AÉ", "É", "Straße", "中文", "ŒUVRE", "5²"]
     infix = ["-", "--", "---", "----", "—", "——", "–", "~", "/", ":", "=", "<", ".", "..", "...", "…", ",",
              "+", "*", "^", "’", "'", "²", "%", "&"]
     suf = list(".,;:!?)\"”'’…+$%]") + ["'s", "’S", "..", "……", "………", "kg", "km"]

@@ -96,9 +96,11 @@ def scan_chunks(b, cls, doff, unit_b, unit_n):
     """Whitespace-separated chunks of every text (``doff``: text byte offsets), and how the
     quick rules cut them.
 
-    A chunk without a rule character is one word (kind 0). An ASCII chunk whose only rule
-    characters are one at either end ("word," "(word" "(word)") is decided from the
-    neighbouring bytes (kind 1). In both, a unit after a number at the end of the core
+    A chunk without a rule character is one word (kind 0), and so is a chunk of one
+    character. A chunk whose only rule characters are one ASCII character at either end
+    ("word," "(word" "(mot)" "Straße.") is decided from the neighbouring characters' classes
+    (kind 1), and so is a chunk of letters with one hyphen or apostrophe inside ("far-flung",
+    kind 3: no whole core; "Here’s", "l’homme"). In both, a unit after a number at the end of the core
     ("5kg", "25$"; rows of ``unit_b``, ``unit_n`` bytes long) is split off. The rest take
     the full rules (kind 2).
 
@@ -129,13 +131,11 @@ def scan_chunks(b, cls, doff, unit_b, unit_n):
                 continue
             s = i
             any_cls = 0
-            any_b = 0
             while i < end:
                 x = cls[i]
                 if (x & BYTE_SPACE) != 0:
                     break
                 any_cls |= x
-                any_b |= b[i]
                 i += 1
             e = i
             c_start[k] = s
@@ -143,9 +143,16 @@ def scan_chunks(b, cls, doff, unit_b, unit_n):
             kind[k] = 0
             cs = s
             ce = e
+            sf = -1
             if (any_cls & BYTE_NEEDS_RULES) != 0:
                 kind[k] = 2
-                if any_b < 0x80 and e - s >= 2:
+                lead = b[s]
+                if e - s == (1 if lead < 0x80 else (4 if lead >= 0xF0 else (3 if lead >= 0xE0 else 2))):
+                    kind[k] = 0  # a single character ("-", "—", "&") is one word
+                # Non-ASCII letters in the core are fine: one rule byte at an end is one ASCII
+                # character (a multi-byte one flags all its bytes), and the neighbour classes
+                # below are of whole characters (every byte of a character carries its class).
+                elif e - s >= 2:
                     n_rb = 0
                     for j in range(s, e):
                         if (cls[j] & BYTE_NEEDS_RULES) != 0:
@@ -164,12 +171,42 @@ def scan_chunks(b, cls, doff, unit_b, unit_n):
                         if at_end or both:
                             x = e - 1
                             pc_ = cls[x - 1]
-                            two_upper = (pc_ & BYTE_UPPER) != 0 and (cls[x - 2] & BYTE_UPPER) != 0 and x - 2 >= cs
+                            p = x - 1  # where the character before the suffix starts
+                            while p > cs and (b[p] & 0xC0) == 0x80:
+                                p -= 1
+                            two_upper = (pc_ & BYTE_UPPER) != 0 and p - 1 >= cs and (cls[p - 1] & BYTE_UPPER) != 0
                             dot = b[x] == 0x2E and ((pc_ & (BYTE_LOWER | BYTE_DIGIT | BYTE_DOT_AFTER)) != 0 or two_upper)
                             plus = b[x] == 0x2B and (pc_ & BYTE_DIGIT) != 0
                             if (cls[x] & BYTE_SUFFIX) != 0 or dot or plus:
                                 ce = x
-            suf_s[k] = ce
+                if kind[k] == 2 and (any_cls & BYTE_DIGIT) == 0:
+                    # One rule character inside letters: a hyphen between letters is an infix
+                    # ("far-flung": three words, none a whole core; kind 3); an apostrophe
+                    # before a final s/S starts a suffix ("Here’s": two words), any other
+                    # apostrophe is part of the word ("l’homme"). Digits go to the full
+                    # rules (units, number infixes).
+                    h = -1
+                    n_r = 0
+                    for j in range(s, e):
+                        if (cls[j] & BYTE_NEEDS_RULES) != 0:
+                            if h < 0:
+                                h = j
+                            n_r += 1
+                    if h > s:
+                        if (n_r == 1 and b[h] == 0x2D and h + 1 < e and (cls[h - 1] & BYTE_LETTER) != 0
+                                and (cls[h + 1] & BYTE_LETTER) != 0):
+                            kind[k] = 3
+                            ce = h
+                            sf = h + 1
+                        elif (n_r == 1 and b[h] == 0x27) or (
+                                n_r == 3 and b[h] == 0xE2 and b[h + 1] == 0x80 and b[h + 2] == 0x99):
+                            after = h + (1 if n_r == 1 else 3)
+                            if after == e - 1 and (b[after] == 0x73 or b[after] == 0x53):
+                                kind[k] = 1
+                                ce = h
+                            elif after < e:
+                                kind[k] = 0
+            suf_s[k] = ce if sf < 0 else sf
             if kind[k] != 2 and (any_cls & BYTE_DIGIT) != 0:
                 # the core's last digit, if the rest of the core could be a unit
                 lo = max(cs, ce - unit_b.shape[1] - 1)

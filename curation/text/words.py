@@ -49,8 +49,9 @@ from curation.text.special_cases import SPECIAL_CASES, cut_mask
 # letters, "..." inside a word, ...).
 #
 # One compiled pass (``kernels.scan_chunks``) finds the chunks and sorts them. Most are plain
-# words (no punctuation or symbol): one word each. ASCII chunks that are a plain core with one
-# affix character at either end ("word," "(word)") are decided from the neighbouring bytes. In
+# words (no punctuation or symbol): one word each. Chunks that are a plain core (any script)
+# with one ASCII affix character at either end ("word," "(word)" "Straße.") are decided from
+# the neighbouring characters' classes. In
 # both, a unit after a number at the end of the core ("5kg", "25$") is split off. Only the rest
 # go through the full rules, decoded to code points, compiled one chunk at a time
 # (``kernels.rule_starts``): a table gives each character its classes, the prefix run of a
@@ -229,15 +230,15 @@ def split_words(texts: pa.Array, special_cases: bool = True, reference: bool = F
 def _split_words(b, doff, buf, base, special_cases: bool, reference: bool = False) -> Words:
     n_docs = len(doff) - 1
     cls = byte_classes(b)
-    # Chunks, and how the quick rules cut plain ones and ASCII "word," "(word)" (compiled).
+    # Chunks, and how the quick rules cut plain ones, "word," "(word)", "far-flung", "Here’s" (compiled).
     c_start, c_end, kind, core_s, core_e, suf_s = kernels.scan_chunks(b, cls, doff, *unit_rows(bytes_=True))
     if reference:  # every chunk by the array rules: what the tests hold the quick paths to
         kind[:] = 2
-    quick = np.flatnonzero(kind != 2)
     slow = np.flatnonzero(kind == 2)
     # Spans that are a whole core (what is left of a chunk after its affixes and a unit):
-    # one-word special cases apply to them.
-    cores_s, cores_e = core_s[quick], core_e[quick]
+    # one-word special cases apply to them. (Kind 3, "far-flung", has none: the infix cut it.)
+    whole = np.flatnonzero(kind <= 1)
+    cores_s, cores_e = core_s[whole], core_e[whole]
     tok = np.zeros(0, np.int64)
     if len(slow):  # the full rules for the rest, on code points
         tok, core_a, core_b = _rule_chunks(b, c_start[slow], c_end[slow], reference)
