@@ -612,7 +612,7 @@ class GopherRepetitionFilter(_FilterStage):
         if sizes:
             words = self._words(text)
             top, dup = repetition_chars(words.hash, words.lengths.astype(np.int64), words.offsets, min(sizes),
-                                        max(sizes))
+                                        max(sizes), top_ns=list(self.top_n_grams), dup_ns=list(self.dup_n_grams))
         top = {size: safe_div(top[:, size], text_len) for size in self.top_n_grams}
         dup = {size: safe_div(dup[:, size], text_len) for size in self.dup_n_grams}
         for size in self.top_n_grams:
