@@ -75,6 +75,7 @@ from curation.text import words as text_words
 from curation.text.arrow import mask, safe_div, to_numpy
 from curation.text.chars import TERMINAL_PUNCTUATION
 from curation.text.counts import bullet_and_ellipsis_lines, hashes_and_ellipses, word_tallies
+from curation.text.duplicate_parts import duplicate_parts
 from curation.text import segments
 from curation.text.segments import Segments
 from curation.text.repetition import repetition_chars
@@ -597,14 +598,13 @@ class GopherRepetitionFilter(_FilterStage):
     def signals(self, text):
         n = len(text)
         text_len = text.char_lengths
-        paragraphs = text.paragraphs
-        para_dups, para_chars = segments.duplicate_stats(paragraphs)
-        lines = text.newlines()
-        line_dups, line_chars = segments.duplicate_stats(lines)
+        # paragraphs: the stripped text cut at runs of 2+ newlines; lines: at runs of newlines
+        n_paras, para_dups, para_chars = duplicate_parts(text.texts, min_run=2, strip=True)
+        n_lines, line_dups, line_chars = duplicate_parts(text.texts, min_run=1)
         columns = {
-            "gopher_dup_para_frac": safe_div(para_dups, paragraphs.counts),
+            "gopher_dup_para_frac": safe_div(para_dups, n_paras),
             "gopher_dup_para_char_frac": safe_div(para_chars, text_len),
-            "gopher_dup_line_frac": safe_div(line_dups, lines.counts),
+            "gopher_dup_line_frac": safe_div(line_dups, n_lines),
             "gopher_dup_line_char_frac": safe_div(line_chars, text_len),
         }
         sizes = set(self.top_n_grams) | set(self.dup_n_grams)

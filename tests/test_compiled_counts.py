@@ -1,0 +1,68 @@
+"""Compiled counters against the array code they replaced, on the real pages of
+``tests/data/filters`` and on fuzzed text: Gopher's repeated lines and paragraphs
+(``duplicate_parts`` against ``split_newlines`` + ``duplicate_stats``), its word tallies
+(``word_tallies`` against numpy over the words) and the repetition kernel's skipped passes."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pyarrow as pa
+
+from curation.text.counts import word_tallies
+from curation.text.duplicate_parts import duplicate_parts
+from curation.text.repetition import repetition_chars
+from curation.text.segments import duplicate_stats
+from curation.text.state import TextState
+from curation.text.words import split_words
+from test_filters import REAL
+
+
+def _fuzz(n: int, seed: int = 0) -> list[str]:
+    """Texts of lines and blank runs, Python whitespace of every kind at the edges (strip),
+    repeated lines and near-repeats (same length, same ends, another middle)."""
+    rng = random.Random(seed)
+    pieces = ["a", "b", "x y", "", " ", "\u00a0", "\u2003", "é", "中", "\t", "\r", "\x1c", "\x85", "line one",
+              "\n", "\n\n", "\n\n\n", "<tr>0001</tr>", "<tr>0002</tr>", "the same line of text"]
+    out = ["".join(rng.choice(pieces) for _ in range(rng.randint(0, 40))) for _ in range(n)]
+    return out + ["", "\n", "\n\n", " \n \n ", "a\n\na\n\na", "x" * 20 + "\n" + "x" * 20]
+
+
+def test_duplicate_parts_equal_split_and_dictionary_counts():
+    texts = [d["text"] for d in REAL] + _fuzz(2000)
+    arr = pa.array(texts)
+    state = TextState(arr)
+    for got, parts in ((duplicate_parts(arr, min_run=2, strip=True), state.paragraphs),
+                       (duplicate_parts(arr, min_run=1), state.newlines())):
+        dups, chars = duplicate_stats(parts)
+        assert np.array_equal(got[0], parts.counts)
+        assert np.array_equal(got[1], dups)
+        assert np.array_equal(got[2], chars)
+    assert got[1].sum() > 100  # repeats were there to find
+    assert duplicate_parts(pa.array(["", ""]))[0].tolist() == [1, 1]
+
+
+def test_word_tallies_equal_numpy_over_the_words():
+    texts = [d["text"] for d in REAL]
+    words = split_words(pa.array(texts))
+    stop = ["the", "and", "of", "to", "that"]
+    stop_idx = words.match(stop)
+    got = word_tallies(words.offsets, words.symbol, words.alpha, words.lengths.astype(np.int64), stop_idx, len(stop))
+    n, doc, real, has = len(texts), words.doc, ~words.symbol, stop_idx >= 0
+    assert np.array_equal(got[0], np.bincount(doc[real], minlength=n))
+    assert np.array_equal(got[1], np.bincount(doc[real], weights=words.lengths[real], minlength=n).astype(np.int64))
+    assert np.array_equal(got[2], np.bincount(doc[words.alpha], minlength=n))
+    key = np.unique(doc[has] * (len(stop) + 1) + stop_idx[has])
+    assert np.array_equal(got[3], np.bincount(key // (len(stop) + 1), minlength=n))
+    assert np.array_equal(got[4], np.bincount(doc[has & real], minlength=n))
+    assert got[3].max() == len(stop)
+
+
+def test_repetition_kernel_skips_only_the_passes_not_asked_for():
+    words = split_words(pa.array([d["text"] for d in REAL]))
+    args = (words.hash, words.lengths.astype(np.int64), words.offsets, 2, 10)
+    top, dup = repetition_chars(*args)
+    top2, dup2 = repetition_chars(*args, top_ns=[2, 3, 4], dup_ns=[5, 6, 7, 8, 9, 10])
+    assert np.array_equal(top[:, 2:5], top2[:, 2:5]) and np.array_equal(dup[:, 5:], dup2[:, 5:])
+    assert not top2[:, 5:].any() and not dup2[:, :5].any() and dup[:, 2:5].any()
