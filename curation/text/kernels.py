@@ -40,14 +40,6 @@ def short_key(b, s, n):
 
 
 @njit(cache=True, nogil=True)
-def short_keys(b, start, n_bytes):
-    out = np.empty(len(start), np.uint64)
-    for i in range(len(start)):
-        out[i] = short_key(b, start[i], min(n_bytes[i], 16))
-    return out
-
-
-@njit(cache=True, nogil=True)
 def find_keys(b, start, n_bytes, sorted_keys, order, sieve):
     """Spans ``b[start:start+n]`` equal to one of the keys: (span indices, key indices).
 
@@ -273,29 +265,42 @@ def word_spans(c_start, c_end, kind, core_s, core_e, suf_s, slow_tok):
 
 
 @njit(cache=True, nogil=True)
-def word_measures(b, cls, start, end):
+def word_measures_and_keys(b, cls, start, end):
     """Per span ``[start, end)`` of UTF-8 bytes, in one pass: characters (bytes that are not
-    continuation bytes), and whether all bytes carry ``BYTE_PUNCTUATION``, some byte ``BYTE_LETTER``, all
-    bytes ``BYTE_UNICODE_PUNCT``."""
+    continuation bytes); whether all bytes carry ``BYTE_PUNCTUATION``, some byte
+    ``BYTE_LETTER``, all bytes ``BYTE_UNICODE_PUNCT``; and ``short_key`` of its first 16
+    bytes (the word's id when it has no more). The filters read all of them: one pass for
+    the measures and one for the keys cost a third more."""
     m = len(start)
     chars = np.zeros(m, np.int64)
     symbol = np.zeros(m, np.bool_)
     alpha = np.zeros(m, np.bool_)
     punct = np.zeros(m, np.bool_)
+    keys = np.empty(m, np.uint64)
     for i in range(m):
+        s = start[i]
+        n = end[i] - s
         c = 0
         all_ = 0xFFFF
         any_ = 0
-        for j in range(start[i], end[i]):
-            if (b[j] & 0xC0) != 0x80:
+        lo = np.uint64(0)
+        hi = np.uint64(0)
+        for k in range(n):
+            x = b[s + k]
+            if (x & 0xC0) != 0x80:
                 c += 1
-            all_ &= cls[j]
-            any_ |= cls[j]
+            all_ &= cls[s + k]
+            any_ |= cls[s + k]
+            if k < 8:
+                lo |= np.uint64(x) << np.uint64(8 * k)
+            elif k < 16:
+                hi |= np.uint64(x) << np.uint64(8 * (k - 8))
         chars[i] = c
         symbol[i] = (all_ & BYTE_PUNCTUATION) != 0
         alpha[i] = (any_ & BYTE_LETTER) != 0
         punct[i] = (all_ & BYTE_UNICODE_PUNCT) != 0
-    return chars, symbol, alpha, punct
+        keys[i] = mix64(lo ^ mix64(hi + np.uint64(min(n, 16))))
+    return chars, symbol, alpha, punct, keys
 
 
 @njit(cache=True, nogil=True)

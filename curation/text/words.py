@@ -125,7 +125,7 @@ class Words(PerDoc):
         out._doff = doff
         if "_cls" in self.__dict__:  # the bytes' classes move with them: no second pass over the text
             out.__dict__["_cls"] = kernels.gather_ranges(self._cls, self._doff[docs], np.diff(doff))
-        for name in ("byte_lengths", "lengths", "symbol", "alpha", "punct", "ender", "hash"):
+        for name in ("byte_lengths", "lengths", "symbol", "alpha", "punct", "_short_keys", "ender", "hash"):
             if name in self.__dict__:
                 out.__dict__[name] = self.__dict__[name][idx]
         return out
@@ -135,10 +135,12 @@ class Words(PerDoc):
         return self.end - self.start
 
     def _measured(self, name: str) -> np.ndarray:
-        """``lengths``, ``symbol``, ``alpha`` and ``punct`` come from one compiled pass over
-        the words' bytes; whichever is asked first measures all four."""
-        chars, symbol, alpha, punct = kernels.word_measures(self._b, self._cls, self.start, self.end)
-        for key, value in (("lengths", chars), ("symbol", symbol), ("alpha", alpha), ("punct", punct)):
+        """``lengths``, ``symbol``, ``alpha``, ``punct`` and the short keys under ``hash``
+        come from one compiled pass over the words' bytes; whichever is asked first measures
+        all five."""
+        chars, symbol, alpha, punct, keys = kernels.word_measures_and_keys(self._b, self._cls, self.start, self.end)
+        for key, value in (("lengths", chars), ("symbol", symbol), ("alpha", alpha), ("punct", punct),
+                           ("_short_keys", keys)):
             self.__dict__.setdefault(key, value)
         return self.__dict__[name]
 
@@ -174,7 +176,7 @@ class Words(PerDoc):
         """64-bit id per word: equal words, equal ids (exact up to 16 bytes, then by
         dictionary encoding of the longer words)."""
         n_bytes = self.byte_lengths
-        out = kernels.short_keys(self._b, self.start, n_bytes)
+        out = self._measured("_short_keys").copy()
         long = np.flatnonzero(n_bytes > 16)
         if len(long):
             enc = pc.dictionary_encode(byte_spans(self._buf, self._base, self.start[long], self.end[long]))
