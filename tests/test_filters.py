@@ -457,12 +457,25 @@ def test_words_reused_for_the_documents_a_previous_stage_kept(monkeypatch):
     real_split = text_signals.split_words
     monkeypatch.setattr(text_signals, "split_words", lambda t, **kw: calls.append(len(t)) or real_split(t, **kw))
     reused = state.take(keep).words  # the state the next stage gets: nothing split again
-    assert calls == [] and "hash" in reused.__dict__ and "lengths" in reused.__dict__
+    assert calls == []
+    # nothing measured again either: the measurements are read from the words as split
+    measured = []
+    real_measure = text_signals.kernels.word_measures_and_keys
+    monkeypatch.setattr(text_signals.kernels, "word_measures_and_keys",
+                        lambda *a: measured.append(1) or real_measure(*a))
+    got = {name: getattr(reused, name) for name in ("lengths", "symbol", "alpha", "punct", "ender", "hash")}
+    assert measured == []
+    # a subset of a subset reads from the words as split too (one generation kept, no chain)
+    sub = state.take(keep).take([2, 0]).words
+    sub_lengths, sub_hash = sub.lengths, sub.hash
+    assert sub._root is first and measured == []
+    assert np.array_equal(sub_lengths, split_words(pa.array([kept[2], kept[0]])).lengths)
+    assert np.array_equal(sub_hash[sub.offsets[1]:], got["hash"][:reused.offsets[1]])
     fresh = split_words(pa.array(kept))  # split from scratch
     assert reused.values().to_pylist() == fresh.values().to_pylist()
     assert reused.offsets.tolist() == fresh.offsets.tolist()
     for name in ("lengths", "symbol", "alpha", "punct", "ender"):
-        assert np.array_equal(getattr(reused, name), getattr(fresh, name)), name
+        assert np.array_equal(got[name], getattr(fresh, name)), name
     # Word ids: the same partition into equal words (long words get per-batch ids).
     def partition(h):  # each word labelled by the first position holding an equal word
         _, first, inverse = np.unique(h, return_index=True, return_inverse=True)

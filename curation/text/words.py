@@ -106,13 +106,30 @@ class Words(PerDoc):
         self._buf = buf
         self._base = base
 
+    #: measurements a subset (``take_docs``) reads from the words it was taken from, on first
+    #: use: the filters after the first read few of them (FineWeb and C4 only the counts)
+    _INHERITED = ("_cls", "lengths", "symbol", "alpha", "punct", "_short_keys", "ender", "hash")
+
     @functools.cached_property
     def _cls(self) -> np.ndarray:
-        return byte_classes(self._b)
+        got = self._inherit("_cls")
+        return byte_classes(self._b) if got is None else got
+
+    def _inherit(self, name: str) -> np.ndarray | None:
+        """``name`` of these words from the words they were split as (``take_docs``), if
+        those measured it; None otherwise."""
+        root = self.__dict__.get("_root")
+        if root is None or name not in root.__dict__:
+            return None
+        if name == "_cls":  # per byte: the texts' byte ranges move
+            return kernels.gather_ranges(root._cls, root._doff[self._root_docs], np.diff(self._doff))
+        return root.__dict__[name][self._root_idx]
 
     def take_docs(self, docs: np.ndarray, b, doff, buf, base) -> Words:
         """The words of some of these texts, for a batch holding exactly those texts (same
-        bytes, other positions): spans are moved, measurements already made are kept."""
+        bytes, other positions): spans are moved; measurements already made are kept,
+        read on first use from the words as first split (a subset of a subset links to
+        those too, so one generation is kept alive, not a chain)."""
         counts = self.counts[docs]
         first = self.offsets[:-1][docs]
         total = int(counts.sum())
@@ -123,11 +140,15 @@ class Words(PerDoc):
         out = Words(np.repeat(np.arange(len(docs), dtype=np.int64), counts), offsets,
                     self.start[idx] + shift, self.end[idx] + shift, b, None, buf, base)
         out._doff = doff
-        if "_cls" in self.__dict__:  # the bytes' classes move with them: no second pass over the text
-            out.__dict__["_cls"] = kernels.gather_ranges(self._cls, self._doff[docs], np.diff(doff))
-        for name in ("byte_lengths", "lengths", "symbol", "alpha", "punct", "_short_keys", "ender", "hash"):
-            if name in self.__dict__:
-                out.__dict__[name] = self.__dict__[name][idx]
+        root = self.__dict__.get("_root")
+        if root is None:
+            out._root, out._root_idx, out._root_docs = self, idx, docs
+        else:
+            out._root, out._root_idx, out._root_docs = root, self._root_idx[idx], self._root_docs[docs]
+            for name in self._INHERITED:  # measured here, not in the root: moved now
+                if name in self.__dict__ and name not in root.__dict__:
+                    out.__dict__[name] = (kernels.gather_ranges(self._cls, self._doff[docs], np.diff(doff))
+                                          if name == "_cls" else self.__dict__[name][idx])
         return out
 
     @functools.cached_property
@@ -137,7 +158,11 @@ class Words(PerDoc):
     def _measured(self, name: str) -> np.ndarray:
         """``lengths``, ``symbol``, ``alpha``, ``punct`` and the short keys under ``hash``
         come from one compiled pass over the words' bytes; whichever is asked first measures
-        all five."""
+        all five (unless the words these were taken from did)."""
+        got = self._inherit(name)
+        if got is not None:
+            self.__dict__[name] = got
+            return got
         chars, symbol, alpha, punct, keys = kernels.word_measures_and_keys(self._b, self._cls, self.start, self.end)
         for key, value in (("lengths", chars), ("symbol", symbol), ("alpha", alpha), ("punct", punct),
                            ("_short_keys", keys)):
@@ -169,12 +194,18 @@ class Words(PerDoc):
         """One sentence-ending character (the marks spaCy's sentencizer splits after)."""
         if not len(self.start):
             return np.zeros(0, dtype=bool)
+        got = self._inherit("ender")
+        if got is not None:
+            return got
         return (self.lengths == 1) & ((self._cls[self.start] & BYTE_TERMINAL) != 0)
 
     @functools.cached_property
     def hash(self) -> np.ndarray:
         """64-bit id per word: equal words, equal ids (exact up to 16 bytes, then by
         dictionary encoding of the longer words)."""
+        got = self._inherit("hash")
+        if got is not None:
+            return got
         n_bytes = self.byte_lengths
         out = self._measured("_short_keys").copy()
         long = np.flatnonzero(n_bytes > 16)
