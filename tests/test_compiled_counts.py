@@ -1,7 +1,8 @@
 """Compiled counters against the array code they replaced, on the real pages of
 ``tests/data/filters`` and on fuzzed text: Gopher's repeated lines and paragraphs
 (``duplicate_parts`` against ``split_newlines`` + ``duplicate_stats``), its word tallies
-(``word_tallies`` against numpy over the words) and the repetition kernel's skipped passes."""
+(``word_tallies`` against numpy over the words), its line tallies (``line_tallies`` against
+``str.splitlines`` and the per-line marks) and the repetition kernel's skipped passes."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import random
 import numpy as np
 import pyarrow as pa
 
-from curation.text.counts import word_tallies
+from curation.text.counts import bullet_and_ellipsis_lines, line_tallies, word_tallies
 from curation.text.duplicate_parts import duplicate_parts
 from curation.text.repetition import repetition_chars
-from curation.text.segments import duplicate_stats
+from curation.text.segments import duplicate_stats, split_lines
 from curation.text.state import TextState
 from curation.text.words import split_words
 from test_filters import REAL
@@ -66,3 +67,19 @@ def test_repetition_kernel_skips_only_the_passes_not_asked_for():
     top2, dup2 = repetition_chars(*args, top_ns=[2, 3, 4], dup_ns=[5, 6, 7, 8, 9, 10])
     assert np.array_equal(top[:, 2:5], top2[:, 2:5]) and np.array_equal(dup[:, 5:], dup2[:, 5:])
     assert not top2[:, 5:].any() and not dup2[:, :5].any() and dup[:, 2:5].any()
+
+
+def test_line_tallies_equal_splitlines_and_the_per_line_marks():
+    rng = random.Random(1)
+    breaks = ["\n", "\r", "\r\n", "\v", "\f", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029", "\n\n"]
+    bits = ["- item", "• item", "text", " ", "\u00a0", "...", "…", "wait...", "end… ", "-", "", "é"]
+    fuzz = ["".join(rng.choice(bits + breaks) for _ in range(rng.randint(0, 25))) for _ in range(2000)]
+    texts = [d["text"] for d in REAL] + fuzz + ["", "\n", "a\n", "\r\n", "a\r\nb", "\n\n"]
+    arr = pa.array(texts)
+    lines = split_lines(arr)
+    bullet, ellipsis = bullet_and_ellipsis_lines(arr, lines)
+    n_lines, bullets, ellipses = line_tallies(arr)
+    assert n_lines.tolist() == [len(t.splitlines()) for t in texts]
+    assert np.array_equal(bullets, lines.per_doc_sum(bullet).astype(np.int64))
+    assert np.array_equal(ellipses, lines.per_doc_sum(ellipsis).astype(np.int64))
+    assert bullets.sum() > 100 and ellipses.sum() > 100

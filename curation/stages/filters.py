@@ -74,7 +74,7 @@ from curation.text import lang_rules
 from curation.text import words as text_words
 from curation.text.arrow import mask, safe_div, to_numpy
 from curation.text.chars import TERMINAL_PUNCTUATION
-from curation.text.counts import bullet_and_ellipsis_lines, hashes_and_ellipses, word_tallies
+from curation.text.counts import hashes_and_ellipses, line_tallies, word_tallies
 from curation.text.duplicate_parts import duplicate_parts
 from curation.text import segments
 from curation.text.segments import Segments
@@ -510,16 +510,14 @@ class GopherQualityFilter(_FilterStage):
             # Undefined (NaN) without words, like np.mean([]) in datatrove: no rule fires.
             mean_len = np.where(n_real > 0, real_chars / np.maximum(n_real, 1), np.nan)
         hashes, ellipses = hashes_and_ellipses(texts)
-        lines = text.lines
-        bullet, ell_end = bullet_and_ellipsis_lines(texts, lines)
-        n_lines = lines.counts
+        n_lines, bullets, ell_ends = line_tallies(texts)
         return {
             "gopher_n_words": n_real,
             "gopher_mean_word_length": mean_len,
             "gopher_symbol_word_ratio": safe_div(hashes, n_words),
             "gopher_ellipsis_word_ratio": safe_div(ellipses, n_words),
-            "gopher_bullet_lines_frac": safe_div(lines.per_doc_sum(bullet), n_lines),
-            "gopher_ellipsis_lines_frac": safe_div(lines.per_doc_sum(ell_end), n_lines),
+            "gopher_bullet_lines_frac": safe_div(bullets, n_lines),
+            "gopher_ellipsis_lines_frac": safe_div(ell_ends, n_lines),
             "gopher_alpha_words_frac": safe_div(n_alpha, n_words),
             "gopher_stop_words": n_stop,
             **({"gopher_stop_words_frac": safe_div(n_stop_real, n_real)}

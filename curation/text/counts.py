@@ -92,6 +92,28 @@ def _hashes_and_ellipses(b, doff):
 
 
 @njit(cache=True, nogil=True)
+def _line_marks(b, s, e):
+    """For the line ``b[s:e]``: ``line.lstrip().startswith(("•", "-"))`` and
+    ``line.rstrip().endswith(("...", "…"))``."""
+    i = s
+    while i < e:
+        w = _space_after(b, i, e)
+        if w == 0:
+            break
+        i += w
+    bullet = False
+    if i < e:
+        bullet = b[i] == 0x2D or (b[i] == 0xE2 and i + 2 < e and b[i + 1] == 0x80 and b[i + 2] == 0xA2)
+    k = e
+    while k > i:
+        w = _space_before(b, i, k)
+        if w == 0:
+            break
+        k -= w
+    return bullet, k - 3 >= i and _ellipsis_at(b, k - 3, k)
+
+
+@njit(cache=True, nogil=True)
 def _bullet_and_ellipsis_lines(b, start, length):
     """Per line (byte spans): ``line.lstrip().startswith(("•", "-"))`` and
     ``line.rstrip().endswith(("...", "…"))``."""
@@ -99,24 +121,54 @@ def _bullet_and_ellipsis_lines(b, start, length):
     bullet = np.zeros(m, np.bool_)
     ellipsis = np.zeros(m, np.bool_)
     for j in range(m):
-        s = start[j]
-        e = s + length[j]
-        i = s
-        while i < e:
-            w = _space_after(b, i, e)
-            if w == 0:
+        bullet[j], ellipsis[j] = _line_marks(b, start[j], start[j] + length[j])
+    return bullet, ellipsis
+
+
+def line_tallies(texts: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per text: its lines (``len(text.splitlines())``), bullet lines and lines ending in an
+    ellipsis (as ``bullet_and_ellipsis_lines`` marks them), in one compiled pass that finds
+    the lines itself: ``split_lines`` built Arrow strings of every line for three counts."""
+    b, doff, _, _ = text_bytes(texts)
+    if not len(b):
+        z = np.zeros(len(texts), np.int64)
+        return z, z.copy(), z.copy()
+    return _line_tallies(b, doff)
+
+
+@njit(cache=True, nogil=True)
+def _line_tallies(b, doff):
+    n = len(doff) - 1
+    lines = np.zeros(n, np.int64)
+    bullets = np.zeros(n, np.int64)
+    ellipses = np.zeros(n, np.int64)
+    for d in range(n):
+        e = doff[d + 1]
+        start = i = doff[d]
+        while True:
+            w = 0
+            if i < e:  # str.splitlines' breaks: \n \v \f \r (\r\n as one) \x1c-\x1e \x85 \u2028 \u2029
+                c = b[i]
+                if 0x0A <= c <= 0x0D or 0x1C <= c <= 0x1E:
+                    w = 2 if c == 0x0D and i + 1 < e and b[i + 1] == 0x0A else 1
+                elif c == 0xC2 and i + 1 < e and b[i + 1] == 0x85:
+                    w = 2
+                elif c == 0xE2 and i + 2 < e and b[i + 1] == 0x80 and (b[i + 2] == 0xA8 or b[i + 2] == 0xA9):
+                    w = 3
+                if w == 0:
+                    i += 1
+                    continue
+            elif start == e:  # no piece after a final break (and none in "")
+                break
+            bullet, ellipsis = _line_marks(b, start, i)
+            lines[d] += 1
+            bullets[d] += bullet
+            ellipses[d] += ellipsis
+            if i >= e:
                 break
             i += w
-        if i < e:
-            bullet[j] = b[i] == 0x2D or (b[i] == 0xE2 and i + 2 < e and b[i + 1] == 0x80 and b[i + 2] == 0xA2)
-        k = e
-        while k > i:
-            w = _space_before(b, i, k)
-            if w == 0:
-                break
-            k -= w
-        ellipsis[j] = k - 3 >= i and _ellipsis_at(b, k - 3, k)
-    return bullet, ellipsis
+            start = i
+    return lines, bullets, ellipses
 
 
 @njit(cache=True, nogil=True)

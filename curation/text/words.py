@@ -221,10 +221,10 @@ class Words(PerDoc):
         if short:
             words = [values[i] for i in short]
             keys, order = key_table(words)
-            cand = np.flatnonzero(self.byte_lengths <= 16)
-            cand, hit = find_keys(self._b, self.start[cand], self.byte_lengths[cand], keys,
-                                   order, key_sieve(words), cand)
-            out[cand] = np.array(short)[hit]
+            # every word: the compiled probe passes over those of more than 16 bytes itself
+            at, hit = kernels.find_keys(self._b, self.start, self.byte_lengths, keys, order.astype(np.int64),
+                                        key_sieve(words))
+            out[at] = np.array(short)[hit]
         long = [i for i, v in enumerate(values) if len(v.encode()) > 16]
         if long:
             cand = np.flatnonzero(self.byte_lengths > 16)
