@@ -15,7 +15,7 @@ from numba import njit
 from curation.hashing import splitmix64_one
 from curation.text.chars import (
     ALPHA, BYTE_DIGIT, BYTE_DOT_AFTER, BYTE_LETTER, BYTE_LOWER, BYTE_NEEDS_RULES, BYTE_PREFIX,
-    BYTE_PUNCTUATION, BYTE_SPACE, BYTE_SUFFIX, BYTE_UNICODE_PUNCT, BYTE_UPPER, DEGREE_LETTER, DIGIT,
+    BYTE_PUNCTUATION, BYTE_SPACE, BYTE_SUFFIX, BYTE_TERMINAL, BYTE_UNICODE_PUNCT, BYTE_UPPER, DEGREE_LETTER, DIGIT,
     DOT_AFTER, HYPHEN, INFIX_SYMBOL, LOWER, OPERATOR, OTHER_SYMBOL, PREFIX, PUNCT, QUOTE, SUFFIX, UPPER,
 )
 
@@ -92,13 +92,14 @@ def scan_chunks(b, cls, doff, unit_b, unit_n):
     character. A chunk whose only rule characters are one ASCII character at either end
     ("word," "(word" "(mot)" "Straße.") is decided from the neighbouring characters' classes
     (kind 1), and so is a chunk of letters with one hyphen or apostrophe inside ("far-flung",
-    kind 3: no whole core; "Here’s", "l’homme"). In both, a unit after a number at the end of the core
-    ("5kg", "25$"; rows of ``unit_b``, ``unit_n`` bytes long) is split off. The rest take
-    the full rules (kind 2).
+    kind 3: no whole core; "Here’s", "l’homme"). In kinds 0 and 1, a unit after a number at
+    the end of the core ("5kg", "25$"; rows of ``unit_b``, ``unit_n`` bytes long) is split
+    off. The rest take the full rules (kind 2).
 
     Returns per chunk: start, end, kind, core start, core end (before a unit) and where the
-    suffix starts (the unit, if any, runs from the core end to there). A quick chunk's
-    words are the non-empty spans among prefix, core, unit and suffix.
+    suffix starts (the unit, if any, runs from the core end to there; in kind 3 the hyphen
+    takes the unit's place). A quick chunk's words are the non-empty spans among prefix,
+    core, unit and suffix.
     """
     n = 0
     for d in range(len(doff) - 1):
@@ -268,14 +269,16 @@ def word_spans(c_start, c_end, kind, core_s, core_e, suf_s, slow_tok):
 def word_measures_and_keys(b, cls, start, end):
     """Per span ``[start, end)`` of UTF-8 bytes, in one pass: characters (bytes that are not
     continuation bytes); whether all bytes carry ``BYTE_PUNCTUATION``, some byte
-    ``BYTE_LETTER``, all bytes ``BYTE_UNICODE_PUNCT``; and ``short_key`` of its first 16
-    bytes (the word's id when it has no more). The filters read all of them: one pass for
-    the measures and one for the keys cost a third more."""
+    ``BYTE_LETTER``, all bytes ``BYTE_UNICODE_PUNCT``; whether it is one character that
+    ends a sentence (``BYTE_TERMINAL``); and ``short_key`` of its first 16 bytes (the
+    word's id when it has no more). The filters read all of them: one pass for the
+    measures and one for the keys cost a third more."""
     m = len(start)
     chars = np.zeros(m, np.int64)
     symbol = np.zeros(m, np.bool_)
     alpha = np.zeros(m, np.bool_)
     punct = np.zeros(m, np.bool_)
+    ender = np.zeros(m, np.bool_)
     keys = np.empty(m, np.uint64)
     for i in range(m):
         s = start[i]
@@ -299,8 +302,9 @@ def word_measures_and_keys(b, cls, start, end):
         symbol[i] = (all_ & BYTE_PUNCTUATION) != 0
         alpha[i] = (any_ & BYTE_LETTER) != 0
         punct[i] = (all_ & BYTE_UNICODE_PUNCT) != 0
+        ender[i] = c == 1 and (cls[s] & BYTE_TERMINAL) != 0
         keys[i] = mix64(lo ^ mix64(hi + np.uint64(min(n, 16))))
-    return chars, symbol, alpha, punct, keys
+    return chars, symbol, alpha, punct, ender, keys
 
 
 @njit(cache=True, nogil=True)

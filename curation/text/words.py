@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 from curation.hashing import splitmix64
 from curation.text import kernels
 from curation.text.arrow import byte_spans, code_point_spans, mask, text_bytes, to_numpy
-from curation.text.chars import BYTE_SPACE, BYTE_TERMINAL, URL_RE
+from curation.text.chars import BYTE_SPACE, URL_RE
 from curation.text.classes import byte_classes, code_point_flags, unit_rows
 from curation.text.keys import find_keys, key_sieve, key_table
 from curation.text.rules_reference import rule_token_starts
@@ -156,16 +156,17 @@ class Words(PerDoc):
         return self.end - self.start
 
     def _measured(self, name: str) -> np.ndarray:
-        """``lengths``, ``symbol``, ``alpha``, ``punct`` and the short keys under ``hash``
-        come from one compiled pass over the words' bytes; whichever is asked first measures
-        all five (unless the words these were taken from did)."""
+        """``lengths``, ``symbol``, ``alpha``, ``punct``, ``ender`` and the short keys under
+        ``hash`` come from one compiled pass over the words' bytes; whichever is asked first
+        measures all six (unless the words these were taken from did)."""
         got = self._inherit(name)
         if got is not None:
             self.__dict__[name] = got
             return got
-        chars, symbol, alpha, punct, keys = kernels.word_measures_and_keys(self._b, self._cls, self.start, self.end)
+        chars, symbol, alpha, punct, ender, keys = kernels.word_measures_and_keys(
+            self._b, self._cls, self.start, self.end)
         for key, value in (("lengths", chars), ("symbol", symbol), ("alpha", alpha), ("punct", punct),
-                           ("_short_keys", keys)):
+                           ("ender", ender), ("_short_keys", keys)):
             self.__dict__.setdefault(key, value)
         return self.__dict__[name]
 
@@ -192,12 +193,7 @@ class Words(PerDoc):
     @functools.cached_property
     def ender(self) -> np.ndarray:
         """One sentence-ending character (the marks spaCy's sentencizer splits after)."""
-        if not len(self.start):
-            return np.zeros(0, dtype=bool)
-        got = self._inherit("ender")
-        if got is not None:
-            return got
-        return (self.lengths == 1) & ((self._cls[self.start] & BYTE_TERMINAL) != 0)
+        return self._measured("ender")
 
     @functools.cached_property
     def hash(self) -> np.ndarray:
