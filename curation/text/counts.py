@@ -26,7 +26,7 @@ def bullet_and_ellipsis_lines(texts: pa.Array, lines: Segments) -> tuple[np.ndar
 
 
 @njit(cache=True, nogil=True)
-def _space_after(b, i, e):
+def space_after(b, i, e):
     """Bytes of the Python whitespace character (``str.isspace``) starting at ``i``, 0 if
     none; ``e``: end of the span."""
     c = b[i]
@@ -48,15 +48,15 @@ def _space_after(b, i, e):
 
 
 @njit(cache=True, nogil=True)
-def _space_before(b, s, k):
+def space_before(b, s, k):
     """Bytes of the Python whitespace character ending just before ``k`` (span from ``s``),
     0 if none."""
     if k - 1 >= s and b[k - 1] < 0x80:
-        return _space_after(b, k - 1, k)
+        return space_after(b, k - 1, k)
     if k - 2 >= s and b[k - 2] == 0xC2:
-        return _space_after(b, k - 2, k)
+        return space_after(b, k - 2, k)
     if k - 3 >= s and b[k - 3] >= 0xE0:  # a three-byte character ending at k
-        return _space_after(b, k - 3, k)
+        return space_after(b, k - 3, k)
     return 0
 
 
@@ -97,7 +97,7 @@ def _line_marks(b, s, e):
     ``line.rstrip().endswith(("...", "…"))``."""
     i = s
     while i < e:
-        w = _space_after(b, i, e)
+        w = space_after(b, i, e)
         if w == 0:
             break
         i += w
@@ -106,7 +106,7 @@ def _line_marks(b, s, e):
         bullet = b[i] == 0x2D or (b[i] == 0xE2 and i + 2 < e and b[i + 1] == 0x80 and b[i + 2] == 0xA2)
     k = e
     while k > i:
-        w = _space_before(b, i, k)
+        w = space_before(b, i, k)
         if w == 0:
             break
         k -= w

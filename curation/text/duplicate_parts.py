@@ -16,7 +16,7 @@ import pyarrow as pa
 from numba import njit
 
 from curation.text.arrow import text_bytes
-from curation.text.counts import _space_after, _space_before
+from curation.text.counts import space_after, space_before
 
 _GOLDEN = 0x9E3779B97F4A7C15
 
@@ -76,12 +76,12 @@ def _duplicate_parts(b, doff, min_run, strip):
         e = doff[d + 1]
         if strip:  # str.strip(): Python's whitespace, Unicode spaces included
             while s < e:
-                w = _space_after(b, s, e)
+                w = space_after(b, s, e)
                 if w == 0:
                     break
                 s += w
             while e > s:
-                w = _space_before(b, s, e)
+                w = space_before(b, s, e)
                 if w == 0:
                     break
                 e -= w
