@@ -15,10 +15,11 @@ import numpy as np
 import pyarrow as pa
 from numba import njit
 
+from curation.hashing import GOLDEN
 from curation.text.arrow import text_bytes
 from curation.text.counts import space_after, space_before
 
-_GOLDEN = 0x9E3779B97F4A7C15
+_GOLDEN = GOLDEN  # the project's golden-ratio constant (curation.hashing), compiled in
 
 
 def duplicate_parts(texts: pa.Array, min_run: int = 1, strip: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
