@@ -21,6 +21,7 @@ from curation.dedup.minhash import (
     estimate_jaccard,
     jaccard,
     lsh_params,
+    normalize_collapsed,
     normalize_text,
     normalized_word_hashes,
     read_artifact,
@@ -120,6 +121,29 @@ def test_fused_raw_text_path_equals_normalise_then_split():
         assert (o1 == o2).all() and (h1 == h2).all()
     _, off = normalized_word_hashes(pa.array([f"a{c}b" for c in spaces]))
     assert (np.diff(off) == 2).all()  # every character str.split splits on splits here too
+
+
+def test_key_text_from_raw_words_equals_normalising_whole_texts(monkeypatch):
+    """Exact dedup's key text (``normalize_collapsed``: only the batch's distinct non-ASCII
+    words normalised) must be byte for byte ``collapse_whitespace(normalize_text(...))``:
+    the keys of an index built before it must still match. Real pages, the awkward soup,
+    every Unicode space inside and around a word, accents that NFKC turns into a space and a
+    word, and, with every word hash forced equal, the fallback that normalises each word."""
+    import curation.dedup.kernels as kernels
+
+    spaces = _spaces()
+    batches = (ODD_TEXTS, _awkward_soup(), _docs(), [f"a{c}b" for c in spaces], [f" {c} " for c in spaces],
+               ["", None, " ", "\u00a8", "a \u00a8", "\u00a8 a", " \u00a8 ", "x\u00a8\u0301y", "ＡＢＣ déjà Σ"],
+               ["日本語" * 50] * 30 + ["é\u00a0é", "\u2028é\u2029"] * 50)
+    for batch in batches:
+        arr = pa.array(batch)
+        want = collapse_whitespace(normalize_text(arr))
+        assert normalize_collapsed(arr).to_pylist() == want.to_pylist()
+        assert normalize_collapsed(pa.chunked_array([arr[:3], arr[3:]])).to_pylist() == want.to_pylist()
+    real = pa.array(_docs() + ["Ｆｕｌｌ ｗｉｄｔｈ café"] * 3)
+    want = collapse_whitespace(normalize_text(real)).to_pylist()
+    monkeypatch.setattr(kernels, "span_hashes", lambda data, s, e: np.zeros(len(s), np.uint64))
+    assert normalize_collapsed(real).to_pylist() == want  # all "colliding": each word on its own
 
 
 def test_compiled_scan_bounds_hold_at_document_edges():

@@ -17,7 +17,7 @@ import xxhash
 
 from curation.dedup.bloom import BloomFilter
 from curation.hashing import GOLDEN
-from curation.dedup.minhash import collapse_whitespace, normalize_text
+from curation.dedup.minhash import normalize_collapsed
 
 PARAGRAPH_SEPARATOR = "\n"
 #: xor-ed into the seed of the confirming hash (any constant that makes it another function)
@@ -38,7 +38,7 @@ def hash_texts(norm: pa.Array, seed: int) -> np.ndarray:
 
 
 def _normalized(texts: pa.Array) -> pa.Array:
-    return collapse_whitespace(normalize_text(texts))
+    return normalize_collapsed(texts)
 
 
 def text_keys(texts: pa.Array, level: str, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

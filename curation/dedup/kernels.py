@@ -291,3 +291,131 @@ def minhash_multiply_shift64(x, offsets, a, b, shift):
         for j in range(k):
             sig[d, j] = np.uint32(row[j] >> np.uint64(32))
     return sig
+
+
+@njit(cache=True, nogil=True)
+def _span_ends(data, lo, hi, n, table, starts, ends, high, k, fill):
+    """Words of ``data[lo:hi]`` from index ``k`` on (written when ``fill``); returns the new
+    count. ``table``: 0 a byte that is no whitespace, 1 an ASCII whitespace byte, 2 a byte
+    that may lead a multi-byte whitespace character (C2, E1, E2, E3)."""
+    inword = False
+    hi_word = False
+    i = lo
+    while i < hi:
+        b = data[i]
+        t = table[b]
+        width = 0
+        if t == 1:
+            width = 1
+        elif t == 2:
+            width = _ws_width(data, i, n, table)
+        if width:
+            if inword:
+                if fill:
+                    ends[k] = i
+                    high[k] = hi_word
+                k += 1
+                inword = False
+            i += width
+            continue
+        if not inword:
+            inword = True
+            hi_word = False
+            if fill:
+                starts[k] = i
+        hi_word |= b >= 128
+        i += 1
+    if inword:
+        if fill:
+            ends[k] = hi
+            high[k] = hi_word
+        k += 1
+    return k
+
+
+@njit(cache=True, nogil=True)
+def word_spans(data, offsets, table):
+    """The maximal non-whitespace runs (``str.split``'s characters, as ``scan_words``) of
+    every document: ``(doc_words, starts, ends, high)``, document d's words being
+    ``doc_words[d]:doc_words[d + 1]`` and ``high`` marking words that hold a byte >= 0x80.
+    ``table`` as ``_span_ends`` (``WS_LEADS``)."""
+    n = len(data)
+    num_docs = len(offsets) - 1
+    none = np.empty(0, dtype=np.int64)
+    m = 0
+    for d in range(num_docs):
+        m = _span_ends(data, offsets[d], offsets[d + 1], n, table, none, none, np.empty(0, np.bool_), m, False)
+    doc_words = np.empty(num_docs + 1, dtype=np.int64)
+    starts = np.empty(m, dtype=np.int64)
+    ends = np.empty(m, dtype=np.int64)
+    high = np.empty(m, dtype=np.bool_)
+    k = 0
+    for d in range(num_docs):
+        doc_words[d] = k
+        k = _span_ends(data, offsets[d], offsets[d + 1], n, table, starts, ends, high, k, True)
+    doc_words[num_docs] = k
+    return doc_words, starts, ends, high
+
+
+@njit(cache=True, nogil=True)
+def spans_equal(data, starts, ends, rep_starts, rep_ends):
+    """Whether every span ``data[starts[i]:ends[i]]`` holds the bytes of its representative
+    ``data[rep_starts[i]:rep_ends[i]]`` (a check that words grouped by hash are one word)."""
+    for i in range(len(starts)):
+        s, e, r = starts[i], ends[i], rep_starts[i]
+        if e - s != rep_ends[i] - r:
+            return False
+        for j in range(e - s):
+            if data[s + j] != data[r + j]:
+                return False
+    return True
+
+
+@njit(cache=True, nogil=True)
+def join_words(data, doc_words, starts, ends, repl, r_off, r_data):
+    """Each document's words joined by one space: a word with ``repl[w] < 0`` is copied with
+    its ASCII letters lowered, another is replaced by ``r_data[r_off[repl[w]]:r_off[repl[w] + 1]]``
+    (none when that is empty). Returns (int64 offsets, bytes)."""
+    num_docs = len(doc_words) - 1
+    out_off = np.empty(num_docs + 1, dtype=np.int64)
+    total = 0
+    for d in range(num_docs):
+        out_off[d] = total
+        first = True
+        for w in range(doc_words[d], doc_words[d + 1]):
+            r = repl[w]
+            size = ends[w] - starts[w] if r < 0 else r_off[r + 1] - r_off[r]
+            if size == 0:
+                continue
+            total += size if first else size + 1
+            first = False
+    out_off[num_docs] = total
+    out = np.empty(total, dtype=np.uint8)
+    p = 0
+    for d in range(num_docs):
+        first = True
+        for w in range(doc_words[d], doc_words[d + 1]):
+            r = repl[w]
+            if r < 0:
+                s, e = starts[w], ends[w]
+                if not first:
+                    out[p] = 32
+                    p += 1
+                for i in range(s, e):
+                    b = data[i]
+                    if b >= 65 and b <= 90:
+                        b += np.uint8(32)
+                    out[p] = b
+                    p += 1
+            else:
+                s, e = r_off[r], r_off[r + 1]
+                if e == s:
+                    continue
+                if not first:
+                    out[p] = 32
+                    p += 1
+                for i in range(s, e):
+                    out[p] = r_data[i]
+                    p += 1
+            first = False
+    return out_off, out

@@ -60,6 +60,10 @@ _NGRAM_BASE = _U64(0x9FB21C651E98DF25)  # odd multiplier of the n-gram polynomia
 # Bytes that split words: ASCII whitespace as Python's str.split() sees it.
 _WS_BYTES = np.zeros(256, dtype=bool)
 _WS_BYTES[[9, 10, 11, 12, 13, 28, 29, 30, 31, 32]] = True
+# The same per byte for a compiled word cut: 1 ASCII whitespace, 2 a byte that may lead a
+# multi-byte whitespace character (``kernels._ws_width`` decides), 0 neither.
+_WS_LEADS = _WS_BYTES.astype(np.uint8)
+_WS_LEADS[[0xC2, 0xE1, 0xE2, 0xE3]] = 2
 # Whitespace characters NFKC keeps (the other spaces become U+0020 under NFKC).
 _UNICODE_WS = {0x85: " ", 0x1680: " ", 0x2028: " ", 0x2029: " "}
 _UNICODE_WS_CHARS = tuple(chr(c) for c in _UNICODE_WS)
@@ -181,6 +185,50 @@ def collapse_whitespace(texts: pa.Array) -> pa.Array:
     return pa.Array.from_buffers(pa.string(), len(texts), [None, pa.py_buffer(new_off), pa.py_buffer(out)])
 
 
+def normalize_collapsed(texts: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """``collapse_whitespace(normalize_text(texts))`` straight from raw text: exact dedup's key
+    text, byte for byte.
+
+    Words are cut on the raw bytes (``str.split``'s characters), ASCII words lowered and
+    copied in one compiled pass, and only the batch's distinct non-ASCII words normalised in
+    Python: NFKC + casefold of a word equals that of the text around it, since whitespace
+    never composes with a neighbour (``normalized_word_hashes`` rests on the same fact). A
+    normalised word holding whitespace ("¨" -> " ̈") is collapsed like the text. On the long
+    bench pages (12,700 chars, mostly non-ASCII) the whole-text path took ~1.2 ms a document,
+    most of it NFKC over every character and ~20 numpy passes over the bytes.
+    """
+    if isinstance(texts, pa.ChunkedArray):
+        texts = texts.combine_chunks() if texts.num_chunks != 1 else texts.chunk(0)
+    offsets, data = _string_buffers(pc.fill_null(texts, ""))
+    doc_words, starts, ends, high = _k.word_spans(data, offsets, _WS_LEADS)
+    repl = np.full(len(starts), -1, dtype=np.int64)
+    r_off, r_data = np.zeros(1, np.int64), np.zeros(0, np.uint8)
+    hw = np.flatnonzero(high)
+    if len(hw):
+        hs, he = starts[hw], ends[hw]
+        _, first, inverse = np.unique(_k.span_hashes(data, hs, he), return_index=True, return_inverse=True)
+        if not _k.spans_equal(data, hs, he, hs[first][inverse], he[first][inverse]):
+            first = inverse = np.arange(len(hw))  # two words share a 64-bit hash: each on its own
+        words = _spans_as_strings(data, hs[first], he[first])
+        r_off, r_data = _string_buffers(pa.array([" ".join(_normalize_one(w).split()) for w in words], pa.string()))
+        repl[hw] = inverse
+    out_off, out = _k.join_words(data, doc_words, starts, ends, repl, r_off, r_data)
+    if out_off[-1] < 2**31:
+        return pa.Array.from_buffers(pa.string(), len(out_off) - 1,
+                                     [None, pa.py_buffer(out_off.astype(np.int32)), pa.py_buffer(out)])
+    return pa.Array.from_buffers(pa.large_string(), len(out_off) - 1, [None, pa.py_buffer(out_off), pa.py_buffer(out)])
+
+
+def _spans_as_strings(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> list[str]:
+    """The UTF-8 byte spans ``data[starts[i]:ends[i]]`` as Python strings (one gather, one
+    Arrow conversion: no per-span slicing in Python)."""
+    lens = ends - starts
+    gather = np.repeat(starts - np.r_[0, np.cumsum(lens)[:-1]], lens) + np.arange(int(lens.sum()))
+    off = np.r_[0, np.cumsum(lens)]
+    typ, off = (pa.string(), off.astype(np.int32)) if off[-1] < 2**31 else (pa.large_string(), off.astype(np.int64))
+    return pa.Array.from_buffers(typ, len(starts), [None, pa.py_buffer(off), pa.py_buffer(data[gather])]).to_pylist()
+
+
 # ---------------------------------------------------------------------------------------------
 # words and shingles
 
@@ -240,12 +288,8 @@ def normalized_word_hashes(texts: pa.Array | pa.ChunkedArray) -> tuple[np.ndarra
         return hashes, doc_offsets
     raw = _k.span_hashes(data, w_start, w_end)
     uniq, first, inverse = np.unique(raw, return_index=True, return_inverse=True)
-    u_start = w_start[first]
-    lens = w_end[first] - u_start
-    gather = np.repeat(u_start - np.r_[0, np.cumsum(lens)[:-1]], lens) + np.arange(int(lens.sum()))
-    u_off = np.r_[0, np.cumsum(lens)].astype(np.int32)
-    u_arr = pa.Array.from_buffers(pa.string(), len(first), [None, pa.py_buffer(u_off), pa.py_buffer(data[gather])])
-    normal = pa.array([_normalize_one(w) for w in u_arr.to_pylist()], pa.string())
+    words = _spans_as_strings(data, w_start[first], w_end[first])
+    normal = pa.array([_normalize_one(w) for w in words], pa.string())
     n_hash, n_off = word_hashes(normal)
     k = np.diff(n_off)[inverse]
     if (k == 1).all():  # the usual case: one normalised word per raw word
