@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from pydantic import ValidationError
 
@@ -34,7 +35,8 @@ from curation.text import words as text_signals
 from curation.text.state import TextState
 from curation.text.chars import PUNCTUATION, TERMINAL_PUNCTUATION
 from curation.text.counts import bullet_and_ellipsis_lines, hashes_and_ellipses
-from curation.text.segments import Segments, duplicate_stats, split_lines, split_newlines
+from curation.text.segments import (Segments, duplicate_stats, ends_with_any, replace_regex_in_some, split_lines,
+                                    split_newlines)
 from curation.text.words import count_py_words, split_words
 
 DATA = Path(__file__).parent / "data" / "filters"
@@ -546,6 +548,32 @@ def test_line_and_paragraph_splits_equal_python(split, reference):
     values = seg.values.to_pylist()
     assert [values[seg.offsets[i]: seg.offsets[i + 1]] for i in range(len(texts))] == [reference(t) for t in texts]
     assert count_py_words(pa.array(texts)).tolist() == [len(t.split()) for t in texts]
+
+
+def test_compiled_line_helpers_equal_python():
+    """C4's per-line helpers that skip Arrow's per-string regex: ``count_py_words`` (one
+    compiled pass) against ``len(t.split())`` with every Unicode space, ``ends_with_any``
+    (the last byte) against ``t[-1:] in chars``, ``replace_regex_in_some`` (the regex only
+    on strings holding its byte) against the regex on every string; real lines, sliced
+    arrays and nulls included."""
+    rng = random.Random(7)
+    spaces = [chr(c) for c in range(0x110000) if chr(c).isspace()]
+    soup = spaces + list("ab é日.?!'\"[]1x") + ["\u00a8", "\u200b", "\u180e", "\u2060", "\ufeff", "[12]", "[edit]"]
+    lines = [line for d in REAL[:40] for line in d["text"].split("\n")]
+    texts = lines + ["".join(rng.choice(soup) for _ in range(rng.randint(0, 25))) for _ in range(3000)]
+    texts += [f"a{c}b" for c in spaces] + ["", " ", "é.", "end…", "x?"]
+    arr = pa.array(texts)
+    assert count_py_words(arr).tolist() == [len(t.split()) for t in texts]
+    assert count_py_words(arr.slice(5, 300)).tolist() == [len(t.split()) for t in texts[5:305]]
+    for chars in (".?!\"'", ".?!\"'。！？"):  # ASCII: by the last byte; else the regex
+        assert ends_with_any(arr, chars).tolist() == [t[-1:] != "" and t[-1] in chars for t in texts]
+        with_null = pa.array(texts[:50] + [None])
+        assert ends_with_any(with_null.slice(3), chars).tolist() == [t[-1:] != "" and t[-1] in chars
+                                                                     for t in texts[3:50]] + [False]
+    cite = r"\[\p{Nd}*\]|\[edit\]|\[citation needed\]"
+    for a in (arr, arr.slice(100, 2000), pa.array(["no bracket", "a[1]b", None, "[citation needed]"]),
+              pa.array(["plain"] * 3)):
+        assert replace_regex_in_some(a, 0x5B, cite, "").to_pylist() == pc.replace_substring_regex(a, cite, "").to_pylist()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -696,7 +696,7 @@ class C4QualityFilter(_LangRules):
                 too_long[long_idx[np.unique(chunks.doc[too])]] = True
         line = raw
         if self.remove_citations:
-            line = pc.replace_substring_regex(line, r"\[\p{Nd}*\]|\[edit\]|\[citation needed\]", "")
+            line = segments.replace_regex_in_some(line, 0x5B, r"\[\p{Nd}*\]|\[edit\]|\[citation needed\]", "")
         survives = ~too_long
         if self.filter_no_terminal_punct:
             ends = segments.ends_with_any(line, ".?!\"'" + (_CJK_LINE_ENDS if chars else ""))

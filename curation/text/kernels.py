@@ -395,7 +395,10 @@ def replace_spans(tok_start, tok_end, t, k, cut_at, cut_owner):
     """Word spans after replacements: replacement r turns words ``t[r] .. t[r]+k[r]-1`` into
     the pieces of their joint span cut at its ``cut_at`` offsets (``cut_owner`` == r, sorted
     by owner then offset). Words a merge absorbs vanish; of two replacements at one word the
-    later wins."""
+    later wins.
+
+    One pass over the words with the replacements in word order (a handful per document):
+    per-word marker arrays cost three more passes over every word."""
     m = len(tok_start)
     R = len(t)
     lo = np.zeros(R + 1, np.int64)
@@ -403,25 +406,19 @@ def replace_spans(tok_start, tok_end, t, k, cut_at, cut_owner):
         lo[cut_owner[j] + 1] += 1
     for r in range(R):
         lo[r + 1] += lo[r]
-    rep_of = np.full(m, -1, np.int64)
-    absorbed = np.zeros(m, np.bool_)
-    for r in range(R):
-        for j in range(1, k[r]):
-            absorbed[t[r] + j] = True
-    for r in range(R):
-        rep_of[t[r]] = r
-    total = 0
-    for i in range(m):
-        r = rep_of[i]
-        if r >= 0:
-            total += 1 + lo[r + 1] - lo[r]
-        elif not absorbed[i]:
-            total += 1
-    out_s = np.empty(total, np.int64)
-    out_e = np.empty(total, np.int64)
+    order = np.argsort(t, kind="mergesort")  # stable: at one word, the later replacement last
+    out_s = np.empty(m + len(cut_at), np.int64)  # a replacement adds its cuts, absorbs >= 0 words
+    out_e = np.empty(m + len(cut_at), np.int64)
     w = 0
+    p = 0
+    cover = -1  # the last word absorbed by a replacement seen so far
     for i in range(m):
-        r = rep_of[i]
+        r = -1
+        reach = cover
+        while p < R and t[order[p]] == i:
+            r = order[p]
+            reach = max(reach, i + k[r] - 1)
+            p += 1
         if r >= 0:
             a = tok_start[i]
             for j in range(lo[r], lo[r + 1]):
@@ -432,11 +429,12 @@ def replace_spans(tok_start, tok_end, t, k, cut_at, cut_owner):
             out_s[w] = a
             out_e[w] = tok_end[i + k[r] - 1]
             w += 1
-        elif not absorbed[i]:
+        elif i > cover:
             out_s[w] = tok_start[i]
             out_e[w] = tok_end[i]
             w += 1
-    return out_s, out_e
+        cover = reach
+    return out_s[:w], out_e[:w]
 
 
 @njit(cache=True, nogil=True)
@@ -663,4 +661,45 @@ def char_text_bytes(cp, start):
         else:
             pos += 4
     out[len(cp)] = pos
+    return out
+
+
+@njit(cache=True, nogil=True)
+def split_word_counts(b, doff, ascii_space):
+    """``len(t.split())`` of every text ``b[doff[d]:doff[d + 1]]`` (UTF-8): runs of
+    characters that are not Python whitespace. ``ascii_space``: per ASCII byte, whether it
+    is whitespace; the multi-byte whitespace characters (U+0085, U+00A0, U+1680,
+    U+2000-U+200A, U+2028, U+2029, U+202F, U+205F, U+3000) are decoded here. One pass, no
+    per-byte class array (C4 counts the words of most lines of every page it reads)."""
+    n_docs = len(doff) - 1
+    out = np.zeros(n_docs, np.int64)
+    for d in range(n_docs):
+        i = doff[d]
+        e = doff[d + 1]
+        inword = False
+        c = 0
+        while i < e:
+            x = b[i]
+            w = 0
+            if x < 0x80:
+                w = 1 if ascii_space[x] else 0
+            elif x == 0xC2 and i + 1 < e and (b[i + 1] == 0x85 or b[i + 1] == 0xA0):
+                w = 2
+            elif (x == 0xE1 or x == 0xE2 or x == 0xE3) and i + 2 < e:
+                y = b[i + 1]
+                z = b[i + 2]
+                if ((x == 0xE1 and y == 0x9A and z == 0x80)
+                        or (x == 0xE2 and y == 0x80 and (z <= 0x8A or z == 0xA8 or z == 0xA9 or z == 0xAF))
+                        or (x == 0xE2 and y == 0x81 and z == 0x9F)
+                        or (x == 0xE3 and y == 0x80 and z == 0x80)):
+                    w = 3
+            if w:
+                inword = False
+                i += w
+            else:
+                if not inword:
+                    c += 1
+                    inword = True
+                i += 1
+        out[d] = c
     return out

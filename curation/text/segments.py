@@ -154,8 +154,40 @@ def strip(values: pa.Array) -> pa.Array:
 
 
 def ends_with_any(values: pa.Array, chars) -> np.ndarray:
-    """Whether each string's last character is one of ``chars``."""
+    """Whether each string's last character is one of ``chars``.
+
+    ASCII ``chars`` are read from each string's last byte (an ASCII byte is never inside a
+    multi-byte character): the regex took C4 a tenth of its time."""
+    if isinstance(values, pa.Array) and all(ord(c) < 0x80 for c in chars):
+        b, doff, _, _ = text_bytes(values)
+        table = np.zeros(256, dtype=bool)
+        table[[ord(c) for c in chars]] = True
+        out = np.zeros(len(values), dtype=bool)
+        has = doff[1:] > doff[:-1]
+        out[has] = table[b[doff[1:][has] - 1]]
+        if values.null_count:
+            out &= mask(pc.is_valid(values))
+        return out
     return mask(pc.match_substring_regex(values, f"[{re2_class(chars)}]$"))
+
+
+def replace_regex_in_some(values: pa.Array, needle: int, pattern: str, replacement: str) -> pa.Array:
+    """``pc.replace_substring_regex(values, pattern, replacement)`` for a pattern that only
+    matches where the ASCII byte ``needle`` is: the regex runs on the strings holding that
+    byte (found by one vectorised pass over all bytes), the rest are left as they are.
+    C4's citations ("[12]", "[edit]") are in a few lines per page; the regex over every
+    line was a tenth of the stage."""
+    if not isinstance(values, pa.Array) or len(values) == 0:
+        return pc.replace_substring_regex(values, pattern, replacement)
+    b, doff, _, _ = text_bytes(values)
+    at = np.flatnonzero(b == needle)
+    if not len(at):
+        return values
+    idx = np.unique(np.searchsorted(doff, at, side="right") - 1)
+    some = np.zeros(len(values), dtype=bool)
+    some[idx] = True
+    fixed = pc.replace_substring_regex(values.take(pa.array(idx)), pattern, replacement)
+    return pc.replace_with_mask(values, pa.array(some), fixed)
 
 
 def duplicate_stats(seg: Segments, lengths: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 from curation.hashing import splitmix64
 from curation.text import kernels
 from curation.text.arrow import byte_spans, code_point_spans, mask, text_bytes, to_numpy
-from curation.text.chars import BYTE_SPACE, URL_RE
+from curation.text.chars import PY_WHITESPACE, URL_RE
 from curation.text.classes import byte_classes, code_point_flags, unit_rows
 from curation.text.keys import find_keys, key_sieve, key_table
 from curation.text.rules_reference import rule_token_starts
@@ -389,16 +389,15 @@ def _one_word_split_keys() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def count_py_words(values: pa.Array) -> np.ndarray:
-    """``len(s.split())`` for every string."""
+    """``len(s.split())`` for every string (one compiled pass over the bytes)."""
     b, doff, _, _ = text_bytes(values)
     if not len(b):
         return np.zeros(len(values), dtype=np.int64)
-    ws = (byte_classes(b) & BYTE_SPACE) != 0
-    first = ~ws
-    first[1:] &= ws[:-1]
-    nonempty = doff[1:] > doff[:-1]
-    first[doff[:-1][nonempty]] = ~ws[doff[:-1][nonempty]]
-    return np.diff(np.searchsorted(np.flatnonzero(first), doff))
+    return kernels.split_word_counts(b, doff, _ASCII_SPACE)
+
+
+#: per ASCII byte: Python whitespace (``str.split``)
+_ASCII_SPACE = np.array([chr(c) in PY_WHITESPACE for c in range(128)], dtype=np.bool_)
 
 
 def sentence_counts(words: Words) -> np.ndarray:
