@@ -11,7 +11,7 @@ import random
 import numpy as np
 import pyarrow as pa
 
-from curation.text.counts import bullet_and_ellipsis_lines, line_tallies, word_tallies
+from curation.text.counts import bullet_and_ellipsis_lines, hashes_and_ellipses, line_tallies, page_tallies, word_tallies
 from curation.text.duplicate_parts import duplicate_parts
 from curation.text.repetition import repetition_chars
 from curation.text.segments import duplicate_stats, split_lines
@@ -72,7 +72,8 @@ def test_repetition_kernel_skips_only_the_passes_not_asked_for():
 def test_line_tallies_equal_splitlines_and_the_per_line_marks():
     rng = random.Random(1)
     breaks = ["\n", "\r", "\r\n", "\v", "\f", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029", "\n\n"]
-    bits = ["- item", "• item", "text", " ", "\u00a0", "...", "…", "wait...", "end… ", "-", "", "é"]
+    bits = ["- item", "• item", "text", " ", "\u00a0", "...", "…", "wait...", "end… ", "-", "", "é", "#", "....", ".",
+            "\u2026\u2028", "\u00c2", "\u00a0\u0085"]
     fuzz = ["".join(rng.choice(bits + breaks) for _ in range(rng.randint(0, 25))) for _ in range(2000)]
     texts = [d["text"] for d in REAL] + fuzz + ["", "\n", "a\n", "\r\n", "a\r\nb", "\n\n"]
     arr = pa.array(texts)
@@ -83,3 +84,9 @@ def test_line_tallies_equal_splitlines_and_the_per_line_marks():
     assert np.array_equal(bullets, lines.per_doc_sum(bullet).astype(np.int64))
     assert np.array_equal(ellipses, lines.per_doc_sum(ellipsis).astype(np.int64))
     assert bullets.sum() > 100 and ellipses.sum() > 100
+    # the fused pass: the same three, and "#" / "..." / "…" as str.count and the one-count kernel
+    tallies = page_tallies(arr)
+    assert all(np.array_equal(a, b) for a, b in zip(tallies[:3], (n_lines, bullets, ellipses)))
+    assert tallies[3].tolist() == [t.count("#") for t in texts]
+    assert tallies[4].tolist() == [t.count("...") + t.count("…") for t in texts]
+    assert all(np.array_equal(a, b) for a, b in zip(tallies[3:], hashes_and_ellipses(arr)))

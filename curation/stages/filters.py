@@ -74,7 +74,7 @@ from curation.text import lang_rules
 from curation.text import words as text_words
 from curation.text.arrow import mask, safe_div, to_numpy
 from curation.text.chars import TERMINAL_PUNCTUATION
-from curation.text.counts import hashes_and_ellipses, line_tallies, word_tallies
+from curation.text.counts import page_tallies, word_tallies
 from curation.text.duplicate_parts import duplicate_parts
 from curation.text import segments
 from curation.text.segments import Segments
@@ -509,8 +509,7 @@ class GopherQualityFilter(_FilterStage):
         with np.errstate(invalid="ignore", divide="ignore"):
             # Undefined (NaN) without words, like np.mean([]) in datatrove: no rule fires.
             mean_len = np.where(n_real > 0, real_chars / np.maximum(n_real, 1), np.nan)
-        hashes, ellipses = hashes_and_ellipses(texts)
-        n_lines, bullets, ell_ends = line_tallies(texts)
+        n_lines, bullets, ell_ends, hashes, ellipses = page_tallies(texts)
         return {
             "gopher_n_words": n_real,
             "gopher_mean_word_length": mean_len,

@@ -129,31 +129,61 @@ def line_tallies(texts: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per text: its lines (``len(text.splitlines())``), bullet lines and lines ending in an
     ellipsis (as ``bullet_and_ellipsis_lines`` marks them), in one compiled pass that finds
     the lines itself: ``split_lines`` built Arrow strings of every line for three counts."""
+    return page_tallies(texts)[:3]
+
+
+def page_tallies(texts: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``line_tallies`` and ``hashes_and_ellipses`` in one pass over the bytes: lines, bullet
+    lines, ellipsis lines, "#" and "..."/"…" per text (GopherQualityFilter reads all five;
+    two passes cost a third more)."""
     b, doff, _, _ = text_bytes(texts)
     if not len(b):
         z = np.zeros(len(texts), np.int64)
-        return z, z.copy(), z.copy()
-    return _line_tallies(b, doff)
+        return z, z.copy(), z.copy(), z.copy(), z.copy()
+    return _page_tallies(b, doff, _MARKS)
+
+
+#: per byte: 0 nothing to look at, 1 a line break or the lead of one (\n \v \f \r \x1c-\x1e,
+#: C2 of U+0085), 2 "#", 3 "." (an ellipsis), 4 E2 (U+2028/9 or "…")
+_MARKS = np.zeros(256, np.uint8)
+_MARKS[[0x0A, 0x0B, 0x0C, 0x0D, 0x1C, 0x1D, 0x1E, 0xC2]] = 1
+_MARKS[0x23] = 2
+_MARKS[0x2E] = 3
+_MARKS[0xE2] = 4
 
 
 @njit(cache=True, nogil=True)
-def _line_tallies(b, doff):
+def _page_tallies(b, doff, marks):
     n = len(doff) - 1
     lines = np.zeros(n, np.int64)
     bullets = np.zeros(n, np.int64)
+    ellipsis_lines = np.zeros(n, np.int64)
+    hashes = np.zeros(n, np.int64)
     ellipses = np.zeros(n, np.int64)
     for d in range(n):
         e = doff[d + 1]
         start = i = doff[d]
         while True:
             w = 0
+            while i < e and marks[b[i]] == 0:  # one load decides for almost every byte
+                i += 1
             if i < e:  # str.splitlines' breaks: \n \v \f \r (\r\n as one) \x1c-\x1e \x85 \u2028 \u2029
                 c = b[i]
-                if 0x0A <= c <= 0x0D or 0x1C <= c <= 0x1E:
-                    w = 2 if c == 0x0D and i + 1 < e and b[i + 1] == 0x0A else 1
-                elif c == 0xC2 and i + 1 < e and b[i + 1] == 0x85:
-                    w = 2
-                elif c == 0xE2 and i + 2 < e and b[i + 1] == 0x80 and (b[i + 2] == 0xA8 or b[i + 2] == 0xA9):
+                t = marks[c]
+                if t == 2:
+                    hashes[d] += 1
+                    i += 1
+                    continue
+                if (t == 3 or t == 4) and _ellipsis_at(b, i, e):  # "..." / "…": never a break
+                    ellipses[d] += 1
+                    i += 3
+                    continue
+                if t == 1:
+                    if c == 0xC2:
+                        w = 2 if i + 1 < e and b[i + 1] == 0x85 else 0
+                    else:
+                        w = 2 if c == 0x0D and i + 1 < e and b[i + 1] == 0x0A else 1
+                elif t == 4 and i + 2 < e and b[i + 1] == 0x80 and (b[i + 2] == 0xA8 or b[i + 2] == 0xA9):
                     w = 3
                 if w == 0:
                     i += 1
@@ -163,12 +193,12 @@ def _line_tallies(b, doff):
             bullet, ellipsis = _line_marks(b, start, i)
             lines[d] += 1
             bullets[d] += bullet
-            ellipses[d] += ellipsis
+            ellipsis_lines[d] += ellipsis
             if i >= e:
                 break
             i += w
             start = i
-    return lines, bullets, ellipses
+    return lines, bullets, ellipsis_lines, hashes, ellipses
 
 
 @njit(cache=True, nogil=True)

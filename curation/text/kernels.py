@@ -665,12 +665,13 @@ def char_text_bytes(cp, start):
 
 
 @njit(cache=True, nogil=True)
-def split_word_counts(b, doff, ascii_space):
+def split_word_counts(b, doff, kind):
     """``len(t.split())`` of every text ``b[doff[d]:doff[d + 1]]`` (UTF-8): runs of
-    characters that are not Python whitespace. ``ascii_space``: per ASCII byte, whether it
-    is whitespace; the multi-byte whitespace characters (U+0085, U+00A0, U+1680,
-    U+2000-U+200A, U+2028, U+2029, U+202F, U+205F, U+3000) are decoded here. One pass, no
-    per-byte class array (C4 counts the words of most lines of every page it reads)."""
+    characters that are not Python whitespace. ``kind`` per byte: 0 part of a word, 1 an
+    ASCII whitespace byte, 2 a byte that may lead a multi-byte whitespace character (U+0085,
+    U+00A0, U+1680, U+2000-U+200A, U+2028, U+2029, U+202F, U+205F, U+3000: decoded here).
+    One pass with a tight loop over each word's bytes, no per-byte class array (C4 counts
+    the words of most lines of every page it reads)."""
     n_docs = len(doff) - 1
     out = np.zeros(n_docs, np.int64)
     for d in range(n_docs):
@@ -680,26 +681,31 @@ def split_word_counts(b, doff, ascii_space):
         c = 0
         while i < e:
             x = b[i]
+            t = kind[x]
             w = 0
-            if x < 0x80:
-                w = 1 if ascii_space[x] else 0
-            elif x == 0xC2 and i + 1 < e and (b[i + 1] == 0x85 or b[i + 1] == 0xA0):
-                w = 2
-            elif (x == 0xE1 or x == 0xE2 or x == 0xE3) and i + 2 < e:
-                y = b[i + 1]
-                z = b[i + 2]
-                if ((x == 0xE1 and y == 0x9A and z == 0x80)
-                        or (x == 0xE2 and y == 0x80 and (z <= 0x8A or z == 0xA8 or z == 0xA9 or z == 0xAF))
-                        or (x == 0xE2 and y == 0x81 and z == 0x9F)
-                        or (x == 0xE3 and y == 0x80 and z == 0x80)):
-                    w = 3
+            if t == 1:
+                w = 1
+            elif t == 2:
+                if x == 0xC2:
+                    if i + 1 < e and (b[i + 1] == 0x85 or b[i + 1] == 0xA0):
+                        w = 2
+                elif i + 2 < e:
+                    y = b[i + 1]
+                    z = b[i + 2]
+                    if ((x == 0xE1 and y == 0x9A and z == 0x80)
+                            or (x == 0xE2 and y == 0x80 and (z <= 0x8A or z == 0xA8 or z == 0xA9 or z == 0xAF))
+                            or (x == 0xE2 and y == 0x81 and z == 0x9F)
+                            or (x == 0xE3 and y == 0x80 and z == 0x80)):
+                        w = 3
             if w:
                 inword = False
                 i += w
-            else:
-                if not inword:
-                    c += 1
-                    inword = True
+                continue
+            if not inword:
+                c += 1
+                inword = True
+            i += 1
+            while i < e and kind[b[i]] == 0:
                 i += 1
         out[d] = c
     return out

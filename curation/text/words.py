@@ -393,11 +393,13 @@ def count_py_words(values: pa.Array) -> np.ndarray:
     b, doff, _, _ = text_bytes(values)
     if not len(b):
         return np.zeros(len(values), dtype=np.int64)
-    return kernels.split_word_counts(b, doff, _ASCII_SPACE)
+    return kernels.split_word_counts(b, doff, _SPLIT_BYTES)
 
 
-#: per ASCII byte: Python whitespace (``str.split``)
-_ASCII_SPACE = np.array([chr(c) in PY_WHITESPACE for c in range(128)], dtype=np.bool_)
+#: per byte, for ``kernels.split_word_counts``: 1 ASCII Python whitespace (``str.split``), 2 a
+#: byte that may lead a multi-byte whitespace character, 0 neither
+_SPLIT_BYTES = np.array([1 if c < 0x80 and chr(c) in PY_WHITESPACE else 2 if c in (0xC2, 0xE1, 0xE2, 0xE3) else 0
+                         for c in range(256)], dtype=np.uint8)
 
 
 def sentence_counts(words: Words) -> np.ndarray:
