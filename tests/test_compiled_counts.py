@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from curation.text.counts import bullet_and_ellipsis_lines, hashes_and_ellipses, line_tallies, page_tallies, word_tallies
-from curation.text.duplicate_parts import duplicate_parts
+from curation.text.duplicate_parts import duplicate_lines_and_paragraphs, duplicate_parts
 from curation.text.repetition import repetition_chars
 from curation.text.segments import duplicate_stats, split_lines
 from curation.text.state import TextState
@@ -42,6 +42,11 @@ def test_duplicate_parts_equal_split_and_dictionary_counts():
         assert np.array_equal(got[2], chars)
     assert got[1].sum() > 100  # repeats were there to find
     assert duplicate_parts(pa.array(["", ""]))[0].tolist() == [1, 1]
+    # both in one pass (a paragraph of one whole line takes its hash): the same six counts
+    for a in (arr, arr.slice(7, 900), pa.array(["", ""]), pa.array(["\n\n", " a \n\n a", "a\nb\n\na\nb"])):
+        fused = duplicate_lines_and_paragraphs(a)
+        apart = duplicate_parts(a, min_run=2, strip=True) + duplicate_parts(a, min_run=1)
+        assert all(np.array_equal(x, y) for x, y in zip(fused, apart))
 
 
 def test_word_tallies_equal_numpy_over_the_words():

@@ -75,7 +75,7 @@ from curation.text import words as text_words
 from curation.text.arrow import mask, safe_div, to_numpy
 from curation.text.chars import TERMINAL_PUNCTUATION
 from curation.text.counts import page_tallies, word_tallies
-from curation.text.duplicate_parts import duplicate_parts
+from curation.text.duplicate_parts import duplicate_lines_and_paragraphs
 from curation.text import segments
 from curation.text.segments import Segments
 from curation.text.repetition import repetition_chars
@@ -596,8 +596,7 @@ class GopherRepetitionFilter(_FilterStage):
         n = len(text)
         text_len = text.char_lengths
         # paragraphs: the stripped text cut at runs of 2+ newlines; lines: at runs of newlines
-        n_paras, para_dups, para_chars = duplicate_parts(text.texts, min_run=2, strip=True)
-        n_lines, line_dups, line_chars = duplicate_parts(text.texts, min_run=1)
+        n_paras, para_dups, para_chars, n_lines, line_dups, line_chars = duplicate_lines_and_paragraphs(text.texts)
         columns = {
             "gopher_dup_para_frac": safe_div(para_dups, n_paras),
             "gopher_dup_para_char_frac": safe_div(para_chars, text_len),
