@@ -95,3 +95,21 @@ def test_line_tallies_equal_splitlines_and_the_per_line_marks():
     assert tallies[3].tolist() == [t.count("#") for t in texts]
     assert tallies[4].tolist() == [t.count("...") + t.count("…") for t in texts]
     assert all(np.array_equal(a, b) for a, b in zip(tallies[3:], hashes_and_ellipses(arr)))
+
+
+def test_byte_classes_equal_the_class_of_each_character():
+    """Every byte of a character carries ``byte_class_of`` that character: real pages and a
+    soup of ASCII, Latin, CJK, emoji (4-byte), combining marks and Unicode spaces, with
+    non-ASCII characters at the very start and end of the buffer and back to back."""
+    from curation.text.classes import byte_class_of, byte_classes
+
+    rng = random.Random(3)
+    soup = [chr(c) for c in range(32, 127)] + list("éßΣжא日本語。、！？“”‘’—–…€£") + [
+        "\u00a0", "\u2003", "\u3000", "\u0301", "\U0001F600", "\U00020000", "\u200b", "\ufeff"]
+    texts = [d["text"] for d in REAL[:30]] + ["".join(rng.choice(soup) for _ in range(rng.randint(0, 60)))
+                                             for _ in range(500)] + ["é", "日本", "\U0001F600x", "aé"]
+    for text in texts + ["".join(texts[-4:])]:
+        raw = text.encode()
+        got = byte_classes(np.frombuffer(raw, np.uint8)) if raw else np.zeros(0, np.uint16)
+        want = np.array([byte_class_of(c) for c in text for _ in c.encode()], np.uint16)
+        assert np.array_equal(got, want), text[:40]
