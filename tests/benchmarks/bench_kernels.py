@@ -1,0 +1,89 @@
+"""The compiled text kernels against what they replaced, on bench_scale's extracted pages
+(``default``: every real page; ``long``: the longest and the multilingual ones): microseconds
+per document, the fastest of ``--repeat`` passes, both sides in this process, turn by turn
+(this machine's speed drifts by 20% over minutes). Prints figures, asserts nothing; the tests
+hold each kernel to its reference (``tests/test_compiled_counts.py``, ``test_minhash.py``,
+``test_filters.py``).
+
+- exact dedup's key text: ``normalize_collapsed`` against ``collapse_whitespace(normalize_text())``
+- Gopher's repeated lines and paragraphs: ``duplicate_lines_and_paragraphs`` against two
+  ``duplicate_parts`` calls
+- Gopher quality's counts: ``page_tallies`` against ``line_tallies`` + ``hashes_and_ellipses``
+- C4's words per line: ``count_py_words`` against ``len(s.split())``, on every line
+- the bytes' classes under the word split: ``byte_classes``, ns per byte
+
+Run: ``REFINERY_DATA=../shared/data .venv/bin/python tests/benchmarks/bench_kernels.py
+[--pages default long] [--repeat 5]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import bench_chain  # noqa: E402  (the pages, extracted as the extract stage does)
+
+from curation.dedup.minhash import collapse_whitespace, normalize_collapsed, normalize_text  # noqa: E402
+from curation.text.arrow import text_bytes  # noqa: E402
+from curation.text.classes import byte_classes  # noqa: E402
+from curation.text.counts import hashes_and_ellipses, line_tallies, page_tallies  # noqa: E402
+from curation.text.duplicate_parts import duplicate_lines_and_paragraphs, duplicate_parts  # noqa: E402
+from curation.text.words import count_py_words  # noqa: E402
+
+
+def best_of(fn, repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def compare(label: str, new, old, n: int, repeat: int) -> None:
+    new(), old()  # compiled, tables filled
+    t_new = t_old = float("inf")
+    for _ in range(repeat):  # in turns: a drift in the machine's speed lands on both
+        t_new = min(t_new, best_of(new, 1))
+        t_old = min(t_old, best_of(old, 1))
+    print(f"  {label:<44} {t_old / n * 1e6:8.1f} -> {t_new / n * 1e6:7.1f} us/doc  (x{t_old / t_new:.2f})")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pages", nargs="+", choices=["default", "long"], default=["default", "long"])
+    ap.add_argument("--repeat", type=int, default=5)
+    a = ap.parse_args()
+    for which in a.pages:
+        docs, _ = bench_chain.extracted(which)
+        texts = pa.array([t for t, _ in docs])
+        n = len(texts)
+        lines = pa.array([line for t, _ in docs for line in t.split("\n")])
+        b, _, _, _ = text_bytes(texts)
+        print(f"\n== {which}: {n:,} documents, mean {sum(len(t) for t, _ in docs) / n:,.0f} chars, "
+              f"{len(b) / n:,.0f} bytes; {len(lines):,} lines")
+        compare("exact key text (normalize_collapsed)", lambda: normalize_collapsed(texts),
+                lambda: collapse_whitespace(normalize_text(texts)), n, a.repeat)
+        compare("repeated lines + paragraphs (one call)", lambda: duplicate_lines_and_paragraphs(texts),
+                lambda: (duplicate_parts(texts, 2, True), duplicate_parts(texts, 1)), n, a.repeat)
+        compare("gopher quality counts (page_tallies)", lambda: page_tallies(texts),
+                lambda: (line_tallies(texts), hashes_and_ellipses(texts)), n, a.repeat)
+        py_lines = lines.to_pylist()
+        compare("words per line (count_py_words vs str.split)", lambda: count_py_words(lines),
+                lambda: [len(s.split()) for s in py_lines], n, a.repeat)
+        byte_classes(b)
+        t = best_of(lambda: byte_classes(b), a.repeat)
+        print(f"  {'byte classes':<44} {t / len(b) * 1e9:8.2f} ns/byte = {t / n * 1e6:.1f} us/doc"
+              f"  ({float(np.mean(b >= 0x80)):.1%} of bytes non-ASCII)")
+
+
+if __name__ == "__main__":
+    main()
