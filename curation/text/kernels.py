@@ -13,6 +13,7 @@ import numpy as np
 from numba import njit
 
 from curation.hashing import splitmix64_one
+from curation.text.counts import space_after
 from curation.text.chars import (
     ALPHA, BYTE_DIGIT, BYTE_DOT_AFTER, BYTE_LETTER, BYTE_LOWER, BYTE_NEEDS_RULES, BYTE_PREFIX,
     BYTE_PUNCTUATION, BYTE_SPACE, BYTE_SUFFIX, BYTE_TERMINAL, BYTE_UNICODE_PUNCT, BYTE_UPPER, DEGREE_LETTER, DIGIT,
@@ -308,6 +309,16 @@ def word_measures_and_keys(b, cls, start, end):
 
 
 @njit(cache=True, nogil=True)
+def _room(missing, n_missing):
+    """``missing`` with room for one more code point after its first ``n_missing``."""
+    if n_missing < len(missing):
+        return missing
+    grown = np.empty(max(16, 2 * n_missing), np.int64)
+    grown[:n_missing] = missing[:n_missing]
+    return grown
+
+
+@njit(cache=True, nogil=True)
 def byte_classes(b, ascii_class, cp_class, cp_known):
     """Class bits of every byte: ASCII from ``ascii_class`` (256 entries, 0 for bytes >= 0x80),
     every byte of a multi-byte character from ``cp_class`` of its code point. Returns
@@ -349,10 +360,7 @@ def byte_classes(b, ascii_class, cp_class, cp_known):
         if cp_known[cp]:
             v = cp_class[cp]
         else:
-            if n_missing == len(missing):
-                grown = np.empty(max(16, 2 * n_missing), np.int64)
-                grown[:n_missing] = missing[:n_missing]
-                missing = grown
+            missing = _room(missing, n_missing)
             missing[n_missing] = cp
             n_missing += 1
         for k in range(nb):
@@ -373,10 +381,7 @@ def code_point_classes(cp, table, known):
         if known[c]:
             out[i] = table[c]
         else:
-            if n_missing == len(missing):
-                grown = np.empty(max(16, 2 * n_missing), np.int64)
-                grown[:n_missing] = missing[:n_missing]
-                missing = grown
+            missing = _room(missing, n_missing)
             missing[n_missing] = c
             n_missing += 1
     return out, missing[:n_missing]
@@ -661,7 +666,8 @@ def split_word_counts(b, doff, kind):
     """``len(t.split())`` of every text ``b[doff[d]:doff[d + 1]]`` (UTF-8): runs of
     characters that are not Python whitespace. ``kind`` per byte: 0 part of a word, 1 an
     ASCII whitespace byte, 2 a byte that may lead a multi-byte whitespace character (U+0085,
-    U+00A0, U+1680, U+2000-U+200A, U+2028, U+2029, U+202F, U+205F, U+3000: decoded here).
+    U+00A0, U+1680, U+2000-U+200A, U+2028, U+2029, U+202F, U+205F, U+3000: ``space_after``
+    decides).
     One pass with a tight loop over each word's bytes, no per-byte class array (C4 counts
     the words of most lines of every page it reads)."""
     n_docs = len(doff) - 1
@@ -678,17 +684,7 @@ def split_word_counts(b, doff, kind):
             if t == 1:
                 w = 1
             elif t == 2:
-                if x == 0xC2:
-                    if i + 1 < e and (b[i + 1] == 0x85 or b[i + 1] == 0xA0):
-                        w = 2
-                elif i + 2 < e:
-                    y = b[i + 1]
-                    z = b[i + 2]
-                    if ((x == 0xE1 and y == 0x9A and z == 0x80)
-                            or (x == 0xE2 and y == 0x80 and (z <= 0x8A or z == 0xA8 or z == 0xA9 or z == 0xAF))
-                            or (x == 0xE2 and y == 0x81 and z == 0x9F)
-                            or (x == 0xE3 and y == 0x80 and z == 0x80)):
-                        w = 3
+                w = space_after(b, i, e)
             if w:
                 inword = False
                 i += w
