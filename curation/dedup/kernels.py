@@ -22,6 +22,7 @@ import numpy as np
 from numba import njit
 
 from curation.hashing import MIX1, MIX2
+from curation.text.counts import space_width
 
 _CHUNK_SALT = np.uint64(0xD6E8FEB86659FD93)
 _LEN_SALT = np.uint64(0xA0761D6478BD642F)
@@ -294,7 +295,7 @@ def minhash_multiply_shift64(x, offsets, a, b, shift):
 
 
 @njit(cache=True, nogil=True)
-def _span_ends(data, lo, hi, n, table, starts, ends, high, k, fill):
+def _span_ends(data, lo, hi, table, starts, ends, high, k, fill):
     """Words of ``data[lo:hi]`` from index ``k`` on (written when ``fill``); returns the new
     count. ``table``: 0 a byte that is no whitespace, 1 an ASCII whitespace byte, 2 a byte
     that may lead a multi-byte whitespace character (C2, E1, E2, E3)."""
@@ -303,12 +304,7 @@ def _span_ends(data, lo, hi, n, table, starts, ends, high, k, fill):
     i = lo
     while i < hi:
         b = data[i]
-        t = table[b]
-        width = 0
-        if t == 1:
-            width = 1
-        elif t == 2:
-            width = _ws_width(data, i, n, table)
+        width = space_width(data, i, hi, table)  # a character never crosses a document's end
         if width:
             if inword:
                 if fill:
@@ -339,12 +335,11 @@ def word_spans(data, offsets, table):
     every document: ``(doc_words, starts, ends, high)``, document d's words being
     ``doc_words[d]:doc_words[d + 1]`` and ``high`` marking words that hold a byte >= 0x80.
     ``table`` as ``_span_ends`` (``WS_LEADS``)."""
-    n = len(data)
     num_docs = len(offsets) - 1
     none = np.empty(0, dtype=np.int64)
     m = 0
     for d in range(num_docs):
-        m = _span_ends(data, offsets[d], offsets[d + 1], n, table, none, none, np.empty(0, np.bool_), m, False)
+        m = _span_ends(data, offsets[d], offsets[d + 1], table, none, none, np.empty(0, np.bool_), m, False)
     doc_words = np.empty(num_docs + 1, dtype=np.int64)
     starts = np.empty(m, dtype=np.int64)
     ends = np.empty(m, dtype=np.int64)
@@ -352,7 +347,7 @@ def word_spans(data, offsets, table):
     k = 0
     for d in range(num_docs):
         doc_words[d] = k
-        k = _span_ends(data, offsets[d], offsets[d + 1], n, table, starts, ends, high, k, True)
+        k = _span_ends(data, offsets[d], offsets[d + 1], table, starts, ends, high, k, True)
     doc_words[num_docs] = k
     return doc_words, starts, ends, high
 

@@ -48,6 +48,19 @@ def space_after(b, i, e):
 
 
 @njit(cache=True, nogil=True)
+def space_width(b, i, e, kind):
+    """``space_after`` behind a per-byte table (``kind``: 0 no whitespace, 1 an ASCII
+    whitespace byte, 2 a byte that may lead a multi-byte one): one load decides for almost
+    every byte of a word scan."""
+    t = kind[b[i]]
+    if t == 1:
+        return 1
+    if t == 2:
+        return space_after(b, i, e)
+    return 0
+
+
+@njit(cache=True, nogil=True)
 def space_before(b, s, k):
     """Bytes of the Python whitespace character ending just before ``k`` (span from ``s``),
     0 if none."""

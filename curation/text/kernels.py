@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit
 
 from curation.hashing import splitmix64_one
-from curation.text.counts import space_after
+from curation.text.counts import space_width
 from curation.text.chars import (
     ALPHA, BYTE_DIGIT, BYTE_DOT_AFTER, BYTE_LETTER, BYTE_LOWER, BYTE_NEEDS_RULES, BYTE_PREFIX,
     BYTE_PUNCTUATION, BYTE_SPACE, BYTE_SUFFIX, BYTE_TERMINAL, BYTE_UNICODE_PUNCT, BYTE_UPPER, DEGREE_LETTER, DIGIT,
@@ -678,13 +678,7 @@ def split_word_counts(b, doff, kind):
         inword = False
         c = 0
         while i < e:
-            x = b[i]
-            t = kind[x]
-            w = 0
-            if t == 1:
-                w = 1
-            elif t == 2:
-                w = space_after(b, i, e)
+            w = space_width(b, i, e, kind)
             if w:
                 inword = False
                 i += w
