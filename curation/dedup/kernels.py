@@ -334,12 +334,13 @@ def word_spans(data, offsets, table):
     """The maximal non-whitespace runs (``str.split``'s characters, as ``scan_words``) of
     every document: ``(doc_words, starts, ends, high)``, document d's words being
     ``doc_words[d]:doc_words[d + 1]`` and ``high`` marking words that hold a byte >= 0x80.
-    ``table`` as ``_span_ends`` (``WS_LEADS``)."""
+    ``table`` as ``_span_ends`` (``minhash._WS_LEADS``)."""
     num_docs = len(offsets) - 1
-    none = np.empty(0, dtype=np.int64)
+    none = np.empty(0, dtype=np.int64)  # the counting pass writes nothing
+    no_flags = np.empty(0, dtype=np.bool_)
     m = 0
     for d in range(num_docs):
-        m = _span_ends(data, offsets[d], offsets[d + 1], table, none, none, np.empty(0, np.bool_), m, False)
+        m = _span_ends(data, offsets[d], offsets[d + 1], table, none, none, no_flags, m, False)
     doc_words = np.empty(num_docs + 1, dtype=np.int64)
     starts = np.empty(m, dtype=np.int64)
     ends = np.empty(m, dtype=np.int64)
