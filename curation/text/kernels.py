@@ -50,21 +50,119 @@ def find_keys(b, start, n_bytes, sorted_keys, order, sieve):
     idx = np.empty(m, np.int64)
     hit = np.empty(m, np.int64)
     found = 0
-    nk = len(sorted_keys)
     for i in range(m):
-        n = n_bytes[i]
-        if n <= 0 or n > 16 or nk == 0:
-            continue
         s = start[i]
-        if not (sieve[(np.int64(b[s]) << 8) | np.int64(b[s + n - 1])] >> np.uint32(n)) & np.uint32(1):
-            continue
-        key = short_key(b, s, n)
-        j = np.searchsorted(sorted_keys, key)
-        if j < nk and sorted_keys[j] == key:
-            idx[found] = i
-            hit[found] = order[j]
-            found += 1
+        n = n_bytes[i]
+        # the sieve inline: a call per span, with its array arguments' reference counts, cost 3x
+        if 0 < n <= 16 and (sieve[(np.int64(b[s]) << 8) | np.int64(b[s + n - 1])] >> np.uint32(n)) & np.uint32(1):
+            j = _lookup(b, s, n, sorted_keys)
+            if j >= 0:
+                idx[found] = i
+                hit[found] = order[j]
+                found += 1
     return idx[:found], hit[:found]
+
+
+@njit(cache=True, nogil=True)
+def _lookup(b, s, n, sorted_keys):
+    """Index in ``sorted_keys`` of the key of ``b[s:s+n]`` (n <= 16), -1 if it is not there."""
+    key = short_key(b, s, n)
+    j = np.searchsorted(sorted_keys, key)
+    if j < len(sorted_keys) and sorted_keys[j] == key:
+        return j
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def special_case_cuts(b, tok_start, tok_end, core_s, core_e, ks, keys, key_lo, cuts, sieves,
+                      one_keys, one_cuts, one_sieve):
+    """The special-case replacements of ``words._apply_special_cases`` in one pass per table:
+    (first word, words merged, cut offsets, cut owners) for ``replace_spans``.
+
+    Multi-word tables (``ks`` descending; table q's keys are ``keys[key_lo[q]:key_lo[q+1]]``,
+    sorted, with the cut masks in ``cuts`` beside them): k words that touch, at most 16
+    bytes, none of whose ends an earlier (longer) match took; of two overlapping matches of
+    one table the later wins. Then the one-word table on whole cores whose word no match
+    took. A word costs a look at its touching-run length; only runs are probed (the numpy
+    version built k boolean arrays over every word per table: a third of the word split)."""
+    m = len(tok_start)
+    # words from here on that touch, this one included; then the words that start a run of
+    # two or more (branch-free: a touch is data, about one word in ten)
+    run = np.ones(max(m, 1), np.int32)
+    at = np.empty(max(m, 1), np.int64)
+    n_at = 0
+    for i in range(m - 2, -1, -1):
+        run[i] = np.int32(1) + run[i + 1] * np.int32(tok_end[i] == tok_start[i + 1])
+        at[n_at] = i
+        n_at += run[i] > 1
+    at[:n_at] = at[:n_at][::-1].copy()
+    multi = n_at
+    taken = np.zeros(max(m, 1), np.bool_)
+    # replacements: at most one per word (a match's first word is one no other match took)
+    rt = np.empty(m, np.int64)
+    rk = np.empty(m, np.int64)
+    ra = np.empty(m, np.int64)
+    rcut = np.empty(m, np.uint64)
+    R = 0
+    found_t = np.empty(max(multi, 1), np.int64)
+    found_j = np.empty(max(multi, 1), np.int64)
+    for q in range(len(ks)):
+        k = ks[q]
+        tab = keys[key_lo[q]:key_lo[q + 1]]
+        f = 0
+        for x in range(n_at):
+            t = at[x]
+            if run[t] < k:
+                continue
+            a = tok_start[t]
+            n = tok_end[t + k - 1] - a
+            if n > 16 or taken[t] or taken[t + k - 1]:
+                continue
+            if not (sieves[q, (np.int64(b[a]) << 8) | np.int64(b[a + n - 1])] >> np.uint32(n)) & np.uint32(1):
+                continue
+            j = _lookup(b, a, n, tab)
+            if j >= 0:
+                found_t[f] = t
+                found_j[f] = key_lo[q] + j
+                f += 1
+        for x in range(f):
+            t = found_t[x]
+            if x + 1 < f and found_t[x + 1] <= t + k - 1:  # overlaps the next match
+                continue
+            rt[R], rk[R], ra[R], rcut[R] = t, k, tok_start[t], cuts[found_j[x]]
+            R += 1
+        for x in range(R):
+            if rk[x] == k:
+                for y in range(k):
+                    taken[rt[x] + y] = True
+    for c in range(len(core_s)):
+        a = core_s[c]
+        n = core_e[c] - a
+        if not (0 < n <= 16 and (one_sieve[(np.int64(b[a]) << 8) | np.int64(b[a + n - 1])] >> np.uint32(n))
+                & np.uint32(1)):
+            continue
+        j = _lookup(b, a, n, one_keys)
+        if j < 0:
+            continue
+        t = np.searchsorted(tok_start, core_s[c])
+        if tok_end[t] != core_e[c] or taken[t]:
+            continue
+        rt[R], rk[R], ra[R], rcut[R] = t, 1, core_s[c], one_cuts[j]
+        R += 1
+    n_cut = 0
+    for r in range(R):
+        for off in range(1, 64):
+            n_cut += (rcut[r] >> np.uint64(off)) & np.uint64(1)
+    cut_at = np.empty(n_cut, np.int64)
+    cut_owner = np.empty(n_cut, np.int64)
+    w = 0
+    for r in range(R):  # by owner, then offset: what replace_spans reads
+        for off in range(1, 64):
+            if (rcut[r] >> np.uint64(off)) & np.uint64(1):
+                cut_at[w] = ra[r] + off
+                cut_owner[w] = r
+                w += 1
+    return rt[:R].copy(), rk[:R].copy(), cut_at, cut_owner
 
 
 @njit(cache=True, nogil=True)

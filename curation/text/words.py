@@ -274,7 +274,8 @@ def _split_words(b, doff, buf, base, special_cases: bool, reference: bool = Fals
         cores_s, cores_e = np.concatenate((cores_s, core_a)), np.concatenate((cores_e, core_b))
     tok_start, tok_end = kernels.word_spans(c_start, c_end, kind, core_s, core_e, suf_s, tok)
     if special_cases:
-        tok_start, tok_end = _apply_special_cases(b, tok_start, tok_end, cores_s, cores_e)
+        apply = _apply_special_cases_arrays if reference else _apply_special_cases
+        tok_start, tok_end = apply(b, tok_start, tok_end, cores_s, cores_e)
     offsets = np.searchsorted(tok_start, doff).astype(np.int64)
     offsets[-1] = len(tok_start)
     doc = np.repeat(np.arange(n_docs, dtype=np.int64), np.diff(offsets))
@@ -293,6 +294,20 @@ def _rule_chunks(b: np.ndarray, cs: np.ndarray, ce: np.ndarray, reference: bool 
 
 
 def _apply_special_cases(b, tok_start, tok_end, core_s, core_e):
+    """Special cases, at byte level; returns the new word spans (compiled:
+    ``kernels.special_case_cuts``; ``_apply_special_cases_arrays`` is the same in numpy, the
+    tests' reference)."""
+    ks, keys, key_lo, cuts, sieves = _special_table_arrays()
+    one_keys, one_order, one_cuts, one_sieve = _one_word_split_keys()
+    t, k, cut_at, cut_owner = kernels.special_case_cuts(
+        b, tok_start, tok_end, np.ascontiguousarray(core_s, np.int64), np.ascontiguousarray(core_e, np.int64),
+        ks, keys, key_lo, cuts, sieves, one_keys, one_cuts[one_order], one_sieve)
+    if not len(t):
+        return tok_start, tok_end
+    return kernels.replace_spans(tok_start, tok_end, t, k, cut_at, cut_owner)
+
+
+def _apply_special_cases_arrays(b, tok_start, tok_end, core_s, core_e):
     """Special cases, at byte level; returns the new word spans.
 
     - A special string the rules cut into k > 1 words ("Mr." -> "Mr" "."; ":)" -> ":" ")")
@@ -373,6 +388,20 @@ def _special_tables() -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
                         dtype=np.uint64)
         out[int(k)] = (table, order, cuts, key_sieve(sel))
     return out
+
+
+@functools.lru_cache(maxsize=1)
+def _special_table_arrays():
+    """``_special_tables``' multi-word tables for the compiled matcher, longest first: their
+    word counts, sorted keys joined (table q from ``key_lo[q]``), each key's cut mask beside
+    it, and one sieve per table."""
+    tables = _special_tables()
+    ks = np.array(sorted((k for k in tables if k > 1), reverse=True), np.int64)
+    keys = [tables[k][0] for k in ks]
+    return (ks, np.concatenate(keys + [np.zeros(0, np.uint64)]),
+            np.concatenate(([0], np.cumsum([len(x) for x in keys], dtype=np.int64))).astype(np.int64),
+            np.concatenate([tables[k][2][tables[k][1]] for k in ks] + [np.zeros(0, np.uint64)]),
+            np.stack([tables[k][3] for k in ks]) if len(ks) else np.zeros((0, 1 << 16), np.uint32))
 
 
 @functools.lru_cache(maxsize=1)
