@@ -10,6 +10,7 @@ import random
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from curation.text.counts import bullet_and_ellipsis_lines, hashes_and_ellipses, line_tallies, page_tallies, word_tallies
 from curation.text.duplicate_parts import duplicate_lines_and_paragraphs, duplicate_parts
@@ -113,3 +114,20 @@ def test_byte_classes_equal_the_class_of_each_character():
         got = byte_classes(np.frombuffer(raw, np.uint8)) if raw else np.zeros(0, np.uint16)
         want = np.array([byte_class_of(c) for c in text for _ in c.encode()], np.uint16)
         assert np.array_equal(got, want), text[:40]
+
+
+def test_word_ids_are_equal_exactly_when_the_words_are():
+    # Words.hash packs a word's bytes up to 16 and hashes the rest 8 at a time; held to the
+    # words themselves (Arrow's dictionary encoding): no two distinct words share an id, and
+    # the lengths of 1..40 bytes around the 8- and 16-byte edges (same head, another tail) are
+    # among them. The character counts taken in the same pass are held to ``len``.
+    edges = [("é" if k % 3 == 0 else "x") * k + tail for k in range(1, 41) for tail in ("", "y", "yz", "é")]
+    texts = [d["text"] for d in REAL] + [" ".join(edges), " ".join(reversed(edges))]
+    words = split_words(pa.array(texts))
+    values = words.values()
+    ids = pc.dictionary_encode(values).indices.to_numpy()
+    _, by_hash = np.unique(words.hash, return_inverse=True)
+    pairs = set(zip(ids.tolist(), by_hash.ravel().tolist()))
+    assert len(pairs) == len(set(ids.tolist())) == len(set(by_hash.ravel().tolist())) > 5_000
+    assert (words.byte_lengths > 16).sum() > 100
+    assert np.array_equal(words.lengths, [len(v) for v in values.to_pylist()])

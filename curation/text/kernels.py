@@ -369,9 +369,11 @@ def word_measures_and_keys(b, cls, start, end):
     """Per span ``[start, end)`` of UTF-8 bytes, in one pass: characters (bytes that are not
     continuation bytes); whether all bytes carry ``BYTE_PUNCTUATION``, some byte
     ``BYTE_LETTER``, all bytes ``BYTE_UNICODE_PUNCT``; whether it is one character that
-    ends a sentence (``BYTE_TERMINAL``); and ``short_key`` of its first 16 bytes (the
-    word's id when it has no more). The filters read all of them: one pass for the
-    measures and one for the keys cost a third more."""
+    ends a sentence (``BYTE_TERMINAL``); and a 64-bit id of its bytes: ``short_key`` when
+    it has at most 16, else that key of its first 16 folded with each further 8 bytes and
+    its length (Arrow dictionary-encoding the longer words per batch cost a tenth of the
+    word split). The filters read all of them: one pass for the measures and one for the
+    keys cost a third more."""
     m = len(start)
     chars = np.zeros(m, np.int64)
     symbol = np.zeros(m, np.bool_)
@@ -387,7 +389,7 @@ def word_measures_and_keys(b, cls, start, end):
         any_ = 0
         lo = np.uint64(0)
         hi = np.uint64(0)
-        for k in range(n):
+        for k in range(min(n, 16)):
             x = b[s + k]
             if (x & 0xC0) != 0x80:
                 c += 1
@@ -395,14 +397,28 @@ def word_measures_and_keys(b, cls, start, end):
             any_ |= cls[s + k]
             if k < 8:
                 lo |= np.uint64(x) << np.uint64(8 * k)
-            elif k < 16:
+            else:
                 hi |= np.uint64(x) << np.uint64(8 * (k - 8))
+        key = mix64(lo ^ mix64(hi + np.uint64(min(n, 16))))
+        if n > 16:  # the rest: 8 bytes at a time into the id
+            w = np.uint64(0)
+            for k in range(16, n):
+                x = b[s + k]
+                if (x & 0xC0) != 0x80:
+                    c += 1
+                all_ &= cls[s + k]
+                any_ |= cls[s + k]
+                w |= np.uint64(x) << np.uint64(8 * (k & 7))
+                if (k & 7) == 7 or k == n - 1:
+                    key = mix64(key ^ w)
+                    w = np.uint64(0)
+            key = mix64(key + np.uint64(n))
         chars[i] = c
         symbol[i] = (all_ & BYTE_PUNCTUATION) != 0
         alpha[i] = (any_ & BYTE_LETTER) != 0
         punct[i] = (all_ & BYTE_UNICODE_PUNCT) != 0
         ender[i] = c == 1 and (cls[s] & BYTE_TERMINAL) != 0
-        keys[i] = mix64(lo ^ mix64(hi + np.uint64(min(n, 16))))
+        keys[i] = key
     return chars, symbol, alpha, punct, ender, keys
 
 

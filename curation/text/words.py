@@ -27,7 +27,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from curation.hashing import splitmix64
 from curation.text import kernels
 from curation.text.arrow import byte_spans, code_point_spans, mask, text_bytes, to_numpy
 from curation.text.chars import PY_WHITESPACE, URL_RE
@@ -108,7 +107,7 @@ class Words(PerDoc):
 
     #: measurements a subset (``take_docs``) reads from the words it was taken from, on first
     #: use: the filters after the first read few of them (FineWeb and C4 only the counts)
-    _INHERITED = ("_cls", "lengths", "symbol", "alpha", "punct", "_short_keys", "ender", "hash")
+    _INHERITED = ("_cls", "lengths", "symbol", "alpha", "punct", "ender", "hash")
 
     @functools.cached_property
     def _cls(self) -> np.ndarray:
@@ -156,9 +155,9 @@ class Words(PerDoc):
         return self.end - self.start
 
     def _measured(self, name: str) -> np.ndarray:
-        """``lengths``, ``symbol``, ``alpha``, ``punct``, ``ender`` and the short keys under
-        ``hash`` come from one compiled pass over the words' bytes; whichever is asked first
-        measures all six (unless the words these were taken from did)."""
+        """``lengths``, ``symbol``, ``alpha``, ``punct``, ``ender`` and ``hash`` come from one
+        compiled pass over the words' bytes; whichever is asked first measures all six
+        (unless the words these were taken from did)."""
         got = self._inherit(name)
         if got is not None:
             self.__dict__[name] = got
@@ -166,7 +165,7 @@ class Words(PerDoc):
         chars, symbol, alpha, punct, ender, keys = kernels.word_measures_and_keys(
             self._b, self._cls, self.start, self.end)
         for key, value in (("lengths", chars), ("symbol", symbol), ("alpha", alpha), ("punct", punct),
-                           ("ender", ender), ("_short_keys", keys)):
+                           ("ender", ender), ("hash", keys)):
             self.__dict__.setdefault(key, value)
         return self.__dict__[name]
 
@@ -197,18 +196,9 @@ class Words(PerDoc):
 
     @functools.cached_property
     def hash(self) -> np.ndarray:
-        """64-bit id per word: equal words, equal ids (exact up to 16 bytes, then by
-        dictionary encoding of the longer words)."""
-        got = self._inherit("hash")
-        if got is not None:
-            return got
-        n_bytes = self.byte_lengths
-        out = self._measured("_short_keys").copy()
-        long = np.flatnonzero(n_bytes > 16)
-        if len(long):
-            enc = pc.dictionary_encode(byte_spans(self._buf, self._base, self.start[long], self.end[long]))
-            out[long] = splitmix64(to_numpy(enc.indices).astype(np.uint64) + np.uint64(0x5851F42D4C957F2D))
-        return out
+        """64-bit id per word: equal words, equal ids (the bytes packed up to 16, then hashed
+        8 at a time: ``kernels.word_measures_and_keys``)."""
+        return self._measured("hash")
 
     def match(self, values: list[str]) -> np.ndarray:
         """Per word: index of the equal string in ``values``, -1 if none."""
