@@ -40,7 +40,7 @@ def repetition_chars(word_hash, word_len, offsets, min_n, max_n, top_ns=None, du
     """Per document and n in min_n..max_n: ``top[d, n]`` and ``dup[d, n]`` (chars, as datatrove
     counts them: top n-grams joined by spaces, duplicated ones without); below min_n nothing
     is counted (every position stays a candidate). ``top_ns`` / ``dup_ns``: the sizes whose
-    top / dup are wanted (default: every n); the others stay 0 and their pass is skipped
+    top / dup are wanted (default: every n); the others stay 0 and the dup scan skips them
     (Gopher reads top for 2-4 and dup for 5-10: the dup scan over every 2-gram was a fifth of
     the kernel's time)."""
     want_top = np.zeros(max_n + 1, np.bool_)
@@ -62,12 +62,10 @@ def _repetition_chars(word_hash, word_len, offsets, min_n, max_n, want_top, want
     while (1 << bits) < 2 * max(longest, 1):
         bits += 1
     size = 1 << bits
-    # int32 where it fits: a 10 MB document (~2M words) needs a 4M-slot table, 80 MB like this
     # a slot: its n-gram hash and (round << 32 | count) side by side, so that a probe and its
     # update touch one cache line (four parallel arrays: +7% on long pages); in use iff its
     # round is this round's ``gen``: no clearing between rounds
     slots = np.zeros((size, 2), np.uint64)
-    first = np.zeros(size, np.int32)
     seen = np.zeros(size, np.int32)  # visited by the scan iff seen == gen
     gen = 0
     cand = np.empty(max(longest, 1), np.int64)
@@ -80,22 +78,22 @@ def _repetition_chars(word_hash, word_len, offsets, min_n, max_n, want_top, want
         for i in range(m):
             cum[i + 1] = cum[i] + word_len[lo + i]
             cand[i] = i
+            h[i] = word_hash[lo + i]
+        # the candidates of round n: positions with an n-gram (c + n <= m) whose (n-1)-gram
+        # repeats (every one below min_n), h[c] the hash of that n-gram
         ncand = m
         for n in range(1, max_n + 1):
             if m < n:
                 break
-            k = 0
-            for j in range(ncand):
-                c = cand[j]
-                if c + n <= m:
-                    if n == 1:
-                        h[c] = word_hash[lo + c]
-                    else:
-                        h[c] = h[c] * np.uint64(_POLY) + word_hash[lo + c + n - 1]
-                    cand[k] = c
-                    k += 1
-            ncand = k
-            if n < min_n:
+            if n < min_n:  # nothing counted: every position goes on, one word longer
+                k = 0
+                for j in range(ncand):
+                    c = cand[j]
+                    if c + n + 1 <= m:
+                        h[c] = h[c] * np.uint64(_POLY) + word_hash[lo + c + n]
+                        cand[k] = c
+                        k += 1
+                ncand = k
                 continue
             if ncand == 0:  # nothing repeats: the top n-gram is the first one, seen once
                 if want_top[n]:
@@ -110,55 +108,52 @@ def _repetition_chars(word_hash, word_len, offsets, min_n, max_n, want_top, want
             shift = 64 - rbits
             g = np.uint64(gen) << np.uint64(32)
             for j in range(ncand):
-                c = cand[j]
-                hc = h[c]
+                hc = h[cand[j]]
                 s = _slot(hc, shift)
                 while True:
                     meta = slots[s, 1]
                     if (meta >> np.uint64(32)) != np.uint64(gen):
                         slots[s, 0] = hc
                         slots[s, 1] = g | np.uint64(1)
-                        first[s] = c
                         break
                     if slots[s, 0] == hc:
                         slots[s, 1] = meta + np.uint64(1)
                         break
                     s = (s + 1) & mask
                 cand_slot[j] = s
-            if want_top[n]:
-                # top: highest count, ties to the earliest first occurrence (Counter.most_common)
-                best_count, best_first = 1, 0
-                for j in range(ncand):
-                    s = cand_slot[j]
-                    cs = _count(slots, s)
-                    if cs > best_count or (cs == best_count and best_count > 1 and first[s] < best_first):
-                        best_count, best_first = cs, first[s]
-                top[d, n] = (cum[best_first + n] - cum[best_first] + n - 1) * best_count
-            if want_dup[n]:
-                # dup: datatrove's scan, visiting only positions whose n-gram occurs twice or more
-                total = 0
-                idx = 0
-                j = 0
-                while j < ncand:
-                    c = cand[j]
-                    if c < idx:
-                        j += 1
-                        continue
-                    s = cand_slot[j]
-                    if _count(slots, s) >= 2:
+            # One pass over the candidates, in position order, for all three (each was a pass
+            # of its own, and each pass pays a cache miss per candidate):
+            # - top: the highest count, ties to the earliest first occurrence (Counter's
+            #   most_common): a slot is first met at its first occurrence, so only a higher
+            #   count replaces the best;
+            # - dup: datatrove's left-to-right scan, visiting only n-grams seen twice or more;
+            # - the next round's candidates: the positions whose n-gram repeats, one word longer.
+            best_count, best_first = 1, 0
+            total = 0
+            idx = 0
+            k = 0
+            scan = want_dup[n]
+            for j in range(ncand):
+                c = cand[j]
+                s = cand_slot[j]
+                cs = _count(slots, s)
+                if cs > best_count:
+                    best_count, best_first = cs, c
+                if cs >= 2:
+                    if scan and c >= idx:
                         if seen[s] == gen:
                             total += cum[c + n] - cum[c]
                             idx = c + n
                         else:
                             seen[s] = gen
                             idx = c + 1
-                    j += 1
+                    if c + n + 1 <= m:
+                        h[c] = h[c] * np.uint64(_POLY) + word_hash[lo + c + n]
+                        cand[k] = c
+                        k += 1
+            if want_top[n]:
+                top[d, n] = (cum[best_first + n] - cum[best_first] + n - 1) * best_count
+            if want_dup[n]:
                 dup[d, n] = total
-            # next n: only positions whose n-gram repeats
-            k = 0
-            for j in range(ncand):
-                if _count(slots, cand_slot[j]) >= 2:
-                    cand[k] = cand[j]
-                    k += 1
             ncand = k
     return top, dup
