@@ -836,8 +836,8 @@ class FineWebQualityFilter(_FilterStage):
     )
 
     def signals(self, text):
-        texts = text.texts
         lines = text.newlines(runs=False)
+        newlines = lines.counts - 1  # text.split("\n") has one part more than newlines
         nonblank = mask(pc.greater(pc.binary_length(segments.strip(lines.values)), 0))
         lines = lines.select(nonblank)
         n_lines = lines.counts
@@ -847,8 +847,7 @@ class FineWebQualityFilter(_FilterStage):
         punct_frac = safe_div(lines.per_doc_sum(punct), n_lines)
         short_frac = safe_div(lines.per_doc_sum(lengths <= self.short_line_length), n_lines)
         _, dup_chars = segments.duplicate_stats(lines, lengths)
-        newlines = to_numpy(pc.count_substring(texts, "\n")).astype(np.int64)
-        chars = to_numpy(pc.utf8_length(texts)).astype(np.int64) - newlines
+        chars = text.char_lengths - newlines
         n_words = self._word_counts(text)
         return {
             "fineweb_line_punct_frac": punct_frac,
