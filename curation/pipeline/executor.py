@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 from curation.io import location
 from curation.io.inputs import InputShard, plan_input
 from curation.io.read import iter_read
+from curation.pipeline.allocator import keep_batch_blocks
 from curation.pipeline.context import GlobalContext
 from curation.pipeline.dag import Dag, parse_dag, roots
 from curation.pipeline.progress import RunProgress
@@ -376,6 +377,7 @@ def _root_entries(job: RootJob) -> list[dict]:
     Read batches close at ``dag.batch_size`` rows or ``dag.batch_bytes`` of payload. Stages are
     row-local and shard files are cut in fixed row groups, so the output does not depend on
     either: any batch size and any worker count give byte-identical shards."""
+    keep_batch_blocks()  # freed batch arrays stay in the heap: no page faults per batch
     dag = _worker_dag(job)
     hashes, sig = dag.hashes(), dag.signal_hashes()
     rundir, root, key = job.rundir, job.root, job.key

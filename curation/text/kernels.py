@@ -508,8 +508,9 @@ def replace_spans(tok_start, tok_end, t, k, cut_at, cut_owner):
     by owner then offset). Words a merge absorbs vanish; of two replacements at one word the
     later wins.
 
-    One pass over the words with the replacements in word order (a handful per document):
-    per-word marker arrays cost three more passes over every word."""
+    The replacements in word order (a handful per document), the words between them copied
+    as runs: a loop testing every word for a replacement cost 12 ns a word (per-word marker
+    arrays three more passes over every word)."""
     m = len(tok_start)
     R = len(t)
     lo = np.zeros(R + 1, np.int64)
@@ -522,29 +523,37 @@ def replace_spans(tok_start, tok_end, t, k, cut_at, cut_owner):
     out_e = np.empty(m + len(cut_at), np.int64)
     w = 0
     p = 0
+    nxt = 0  # the first word not yet looked at
     cover = -1  # the last word absorbed by a replacement seen so far
-    for i in range(m):
+    while p < R:
+        i = t[order[p]]
+        a = max(nxt, cover + 1)  # the words before it, but those a merge absorbed
+        if i > a:
+            out_s[w:w + i - a] = tok_start[a:i]
+            out_e[w:w + i - a] = tok_end[a:i]
+            w += i - a
         r = -1
         reach = cover
-        while p < R and t[order[p]] == i:
+        while p < R and t[order[p]] == i:  # of several at this word, the last
             r = order[p]
             reach = max(reach, i + k[r] - 1)
             p += 1
-        if r >= 0:
-            a = tok_start[i]
-            for j in range(lo[r], lo[r + 1]):
-                out_s[w] = a
-                out_e[w] = cut_at[j]
-                a = cut_at[j]
-                w += 1
+        a = tok_start[i]
+        for j in range(lo[r], lo[r + 1]):
             out_s[w] = a
-            out_e[w] = tok_end[i + k[r] - 1]
+            out_e[w] = cut_at[j]
+            a = cut_at[j]
             w += 1
-        elif i > cover:
-            out_s[w] = tok_start[i]
-            out_e[w] = tok_end[i]
-            w += 1
+        out_s[w] = a
+        out_e[w] = tok_end[i + k[r] - 1]
+        w += 1
         cover = reach
+        nxt = i + 1
+    a = max(nxt, cover + 1)
+    if m > a:
+        out_s[w:w + m - a] = tok_start[a:m]
+        out_e[w:w + m - a] = tok_end[a:m]
+        w += m - a
     return out_s[:w], out_e[:w]
 
 
