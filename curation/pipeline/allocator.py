@@ -3,11 +3,12 @@
 Every batch, the text kernels allocate a few dozen arrays of a few MB (word spans, their
 measures and ids, n-gram tables) and free them. glibc serves blocks that large from fresh
 ``mmap`` and unmaps them on free, so the next batch takes a page fault, and the kernel zeroes
-a page, for every 4 KB it touches: 12-15 faults per long page through the filter chain, about
-50 us of system time per document (``tests/benchmarks/bench_chain.py`` pages, ``getrusage``).
-Raising glibc's mmap threshold to 64 MB and its trim threshold to 128 MB keeps freed blocks in
-the heap for the next batch (1.5-4 faults per page): a worker holds at most ``trim_mb`` more
-than it uses.
+a page, for every 4 KB it touches. On the long bench pages (``tests/benchmarks/
+bench_allocator.py``) that was 9-12 faults and 42-44 us of system time per document through
+the filter chain; raising glibc's mmap threshold to 64 MB and its trim threshold to 128 MB
+keeps freed blocks in the heap for the next batch: 3 faults, 13-28 us. (The default pages fault
+little either way: 1.2-1.8 a document.) A worker holds at most ``trim_mb`` more
+than it uses; peak RSS moved by less than the run-to-run noise (606-646 MB).
 
 Set once per worker process, before its first batch (``executor._root_entries``); a process
 without glibc's ``mallopt`` (musl, macOS) is left as it is. ``REFINERY_MALLOC_TUNING=0`` turns

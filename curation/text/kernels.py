@@ -144,10 +144,10 @@ def special_case_cuts(b, tok_start, tok_end, core_s, core_e, ks, keys, key_lo, c
         j = _lookup(b, a, n, one_keys)
         if j < 0:
             continue
-        t = np.searchsorted(tok_start, core_s[c])
-        if tok_end[t] != core_e[c] or taken[t]:
+        t = np.searchsorted(tok_start, a)  # a whole core is a word: it starts one
+        if t == m or tok_end[t] != core_e[c] or taken[t]:
             continue
-        rt[R], rk[R], ra[R], rcut[R] = t, 1, core_s[c], one_cuts[j]
+        rt[R], rk[R], ra[R], rcut[R] = t, 1, a, one_cuts[j]
         R += 1
     n_cut = 0
     for r in range(R):

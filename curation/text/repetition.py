@@ -62,6 +62,7 @@ def _repetition_chars(word_hash, word_len, offsets, min_n, max_n, want_top, want
     while (1 << bits) < 2 * max(longest, 1):
         bits += 1
     size = 1 << bits
+    # int32 where it fits: a 10 MB document (~2M words) needs a 4M-slot table, 80 MB like this
     # a slot: its n-gram hash and (round << 32 | count) side by side, so that a probe and its
     # update touch one cache line (four parallel arrays: +7% on long pages); in use iff its
     # round is this round's ``gen``: no clearing between rounds
