@@ -11,6 +11,9 @@ hold each kernel to its reference (``tests/test_compiled_counts.py``, ``test_min
 - Gopher quality's counts: ``page_tallies`` against ``line_tallies`` + ``hashes_and_ellipses``
 - C4's words per line: ``count_py_words`` against ``len(s.split())``, on every line
 - the bytes' classes under the word split: ``byte_classes``, ns per byte
+- the word split's special cases ("Mr." "don't" ":)"): the compiled matcher
+  (``kernels.special_case_cuts`` + ``replace_spans``) against the numpy one it replaced (kept as
+  ``split_words(reference=True)``'s), on the word spans of the same batches
 
 Run: ``REFINERY_DATA=../shared/data .venv/bin/python tests/benchmarks/bench_kernels.py
 [--pages default long] [--repeat 5]``
@@ -36,6 +39,7 @@ from curation.text.arrow import text_bytes  # noqa: E402
 from curation.text.classes import byte_classes  # noqa: E402
 from curation.text.counts import hashes_and_ellipses, line_tallies, page_tallies  # noqa: E402
 from curation.text.duplicate_parts import duplicate_lines_and_paragraphs, duplicate_parts  # noqa: E402
+from curation.text import words as text_words  # noqa: E402
 from curation.text.words import count_py_words  # noqa: E402
 
 
@@ -55,6 +59,19 @@ def compare(label: str, new, old, n: int, repeat: int) -> None:
         t_new = min(t_new, best_of(new, 1))
         t_old = min(t_old, best_of(old, 1))
     print(f"  {label:<44} {t_old / n * 1e6:8.1f} -> {t_new / n * 1e6:7.1f} us/doc  (x{t_old / t_new:.2f})")
+
+
+def special_case_inputs(docs: list[tuple[str, int]], batch: int = 300) -> list[tuple]:
+    """What the word split hands its special-case step, per batch of ``batch`` pages: the
+    bytes, the words' spans and the whole cores."""
+    got, real = [], text_words._apply_special_cases
+    text_words._apply_special_cases = lambda *x: got.append(x) or real(*x)
+    try:
+        for i in range(0, len(docs), batch):
+            text_words.split_words(pa.array([t for t, _ in docs[i:i + batch]]))
+    finally:
+        text_words._apply_special_cases = real
+    return got
 
 
 def main() -> None:
@@ -79,6 +96,10 @@ def main() -> None:
         py_lines = lines.to_pylist()
         compare("words per line (count_py_words vs str.split)", lambda: count_py_words(lines),
                 lambda: [len(s.split()) for s in py_lines], n, a.repeat)
+        spans = special_case_inputs(docs)
+        compare("special cases (compiled matcher vs numpy)",
+                lambda: [text_words._apply_special_cases(*x) for x in spans],
+                lambda: [text_words._apply_special_cases_arrays(*x) for x in spans], n, a.repeat)
         byte_classes(b)
         t = best_of(lambda: byte_classes(b), a.repeat)
         print(f"  {'byte classes':<44} {t / len(b) * 1e9:8.2f} ns/byte = {t / n * 1e6:.1f} us/doc"
