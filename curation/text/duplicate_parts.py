@@ -40,8 +40,9 @@ def duplicate_lines_and_paragraphs(texts: pa.Array) -> tuple[np.ndarray, ...]:
     """``duplicate_parts(texts, 2, strip=True) + duplicate_parts(texts, 1)`` (paragraphs,
     then lines: parts, repeated parts, their characters) in one call: a paragraph that is
     one whole line (most, on web pages: the long bench pages average 55 paragraphs and 88
-    lines) takes that line's hash instead of hashing its bytes again. Two calls cost about a
-    fifth more (41 against 34-36 us a long page)."""
+    lines) takes that line's hash instead of hashing its bytes again, and the paragraphs are
+    cut from the lines' gaps, not from a second pass over the bytes (x1.3: 36 -> 26 us a long
+    page)."""
     b, doff, _, _ = text_bytes(texts)
     if not len(b):
         z = np.zeros(len(texts), np.int64)
@@ -144,6 +145,31 @@ def _cut(b, s, e, min_run, ps, pe):
 
 
 @njit(cache=True, nogil=True)
+def _paragraphs_of_lines(ls, le, k, s, e, qs, qe):
+    """``_cut(b, s, e, 2, qs, qe)`` from the text's lines (``ls[:k]``, ``le[:k]``, cut at every
+    run of newlines): the stripped text ``[s, e)`` starts and ends on a character that is not
+    whitespace, so a run of two or more newlines inside it is the gap between two lines, whole.
+    A loop over the lines, not a second one over the bytes."""
+    m = 0
+    start = s
+    for j in range(k - 1):
+        a = le[j]
+        z = ls[j + 1]
+        if z - a >= 2 and a >= s and z <= e:
+            if m == len(qs):
+                qs, qe = _grown(qs, m), _grown(qe, m)
+            qs[m] = start
+            qe[m] = a
+            m += 1
+            start = z
+    if m == len(qs):
+        qs, qe = _grown(qs, m), _grown(qe, m)
+    qs[m] = start
+    qe[m] = e
+    return m + 1, qs, qe
+
+
+@njit(cache=True, nogil=True)
 def _keys(b, ps, pe, k, ph):
     """``_part_key`` of the first ``k`` parts, into ``ph`` (grown when short)."""
     if len(ph) < k:
@@ -168,7 +194,7 @@ def _lines_and_paragraphs(b, doff):
         k, ls, le = _cut(b, doff[d], doff[d + 1], 1, ls, le)
         lh = _keys(b, ls, le, k, lh)
         s2, e2 = _stripped(b, doff[d], doff[d + 1])
-        m, qs, qe = _cut(b, s2, e2, 2, qs, qe)
+        m, qs, qe = _paragraphs_of_lines(ls, le, k, s2, e2, qs, qe)
         if len(qh) < m:
             qh = np.empty(len(qs), np.uint64)
         j = 0  # lines are cut at every run of newlines: a paragraph starts where a line does
