@@ -1,0 +1,105 @@
+"""Compiled text kernels of this tree against the same kernels at an earlier commit, in one
+process, in turns, on bench_scale's extracted pages: the earlier modules are read with
+``git show COMMIT:path`` and loaded beside the current ones (they import the rest of
+``curation`` from this tree). Each pair's outputs are compared before it is timed. Prints
+microseconds per document, fastest of ``--repeat``; asserts only that the outputs agree.
+
+- ``repetition_chars`` (Gopher's n-gram signals, ``curation/text/repetition.py``)
+- ``duplicate_lines_and_paragraphs`` (``curation/text/duplicate_parts.py``)
+- ``replace_spans`` (``curation/text/kernels.py``) on the special-case replacements the word
+  split makes on these pages
+
+Run: ``REFINERY_DATA=../shared/data .venv/bin/python tests/benchmarks/bench_kernels_vs_commit.py
+--base 1872e3f [--pages default long] [--repeat 7]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(REPO))
+
+import bench_chain  # noqa: E402  (the pages, extracted as the extract stage does)
+
+from curation.text import kernels, words as text_words  # noqa: E402
+from curation.text.duplicate_parts import duplicate_lines_and_paragraphs  # noqa: E402
+from curation.text.repetition import repetition_chars  # noqa: E402
+
+
+def at_commit(commit: str, path: str, name: str, tmp: Path):
+    """The module ``path`` as it was at ``commit``, loaded as ``name``."""
+    src = subprocess.run(["git", "show", f"{commit}:{path}"], cwd=REPO, capture_output=True, text=True,
+                         check=True).stdout
+    f = tmp / f"{name}.py"
+    f.write_text(src)
+    spec = importlib.util.spec_from_file_location(name, f)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def same(a, b) -> bool:
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    return np.array_equal(a, b)
+
+
+def compare(label: str, new, old, n: int, repeat: int) -> None:
+    assert same(new(), old()), f"{label}: outputs differ"
+    t_new = t_old = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        new()
+        t_new = min(t_new, time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        old()
+        t_old = min(t_old, time.perf_counter() - t0)
+    print(f"  {label:<36} {t_old / n * 1e6:8.1f} -> {t_new / n * 1e6:7.1f} us/doc  (x{t_old / t_new:.2f}), same outputs")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--base", required=True, help="the earlier commit")
+    ap.add_argument("--pages", nargs="+", choices=["default", "long"], default=["default", "long"])
+    ap.add_argument("--repeat", type=int, default=7)
+    a = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        old_rep = at_commit(a.base, "curation/text/repetition.py", "old_repetition", Path(tmp))
+        old_dp = at_commit(a.base, "curation/text/duplicate_parts.py", "old_duplicate_parts", Path(tmp))
+        old_k = at_commit(a.base, "curation/text/kernels.py", "old_kernels", Path(tmp))
+        for which in a.pages:
+            texts = [t for t, _ in bench_chain.extracted(which)[0]]
+            n = len(texts)
+            arr = pa.array(texts)
+            words = text_words.split_words(arr)
+            print(f"\n== {which}: {n:,} documents, {len(words.start) / n:,.0f} words each; {a.base} -> this tree")
+            args = (words.hash, words.lengths.astype(np.int64), words.offsets, 2, 10, [2, 3, 4], [5, 6, 7, 8, 9, 10])
+            compare("repetition_chars (Gopher's n-grams)", lambda: repetition_chars(*args),
+                    lambda: old_rep.repetition_chars(*args), n, a.repeat)
+            compare("lines + paragraphs", lambda: duplicate_lines_and_paragraphs(arr),
+                    lambda: old_dp.duplicate_lines_and_paragraphs(arr), n, a.repeat)
+            got, real = [], kernels.replace_spans
+            kernels.replace_spans = lambda *x: got.append(x) or real(*x)
+            try:
+                for i in range(0, n, 300):
+                    text_words.split_words(arr[i:i + 300])
+            finally:
+                kernels.replace_spans = real
+            compare("replace_spans (special cases)", lambda: [real(*x) for x in got],
+                    lambda: [old_k.replace_spans(*x) for x in got], n, a.repeat)
+
+
+if __name__ == "__main__":
+    main()
