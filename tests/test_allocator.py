@@ -33,7 +33,8 @@ def _faults(mode: str, **env) -> dict:
     return json.loads(out.stdout)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt: Linux only")
+@pytest.mark.skipif(not sys.platform.startswith("linux"),
+                    reason="keep_batch_blocks sets glibc's mallopt, which only Linux has: runs on any Linux machine")
 def test_freed_batch_arrays_come_back_without_page_faults():
     plain, kept = _faults("plain"), _faults("set")
     assert kept["took"] is True
