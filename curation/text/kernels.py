@@ -53,14 +53,21 @@ def find_keys(b, start, n_bytes, sorted_keys, order, sieve):
     for i in range(m):
         s = start[i]
         n = n_bytes[i]
-        # the sieve inline: a call per span, with its array arguments' reference counts, cost 3x
-        if 0 < n <= 16 and (sieve[(np.int64(b[s]) << 8) | np.int64(b[s + n - 1])] >> np.uint32(n)) & np.uint32(1):
+        # the sieve read here: a call per span with the arrays as arguments (their reference
+        # counts) cost 3x; ``_sieved`` takes only numbers
+        if 0 < n <= 16 and _sieved(sieve[(np.int64(b[s]) << 8) | np.int64(b[s + n - 1])], n):
             j = _lookup(b, s, n, sorted_keys)
             if j >= 0:
                 idx[found] = i
                 hit[found] = order[j]
                 found += 1
     return idx[:found], hit[:found]
+
+
+@njit(cache=True, nogil=True)
+def _sieved(bits, n):
+    """Whether a sieve entry (a bit per key length) has a key of ``n`` bytes."""
+    return ((bits >> np.uint32(n)) & np.uint32(1)) != 0
 
 
 @njit(cache=True, nogil=True)
@@ -118,7 +125,7 @@ def special_case_cuts(b, tok_start, tok_end, core_s, core_e, ks, keys, key_lo, c
             n = tok_end[t + k - 1] - a
             if n > 16 or taken[t] or taken[t + k - 1]:
                 continue
-            if not (sieves[q, (np.int64(b[a]) << 8) | np.int64(b[a + n - 1])] >> np.uint32(n)) & np.uint32(1):
+            if not _sieved(sieves[q, (np.int64(b[a]) << 8) | np.int64(b[a + n - 1])], n):
                 continue
             j = _lookup(b, a, n, tab)
             if j >= 0:
@@ -138,8 +145,7 @@ def special_case_cuts(b, tok_start, tok_end, core_s, core_e, ks, keys, key_lo, c
     for c in range(len(core_s)):
         a = core_s[c]
         n = core_e[c] - a
-        if not (0 < n <= 16 and (one_sieve[(np.int64(b[a]) << 8) | np.int64(b[a + n - 1])] >> np.uint32(n))
-                & np.uint32(1)):
+        if not (0 < n <= 16 and _sieved(one_sieve[(np.int64(b[a]) << 8) | np.int64(b[a + n - 1])], n)):
             continue
         j = _lookup(b, a, n, one_keys)
         if j < 0:
@@ -389,7 +395,9 @@ def word_measures_and_keys(b, cls, start, end):
         any_ = 0
         lo = np.uint64(0)
         hi = np.uint64(0)
-        for k in range(min(n, 16)):
+        key = np.uint64(0)
+        w = np.uint64(0)
+        for k in range(n):
             x = b[s + k]
             if (x & 0xC0) != 0x80:
                 c += 1
@@ -397,22 +405,16 @@ def word_measures_and_keys(b, cls, start, end):
             any_ |= cls[s + k]
             if k < 8:
                 lo |= np.uint64(x) << np.uint64(8 * k)
-            else:
+            elif k < 16:
                 hi |= np.uint64(x) << np.uint64(8 * (k - 8))
-        key = mix64(lo ^ mix64(hi + np.uint64(min(n, 16))))
-        if n > 16:  # the rest: 8 bytes at a time into the id
-            w = np.uint64(0)
-            for k in range(16, n):
-                x = b[s + k]
-                if (x & 0xC0) != 0x80:
-                    c += 1
-                all_ &= cls[s + k]
-                any_ |= cls[s + k]
+            else:  # past 16 bytes: the key of the first 16, then 8 bytes at a time into it
+                if k == 16:
+                    key = mix64(lo ^ mix64(hi + np.uint64(16)))
                 w |= np.uint64(x) << np.uint64(8 * (k & 7))
                 if (k & 7) == 7 or k == n - 1:
                     key = mix64(key ^ w)
                     w = np.uint64(0)
-            key = mix64(key + np.uint64(n))
+        key = mix64(lo ^ mix64(hi + np.uint64(n))) if n <= 16 else mix64(key + np.uint64(n))
         chars[i] = c
         symbol[i] = (all_ & BYTE_PUNCTUATION) != 0
         alpha[i] = (any_ & BYTE_LETTER) != 0
