@@ -146,6 +146,25 @@ def test_key_text_from_raw_words_equals_normalising_whole_texts(monkeypatch):
     assert normalize_collapsed(real).to_pylist() == want  # all "colliding": each word on its own
 
 
+def test_key_text_word_spans_are_str_split_words():
+    """The compiled word cut behind exact dedup's key text (``kernels.word_spans``): each
+    document's spans are ``str.split()``'s words, flagged when they hold a non-ASCII byte, on
+    every Unicode space around and inside words, the awkward soup and texts of nothing but
+    whitespace (where its first pass's bound on the word count is tightest)."""
+    import curation.dedup.kernels as kernels
+    from curation.dedup.minhash import _WS_LEADS, _string_buffers
+
+    spaces = _spaces()
+    texts = ([t for t in ODD_TEXTS if t is not None] + _awkward_soup() + [f"a{c}b" for c in spaces] + [f"{c}é{c}" for c in spaces]
+             + ["".join(spaces) * 3, " " * 50, "\n\u2028\u3000" * 20, "x", "é", ""])
+    offsets, data = _string_buffers(pa.array(texts, pa.string()))
+    doc_words, starts, ends, high = kernels.word_spans(data, offsets, _WS_LEADS)
+    for d, t in enumerate(texts):
+        got = [bytes(data[starts[w]:ends[w]]).decode() for w in range(doc_words[d], doc_words[d + 1])]
+        assert got == t.split(), t
+        assert high[doc_words[d]:doc_words[d + 1]].tolist() == [not w.isascii() for w in got]
+
+
 def test_compiled_scan_bounds_hold_at_document_edges():
     """The compiled word scan sizes its outputs from a first pass (words after whitespace,
     non-ASCII words per run of high bytes): runs of non-ASCII bytes and multi-byte spaces
