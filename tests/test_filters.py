@@ -493,6 +493,33 @@ def test_words_reused_for_the_documents_a_previous_stage_kept(monkeypatch):
     assert again.values().to_pylist() == split_words(pa.array([kept[i] for i in order])).values().to_pylist()
 
 
+def test_state_of_kept_rows_takes_the_kept_tables_text_without_copying_it():
+    """The executor hands the next stage the kept table's text column (already filtered) to
+    the state's ``take``: the state then holds that very array (no second copy), its words
+    are the words of those texts, and text that is not those rows is refused."""
+    texts = [d["text"] for d in REAL[:40]] + [None, ""]
+    table = pa.table({"id": [str(i) for i in range(len(texts))], "text": pa.array(texts, pa.string())})
+    state = TextState.of(table)
+    state.words
+    keep = np.array([i for i in range(len(texts)) if i % 4 != 2])
+    kept_col = table.filter(pa.array(np.isin(np.arange(len(texts)), keep))).column("text")
+    taken = state.take(keep, kept_col)
+    assert kept_col.null_count == 1  # the null stands for "": same state as taking the state's text
+    assert taken.texts.to_pylist() == state.take(keep).texts.to_pylist()
+    clean = table.slice(0, 40)  # no null: the state holds the kept column's own buffer
+    clean_col = clean.filter(pa.array(np.arange(40) % 4 != 2)).column("text")
+    assert clean_col.num_chunks == 1
+    held = TextState.of(clean).take(np.flatnonzero(np.arange(40) % 4 != 2), clean_col).texts
+    assert held.buffers()[2].address == clean_col.chunk(0).buffers()[2].address
+    assert taken.words.values().to_pylist() == split_words(state.take(keep).texts).values().to_pylist()
+    same_rows = table.filter(pa.array(np.isin(np.arange(len(texts)), keep[:-1]))).column("text")
+    with pytest.raises(ValueError, match="texts of"):
+        state.take(keep, same_rows)  # one row short
+    other = pa.array([(t or "") + "x" for t in kept_col.to_pylist()])
+    with pytest.raises(ValueError, match="texts of"):
+        state.take(keep, other)  # as many rows, other bytes
+
+
 def test_c4_after_a_splitting_filter_takes_line_words_from_the_documents(monkeypatch):
     """C4 after a filter that split the documents reads each line's words from the
     documents' words (citation-free lines) and must give exactly what splitting gives."""

@@ -265,7 +265,9 @@ class _Step:
             res = self.stage.run_batch(batch, text if batch.num_rows else None)
             kept, rej = split_kept_rejected(res.table, res.reasons, self.name)
             if res.text is not None and res.reasons is not None:
-                kept_text = res.text.take(np.flatnonzero(pc.is_null(res.reasons).to_numpy(zero_copy_only=False)))
+                kept_rows = np.flatnonzero(pc.is_null(res.reasons).to_numpy(zero_copy_only=False))
+                # the kept table's text is the state's text filtered: not copied a second time
+                kept_text = res.text.take(kept_rows, kept.column("text") if "text" in kept.column_names else None)
             else:
                 kept_text = res.text
             self.measured += batch.num_rows

@@ -10,7 +10,10 @@ import pyarrow.compute as pc
 
 def text_array(texts: pa.Array | pa.ChunkedArray) -> pa.Array:
     """One string array with nulls replaced by ``""``."""
-    arr = texts.combine_chunks() if isinstance(texts, pa.ChunkedArray) else texts
+    if isinstance(texts, pa.ChunkedArray):  # one chunk as it is: combine_chunks copies even one
+        arr = texts.chunk(0) if texts.num_chunks == 1 else texts.combine_chunks()
+    else:
+        arr = texts
     if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
         arr = arr.cast(pa.string())
     return pc.fill_null(arr, "") if arr.null_count else arr

@@ -143,13 +143,26 @@ class TextState:
 
     # -- subsets and new texts -----------------------------------------------------------
 
-    def take(self, indices) -> TextState:
+    def take(self, indices, texts: pa.Array | pa.ChunkedArray | None = None) -> TextState:
         """The state of these rows (in this order, repeats allowed): the words already split
         move along with their measurements, and so do known word counts; lines and the rest
-        are recomputed on demand (they are cheap)."""
+        are recomputed on demand (they are cheap).
+
+        ``texts``: those rows' text when the caller holds it already (the kept table's text
+        column after a filter), so that it is not copied a second time; it must be
+        ``self.texts.take(indices)`` (nulls may stand for ``""``), which is checked by length
+        and bytes."""
         idx = np.asarray(indices.to_numpy(zero_copy_only=False) if isinstance(indices, (pa.Array, pa.ChunkedArray))
                          else indices, dtype=np.int64).reshape(-1)
-        texts = self.texts.take(pa.array(idx, pa.int64()))
+        if texts is None:
+            texts = self.texts.take(pa.array(idx, pa.int64()))
+        else:
+            texts = text_array(texts)
+            # the cheap guard of ``check``: as many rows, and their lengths sum to the same bytes
+            want = int(self.byte_lengths[idx].sum())
+            got = pc.sum(pc.binary_length(texts)).as_py() or 0
+            if len(texts) != len(idx) or got != want:
+                raise ValueError(f"take: {len(texts)} texts of {got} bytes given for {len(idx)} rows of {want}")
         out = TextState(texts)
         if self._words is not None:
             b, doff, buf, base = text_bytes(texts)

@@ -102,7 +102,8 @@ def run_chain(stages: list, tables: list[pa.Table]) -> dict[str, float]:
             r = st.run_batch(batch, text)
             kept, _ = split_kept_rejected(r.table, r.reasons, name)
             if r.text is not None and r.reasons is not None:
-                text = r.text.take(np.flatnonzero(pc.is_null(r.reasons).to_numpy(zero_copy_only=False)))
+                text = r.text.take(np.flatnonzero(pc.is_null(r.reasons).to_numpy(zero_copy_only=False)),
+                                   kept.column("text"))
             else:
                 text = r.text
             out[name] += time.process_time() - t0

@@ -327,6 +327,24 @@ def _worker_hook() -> None:
     for fmt, reader in list(_read.READERS.items()):
         _read.READERS[fmt] = timed(reader)
 
+    prof_dir = _os.environ.get("BENCH_SCALE_PROFILE")
+    if prof_dir:  # --profile: each map task's whole work (read, chain, writes, hand-offs) under cProfile
+        import cProfile as _cProfile
+        import itertools as _itertools
+
+        from curation.pipeline import executor as _executor
+
+        real_entries, seq = _executor._root_entries, _itertools.count()
+
+        def profiled(job):
+            pr = _cProfile.Profile()
+            try:
+                return pr.runcall(real_entries, job)
+            finally:
+                pr.dump_stats(_os.path.join(prof_dir, f"{_os.getpid()}-{next(seq)}.prof"))
+
+        _executor._root_entries = profiled
+
 
 class ProcSampler(threading.Thread):
     """Samples VmHWM/VmRSS of every process under this one (Ray's raylet, workers...)."""
@@ -335,6 +353,7 @@ class ProcSampler(threading.Thread):
         super().__init__(daemon=True)
         self.interval = interval
         self.peak: dict[int, tuple[str, float]] = {}  # pid -> (name, peak MB)
+        self.cpu: dict[int, float] = {}  # pid -> user + system CPU s at its last sample
         self.stop = threading.Event()
 
     @staticmethod
@@ -366,6 +385,9 @@ class ProcSampler(threading.Thread):
                     name = fh.read().split(b"\0")[0].decode(errors="replace")
                 with open(f"/proc/{p}/status") as fh:
                     st = {k: v for k, _, v in (line.partition(":") for line in fh)}
+                with open(f"/proc/{p}/stat") as fh:
+                    ticks = fh.read().rsplit(")", 1)[1].split()[11:13]  # utime, stime
+                self.cpu[p] = sum(int(x) for x in ticks) / os.sysconf("SC_CLK_TCK")
             except OSError:
                 continue
             mb = max(int(st.get(k, "0 kB").split()[0]) for k in ("VmHWM", "VmRSS")) / 1024
@@ -430,7 +452,8 @@ def run_one(mode: str, warc_facts: dict, workers: int, split_mb: int, out_json: 
         sampler.start()
         ray.init(address="local", num_cpus=workers, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
                  runtime_env={"worker_process_setup_hook": _worker_hook,
-                              "env_vars": {"BENCH_SCALE_LOG": str(log_dir)}})
+                              "env_vars": {"BENCH_SCALE_LOG": str(log_dir),
+                                           "BENCH_SCALE_PROFILE": os.environ.get("BENCH_SCALE_PROFILE", "")}})
         t0 = time.perf_counter()
         state = run_dag(dag, run_dir, workers=workers, quiet=True)
         res["wall_s"] = time.perf_counter() - t0
@@ -491,6 +514,9 @@ def run_one(mode: str, warc_facts: dict, workers: int, split_mb: int, out_json: 
                 key = Path(name).name or "?"
                 others[key] = max(others.get(key, 0.0), round(mb, 1))
         res["other_process_peak_mb"] = others
+        # every worker's whole CPU (its last sample, taken after the run): what the timed
+        # parts above leave out too (writes, hand-offs, scheduling, the global stages' reads)
+        res["worker_cpu_s"] = sum(sampler.cpu.get(pid, 0.0) for pid in workers_rss)
     res["driver_peak_mb"] = _hwm_mb()
     Path(out_json).write_text(json.dumps(res, indent=1))
 
@@ -526,12 +552,29 @@ def show(r: dict) -> None:
     order = ["crawl", *MAP_STAGES, *GLOBAL_STAGES]
     kept = sorted(r["stage_counts"].items(), key=lambda kv: order.index(kv[0]) if kv[0] in order else 99)
     print("  docs in -> kept: " + ", ".join(f"{k} {v['docs_in']:,}->{v['docs_out']:,}" for k, v in kept))
+    if "worker_cpu_s" in r:
+        timed = rd["cpu"] + sum(s["cpu"] for s in by_type.values())
+        print(f"workers' CPU {r['worker_cpu_s']:7.1f} s in all ({r['worker_cpu_s'] - timed:,.1f} s besides read and "
+              f"the map stages' batches)")
     wp = r["worker_peak_mb"]
     print(f"peak RSS     workers (MB, largest first): {wp[:8]}{' ...' if len(wp) > 8 else ''}  "
           f"driver {r['driver_peak_mb']:,.0f} MB")
     print(f"             other processes: {r['other_process_peak_mb']}")
     print(f"written      {r['bytes_written'] / MiB:,.1f} MiB in {r['files_written']:,} files under the run dir; "
           + ", ".join(f"{k} {v / MiB:,.1f}" for k, v in sorted(r["bytes_by_stage"].items())))
+
+
+def show_profile(prof_dir: str, top: int = 30) -> None:
+    """The map tasks' profiles of one run, merged: the top functions by own time."""
+    import pstats
+
+    files = sorted(str(p) for p in Path(prof_dir).glob("*.prof"))
+    if not files:
+        print(f"  (no profiles in {prof_dir})")
+        return
+    st = pstats.Stats(*files, stream=sys.stdout)
+    print(f"  map tasks' profile ({len(files)} tasks, {st.total_tt:,.1f} s):")
+    st.sort_stats("tottime").print_stats(top)
 
 
 def main() -> None:
@@ -547,6 +590,9 @@ def main() -> None:
     ap.add_argument("--responses-per-warc", type=int, default=44_000, help="HTML responses per CC WARC (cost line)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="full and extract-only this many times each, alternating order; the median ratio")
+    ap.add_argument("--profile", metavar="DIR",
+                    help="cProfile every map task (read, chain, writes) into DIR/<mode>-<round>/ and print the "
+                         "top functions by own time per run (slows the run: its ratios are not comparable)")
     ap.add_argument("--one", nargs=3, help=argparse.SUPPRESS)  # internal: MODE FACTS_JSON OUT_JSON
     a = ap.parse_args()
     if a.one:
@@ -567,11 +613,17 @@ def main() -> None:
         for mode in modes if r % 2 == 0 else modes[::-1]:
             with tempfile.NamedTemporaryFile(suffix=".json", delete=False, dir=bench_root()) as f:
                 out = f.name
+            env = dict(os.environ)
+            if a.profile:
+                env["BENCH_SCALE_PROFILE"] = prof = os.path.join(a.profile, f"{mode}-{r}")
+                os.makedirs(prof, exist_ok=True)
             try:
                 subprocess.run([sys.executable, __file__, "--one", mode, str(facts_json), out,
-                                "--workers", str(a.workers), "--split-mb", str(a.split_mb)], check=True)
+                                "--workers", str(a.workers), "--split-mb", str(a.split_mb)], check=True, env=env)
                 res = json.loads(Path(out).read_text())
                 show(res)
+                if a.profile:
+                    show_profile(prof)
                 walls[mode].append(res["wall_s"])
                 results[mode].append(res)
             finally:
@@ -593,6 +645,17 @@ def main() -> None:
             print(f"  full run CPU: read + extract {base:,.1f} s, chain after extraction {chain:,.1f} s, "
                   f"global stages ~{glob:,.1f} s (wall x workers) -> read + extract are "
                   f"{base / (base + chain + glob):.1%} of the full DAG's CPU (the ratio with every core busy)")
+        # the same from every worker's whole CPU: writes, hand-offs and scheduling included. The
+        # extract-only run's CPU besides read + extract is added to the full run's read + extract
+        # (what extract-only would cost at the full run's extraction speed)
+        for f, e in zip(results["full"], results["extract"]):
+            if "worker_cpu_s" not in f or "worker_cpu_s" not in e:
+                continue
+            f_base = f["read"]["cpu"] + f["map_stages"].get("extract", {}).get("cpu", 0.0)
+            e_rest = e["worker_cpu_s"] - e["read"]["cpu"] - e["map_stages"].get("extract", {}).get("cpu", 0.0)
+            print(f"  workers' whole CPU: full {f['worker_cpu_s']:,.1f} s (read + extract {f_base:,.1f}), extract-only "
+                  f"{e['worker_cpu_s']:,.1f} s ({e_rest:,.1f} s besides read + extract) -> extract-only's work is "
+                  f"{(f_base + e_rest) / f['worker_cpu_s']:.1%} of the full DAG's")
     snapshot_docs = a.snapshot_warcs * a.responses_per_warc
     for mode, rate in rates.items():  # the unit users budget in
         label = "full DAG" if mode == "full" else "extract-only"
