@@ -61,7 +61,8 @@ from __future__ import annotations
 import functools
 import json
 from abc import abstractmethod
-from typing import Annotated, Any, ClassVar, Literal
+from dataclasses import dataclass
+from typing import Annotated, Any, Callable, ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -76,6 +77,7 @@ from curation.text.arrow import mask, safe_div, to_numpy
 from curation.text.chars import TERMINAL_PUNCTUATION
 from curation.text.counts import page_tallies, word_tallies
 from curation.text.duplicate_parts import duplicate_lines_and_paragraphs
+from curation.text.line_facts import line_facts
 from curation.text import segments
 from curation.text.segments import Segments
 from curation.text.repetition import repetition_chars
@@ -86,6 +88,10 @@ GOPHER_STOP_WORDS = ["the", "be", "to", "of", "and", "that", "have", "with"]
 #: What also ends a line for C4 in a language whose words are characters (``words: chars``):
 #: the full-width full stop, exclamation and question marks and closing quotes.
 _CJK_LINE_ENDS = "。！？」』”"
+#: What ends a line for C4 (terminal punctuation and closing quotes), as a byte table too.
+_C4_LINE_ENDS = ".?!\"'"
+_C4_LINE_END_BYTES = np.zeros(256, dtype=bool)
+_C4_LINE_END_BYTES[[ord(c) for c in _C4_LINE_ENDS]] = True
 #: Phrases that mark cookie and legal boilerplate lines (C4's extra line filter).
 C4_POLICY_PHRASES = [
     "terms of use",
@@ -675,11 +681,58 @@ class C4QualityFilter(_LangRules):
     rewrites_text: ClassVar[bool] = True
     splits_words: ClassVar[bool] = False
 
+    #: C4's citations: "[12]", "[edit]", "[citation needed]" (only a line holding "[" can match)
+    _CITATION = r"\[\p{Nd}*\]|\[edit\]|\[citation needed\]"
+
     def _measure(self, batch: pa.Table, text: TextState | None = None) -> tuple[pa.Table, TextState]:
         text = self.text_state(batch, text)
-        chars = self._word_mode == "chars"
-        texts = text.texts
-        n = len(texts)
+        if self._word_mode == "chars":  # CJK words and line ends: the Arrow passes
+            return self._measure_lines(batch, text, self._lines_by_arrays(text, chars=True))
+        return self._measure_lines(batch, text, self._lines_by_facts(text))
+
+    def _lines_by_facts(self, text: TextState) -> _C4Lines:
+        """The line rules from one compiled pass over the bytes (``line_facts``): only lines
+        holding "[" go through the citation regex, only surviving lines are cut from the bytes."""
+        lf = line_facts(text.texts)
+        n_lines = len(lf.s)
+        survives = np.ones(n_lines, dtype=bool)
+        if self.max_word_length is not None:  # bytes first: a word's bytes bound its characters
+            over = np.flatnonzero(lf.longest > self.max_word_length)
+            if len(over):
+                survives[over] = lf.longest_chars(over) <= self.max_word_length
+        changed = np.zeros(0, np.int64)  # lines a citation was cut from, ascending
+        fixed = pa.array([], pa.string())  # and what is left of them
+        if self.remove_citations:
+            bi = np.flatnonzero(lf.bracket)
+            if len(bi):
+                after = pc.replace_substring_regex(lf.stripped(bi), self._CITATION, "")
+                ch = to_numpy(pc.binary_length(after)) != (lf.e - lf.s)[bi]
+                changed, fixed = bi[ch], after.filter(pa.array(ch))
+        if self.filter_no_terminal_punct:
+            every = np.arange(n_lines)
+            ends = lf.ends_with(every, _C4_LINE_END_BYTES) & ~lf.ends_with_dots(every)
+            if len(changed):  # a citation cut from the end: the line now ends in what was before it
+                ends[changed] = segments.ends_with_any(fixed, _C4_LINE_ENDS) & ~mask(pc.ends_with(fixed, "..."))
+            survives &= ends
+        if self.min_words_per_line is not None:
+            survives &= lf.words >= self.min_words_per_line  # counted on the line with its citations
+
+        def values(idx: np.ndarray) -> pa.Array:
+            out = lf.stripped(idx)
+            if len(changed) and len(idx):
+                at = np.minimum(np.searchsorted(changed, idx), len(changed) - 1)
+                hit = changed[at] == idx
+                if hit.any():
+                    out = pc.replace_with_mask(out, pa.array(hit), fixed.take(pa.array(at[hit])).cast(out.type))
+            return out
+
+        unchanged = np.ones(n_lines, dtype=bool)
+        unchanged[changed] = False
+        return _C4Lines(lf.doc, lf.counts, survives, values, lf.start, lf.end - lf.start, unchanged)
+
+    def _lines_by_arrays(self, text: TextState, chars: bool = False) -> _C4Lines:
+        """The line rules by Arrow passes over the lines (``words: chars`` languages, and the
+        reference the tests hold ``_lines_by_facts`` to)."""
         lines = text.lines
         raw = segments.strip(lines.values)
         false = np.zeros(len(raw), dtype=bool)
@@ -694,10 +747,10 @@ class C4QualityFilter(_LangRules):
                 too_long[long_idx[np.unique(chunks.doc[too])]] = True
         line = raw
         if self.remove_citations:
-            line = segments.replace_regex_in_some(line, 0x5B, r"\[\p{Nd}*\]|\[edit\]|\[citation needed\]", "")
+            line = segments.replace_regex_in_some(line, 0x5B, self._CITATION, "")
         survives = ~too_long
         if self.filter_no_terminal_punct:
-            ends = segments.ends_with_any(line, ".?!\"'" + (_CJK_LINE_ENDS if chars else ""))
+            ends = segments.ends_with_any(line, _C4_LINE_ENDS + (_CJK_LINE_ENDS if chars else ""))
             ellipsis = mask(pc.ends_with(line, "..."))
             survives &= ends & ~ellipsis
         if self.min_words_per_line is not None:
@@ -706,6 +759,16 @@ class C4QualityFilter(_LangRules):
             count = lang_rules.count_char_words if chars else text_words.count_py_words
             few = count(raw.take(pa.array(idx))) < self.min_words_per_line
             survives[idx[few]] = False
+        unchanged = to_numpy(pc.binary_length(line)) == to_numpy(pc.binary_length(raw))
+        return _C4Lines(lines.doc, lines.counts, survives, lambda idx: line.take(pa.array(idx)),
+                        lines.byte_start, lines.byte_len, unchanged, chars)
+
+    def _measure_lines(self, batch: pa.Table, text: TextState, ln: _C4Lines) -> tuple[pa.Table, TextState]:
+        """The page rules and the kept text, from the line rules' outcome ``ln``."""
+        texts = text.texts
+        n = len(texts)
+        survives = ln.survives
+        false = np.zeros(len(survives), dtype=bool)
         # Phrase checks only on surviving lines that mention any phrase at all.
         phrases = ((["lorem ipsum"] if self.filter_lorem_ipsum else [])
                    + (["javascript"] if self.filter_javascript else [])
@@ -715,7 +778,7 @@ class C4QualityFilter(_LangRules):
         lorem, js, curly, policy = (false.copy() for _ in range(4))
         idx = np.flatnonzero(survives)
         if markers and len(idx):
-            sub = line.take(pa.array(idx))
+            sub = ln.values(idx)
             hit = mask(pc.match_substring_regex(sub, "(?i)" + "|".join(markers)))
             idx, sub = idx[hit], sub.filter(pa.array(hit))
             lower = pc.utf8_lower(sub)
@@ -740,32 +803,33 @@ class C4QualityFilter(_LangRules):
         first_drop = np.full(n, -1, dtype=np.int64)
         drop_idx = np.flatnonzero(page_drop)
         if len(drop_idx):
-            d, first = np.unique(lines.doc[drop_idx], return_index=True)
+            d, first = np.unique(ln.doc[drop_idx], return_index=True)
             first_drop[d] = drop_idx[first]
         kept = survives & ~lorem & ~js & ~curly & ~policy
-        kept_lines = Segments.from_counts(
-            line.filter(pa.array(kept)), np.bincount(lines.doc[kept], minlength=n))
+        kept_idx = np.flatnonzero(kept)
+        kept_values = ln.values(kept_idx)
+        kept_lines = Segments.from_counts(kept_values, np.bincount(ln.doc[kept], minlength=n))
         n_kept = kept_lines.counts
-        line_words, line_sents = self._kept_line_words(text, lines, raw, line, kept, chars)
+        line_words, line_sents = self._kept_line_words(text, ln, kept_idx, kept_values)
         n_sent = np.bincount(kept_lines.doc, weights=line_sents, minlength=n).astype(np.int64)
 
         has_drop = first_drop >= 0
         reason_lorem = np.zeros(n, dtype=bool)
         reason_lorem[has_drop] = page_lorem[first_drop[has_drop]]
-        new_text = segments.strip(pc.binary_join(kept_lines.to_lists(), pa.scalar("\n", line.type)))
+        new_text = segments.strip(pc.binary_join(kept_lines.to_lists(), pa.scalar("\n", kept_values.type)))
         # A page a line drops keeps its text whatever the thresholds; every other page holds
         # the kept lines (``process`` restores the original text where ``decide`` drops).
         out_text = pc.if_else(pa.array(~has_drop), new_text, texts)
         # Words never cross a line break, so the kept lines' words are the new text's words:
         # a FineWeb stage after this one counts them without splitting again.
         new_counts = np.bincount(kept_lines.doc, weights=line_words, minlength=n).astype(np.int64)
-        if chars:  # characters are not the words a TextState counts
+        if ln.chars:  # characters are not the words a TextState counts
             new_counts[:] = -1
         state = TextState(out_text, word_counts=np.where(has_drop, text.known_word_counts(), new_counts))
         table = batch.set_column(batch.schema.get_field_index("text"), "text", out_text)
         table = _with_columns(table, {
             "c4_lines_kept": n_kept,
-            "c4_lines_removed": lines.counts - n_kept,
+            "c4_lines_removed": ln.counts - n_kept,
             "c4_n_sentences": n_sent,
             "c4_lorem_ipsum": reason_lorem,
             "c4_curly_bracket": has_drop & ~reason_lorem,
@@ -773,36 +837,51 @@ class C4QualityFilter(_LangRules):
         return table, state
 
     @staticmethod
-    def _kept_line_words(text: TextState, lines: Segments, raw: pa.Array, line: pa.Array,
-                         kept: np.ndarray, chars: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    def _kept_line_words(text: TextState, ln: _C4Lines, kept_idx: np.ndarray,
+                         kept_values: pa.Array) -> tuple[np.ndarray, np.ndarray]:
         """Words and sentences of each kept line (stripped, citations removed).
 
         Words never cross a line break, so when the documents' words are at hand (the filter
         before this one split them and passed its text state on) a line the citation rule
         left alone takes the words in its byte range; only the other lines are split. ``chars``:
         CJK characters are words (``lang_rules.char_words``), every line is split."""
-        kept_idx = np.flatnonzero(kept)
         n_words = np.zeros(len(kept_idx), np.int64)
         n_sents = np.zeros(len(kept_idx), np.int64)
         fresh = np.ones(len(kept_idx), dtype=bool)
-        doc_words = text.words if len(kept_idx) and text.has_words and not chars else None
+        doc_words = text.words if len(kept_idx) and text.has_words and not ln.chars else None
         if doc_words is not None:
-            same = to_numpy(pc.binary_length(line)) == to_numpy(pc.binary_length(raw))
-            use = same[kept_idx]
+            use = ln.unchanged[kept_idx]
             li = kept_idx[use]
-            lo = np.searchsorted(doc_words.start, lines.byte_start[li])
-            counts = np.searchsorted(doc_words.start, lines.byte_start[li] + lines.byte_len[li]) - lo
+            lo = np.searchsorted(doc_words.start, ln.byte_start[li])
+            counts = np.searchsorted(doc_words.start, ln.byte_start[li] + ln.byte_len[li]) - lo
             widx = np.repeat(lo - (np.cumsum(counts) - counts), counts) + np.arange(int(counts.sum()))
             wline = np.repeat(np.arange(len(li)), counts)
             n_words[use] = counts
             n_sents[use] = text_words.sentence_counts_of(counts, wline, doc_words.ender[widx], doc_words.punct[widx])
             fresh[use] = False
         if fresh.any():
-            split = lang_rules.char_words if chars else text_words.split_words
-            words = split(line.take(pa.array(kept_idx[fresh])))
+            split = lang_rules.char_words if ln.chars else text_words.split_words
+            words = split(kept_values.filter(pa.array(fresh)))
             n_words[fresh] = words.counts
             n_sents[fresh] = text_words.sentence_counts(words)
         return n_words, n_sents
+
+
+@dataclass
+class _C4Lines:
+    """C4's line rules applied to a batch's lines (``str.splitlines``, flat): each line's
+    document, lines per document, which survive the line rules, ``values(idx)`` (the stripped
+    lines ``idx``, ascending, citations cut), each line's byte range in the text (for its
+    words) and whether the citation rule left it as it was."""
+
+    doc: np.ndarray
+    counts: np.ndarray
+    survives: np.ndarray
+    values: Callable[[np.ndarray], pa.Array]
+    byte_start: np.ndarray
+    byte_len: np.ndarray
+    unchanged: np.ndarray
+    chars: bool = False
 
 
 @registry.register("fineweb_quality")
