@@ -14,6 +14,9 @@ hold each kernel to its reference (``tests/test_compiled_counts.py``, ``test_min
 - the word split's special cases ("Mr." "don't" ":)"): the compiled matcher
   (``kernels.special_case_cuts`` + ``replace_spans``) against the numpy one it replaced (kept as
   ``split_words(reference=True)``'s), on the word spans of the same batches
+- C4's measure: its line rules from one compiled pass (``line_facts``) against the Arrow passes
+  they replaced (kept for ``words: chars`` languages), in batches of 300 pages given their
+  words as the chain does; the outputs are checked equal first
 
 Run: ``REFINERY_DATA=../shared/data .venv/bin/python tests/benchmarks/bench_kernels.py
 [--pages default long] [--repeat 5]``
@@ -22,6 +25,7 @@ Run: ``REFINERY_DATA=../shared/data .venv/bin/python tests/benchmarks/bench_kern
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 import time
 from pathlib import Path
@@ -41,6 +45,8 @@ from curation.text.counts import hashes_and_ellipses, line_tallies, page_tallies
 from curation.text.duplicate_parts import duplicate_lines_and_paragraphs, duplicate_parts  # noqa: E402
 from curation.text import words as text_words  # noqa: E402
 from curation.text.words import count_py_words  # noqa: E402
+from curation.text.state import TextState  # noqa: E402
+from curation.stages.filters import C4QualityFilter  # noqa: E402
 
 
 def best_of(fn, repeat: int) -> float:
@@ -100,6 +106,26 @@ def main() -> None:
         compare("special cases (compiled matcher vs numpy)",
                 lambda: [text_words._apply_special_cases(*x) for x in spans],
                 lambda: [text_words._apply_special_cases_arrays(*x) for x in spans], n, a.repeat)
+        c4 = C4QualityFilter()
+        states = []
+        for i in range(0, n, 300):
+            part = pa.table({"id": [str(k) for k in range(min(300, n - i))], "text": texts[i:i + 300]})
+            state = TextState.of(part)
+            state.words  # the filters before C4 hand it their split
+            states.append((part, state))
+
+        def c4_by(lines):  # each batch's state as C4 gets it: words split, its lines not yet cut
+            out = []
+            for part, st in states:
+                st = copy.copy(st)
+                st._cache = {}
+                out.append(c4._measure_lines(part, st, lines(st)))
+            return out
+
+        for (got, _), (want, _) in zip(c4_by(c4._lines_by_facts), c4_by(c4._lines_by_arrays)):
+            assert got.equals(want), "C4: the two line paths differ"
+        compare("C4 measure (line_facts vs Arrow line passes)", lambda: c4_by(c4._lines_by_facts),
+                lambda: c4_by(c4._lines_by_arrays), n, a.repeat)
         byte_classes(b)
         t = best_of(lambda: byte_classes(b), a.repeat)
         print(f"  {'byte classes':<44} {t / len(b) * 1e9:8.2f} ns/byte = {t / n * 1e6:.1f} us/doc"

@@ -8,6 +8,8 @@ microseconds per document, fastest of ``--repeat``; asserts only that the output
 - ``duplicate_lines_and_paragraphs`` (``curation/text/duplicate_parts.py``)
 - ``replace_spans`` (``curation/text/kernels.py``) on the special-case replacements the word
   split makes on these pages
+- exact dedup's word cut for its key text (``word_spans``, ``curation/dedup/kernels.py``), on
+  the pages' bytes
 
 Run: ``REFINERY_DATA=../shared/data .venv/bin/python tests/benchmarks/bench_kernels_vs_commit.py
 --base 1872e3f [--pages default long] [--repeat 7]``
@@ -33,6 +35,8 @@ sys.path.insert(0, str(REPO))
 
 import bench_chain  # noqa: E402  (the pages, extracted as the extract stage does)
 
+from curation.dedup import kernels as dedup_kernels  # noqa: E402
+from curation.dedup.minhash import _WS_LEADS, _string_buffers  # noqa: E402
 from curation.text import kernels, words as text_words  # noqa: E402
 from curation.text.duplicate_parts import duplicate_lines_and_paragraphs  # noqa: E402
 from curation.text.repetition import repetition_chars  # noqa: E402
@@ -79,6 +83,7 @@ def main() -> None:
         old_rep = at_commit(a.base, "curation/text/repetition.py", "old_repetition", Path(tmp))
         old_dp = at_commit(a.base, "curation/text/duplicate_parts.py", "old_duplicate_parts", Path(tmp))
         old_k = at_commit(a.base, "curation/text/kernels.py", "old_kernels", Path(tmp))
+        old_dk = at_commit(a.base, "curation/dedup/kernels.py", "old_dedup_kernels", Path(tmp))
         for which in a.pages:
             texts = [t for t, _ in bench_chain.extracted(which)[0]]
             n = len(texts)
@@ -99,6 +104,9 @@ def main() -> None:
                 kernels.replace_spans = real
             compare("replace_spans (special cases)", lambda: [real(*x) for x in got],
                     lambda: [old_k.replace_spans(*x) for x in got], n, a.repeat)
+            offsets, data = _string_buffers(arr)
+            compare("exact dedup's word cut (word_spans)", lambda: dedup_kernels.word_spans(data, offsets, _WS_LEADS),
+                    lambda: old_dk.word_spans(data, offsets, _WS_LEADS), n, a.repeat)
 
 
 if __name__ == "__main__":

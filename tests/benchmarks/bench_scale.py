@@ -305,6 +305,18 @@ def _worker_hook() -> None:
 
     _base.MapStage.run_batch = run_batch
 
+    from curation.pipeline import executor as _executor
+
+    real_step = _executor._Step.__call__
+
+    def step(self, batch, text):  # the stage's batch plus its hand-off: split, state, writes
+        c0 = _time.process_time()
+        out = real_step(self, batch, text)
+        emit({"kind": "step", "type": self.stage.type, "cpu": _time.process_time() - c0})
+        return out
+
+    _executor._Step.__call__ = step
+
     def timed(reader):
         def wrapper(shard, spec, res):
             cpu = wall = 0.0
@@ -469,11 +481,14 @@ def run_one(mode: str, warc_facts: dict, workers: int, split_mb: int, out_json: 
             for line in f.read_text().splitlines():
                 r = json.loads(line)
                 if r["kind"] == "stage":
-                    s = stage_cpu.setdefault(r["type"], {"rows": 0, "cpu": 0.0, "wall": 0.0, "batches": 0})
+                    s = stage_cpu.setdefault(r["type"], {"rows": 0, "cpu": 0.0, "wall": 0.0, "batches": 0, "step": 0.0})
                     s["rows"] += r["rows"]
                     s["cpu"] += r["cpu"]
                     s["wall"] += r["wall"]
                     s["batches"] += 1
+                elif r["kind"] == "step":
+                    s = stage_cpu.setdefault(r["type"], {"rows": 0, "cpu": 0.0, "wall": 0.0, "batches": 0, "step": 0.0})
+                    s["step"] += r["cpu"]
                 else:
                     reads.append(r)
         res["map_stages"] = stage_cpu
@@ -542,7 +557,8 @@ def show(r: dict) -> None:
     by_type = r["map_stages"]
     for name, s in by_type.items():
         print(f"  {name:20s} cpu {s['cpu']:7.1f} s  {s['rows'] / s['cpu'] if s['cpu'] else 0:9,.0f} docs/s/core  "
-              f"({s['rows']:,} rows in {s['batches']} batches)")
+              f"({s['rows']:,} rows in {s['batches']} batches"
+              + (f"; hand-off and writes {s['step'] - s['cpu']:,.1f} s" if s.get("step") else "") + ")")
     for name, s in r["global_stages"].items():
         rows = r["stage_counts"].get(name, {}).get("docs_in") or 0
         sec = s["seconds"]
