@@ -23,10 +23,11 @@ from curation.text.arrow import byte_spans, text_bytes
 from curation.text.counts import space_after
 
 #: per byte: 0 none of these; 1 an ASCII Python whitespace byte (``str.isspace``) that breaks no
-#: line; 2 a byte that may lead a multi-byte whitespace character (U+00A0, U+1680, U+2000-U+200A,
-#: U+202F, U+205F, U+3000: ``space_after`` decides); 3 an ASCII line break (``str.splitlines``:
-#: \n \r \v \f \x1c \x1d \x1e); 4 a byte that may lead a multi-byte one (U+0085, U+2028,
-#: U+2029), which is whitespace too
+#: line (\t \x1f space); 2 a byte that may lead a multi-byte whitespace character that breaks no
+#: line (E1: U+1680, E3: U+3000); 3 an ASCII line break (``str.splitlines``: \n \r \v \f \x1c
+#: \x1d \x1e); 4 a byte that may lead a multi-byte whitespace character that may break one
+#: (C2: U+0085 breaks, U+00A0 does not; E2: U+2028 and U+2029 break, U+2000-U+200A, U+202F,
+#: U+205F do not). ``space_after`` decides the multi-byte ones, ``_break_width`` the breaks
 _KIND = np.zeros(256, np.uint8)
 _KIND[[9, 31, 32]] = 1
 _KIND[[0xE1, 0xE3]] = 2
