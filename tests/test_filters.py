@@ -486,15 +486,18 @@ def test_words_quick_paths_and_compiled_rules_agree_with_the_array_rules():
     # ``reference=True`` sends every chunk through the array version of the full rules; the
     # default takes compiled quick paths for plain and "word," chunks and the compiled rules
     # for the rest. Same words on real pages and on fuzzed rule-heavy text.
-    # (the last two: more chunks than the chunk scan's first room, one per 6 bytes)
     texts = [d["text"] for d in REAL] + _fuzz_texts(400) + ["a " * 3000, "b, c. " * 800]
-    arr = pa.array(texts)
-    quick, full = split_words(arr), split_words(arr, reference=True)
-    assert len(quick.start) > 90_000
-    for i in range(len(texts)):
-        a = slice(quick.offsets[i], quick.offsets[i + 1])
-        b = slice(full.offsets[i], full.offsets[i + 1])
-        assert (quick.start[a].tolist(), quick.end[a].tolist()) == (full.start[b].tolist(), full.end[b].tolist()), texts[i]
+    # a batch denser than the chunk scan's first room (a chunk per 4 bytes): scanned again
+    dense = ["a " * 3000, "b, c. " * 800, "x", "1 2 3"]
+    for batch in (texts, dense):
+        arr = pa.array(batch)
+        quick, full = split_words(arr), split_words(arr, reference=True)
+        assert len(quick.start) > (90_000 if batch is texts else 4_000)
+        for i in range(len(batch)):
+            a = slice(quick.offsets[i], quick.offsets[i + 1])
+            b = slice(full.offsets[i], full.offsets[i + 1])
+            assert (quick.start[a].tolist(), quick.end[a].tolist()) == (full.start[b].tolist(), full.end[b].tolist()), batch[i]
+    assert split_words(pa.array(dense)).values().to_pylist()[:3] == ["a", "a", "a"]
 
 
 def test_words_per_document_with_slices_and_nulls():
@@ -534,6 +537,7 @@ def test_words_reused_for_the_documents_a_previous_stage_kept(monkeypatch):
     fresh = split_words(pa.array(kept))  # split from scratch
     assert reused.values().to_pylist() == fresh.values().to_pylist()
     assert reused.offsets.tolist() == fresh.offsets.tolist()
+    assert reused.doc.tolist() == fresh.doc.tolist() == np.repeat(np.arange(len(kept)), fresh.counts).tolist()
     for name in ("lengths", "symbol", "alpha", "punct", "ender"):
         assert np.array_equal(got[name], getattr(fresh, name)), name
     # Word ids: the same partition into equal words (long words get per-batch ids).

@@ -189,7 +189,7 @@ def _is_unit(x, a, n, unit_rows, unit_len):
 
 
 @njit(cache=True, nogil=True)
-def scan_chunks(b, cls, doff, unit_b, unit_n):
+def scan_chunks(b, cls, doff, unit_b, unit_n, cap):
     """Whitespace-separated chunks of every text (``doff``: text byte offsets), and how the
     quick rules cut them.
 
@@ -206,20 +206,17 @@ def scan_chunks(b, cls, doff, unit_b, unit_n):
     takes the unit's place). A quick chunk's words are the non-empty spans among prefix,
     core, unit and suffix.
     """
-    n = 0
-    for d in range(len(doff) - 1):
-        prev_ws = True
-        for i in range(doff[d], doff[d + 1]):
-            ws = (cls[i] & BYTE_SPACE) != 0
-            n += prev_ws & (not ws)
-            prev_ws = ws
-    c_start = np.empty(n, np.int64)
-    c_end = np.empty(n, np.int64)
-    kind = np.empty(n, np.int8)
-    core_s = np.empty(n, np.int64)
-    core_e = np.empty(n, np.int64)
-    suf_s = np.empty(n, np.int64)
+    # Room for ``cap`` chunks; more returns n_quick = -1 and the caller calls again with
+    # ``chunk_bound``. A counting pass over every byte first cost a sixth of this kernel, and
+    # growing the arrays inside the loop made it 4x slower (web text has a chunk per ~6 bytes).
+    c_start = np.empty(cap, np.int64)
+    c_end = np.empty(cap, np.int64)
+    kind = np.empty(cap, np.int8)
+    core_s = np.empty(cap, np.int64)
+    core_e = np.empty(cap, np.int64)
+    suf_s = np.empty(cap, np.int64)
     k = 0
+    n_quick = 0  # words of the quick chunks (``word_spans`` sizes its output from it)
     for d in range(len(doff) - 1):
         i = doff[d]
         end = doff[d + 1]
@@ -227,6 +224,8 @@ def scan_chunks(b, cls, doff, unit_b, unit_n):
             if (cls[i] & BYTE_SPACE) != 0:
                 i += 1
                 continue
+            if k == cap:
+                return c_start, c_end, kind, core_s, core_e, suf_s, -1
             s = i
             any_cls = 0
             while i < end:
@@ -315,25 +314,31 @@ def scan_chunks(b, cls, doff, unit_b, unit_n):
                     ce = j + 1
             core_s[k] = cs
             core_e[k] = ce
+            if kind[k] != 2:
+                n_quick += 1 + (cs > s) + (suf_s[k] > ce) + (suf_s[k] < e)
             k += 1
-    return c_start, c_end, kind, core_s, core_e, suf_s
+    return c_start[:k], c_end[:k], kind[:k], core_s[:k], core_e[:k], suf_s[:k], n_quick
+
+
+def chunk_bound(n_bytes: int, n_texts: int) -> int:
+    """The most chunks ``n_bytes`` of ``n_texts`` texts can hold: one non-space byte each,
+    a space between two in a text."""
+    return (n_bytes + 1) // 2 + n_texts
 
 
 @njit(cache=True, nogil=True)
-def word_spans(c_start, c_end, kind, core_s, core_e, suf_s, slow_tok):
+def word_spans(c_start, c_end, kind, core_s, core_e, suf_s, slow_tok, n_quick):
     """Word spans of all chunks: a quick chunk's non-empty pieces (prefix, core, unit,
     suffix), a kind 2 chunk's words from each of its starts in ``slow_tok`` (sorted, what
-    the full rules found) to the next or the chunk end."""
+    the full rules found) to the next or the chunk end. ``n_quick``: the quick chunks' words
+    (``scan_chunks`` counts them), -1 to count them here."""
     n = len(c_start)
-    total = 0
-    p = 0
-    for k in range(n):
-        if kind[k] == 2:
-            while p < len(slow_tok) and slow_tok[p] < c_end[k]:
-                total += 1
-                p += 1
-        else:
-            total += 1 + (core_s[k] > c_start[k]) + (suf_s[k] > core_e[k]) + (suf_s[k] < c_end[k])
+    total = len(slow_tok) + n_quick
+    if n_quick < 0:
+        total = len(slow_tok)
+        for k in range(n):
+            if kind[k] != 2:
+                total += 1 + (core_s[k] > c_start[k]) + (suf_s[k] > core_e[k]) + (suf_s[k] < c_end[k])
     out_s = np.empty(total, np.int64)
     out_e = np.empty(total, np.int64)
     w = 0
@@ -573,6 +578,34 @@ def gather_ranges(src, starts, lengths):
             out[w + j] = src[s + j]
         w += lengths[i]
     return out
+
+
+@njit(cache=True, nogil=True)
+def take_word_spans(offsets, start, end, old_doff, docs, new_doff):
+    """The words of texts ``docs`` moved to a batch holding just those texts, in one pass
+    (``Words.take_docs``): (word offsets per taken text, index of each word among the old
+    ones, new starts, new ends). Text ``docs[j]``'s bytes start at ``new_doff[j]`` there.
+    Seven numpy passes (repeat, arange, cumsum, two gathers, two shifts) did this before."""
+    n = len(docs)
+    out_off = np.empty(n + 1, np.int64)
+    out_off[0] = 0
+    for j in range(n):
+        d = docs[j]
+        out_off[j + 1] = out_off[j] + offsets[d + 1] - offsets[d]
+    total = out_off[n]
+    idx = np.empty(total, np.int64)
+    s_out = np.empty(total, np.int64)
+    e_out = np.empty(total, np.int64)
+    w = 0
+    for j in range(n):
+        d = docs[j]
+        shift = new_doff[j] - old_doff[d]
+        for i in range(offsets[d], offsets[d + 1]):
+            idx[w] = i
+            s_out[w] = start[i] + shift
+            e_out[w] = end[i] + shift
+            w += 1
+    return out_off, idx, s_out, e_out
 
 
 @njit(cache=True, nogil=True)

@@ -95,7 +95,8 @@ class Words(PerDoc):
     """
 
     def __init__(self, doc, offsets, start, end, b, cls, buf, base):
-        self.doc = doc
+        if doc is not None:  # else made from the offsets on first use (few readers need it)
+            self.doc = doc
         self.offsets = offsets
         self.start = start
         self.end = end
@@ -108,6 +109,11 @@ class Words(PerDoc):
     #: measurements a subset (``take_docs``) reads from the words it was taken from, on first
     #: use: the filters after the first read few of them (FineWeb and C4 only the counts)
     _INHERITED = ("_cls", "lengths", "symbol", "alpha", "punct", "ender", "hash")
+
+    @functools.cached_property
+    def doc(self) -> np.ndarray:
+        """The text of every word."""
+        return np.repeat(np.arange(len(self.offsets) - 1, dtype=np.int64), np.diff(self.offsets))
 
     @functools.cached_property
     def _cls(self) -> np.ndarray:
@@ -129,15 +135,10 @@ class Words(PerDoc):
         bytes, other positions): spans are moved; measurements already made are kept,
         read on first use from the words as first split (a subset of a subset links to
         those too, so one generation is kept alive, not a chain)."""
-        counts = self.counts[docs]
-        first = self.offsets[:-1][docs]
-        total = int(counts.sum())
-        idx = np.repeat(first - (np.cumsum(counts) - counts), counts) + np.arange(total)
-        shift = np.repeat(doff[:-1] - self._doff[docs], counts)
-        offsets = np.zeros(len(docs) + 1, dtype=np.int64)
-        np.cumsum(counts, out=offsets[1:])
-        out = Words(np.repeat(np.arange(len(docs), dtype=np.int64), counts), offsets,
-                    self.start[idx] + shift, self.end[idx] + shift, b, None, buf, base)
+        docs = np.ascontiguousarray(docs, np.int64)
+        offsets, idx, start, end = kernels.take_word_spans(self.offsets, self.start, self.end, self._doff, docs,
+                                                           np.ascontiguousarray(doff, np.int64))
+        out = Words(None, offsets, start, end, b, None, buf, base)
         out._doff = doff
         root = self.__dict__.get("_root")
         if root is None:
@@ -247,12 +248,17 @@ def split_words(texts: pa.Array, special_cases: bool = True, reference: bool = F
 
 
 def _split_words(b, doff, buf, base, special_cases: bool, reference: bool = False) -> Words:
-    n_docs = len(doff) - 1
     cls = byte_classes(b)
     # Chunks, and how the quick rules cut plain ones, "word," "(word)", "far-flung", "Here’s" (compiled).
-    c_start, c_end, kind, core_s, core_e, suf_s = kernels.scan_chunks(b, cls, doff, *unit_rows(bytes_=True))
+    units = unit_rows(bytes_=True)
+    # room for a chunk per 4 bytes (web text has one per ~6); text denser than that, again
+    out = kernels.scan_chunks(b, cls, doff, *units, len(b) // 4 + len(doff) + 16)
+    if out[-1] < 0:
+        out = kernels.scan_chunks(b, cls, doff, *units, kernels.chunk_bound(len(b), len(doff) - 1))
+    c_start, c_end, kind, core_s, core_e, suf_s, n_quick = out
     if reference:  # every chunk by the array rules: what the tests hold the quick paths to
         kind[:] = 2
+        n_quick = -1
     slow = np.flatnonzero(kind == 2)
     # Spans that are a whole core (what is left of a chunk after its affixes and a unit):
     # one-word special cases apply to them. (Kind 3, "far-flung", has none: the infix cut it.)
@@ -262,14 +268,13 @@ def _split_words(b, doff, buf, base, special_cases: bool, reference: bool = Fals
     if len(slow):  # the full rules for the rest, on code points
         tok, core_a, core_b = _rule_chunks(b, c_start[slow], c_end[slow], reference)
         cores_s, cores_e = np.concatenate((cores_s, core_a)), np.concatenate((cores_e, core_b))
-    tok_start, tok_end = kernels.word_spans(c_start, c_end, kind, core_s, core_e, suf_s, tok)
+    tok_start, tok_end = kernels.word_spans(c_start, c_end, kind, core_s, core_e, suf_s, tok, n_quick)
     if special_cases:
         apply = _apply_special_cases_arrays if reference else _apply_special_cases
         tok_start, tok_end = apply(b, tok_start, tok_end, cores_s, cores_e)
     offsets = np.searchsorted(tok_start, doff).astype(np.int64)
     offsets[-1] = len(tok_start)
-    doc = np.repeat(np.arange(n_docs, dtype=np.int64), np.diff(offsets))
-    return Words(doc, offsets, tok_start, tok_end, b, cls, buf, base)
+    return Words(None, offsets, tok_start, tok_end, b, cls, buf, base)
 
 
 def _rule_chunks(b: np.ndarray, cs: np.ndarray, ce: np.ndarray, reference: bool = False):

@@ -10,6 +10,9 @@ microseconds per document, fastest of ``--repeat``; asserts only that the output
   split makes on these pages
 - exact dedup's word cut for its key text (``word_spans``, ``curation/dedup/kernels.py``), on
   the pages' bytes
+- the whole word split (``split_words``, ``curation/text/words.py`` with its ``kernels.py``)
+  in batches of 300 pages, and the words of nine pages in ten moved to the next stage's batch
+  (``Words.take_docs``, what the hand-off from gopher_repetition to gopher_quality does)
 
 Run: ``REFINERY_DATA=../shared/data .venv/bin/python tests/benchmarks/bench_kernels_vs_commit.py
 --base 1872e3f [--pages default long] [--repeat 7]``
@@ -38,6 +41,7 @@ import bench_chain  # noqa: E402  (the pages, extracted as the extract stage doe
 from curation.dedup import kernels as dedup_kernels  # noqa: E402
 from curation.dedup.minhash import _WS_LEADS, _string_buffers  # noqa: E402
 from curation.text import kernels, words as text_words  # noqa: E402
+from curation.text.arrow import text_bytes  # noqa: E402
 from curation.text.duplicate_parts import duplicate_lines_and_paragraphs  # noqa: E402
 from curation.text.repetition import repetition_chars  # noqa: E402
 
@@ -84,6 +88,8 @@ def main() -> None:
         old_dp = at_commit(a.base, "curation/text/duplicate_parts.py", "old_duplicate_parts", Path(tmp))
         old_k = at_commit(a.base, "curation/text/kernels.py", "old_kernels", Path(tmp))
         old_dk = at_commit(a.base, "curation/dedup/kernels.py", "old_dedup_kernels", Path(tmp))
+        old_w = at_commit(a.base, "curation/text/words.py", "old_words", Path(tmp))
+        old_w.kernels = old_k  # the old split on the old kernels
         for which in a.pages:
             texts = [t for t, _ in bench_chain.extracted(which)[0]]
             n = len(texts)
@@ -104,6 +110,24 @@ def main() -> None:
                 kernels.replace_spans = real
             compare("replace_spans (special cases)", lambda: [real(*x) for x in got],
                     lambda: [old_k.replace_spans(*x) for x in got], n, a.repeat)
+            parts = [arr[i:i + 300] for i in range(0, n, 300)]
+
+            def split_by(mod):
+                return [(w.offsets, w.start, w.end) for w in (mod.split_words(p) for p in parts)]
+
+            compare("word split (split_words)", lambda: split_by(text_words), lambda: split_by(old_w), n, a.repeat)
+            kept = [np.flatnonzero(np.arange(len(p)) % 10 != 0) for p in parts]
+            moved = []
+            for p, k in zip(parts, kept):
+                b, doff, buf, base = text_bytes(p.take(pa.array(k)))
+                moved.append((k, b, doff, buf, base))
+            new_w = [text_words.split_words(p) for p in parts]
+            old_words = [old_w.split_words(p) for p in parts]
+
+            def take_by(split):
+                return [(t.offsets, t.start, t.end) for t in (w.take_docs(*m) for w, m in zip(split, moved))]
+
+            compare("moving words on (take_docs)", lambda: take_by(new_w), lambda: take_by(old_words), n, a.repeat)
             offsets, data = _string_buffers(arr)
             compare("exact dedup's word cut (word_spans)", lambda: dedup_kernels.word_spans(data, offsets, _WS_LEADS),
                     lambda: old_dk.word_spans(data, offsets, _WS_LEADS), n, a.repeat)

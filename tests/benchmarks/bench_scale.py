@@ -357,6 +357,19 @@ def _worker_hook() -> None:
 
         _executor._root_entries = profiled
 
+        from curation.pipeline import tasks as _tasks
+
+        real_measured = _tasks._measured
+
+        def measured_profiled(fn, job, star):  # a global stage's task, profiled apart ("g-" files)
+            pr = _cProfile.Profile()
+            try:
+                return pr.runcall(real_measured, fn, job, star)
+            finally:
+                pr.dump_stats(_os.path.join(prof_dir, f"g-{getattr(fn, '__name__', 'task')}-{_os.getpid()}-{next(seq)}.prof"))
+
+        _tasks._measured = measured_profiled
+
 
 class ProcSampler(threading.Thread):
     """Samples VmHWM/VmRSS of every process under this one (Ray's raylet, workers...)."""
@@ -532,6 +545,7 @@ def run_one(mode: str, warc_facts: dict, workers: int, split_mb: int, out_json: 
         # every worker's whole CPU (its last sample, taken after the run): what the timed
         # parts above leave out too (writes, hand-offs, scheduling, the global stages' reads)
         res["worker_cpu_s"] = sum(sampler.cpu.get(pid, 0.0) for pid in workers_rss)
+        res["worker_cpu_each_s"] = sorted((round(sampler.cpu.get(pid, 0.0), 1) for pid in workers_rss), reverse=True)
     res["driver_peak_mb"] = _hwm_mb()
     Path(out_json).write_text(json.dumps(res, indent=1))
 
@@ -571,7 +585,7 @@ def show(r: dict) -> None:
     if "worker_cpu_s" in r:
         timed = rd["cpu"] + sum(s["cpu"] for s in by_type.values())
         print(f"workers' CPU {r['worker_cpu_s']:7.1f} s in all ({r['worker_cpu_s'] - timed:,.1f} s besides read and "
-              f"the map stages' batches)")
+              f"the map stages' batches)" + (f"; by worker {r['worker_cpu_each_s']}" if "worker_cpu_each_s" in r else ""))
     wp = r["worker_peak_mb"]
     print(f"peak RSS     workers (MB, largest first): {wp[:8]}{' ...' if len(wp) > 8 else ''}  "
           f"driver {r['driver_peak_mb']:,.0f} MB")
@@ -581,16 +595,19 @@ def show(r: dict) -> None:
 
 
 def show_profile(prof_dir: str, top: int = 30) -> None:
-    """The map tasks' profiles of one run, merged: the top functions by own time."""
+    """The map tasks' profiles of one run, merged, then the global stages' tasks': the top functions by own time."""
     import pstats
 
-    files = sorted(str(p) for p in Path(prof_dir).glob("*.prof"))
-    if not files:
-        print(f"  (no profiles in {prof_dir})")
-        return
-    st = pstats.Stats(*files, stream=sys.stdout)
-    print(f"  map tasks' profile ({len(files)} tasks, {st.total_tt:,.1f} s):")
-    st.sort_stats("tottime").print_stats(top)
+    every = sorted(str(p) for p in Path(prof_dir).glob("*.prof"))
+    for what, files in (("map tasks'", [f for f in every if not Path(f).name.startswith("g-")]),
+                        ("global stages' tasks'", [f for f in every if Path(f).name.startswith("g-")])):
+        if not files:
+            print(f"  (no {what} profiles in {prof_dir})")
+            continue
+        st = pstats.Stats(*files, stream=sys.stdout)
+        print(f"  {what} profile ({len(files)} tasks, {st.total_tt:,.1f} s):")
+        st.files = []  # not one line per task file
+        st.sort_stats("tottime").print_stats(top)
 
 
 def main() -> None:
