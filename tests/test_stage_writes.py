@@ -126,3 +126,33 @@ def test_rerun_of_a_later_stage_recomputes_the_signals_only_stage_it_reads(tmp_p
     fresh = _run(d, tmp_path / "fresh")
     for node in ("c4", "fineweb", "kept"):
         assert _view(run, node) == _view(fresh, node)
+
+
+def test_rejected_rows_split_copies_only_the_sampled_text():
+    """``_RejectedText.split`` (the executor's split of a stage's output) gives the rows and
+    columns ``split_kept_rejected`` and the policy give, with the text only of the sampled
+    rejected rows (taken, not copied then nulled), over batches that share a reason's count."""
+    import numpy as np
+    import pyarrow as pa
+
+    from curation.io.shards import split_kept_rejected
+    from curation.pipeline.executor import _RejectedText
+
+    rng = np.random.default_rng(3)
+    for policy in ("sample", "none", "all"):
+        new, old = _RejectedText(policy, 3), _RejectedText(policy, 3)
+        for b in range(3):
+            n = 40
+            text = pa.chunked_array([[f"t{b}-{i}" * 3 for i in range(25)], [None] + [f"u{b}-{i}" for i in range(26, n)]])
+            table = pa.table({"id": [f"{b}-{i}" for i in range(n)], "text": text, "x": np.arange(n)})
+            reasons = pa.array([None if r == 0 else f"r{r}" for r in rng.integers(0, 4, n)], pa.string())
+            got_kept, got_rej = new.split(table, reasons, "st")
+            want_kept, want_rej = split_kept_rejected(table, reasons, "st")
+            assert got_kept.equals(want_kept)
+            assert got_rej.equals(old(want_rej)), (policy, b)
+            with_text = got_rej.filter(got_rej.column("text").is_valid())
+            assert all(t.startswith(("t", "u")) and i.split("-")[0] == str(b) for t, i in
+                       zip(with_text.column("text").to_pylist(), with_text.column("id").to_pylist()))
+            if policy == "none":
+                assert got_rej.column("text").null_count == got_rej.num_rows
+    assert new.split(table, pa.nulls(n, pa.string()), "st") == (table, None)

@@ -222,11 +222,40 @@ class _RejectedText:
         self.seen: dict[str, int] = {}
 
     def __call__(self, rej: pa.Table | None) -> pa.Table | None:
+        """Rejected rows (with their ``reason`` column) under this policy: the payload of
+        the rows that do not keep it made null."""
         if rej is None or self.policy == "all" or not any(c in rej.column_names for c in PAYLOAD_COLUMNS):
             return rej
-        keep = np.zeros(rej.num_rows, bool)
+        mask = pa.array(self._kept_payload(rej.column("reason").combine_chunks()))
+        for c in PAYLOAD_COLUMNS:
+            if c in rej.column_names:
+                i = rej.schema.get_field_index(c)
+                col = rej.column(c)
+                rej = rej.set_column(i, c, pc.if_else(mask, col, pa.nulls(rej.num_rows, col.type)))
+        return rej
+
+    def split(self, table: pa.Table, reasons: pa.Array | None, stage: str) -> tuple[pa.Table, pa.Table | None]:
+        """``split_kept_rejected`` then this policy, without copying a payload that is then
+        dropped: a rejected row's text is taken only when it keeps it (after a Gopher filter
+        most rejected rows' text was copied once by the filter and once more into nulls)."""
+        payload = [c for c in table.column_names if c in PAYLOAD_COLUMNS]
+        if reasons is None or reasons.null_count == len(reasons) or self.policy == "all" or not payload:
+            return split_kept_rejected(table, reasons, stage)
+        keep = pc.is_null(reasons)
+        drop = np.flatnonzero(~keep.to_numpy(zero_copy_only=False))
+        reason = reasons.take(pa.array(drop)).cast(pa.string())
+        rows = pa.array(drop)
+        payload_rows = pa.array(drop, mask=~self._kept_payload(reason))  # null: a null payload
+        rej = pa.Table.from_arrays([table.column(c).take(payload_rows if c in PAYLOAD_COLUMNS else rows)
+                                    for c in table.column_names], schema=table.schema)
+        rej = rej.append_column("stage", pa.array([stage] * len(drop), pa.string()))
+        return table.filter(keep), rej.append_column("reason", reason)
+
+    def _kept_payload(self, reason: pa.Array) -> np.ndarray:
+        """bool per rejected row (``reason``, in the task's row order): whether it keeps its payload."""
+        keep = np.zeros(len(reason), bool)
         if self.policy == "sample":  # per distinct reason (a few per batch), not per row
-            codes = pc.dictionary_encode(rej.column("reason").combine_chunks())
+            codes = pc.dictionary_encode(reason)
             idx = codes.indices.to_numpy(zero_copy_only=False)
             for c, r in enumerate(codes.dictionary.to_pylist()):
                 room = self.n - self.seen.get(r, 0)
@@ -234,13 +263,7 @@ class _RejectedText:
                     first = np.flatnonzero(idx == c)[:room]
                     keep[first] = True
                     self.seen[r] = self.seen.get(r, 0) + len(first)
-        mask = pa.array(keep)
-        for c in PAYLOAD_COLUMNS:
-            if c in rej.column_names:
-                i = rej.schema.get_field_index(c)
-                col = rej.column(c)
-                rej = rej.set_column(i, c, pc.if_else(mask, col, pa.nulls(rej.num_rows, col.type)))
-        return rej
+        return keep
 
 
 class _Step:
@@ -259,11 +282,12 @@ class _Step:
     def __call__(self, batch: pa.Table, text: Any) -> tuple[pa.Table, Any]:
         if self.stored is not None:
             kept, rej = self._redecide(batch)
+            rej = self.rejected_text(rej)
             kept_text = None
         else:
             _setup_once(self.stage, self.name, self.hash)
             res = self.stage.run_batch(batch, text if batch.num_rows else None)
-            kept, rej = split_kept_rejected(res.table, res.reasons, self.name)
+            kept, rej = self.rejected_text.split(res.table, res.reasons, self.name)
             if res.text is not None and res.reasons is not None:
                 kept_rows = np.flatnonzero(pc.is_null(res.reasons).to_numpy(zero_copy_only=False))
                 # the kept table's text is the state's text filtered: not copied a second time
@@ -274,7 +298,7 @@ class _Step:
         written = kept
         if not self.whole_rows:
             written = kept.select(["id", *self._own_of(kept, batch)])
-        self.writer.append(written, self.rejected_text(rej), batch.num_rows)
+        self.writer.append(written, rej, batch.num_rows)
         return kept, kept_text
 
     def _own_of(self, table: pa.Table, batch: pa.Table) -> list[str]:

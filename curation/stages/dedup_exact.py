@@ -222,7 +222,9 @@ def partition_task(job: PartitionJob) -> dict:
     dups = dups.filter(pa.array(dup))
     dups = dups.take(pc.sort_indices(dups, [("shard", "ascending"), ("row", "ascending"), ("para", "ascending")]))
     write_artifact(dups, job.dups_out, job.header, row_group_size=16384)
-    own = filter_health(bloom, seed=job.seed + job.p)
+    # the run's own filter, for the report: 65,536 probes (an earlier dump's filter, which
+    # can refuse a run, gets the default 262,144); the probes are a fixed cost per partition
+    own = filter_health(bloom, samples=1 << 16, seed=job.seed + job.p)
     return {"partition": job.p, "keys": keys.num_rows, "distinct_keys": int(len(distinct)),
             "duplicates": int(dup.sum()), "in_run_duplicates": int(in_run.sum()),
             "against_duplicates": int((from_against & ~in_run).sum()),

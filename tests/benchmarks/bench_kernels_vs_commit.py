@@ -13,6 +13,8 @@ microseconds per document, fastest of ``--repeat``; asserts only that the output
 - the whole word split (``split_words``, ``curation/text/words.py`` with its ``kernels.py``)
   in batches of 300 pages, and the words of nine pages in ten moved to the next stage's batch
   (``Words.take_docs``, what the hand-off from gopher_repetition to gopher_quality does)
+- the words' measures and ids (``word_measures_and_keys``: characters, symbol/letter/
+  punctuation flags and the 64-bit id per word) on those batches' words
 
 Run: ``REFINERY_DATA=../shared/data .venv/bin/python tests/benchmarks/bench_kernels_vs_commit.py
 --base 1872e3f [--pages default long] [--repeat 7]``
@@ -127,6 +129,9 @@ def main() -> None:
             def take_by(split):
                 return [(t.offsets, t.start, t.end) for t in (w.take_docs(*m) for w, m in zip(split, moved))]
 
+            measured = [(w._b, w._cls, w.start, w.end) for w in new_w]
+            compare("word measures and ids", lambda: [kernels.word_measures_and_keys(*x) for x in measured],
+                    lambda: [old_k.word_measures_and_keys(*x) for x in measured], n, a.repeat)
             compare("moving words on (take_docs)", lambda: take_by(new_w), lambda: take_by(old_words), n, a.repeat)
             offsets, data = _string_buffers(arr)
             compare("exact dedup's word cut (word_spans)", lambda: dedup_kernels.word_spans(data, offsets, _WS_LEADS),
