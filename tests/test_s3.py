@@ -184,6 +184,43 @@ def test_manifest_commits_are_batched_and_compacted(s3):
     assert rd.committed("st", "h").keys() == rd.entries("st").keys()  # entries without files
 
 
+def test_manifest_read_while_the_driver_commits_and_compacts(s3, monkeypatch):
+    """A reader (a monitor, `refinery stats`, a test polling a live run) reads a manifest the
+    driver is appending to and compacting: every read succeeds and holds every line an earlier
+    read held (a first segment landing mid-listing once made s3fs list the folder `.d` itself)."""
+    import threading
+
+    from curation.io import files
+    from curation.pipeline.rundir import RunDir
+
+    monkeypatch.setattr(RunDir, "COMPACT_SEGMENTS", 4)  # many compactions in a short run
+    rd = RunDir(f"s3://{BUCKET}/live")
+    path = rd.manifest_path("st")
+    n_commits = 48
+    done = threading.Event()
+
+    def drive():
+        try:
+            for i in range(n_commits):
+                rd.commit([{"shard": f"k{i:03d}", "stage": "st", "params_hash": "h"}])
+        finally:
+            done.set()
+
+    writer = threading.Thread(target=drive)
+    writer.start()
+    seen: set[str] = set()
+    reads = 0
+    try:
+        while not done.is_set():
+            now = set(files.read_lines(path))
+            assert seen <= now, f"a read lost lines an earlier read had: {sorted(seen - now)[:3]}"
+            seen, reads = now, reads + 1
+    finally:
+        writer.join()
+    assert len({json.loads(ln)["shard"] for ln in files.read_lines(path)}) == n_commits
+    assert reads > 5  # the reads overlapped the commits
+
+
 @pytest.mark.slow
 def test_run_on_s3_killed_and_resumed_equals_a_local_run(s3, tmp_path):
     dag_file = tmp_path / "s3.yaml"

@@ -42,18 +42,34 @@ def parse_lines(lines: Iterable[str], where: str = MANIFEST, strict: bool = Fals
 SEGMENTS = ".d"
 
 
-def log_lines(fs, path: str) -> list[str]:
+def segment_keys(fs, path: str) -> list[str]:
+    """The appended segments of the log ``path``, in commit order. Only objects: when the
+    listing is empty, s3fs asks whether the prefix itself exists, and a segment written in
+    between makes it answer with the folder ``path.d``, which is no segment."""
+    found = fs.find(path + SEGMENTS, detail=True)
+    return sorted(k for k, info in found.items() if info.get("type") != "directory")
+
+
+def log_lines(fs, path: str, attempts: int = 5) -> list[str]:
     """The lines of the append-only log ``path`` in the fsspec filesystem ``fs``: the file, then
-    its segments in order (empty when neither exists)."""
-    try:
-        parts = [fs.cat_file(path)]
-    except FileNotFoundError:
-        parts = []
-    segs = sorted(fs.find(path + SEGMENTS))  # one listing; empty when there are none
-    if segs:
-        got = fs.cat(segs) if len(segs) > 1 else {segs[0]: fs.cat_file(segs[0])}
-        parts += [got[s] for s in segs]
-    return [ln for b in parts for ln in b.decode("utf-8").splitlines()]
+    its segments in order (empty when neither exists).
+
+    The segments are listed before the file is read, so a compaction in between has already
+    folded them into the file. A listed segment gone when read means a compaction ran after
+    the file was read: read again, rather than return a log missing those lines. A reader may
+    see a line twice (the file and a segment not yet removed); last-line-wins logs allow it."""
+    for _ in range(attempts):
+        segs = segment_keys(fs, path)
+        try:
+            parts = [fs.cat_file(path)]
+        except FileNotFoundError:
+            parts = []
+        got = fs.cat(segs, on_error="return") if segs else {}
+        if all(isinstance(got.get(s), bytes) for s in segs):
+            parts += [got[s] for s in segs]
+            return [ln for b in parts for ln in b.decode("utf-8").splitlines()]
+    raise FileNotFoundError(f"{path}: its segments were removed while being read, {attempts} times in a row "
+                            "(compactions faster than one read)")
 
 
 def entry_files(entry: dict) -> list[str]:

@@ -24,7 +24,7 @@ from typing import Any, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from curation.formats.manifest import SEGMENTS, log_lines
+from curation.formats.manifest import SEGMENTS, log_lines, segment_keys
 from curation.io.location import fs_path, is_remote, join, local
 
 # -- atomic writes -------------------------------------------------------------------------
@@ -103,8 +103,7 @@ def log_segments(path: str | Path) -> int:
     """How many appended segments a remote log holds (always 0 locally)."""
     if not is_remote(path):
         return 0
-    fs, p = fs_path(path)
-    return len(fs.find(p + SEGMENTS))
+    return len(segment_keys(*fs_path(path)))
 
 
 def rewrite_lines(path: str | Path, text: str) -> None:
@@ -113,7 +112,7 @@ def rewrite_lines(path: str | Path, text: str) -> None:
     segs: list[str] = []
     if is_remote(path):
         fs, p = fs_path(path)
-        segs = sorted(fs.find(p + SEGMENTS))
+        segs = segment_keys(fs, p)
     write_text(path, text)
     if segs:
         fs.rm(segs)
