@@ -367,9 +367,40 @@ def test_timeout_keeps_an_outer_alarm():
 
 
 def test_stage_runs_off_the_main_thread():
-    """SIGALRM is main-thread only: elsewhere the limit is not enforced, but extraction still works."""
+    """SIGALRM is main-thread only: elsewhere a document is timed, not interrupted, and extraction works."""
     out = {}
     th = threading.Thread(target=lambda: out.setdefault("r", ex.Extract(timeout_s=0.5).process(_batch([PAGE]))))
     th.start()
     th.join(30)
     assert out["r"].reasons.to_pylist() == [None]
+
+
+@pytest.mark.parametrize("engine", ["resiliparse", "trafilatura"])
+def test_uninterruptible_documents_are_timed_without_signals(monkeypatch, engine):
+    """resiliparse's C++ cannot be interrupted: a page over the limit is rejected when it
+    returns, with no SIGALRM handler installed (it cost four signal calls a page); the same
+    for a Python extractor off the main thread, where no signal arrives."""
+    handlers = []
+
+    def slow_engine(html: str) -> str:
+        handlers.append(signal.getsignal(signal.SIGALRM))
+        if "SLOW" in html:
+            time.sleep(0.7)  # returns on its own, after the limit
+        return "extracted " + html[-20:]
+
+    monkeypatch.setitem(ex.ENGINES, engine, slow_engine)
+    batch = _batch([b"<p>first page</p>", b"<p>SLOW page</p>", b"<p>third page</p>"])
+    before = signal.getsignal(signal.SIGALRM)
+    if engine == "resiliparse":
+        res = ex.Extract(engine=engine, timeout_s=0.5).process(batch)
+        assert handlers == [before] * 3  # no handler of ours was installed
+    else:
+        out = {}
+        th = threading.Thread(target=lambda: out.setdefault("r", ex.Extract(engine=engine, timeout_s=0.5).process(batch)))
+        th.start()
+        th.join(30)
+        res = out["r"]
+    assert res.reasons.to_pylist() == [None, "extract:timeout", None]
+    assert res.table.column("text").to_pylist()[1] is None
+    remaining = signal.getitimer(signal.ITIMER_REAL)[0]
+    assert signal.getsignal(signal.SIGALRM) == before and (remaining == 0 or remaining > 1)  # an outer alarm kept

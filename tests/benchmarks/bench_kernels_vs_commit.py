@@ -15,6 +15,9 @@ microseconds per document, fastest of ``--repeat``; asserts only that the output
   (``Words.take_docs``, what the hand-off from gopher_repetition to gopher_quality does)
 - the words' measures and ids (``word_measures_and_keys``: characters, symbol/letter/
   punctuation flags and the 64-bit id per word) on those batches' words
+- the extract stage (``Extract.process``, ``curation/stages/extract.py``) on the pages' HTML
+  in batches of 100: whole, and besides the parser (resiliparse replaced in both by a slice
+  of its input, so what the stage adds per page shows: decoding, time limits, Arrow)
 
 Run: ``REFINERY_DATA=../shared/data .venv/bin/python tests/benchmarks/bench_kernels_vs_commit.py
 --base 1872e3f [--pages default long] [--repeat 7]``
@@ -56,8 +59,49 @@ def at_commit(commit: str, path: str, name: str, tmp: Path):
     f.write_text(src)
     spec = importlib.util.spec_from_file_location(name, f)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod  # pydantic resolves a model's annotations through its module
     spec.loader.exec_module(mod)
     return mod
+
+
+def _old_extract(commit: str, tmp: Path):
+    """The extract stage's module at ``commit`` (its class registers as "extract": the
+    current one is set aside while it loads)."""
+    import curation.stages.extract  # noqa: F401  (registered first)
+    from curation.stages.base import registry
+
+    current = registry.pop("extract")
+    try:
+        return at_commit(commit, "curation/stages/extract.py", "old_extract", tmp)
+    finally:
+        registry["extract"] = current
+
+
+def compare_extract(old_ex, which: str, repeat: int) -> None:
+    """The extract stage on the pages' HTML, whole and with the parser replaced in both."""
+    from curation.stages import extract as new_ex
+
+    pages = bench_chain.bench_scale.load_pages()
+    if which == "long":
+        pages = bench_chain.bench_scale.long_pages(pages)
+    html = [h for _, h in pages]
+    batches = []
+    for lo in range(0, len(html), 100):
+        part = html[lo:lo + 100]
+        batches.append(pa.table({"id": [str(i) for i in range(lo, lo + len(part))], "html": pa.array(part, pa.binary()),
+                                 "charset": pa.nulls(len(part), pa.string()), "text": pa.nulls(len(part), pa.string())}))
+    new_stage, old_stage = new_ex.Extract(), old_ex.Extract()
+
+    def run(stage):
+        return [(r.table.column("text").to_pylist(), r.reasons.to_pylist()) for r in map(stage.process, batches)]
+
+    compare("extract stage (resiliparse)", lambda: run(new_stage), lambda: run(old_stage), len(html), repeat)
+    real = new_ex.ENGINES["resiliparse"], old_ex.ENGINES["resiliparse"]
+    new_ex.ENGINES["resiliparse"] = old_ex.ENGINES["resiliparse"] = lambda s: s[:200]
+    try:
+        compare("extract stage besides the parser", lambda: run(new_stage), lambda: run(old_stage), len(html), repeat)
+    finally:
+        new_ex.ENGINES["resiliparse"], old_ex.ENGINES["resiliparse"] = real
 
 
 def same(a, b) -> bool:
@@ -92,6 +136,7 @@ def main() -> None:
         old_dk = at_commit(a.base, "curation/dedup/kernels.py", "old_dedup_kernels", Path(tmp))
         old_w = at_commit(a.base, "curation/text/words.py", "old_words", Path(tmp))
         old_w.kernels = old_k  # the old split on the old kernels
+        old_ex = _old_extract(a.base, Path(tmp))
         for which in a.pages:
             texts = [t for t, _ in bench_chain.extracted(which)[0]]
             n = len(texts)
@@ -136,6 +181,7 @@ def main() -> None:
             offsets, data = _string_buffers(arr)
             compare("exact dedup's word cut (word_spans)", lambda: dedup_kernels.word_spans(data, offsets, _WS_LEADS),
                     lambda: old_dk.word_spans(data, offsets, _WS_LEADS), n, a.repeat)
+            compare_extract(old_ex, which, a.repeat)
 
 
 if __name__ == "__main__":
