@@ -97,9 +97,15 @@ _CP_KNOWN = np.zeros(0x110000, bool)
 
 def byte_classes(b: np.ndarray) -> np.ndarray:
     """Class bits of every byte (non-ASCII characters classified from their code points,
-    each distinct one once per process)."""
-    return _looked_up(lambda: kernels.byte_classes(b, _ASCII_CLASS, _CP_CLASS, _CP_KNOWN), _CP_CLASS, _CP_KNOWN,
-                      byte_class_of)
+    each distinct one once per process: the bytes of characters first seen here are filled
+    in after they are)."""
+    out, missing, missing_at = kernels.byte_classes(b, _ASCII_CLASS, _CP_CLASS, _CP_KNOWN)
+    if len(missing):
+        for c in np.unique(missing).tolist():
+            _CP_CLASS[c] = byte_class_of(chr(c))
+            _CP_KNOWN[c] = True
+        kernels.fill_byte_classes(out, b, missing, missing_at, _CP_CLASS)
+    return out
 
 
 @functools.lru_cache(maxsize=2)

@@ -443,8 +443,8 @@ def _room(missing, n_missing):
 def byte_classes(b, ascii_class, cp_class, cp_known):
     """Class bits of every byte: ASCII from ``ascii_class`` (256 entries, 0 for bytes >= 0x80),
     every byte of a multi-byte character from ``cp_class`` of its code point. Returns
-    (classes, code points not yet in ``cp_known``); the caller classifies those and calls
-    again (rare after the first batch).
+    (classes, code points not yet in ``cp_known``, where each of those characters starts);
+    the caller classifies them and fills their bytes in (``fill_byte_classes``).
 
     One table lookup per byte (a loop LLVM vectorises), then the non-ASCII characters, found
     by a tight loop that skips ASCII bytes (one load and a branch that is almost always
@@ -455,6 +455,7 @@ def byte_classes(b, ascii_class, cp_class, cp_known):
     for i in range(n):
         out[i] = ascii_class[b[i]]
     missing = np.empty(0, np.int64)
+    missing_at = np.empty(0, np.int64)
     n_missing = 0
     i = 0
     while i < n:
@@ -482,12 +483,30 @@ def byte_classes(b, ascii_class, cp_class, cp_known):
             v = cp_class[cp]
         else:
             missing = _room(missing, n_missing)
+            missing_at = _room(missing_at, n_missing)
             missing[n_missing] = cp
+            missing_at[n_missing] = i
             n_missing += 1
         for k in range(nb):
             out[i + k] = v
         i += nb
-    return out, missing[:n_missing]
+    return out, missing[:n_missing], missing_at[:n_missing]
+
+
+@njit(cache=True, nogil=True)
+def fill_byte_classes(out, b, missing, missing_at, cp_class):
+    """Every byte of the characters ``byte_classes`` could not class (code points
+    ``missing``, starting at ``missing_at``) set to ``cp_class`` of its code point, now
+    known. (Looking the whole batch up again cost a second ``byte_classes`` on two batches
+    in five of the long-page bench, where CJK pages keep bringing new characters.)"""
+    n = len(b)
+    for j in range(len(missing)):
+        i = missing_at[j]
+        c = b[i]
+        nb = 4 if c >= 0xF0 else (3 if c >= 0xE0 else 2)
+        v = cp_class[missing[j]]
+        for k in range(min(nb, n - i)):
+            out[i + k] = v
 
 
 @njit(cache=True, nogil=True)

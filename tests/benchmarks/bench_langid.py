@@ -266,42 +266,45 @@ def long_sampling(per_lang: int = 6, min_chars: int = 12000) -> None:
             print(f"  {label:12s} {acc:15.4f} {diff:13d} {keep:17d} {np.abs(scores - ref_scores).mean():13.4f} {dt:9.3f}")
 
 
-def page_first_look() -> None:
-    """``--pages``: the stage with its first look against the same stage without it
-    (``first_look_chars: null``, the 6 x 1,000 windows for every text over 6,000 chars), on
-    the extracted text of bench_scale's pages. CPU seconds are the fastest of three passes."""
-    import numpy as np
-
+def page_first_look(sizes: list[int]) -> None:
+    """``--pages``: the stage with its first look (``first_look_chars`` each of ``sizes``;
+    the stage's default first) against the same stage without it (``first_look_chars:
+    null``, the 6 x 1,000 windows for every text over 6,000 chars), on the extracted text of
+    bench_scale's pages. CPU seconds are the fastest of three passes."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import bench_chain
 
     from curation.quality.langid import sample_text
     from curation.stages.langid import LanguageId
 
-    with_look = LanguageId(type="langid")
     without = LanguageId(type="langid", first_look_chars=None)
-    for st in (with_look, without):
+    looks = [LanguageId(type="langid", **({} if n is None else {"first_look_chars": n})) for n in [None, *sizes]]
+    for st in (without, *looks):
         st.setup()
+
+    def timed(st, texts):
+        best, got = float("inf"), None
+        for _ in range(3):
+            t0 = time.process_time()
+            got = st._detect(texts)
+            best = min(best, time.process_time() - t0)
+        return best, got
+
     for which in ("default", "long"):
         texts = [t for t, _ in bench_chain.extracted(which)[0]]
-        runs = {}
-        for name, st in (("windows only", without), ("first look", with_look)):
-            best = float("inf")
-            for _ in range(3):
-                t0 = time.process_time()
-                got = st._detect(texts)
-                best = min(best, time.process_time() - t0)
-            runs[name] = (best, got)
-        (t_ref, (ref_codes, ref_scores)), (t_new, (codes, scores)) = runs["windows only"], runs["first look"]
-        look = with_look.first_look_chars
-        first = [t for t in texts if len(t) > look]
-        _, s1 = with_look._detector.detect([sample_text(t, look, with_look.sample_windows) for t in first])
-        again = int((s1 < with_look.first_look_score).sum())
-        labels = sum(a != b for a, b in zip(codes, ref_codes))
-        keeps = int(((scores >= 0.65) != (ref_scores >= 0.65)).sum())
-        print(f"{which}: {len(texts):,} texts, {len(first):,} over {look:,} chars, {again:,} of them detected again")
-        print(f"  windows only {t_ref / len(texts) * 1e6:6,.0f} us/doc   first look {t_new / len(texts) * 1e6:6,.0f} us/doc"
-              f"  (x{t_ref / t_new:.2f})   labels changed {labels}, keep@0.65 changed {keeps}")
+        t_ref, (ref_codes, ref_scores) = timed(without, texts)
+        print(f"{which}: {len(texts):,} texts; windows only {t_ref / len(texts) * 1e6:6,.0f} us/doc")
+        for st in looks:
+            t_new, (codes, scores) = timed(st, texts)
+            look = st.first_look_chars
+            first = [t for t in texts if len(t) > look]
+            _, s1 = st._detector.detect([sample_text(t, look, st.sample_windows) for t in first])
+            again = int((s1 < st.first_look_score).sum())
+            labels = sum(a != b for a, b in zip(codes, ref_codes))
+            keeps = int(((scores >= 0.65) != (ref_scores >= 0.65)).sum())
+            print(f"  first look {look:5,} chars {t_new / len(texts) * 1e6:6,.0f} us/doc (x{t_ref / t_new:.2f}): "
+                  f"{len(first):,} over {look:,} chars, {again:,} of them detected again; labels changed {labels}, "
+                  f"keep@0.65 changed {keeps}")
 
 
 def main() -> None:
@@ -311,9 +314,11 @@ def main() -> None:
     ap.add_argument("--long-docs", type=int, default=400, help="~500-word English docs for throughput")
     ap.add_argument("--long", action="store_true", help="only: window sampling against the whole text, long docs")
     ap.add_argument("--pages", action="store_true", help="only: the first look on bench_scale's pages")
+    ap.add_argument("--first-look", type=int, nargs="*", default=[], help="with --pages: first-look sizes to try "
+                    "beside the stage's default")
     args = ap.parse_args()
     if args.pages:
-        page_first_look()
+        page_first_look(args.first_look)
         return
     if args.long:
         long_sampling()
