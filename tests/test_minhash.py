@@ -146,6 +146,21 @@ def test_key_text_from_raw_words_equals_normalising_whole_texts(monkeypatch):
     assert normalize_collapsed(real).to_pylist() == want  # all "colliding": each word on its own
 
 
+def test_words_normalised_together_equal_each_normalised_alone():
+    """The distinct non-ASCII words of a batch are normalised in one call, joined by
+    newlines: each piece must be what the word gives alone (NFKC, casefold, whitespace that
+    NFKC makes collapsed), combining marks at a word's start and accents that NFKC turns into
+    a space included."""
+    from curation.dedup.minhash import _normalize_one, _normalize_words
+
+    texts = [t for t in _awkward_soup() + _docs() + ODD_TEXTS if t]
+    words = sorted({w for t in texts for w in t.split() if not w.isascii()})
+    words += ["\u0301a", "a\u0301", "\u00a8", "x\u00a8\u0301y", "ＡＢＣ", "ﬁ", "Σ", "ς", "\u0345", "\u1100\u1161"]
+    assert len(words) > 200
+    assert _normalize_words(words) == [" ".join(_normalize_one(w).split()) for w in words]
+    assert _normalize_words([]) == []
+
+
 def test_key_text_word_spans_are_str_split_words():
     """The compiled word cut behind exact dedup's key text (``kernels.word_spans``): each
     document's spans are ``str.split()``'s words, flagged when they hold a non-ASCII byte, on

@@ -9,7 +9,8 @@ microseconds per document, fastest of ``--repeat``; asserts only that the output
 - ``replace_spans`` (``curation/text/kernels.py``) on the special-case replacements the word
   split makes on these pages
 - exact dedup's word cut for its key text (``word_spans``, ``curation/dedup/kernels.py``), on
-  the pages' bytes
+  the pages' bytes, and the whole key text (``normalize_collapsed``, ``curation/dedup/minhash.py``)
+  in batches of 300 pages
 - the whole word split (``split_words``, ``curation/text/words.py`` with its ``kernels.py``)
   in batches of 300 pages, and the words of nine pages in ten moved to the next stage's batch
   (``Words.take_docs``, what the hand-off from gopher_repetition to gopher_quality does)
@@ -137,6 +138,7 @@ def main() -> None:
         old_w = at_commit(a.base, "curation/text/words.py", "old_words", Path(tmp))
         old_w.kernels = old_k  # the old split on the old kernels
         old_ex = _old_extract(a.base, Path(tmp))
+        old_mh = at_commit(a.base, "curation/dedup/minhash.py", "old_minhash", Path(tmp))
         for which in a.pages:
             texts = [t for t, _ in bench_chain.extracted(which)[0]]
             n = len(texts)
@@ -181,6 +183,10 @@ def main() -> None:
             offsets, data = _string_buffers(arr)
             compare("exact dedup's word cut (word_spans)", lambda: dedup_kernels.word_spans(data, offsets, _WS_LEADS),
                     lambda: old_dk.word_spans(data, offsets, _WS_LEADS), n, a.repeat)
+            from curation.dedup.minhash import normalize_collapsed
+
+            compare("exact dedup's key text", lambda: [normalize_collapsed(p) for p in parts],
+                    lambda: [old_mh.normalize_collapsed(p) for p in parts], n, a.repeat)
             compare_extract(old_ex, which, a.repeat)
 
 
