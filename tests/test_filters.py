@@ -457,14 +457,14 @@ def _fuzz_texts(n_texts: int, seed: int = 7) -> list[str]:
     """Texts of chunks built the way the rules read them (prefixes, a core of parts joined by
     infixes, suffixes), and of random characters every rule looks at."""
     rng = random.Random(seed)
-    pre = list("(\"“$#'…+-*<[") + ["..", "€"]
+    pre = list("(\"“$#'…+-*<[„«‘‚¿¡©°") + ["..", "€"]
     parts = ["word", "Word", "ABC", "x", "12", "3.5", "don't", "it's", "жук", "Ж", "é", "の", "U.S", "5kg",
              "10m", "25$", "7мбар", "°C", "am", "10am", "http://x.com/a-b", "www.a.org", "e.g", "Mr", "s",
              # non-ASCII cores take the quick path too: the dot rule reads whole characters
              "ÉÉ", "ÉA", "AÉ", "É", "Straße", "中文", "ŒUVRE", "5²"]
     infix = ["-", "--", "---", "----", "—", "——", "–", "~", "/", ":", "=", "<", ".", "..", "...", "…", ",",
              "+", "*", "^", "’", "'", "²", "%", "&"]
-    suf = list(".,;:!?)\"”'’…+$%]") + ["'s", "’S", "..", "……", "………", "kg", "km"]
+    suf = list(".,;:!?)\"”'’…+$%]“»›©°") + ["'s", "’S", "..", "……", "………", "kg", "km", "😀"]
     chars = list("aBcZé09") + ["ж", "の"] + list(".,'’-—–~…$€+()\"“”:/=%°#*^²!?<>;")
     texts = []
     for _ in range(n_texts):
@@ -486,7 +486,8 @@ def test_words_quick_paths_and_compiled_rules_agree_with_the_array_rules():
     # ``reference=True`` sends every chunk through the array version of the full rules; the
     # default takes compiled quick paths for plain and "word," chunks and the compiled rules
     # for the rest. Same words on real pages and on fuzzed rule-heavy text.
-    texts = [d["text"] for d in REAL] + _fuzz_texts(400) + ["a " * 3000, "b, c. " * 800]
+    texts = [d["text"] for d in REAL] + _fuzz_texts(400) + ["a " * 3000, "b, c. " * 800,
+                                                            "30,1 °C. „Vivy“ «mot» Stadt“ “It’s ’s °F. x° 😀word"]
     # a batch denser than the chunk scan's first room (a chunk per 4 bytes): scanned again
     dense = ["a " * 3000, "b, c. " * 800, "x", "1 2 3"]
     for batch in (texts, dense):
@@ -498,6 +499,22 @@ def test_words_quick_paths_and_compiled_rules_agree_with_the_array_rules():
             b = slice(full.offsets[i], full.offsets[i + 1])
             assert (quick.start[a].tolist(), quick.end[a].tolist()) == (full.start[b].tolist(), full.end[b].tolist()), batch[i]
     assert split_words(pa.array(dense)).values().to_pylist()[:3] == ["a", "a", "a"]
+
+
+def test_special_case_keys_cut_alike_by_quick_paths_and_array_rules():
+    """The special-case tables are cut by the array rules; each key cut by the quick paths
+    must give the same words, or a quick path differs from the rules where they meet (a
+    multi-byte first character took "°C." as "°" "C." where the degree rule makes "°" "C" ".")."""
+    from curation.text.words import SPECIAL_CASES
+
+    keys = [k for k in SPECIAL_CASES if len(k.encode()) <= 16]
+    quick = split_words(pa.array(keys), special_cases=False)
+    rules = split_words(pa.array(keys), special_cases=False, reference=True)
+    assert len(keys) > 1000
+    differ = [k for i, k in enumerate(keys)
+              if (quick.start[quick.offsets[i]:quick.offsets[i + 1]].tolist(), quick.end[quick.offsets[i]:quick.offsets[i + 1]].tolist())
+              != (rules.start[rules.offsets[i]:rules.offsets[i + 1]].tolist(), rules.end[rules.offsets[i]:rules.offsets[i + 1]].tolist())]
+    assert differ == []
 
 
 def test_words_per_document_with_slices_and_nulls():

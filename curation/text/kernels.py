@@ -246,27 +246,35 @@ def scan_chunks(b, cls, doff, unit_b, unit_n, cap):
                 lead = b[s]
                 if e - s == (1 if lead < 0x80 else (4 if lead >= 0xF0 else (3 if lead >= 0xE0 else 2))):
                     kind[k] = 0  # a single character ("-", "—", "&") is one word
-                # Non-ASCII letters in the core are fine: one rule byte at an end is one ASCII
-                # character (a multi-byte one flags all its bytes), and the neighbour classes
-                # below are of whole characters (every byte of a character carries its class).
+                # Non-ASCII letters in the core are fine: a multi-byte character flags all its
+                # bytes, so one rule character at an end is as many rule bytes as it has, and
+                # the neighbour classes below are of whole characters (every byte of a
+                # character carries its class).
                 elif e - s >= 2:
                     n_rb = 0
                     for j in range(s, e):
                         if (cls[j] & BYTE_NEEDS_RULES) != 0:
                             n_rb += 1
-                    first = (cls[s] & BYTE_NEEDS_RULES) != 0
+                    # the first and the last character's bytes: one rule character at an end
+                    # may be a multi-byte one (“word „Wort Stadt“ «mot»: an eighth of the
+                    # chunks that took the full rules on the long bench pages)
+                    w0 = 1 if lead < 0x80 else (4 if lead >= 0xF0 else (3 if lead >= 0xE0 else 2))
+                    x = e - 1
+                    while x > s and (b[x] & 0xC0) == 0x80:
+                        x -= 1
+                    # (not "°": "°C." cuts its dot by the degree rule, which reads the "°")
+                    first = (cls[s] & BYTE_NEEDS_RULES) != 0 and not (lead == 0xC2 and b[s + 1] == 0xB0)
                     last = (cls[e - 1] & BYTE_NEEDS_RULES) != 0
-                    at_start = n_rb == 1 and first
-                    at_end = n_rb == 1 and last
-                    both = n_rb == 2 and first and last and e - s >= 3
+                    at_start = n_rb == w0 and first
+                    at_end = n_rb == e - x and last
+                    both = n_rb == w0 + e - x and first and last and x > s + w0
                     if at_start or at_end or both:
                         kind[k] = 1
                         # "+" before a digit stays on the number
                         if (at_start or both) and (cls[s] & BYTE_PREFIX) != 0 and not (
                                 b[s] == 0x2B and 0x30 <= b[s + 1] <= 0x39):
-                            cs = s + 1
+                            cs = s + w0
                         if at_end or both:
-                            x = e - 1
                             pc_ = cls[x - 1]
                             p = x - 1  # where the character before the suffix starts
                             while p > cs and (b[p] & 0xC0) == 0x80:

@@ -374,7 +374,9 @@ def _special_tables() -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
     """Special cases of at most 16 bytes grouped by how many words the rules alone cut them
     into: packed keys, their order and byte cut masks."""
     keys = [k for k in SPECIAL_CASES if len(k.encode()) <= 16]
-    words = split_words(pa.array(keys, pa.string()), special_cases=False)
+    # cut by the array rules, not the quick paths: the tables then say what the rules make of
+    # each key, and a quick path that cut a key otherwise ("°C.") shows against them
+    words = split_words(pa.array(keys, pa.string()), special_cases=False, reference=True)
     out = {}
     for k in np.unique(words.counts):
         sel = [keys[i] for i in np.flatnonzero(words.counts == k)]
@@ -404,7 +406,7 @@ def _one_word_split_keys() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Packed keys of the special cases the rules leave as one word but that split
     ("don't", "cannot", "10am"), with their cut positions in bytes."""
     words = [k for k in SPECIAL_CASES if len(k.encode()) <= 16]
-    one = split_words(pa.array(words, pa.string()), special_cases=False).counts == 1
+    one = split_words(pa.array(words, pa.string()), special_cases=False, reference=True).counts == 1
     sel = [w for w, o in zip(words, one) if o and SPECIAL_CASES[w]]
     table, order = key_table(sel)
     cuts = np.array([cut_mask(len(w[:c].encode()) for c in SPECIAL_CASES[w]) for w in sel],
