@@ -244,7 +244,8 @@ def scan_chunks(b, cls, doff, unit_b, unit_n, cap):
             if (any_cls & BYTE_NEEDS_RULES) != 0:
                 kind[k] = 2
                 lead = b[s]
-                if e - s == (1 if lead < 0x80 else (4 if lead >= 0xF0 else (3 if lead >= 0xE0 else 2))):
+                w0 = 1 if lead < 0x80 else (4 if lead >= 0xF0 else (3 if lead >= 0xE0 else 2))  # first character's bytes
+                if e - s == w0:
                     kind[k] = 0  # a single character ("-", "—", "&") is one word
                 # Non-ASCII letters in the core are fine: a multi-byte character flags all its
                 # bytes, so one rule character at an end is as many rule bytes as it has, and
@@ -255,10 +256,9 @@ def scan_chunks(b, cls, doff, unit_b, unit_n, cap):
                     for j in range(s, e):
                         if (cls[j] & BYTE_NEEDS_RULES) != 0:
                             n_rb += 1
-                    # the first and the last character's bytes: one rule character at an end
-                    # may be a multi-byte one (“word „Wort Stadt“ «mot»: an eighth of the
-                    # chunks that took the full rules on the long bench pages)
-                    w0 = 1 if lead < 0x80 else (4 if lead >= 0xF0 else (3 if lead >= 0xE0 else 2))
+                    # where the last character starts: one rule character at an end may be a
+                    # multi-byte one (“word „Wort Stadt“ «mot»: an eighth of the chunks that
+                    # took the full rules on the long bench pages)
                     x = e - 1
                     while x > s and (b[x] & 0xC0) == 0x80:
                         x -= 1
