@@ -9,14 +9,16 @@ import json
 import random
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from pydantic import ValidationError
 
 from conftest import DATA, REPO
 from curation.quality.classifier import LOADS, ModelLoadError, train_fasttext_isolated
-from curation.quality.langid import detector_for, normalize_lang, sample_text
+from curation.quality.langid import detector_for, normalize_lang, sample_text, sample_texts
 from curation.stages.langid import LanguageId
 
 FIXTURE = DATA / "langid" / "lingua_docs_gt200chars_14lang.jsonl.gz"
@@ -245,3 +247,23 @@ def test_a_first_look_decides_one_language_texts_and_sends_mixed_ones_to_the_ful
     assert scores[0] >= 0.95 and scores[1] >= 0.95
     assert scores[2] == ref_scores[2]  # detected on the same windows as without a first look
     assert "first_look_chars" in stage.params()
+
+
+def test_windows_cut_from_the_bytes_equal_sample_text_on_every_length_and_script():
+    # sample_texts walks UTF-8 bytes (1-4 per character) to sample_text's windows: the same
+    # strings on texts around every edge (at, under and over `chars`, windows landing on
+    # multi-byte characters, one window), on the real pages of the test data, with nulls
+    rng = random.Random(7)
+    alphabet = "ab cd\nÄé€中文😀ё\u0301"
+    texts = ["", "a", "😀" * 1500, "é" * 1501, "中" * 6000, "x" * 6001]
+    texts += ["".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 9000))) for _ in range(150)]
+    texts += [d["text"] for d in _docs()]
+    arr = pa.array(texts + [None], pa.string())
+    rows = np.array([i for i in range(len(texts) + 1) if i % 7 != 3])  # a subset, in order
+    for chars, windows in ((1500, 6), (6000, 6), (1000, 1), (100, 7), (7, 7)):
+        got = sample_texts(arr, rows, chars, windows)
+        want = [sample_text(texts[i] if i < len(texts) else "", chars, windows) for i in rows]
+        assert got == want, (chars, windows)
+    lengths = pc.utf8_length(pc.fill_null(arr, "")).to_numpy().astype(np.int64)
+    assert sample_texts(arr, rows, 1500, 6, lengths) == sample_texts(arr, rows, 1500, 6)
+    assert sample_texts(arr, np.array([], np.int64), 1500, 6) == []

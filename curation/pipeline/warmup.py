@@ -1,6 +1,6 @@
 """Build the compiled kernels once per machine (``refinery warmup``).
 
-The word splitter, the n-gram repetition counter and fastText inference are numba functions
+The word splitter, the n-gram repetition counter, langid's text sampling and fastText inference are numba functions
 compiled on first call and cached on disk (``cache=True``). Without a warm cache, every Ray
 worker of the first run compiles them at once (~3x slower first run). Running each path once
 here, on a tiny batch with the real types, writes the cache where workers read it: next to
@@ -37,11 +37,12 @@ def warm_kernels() -> dict[str, float]:
     from curation.dedup.minhash import MinHasher
     from curation.quality.classifier import load_scorer, train_quality_classifier
     from curation.stages.filters import C4QualityFilter, FineWebQualityFilter, GopherQualityFilter, GopherRepetitionFilter
+    from curation.stages.langid import LanguageId
 
     texts = _sample_texts()
     batch = pa.table({"id": [str(i) for i in range(len(texts))], "text": texts})
     took: dict[str, float] = {}
-    for stage in (GopherRepetitionFilter(), GopherQualityFilter(), C4QualityFilter(), FineWebQualityFilter()):
+    for stage in (LanguageId(), GopherRepetitionFilter(), GopherQualityFilter(), C4QualityFilter(), FineWebQualityFilter()):
         t0 = time.perf_counter()
         stage.setup()
         stage.run_batch(batch)

@@ -24,8 +24,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import Field, PrivateAttr, field_validator
 
-from curation.quality.langid import Cld2Detector, detector_for, model_fingerprint, normalize_lang, sample_text
+from curation.quality.langid import Cld2Detector, detector_for, model_fingerprint, normalize_lang, sample_texts
 from curation.stages.base import LETTER_RE2, MapStage, Rule, registry
+from curation.text.arrow import text_array, text_column
 
 if TYPE_CHECKING:  # pragma: no cover
     from curation.text.state import TextState
@@ -117,14 +118,14 @@ class LanguageId(MapStage):
             text = self.text_state(batch, text)
         if self._detector is None:
             self.setup()
-        col = batch.column("text")
+        col = text_column(batch)
         n = len(col)
         has_text = pc.fill_null(pc.match_substring_regex(col, LETTER_RE2), False).to_numpy(zero_copy_only=False)
         todo = np.flatnonzero(has_text)
         codes: list[str | None] = [None] * n
         scores = np.zeros(n, np.float32)
         if len(todo):
-            got_codes, got_scores = self._detect(col.take(pa.array(todo)).to_pylist())
+            got_codes, got_scores = self._detect(col, todo, text.char_lengths if text is not None else None)
             scores[todo] = got_scores
             for i, c in zip(todo.tolist(), got_codes):
                 codes[i] = c
@@ -135,8 +136,11 @@ class LanguageId(MapStage):
         table = table.append_column("lang_score", pa.array(scores, pa.float32(), mask=mask))
         return table, text
 
-    def _detect(self, texts: list[str]) -> tuple[list[str | None], np.ndarray]:
-        """Codes and scores of ``texts``, each detected on at most ``sample_chars`` characters.
+    def _detect(self, texts: pa.Array | list[str], rows: np.ndarray | None = None,
+                nchars: np.ndarray | None = None) -> tuple[list[str | None], np.ndarray]:
+        """Codes and scores of ``texts`` (of its ``rows``, all when None; ``nchars``: every
+        text's length in characters, when known), each detected on at most ``sample_chars``
+        characters (``sample_texts``: only those become Python strings).
 
         A text longer than ``first_look_chars`` is first detected on windows totalling that
         many characters (the same evenly spaced windows, narrower): most web pages are one
@@ -147,25 +151,30 @@ class LanguageId(MapStage):
         time 1.7x (default pages) and 1.9x (long pages) with no label and no keep decision
         changed (2,000 chars: 1.3x / 1.8x, one keep decision moved); lingua's mixed documents
         (``--long``) all went on to the full windows, with the same decisions as before."""
+        texts = text_array(texts if isinstance(texts, (pa.Array, pa.ChunkedArray)) else pa.array(texts, pa.string()))
+        rows = np.arange(len(texts)) if rows is None else np.asarray(rows, np.int64)
         if self.sample_chars is None:
-            return self._detector.detect(texts)
-        codes: list[str | None] = [None] * len(texts)
-        scores = np.zeros(len(texts), np.float32)
-        rest = list(range(len(texts)))
+            return self._detector.detect(texts.take(pa.array(rows)).to_pylist())
+        if nchars is None:
+            nchars = pc.utf8_length(texts).to_numpy(zero_copy_only=False).astype(np.int64)
+        codes: list[str | None] = [None] * len(rows)
+        scores = np.zeros(len(rows), np.float32)
+        rest = np.arange(len(rows))
         look = self.first_look_chars
         if look is not None and look < self.sample_chars:
-            first = [i for i, t in enumerate(texts) if len(t) > look]
-            if first:
-                c1, s1 = self._detector.detect([sample_text(texts[i], look, self.sample_windows) for i in first])
-                sure = set()
-                for i, c, sc in zip(first, c1, s1.tolist()):
+            first = np.flatnonzero(nchars[rows] > look)
+            if len(first):
+                c1, s1 = self._detector.detect(sample_texts(texts, rows[first], look, self.sample_windows, nchars))
+                sure = np.zeros(len(rows), bool)
+                for i, c, sc in zip(first.tolist(), c1, s1.tolist()):
                     if c is not None and sc >= self.first_look_score:
                         codes[i], scores[i] = c, sc
-                        sure.add(i)
-                rest = [i for i in rest if i not in sure]
-        if rest:
-            c2, s2 = self._detector.detect([sample_text(texts[i], self.sample_chars, self.sample_windows) for i in rest])
-            for i, c in zip(rest, c2):
+                        sure[i] = True
+                rest = np.flatnonzero(~sure)
+        if len(rest):
+            c2, s2 = self._detector.detect(sample_texts(texts, rows[rest], self.sample_chars, self.sample_windows,
+                                                        nchars))
+            for i, c in zip(rest.tolist(), c2):
                 codes[i] = c
             scores[rest] = s2
         return codes, scores

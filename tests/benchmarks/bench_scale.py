@@ -457,7 +457,8 @@ def dag_spec(warc: str, mode: str, split_mb: int, docs: int, workers: int) -> di
             "stages": stages, "output": "near" if mode == "full" else "extract"}
 
 
-def run_one(mode: str, warc_facts: dict, workers: int, split_mb: int, out_json: str) -> None:
+def run_one(mode: str, warc_facts: dict, workers: int, split_mb: int, out_json: str,
+            warm_facts: dict | None = None) -> None:
     import ray
 
     from curation.io.ranges import fast_inflate
@@ -479,6 +480,22 @@ def run_one(mode: str, warc_facts: dict, workers: int, split_mb: int, out_json: 
                  runtime_env={"worker_process_setup_hook": _worker_hook,
                               "env_vars": {"BENCH_SCALE_LOG": str(log_dir),
                                            "BENCH_SCALE_PROFILE": os.environ.get("BENCH_SCALE_PROFILE", "")}})
+        warm_cpu: dict[int, float] = {}
+        if warm_facts is not None:
+            # --warm-mb: the same DAG over a small WARC first, in the same workers: what a worker of a
+            # long run looks like (imports, compiled kernels, detector tables loaded once per process,
+            # then thousands of WARCs). Its records and CPU are left out of every figure below.
+            t0 = time.perf_counter()
+            # cut in 2 shards per worker so that every worker warms (a shard is one task)
+            warm_split = max(1, int(warm_facts["bytes"] / MiB) // (2 * workers))
+            run_dag(parse_dag(dag_spec(warm_facts["path"], mode, warm_split, warm_facts["responses"], workers),
+                              "bench_scale_warm.yaml"), Path(tmp) / "warm", workers=workers, quiet=True)
+            res["warm_s"] = time.perf_counter() - t0
+            res["warm_docs"] = warm_facts["responses"]
+            sampler.sample()
+            warm_cpu = dict(sampler.cpu)
+            for f in log_dir.glob("*.jsonl"):
+                f.unlink()
         t0 = time.perf_counter()
         state = run_dag(dag, run_dir, workers=workers, quiet=True)
         res["wall_s"] = time.perf_counter() - t0
@@ -544,8 +561,10 @@ def run_one(mode: str, warc_facts: dict, workers: int, split_mb: int, out_json: 
         res["other_process_peak_mb"] = others
         # every worker's whole CPU (its last sample, taken after the run): what the timed
         # parts above leave out too (writes, hand-offs, scheduling, the global stages' reads)
-        res["worker_cpu_s"] = sum(sampler.cpu.get(pid, 0.0) for pid in workers_rss)
-        res["worker_cpu_each_s"] = sorted((round(sampler.cpu.get(pid, 0.0), 1) for pid in workers_rss), reverse=True)
+        # (less each one's CPU at the end of the warm-up run, with --warm-mb)
+        cpu = {pid: sampler.cpu.get(pid, 0.0) - warm_cpu.get(pid, 0.0) for pid in workers_rss}
+        res["worker_cpu_s"] = sum(cpu.values())
+        res["worker_cpu_each_s"] = sorted((round(c, 1) for c in cpu.values()), reverse=True)
     res["driver_peak_mb"] = _hwm_mb()
     Path(out_json).write_text(json.dumps(res, indent=1))
 
@@ -559,7 +578,8 @@ def show(r: dict) -> None:
     w, docs = r["workers"], r["docs"]
     print(f"\n== {r['mode']}: {docs:,} documents, {r['input_bytes'] / MiB:,.1f} MiB WARC, {w} workers, "
           f"split {r['split_mb']} MiB -> {r['read']['shards']} shards; state {r['state']}; "
-          f"inflate {r.get('inflate', 'zlib')}")
+          f"inflate {r.get('inflate', 'zlib')}" + (f"; workers warmed on {r['warm_docs']:,} documents first "
+                                                   f"({r['warm_s']:.1f} s, left out)" if "warm_s" in r else ""))
     print(f"end to end   {r['wall_s']:8.1f} s  {docs / r['wall_s']:9,.1f} docs/s  "
           f"{docs / r['wall_s'] / w:9,.1f} docs/s/core")
     rd = r["read"]
@@ -626,10 +646,16 @@ def main() -> None:
     ap.add_argument("--profile", metavar="DIR",
                     help="cProfile every map task (read, chain, writes) into DIR/<mode>-<round>/ and print the "
                          "top functions by own time per run (slows the run: its ratios are not comparable)")
+    ap.add_argument("--warm-mb", type=int, default=0, metavar="MB",
+                    help="warm workers: each run first takes its DAG over a MB-sized WARC of the same pages in the "
+                         "same Ray workers, left out of every figure (a long run's steady state: per-process "
+                         "start-up such as imports and compiled kernels paid once); 0: fresh workers (default)")
     ap.add_argument("--one", nargs=3, help=argparse.SUPPRESS)  # internal: MODE FACTS_JSON OUT_JSON
+    ap.add_argument("--warm-facts", help=argparse.SUPPRESS)  # internal: the warm-up WARC's facts
     a = ap.parse_args()
     if a.one:
-        run_one(a.one[0], json.loads(Path(a.one[1]).read_text()), a.workers, a.split_mb, a.one[2])
+        warm = json.loads(Path(a.warm_facts).read_text()) if a.warm_facts else None
+        run_one(a.one[0], json.loads(Path(a.one[1]).read_text()), a.workers, a.split_mb, a.one[2], warm)
         return
     t0 = time.perf_counter()
     facts = cached_warc(a.size_mb, a.pages)
@@ -638,6 +664,12 @@ def main() -> None:
           f"{facts['shuffled']:,} with shuffled paragraphs), {facts['raw_bytes'] / MiB:,.0f} MiB uncompressed, "
           f"mean extracted text {facts['mean_text_chars']:,.0f} chars (ready in {time.perf_counter() - t0:.0f} s)")
     facts_json = Path(facts["path"]).with_suffix(".json")
+    warm_json = None
+    if a.warm_mb:
+        warm = cached_warc(a.warm_mb, a.pages)
+        warm_json = Path(warm["path"]).with_suffix(".json")
+        print(f"warm-up WARC {warm['path']}: {warm['responses']:,} responses, run first in the same workers "
+              "and left out of the figures")
     modes = ["full", "extract"] if a.only is None else [a.only]
     walls: dict[str, list[float]] = {m: [] for m in modes}
     results: dict[str, list[dict]] = {m: [] for m in modes}
@@ -652,7 +684,8 @@ def main() -> None:
                 os.makedirs(prof, exist_ok=True)
             try:
                 subprocess.run([sys.executable, __file__, "--one", mode, str(facts_json), out,
-                                "--workers", str(a.workers), "--split-mb", str(a.split_mb)], check=True, env=env)
+                                "--workers", str(a.workers), "--split-mb", str(a.split_mb)]
+                               + (["--warm-facts", str(warm_json)] if warm_json else []), check=True, env=env)
                 res = json.loads(Path(out).read_text())
                 show(res)
                 if a.profile:
