@@ -16,6 +16,8 @@ microseconds per document, fastest of ``--repeat``; asserts only that the output
   (``Words.take_docs``, what the hand-off from gopher_repetition to gopher_quality does)
 - the words' measures and ids (``word_measures_and_keys``: characters, symbol/letter/
   punctuation flags and the 64-bit id per word) on those batches' words
+- the langid stage (``LanguageId.measure``, ``curation/stages/langid.py``: CLD2 on the windows
+  it samples) in batches of 300 pages
 - the extract stage (``Extract.process``, ``curation/stages/extract.py``) on the pages' HTML
   in batches of 100: whole, and besides the parser (resiliparse replaced in both by a slice
   of its input, so what the stage adds per page shows: decoding, time limits, Arrow)
@@ -65,17 +67,40 @@ def at_commit(commit: str, path: str, name: str, tmp: Path):
     return mod
 
 
-def _old_extract(commit: str, tmp: Path):
-    """The extract stage's module at ``commit`` (its class registers as "extract": the
-    current one is set aside while it loads)."""
-    import curation.stages.extract  # noqa: F401  (registered first)
+def _old_stage(commit: str, tmp: Path, module: str):
+    """A stage's module ``curation/stages/MODULE.py`` at ``commit`` (its class registers under
+    the same type: the current one is set aside while it loads)."""
+    import importlib
+
     from curation.stages.base import registry
 
-    current = registry.pop("extract")
+    before = dict(registry)
+    importlib.import_module(f"curation.stages.{module}")  # registered first
+    mine = {k: v for k, v in registry.items() if v.__module__ == f"curation.stages.{module}"}
+    for k in mine:
+        registry.pop(k)
     try:
-        return at_commit(commit, "curation/stages/extract.py", "old_extract", tmp)
+        return at_commit(commit, f"curation/stages/{module}.py", f"old_{module}", tmp)
     finally:
-        registry["extract"] = current
+        registry.clear()
+        registry.update({**before, **mine})
+
+
+def compare_langid(old_lid, texts: list[str], repeat: int) -> None:
+    """The langid stage (CLD2 on its sampled windows) on batches of 300 pages."""
+    from curation.stages import langid as new_lid
+
+    batches = [pa.table({"id": [str(i) for i in range(lo, lo + 300)][:len(texts[lo:lo + 300])],
+                         "text": pa.array(texts[lo:lo + 300], pa.string())}) for lo in range(0, len(texts), 300)]
+    new_stage, old_stage = new_lid.LanguageId(), old_lid.LanguageId()
+    new_stage.setup()
+    old_stage.setup()
+
+    def run(stage):
+        return [(t.column("lang").to_pylist(), t.column("lang_score").to_pylist())
+                for t, _ in (stage.measure(b) for b in batches)]
+
+    compare("langid stage (CLD2 on windows)", lambda: run(new_stage), lambda: run(old_stage), len(texts), repeat)
 
 
 def compare_extract(old_ex, which: str, repeat: int) -> None:
@@ -137,7 +162,8 @@ def main() -> None:
         old_dk = at_commit(a.base, "curation/dedup/kernels.py", "old_dedup_kernels", Path(tmp))
         old_w = at_commit(a.base, "curation/text/words.py", "old_words", Path(tmp))
         old_w.kernels = old_k  # the old split on the old kernels
-        old_ex = _old_extract(a.base, Path(tmp))
+        old_ex = _old_stage(a.base, Path(tmp), "extract")
+        old_lid = _old_stage(a.base, Path(tmp), "langid")
         old_mh = at_commit(a.base, "curation/dedup/minhash.py", "old_minhash", Path(tmp))
         for which in a.pages:
             texts = [t for t, _ in bench_chain.extracted(which)[0]]
@@ -187,6 +213,7 @@ def main() -> None:
 
             compare("exact dedup's key text", lambda: [normalize_collapsed(p) for p in parts],
                     lambda: [old_mh.normalize_collapsed(p) for p in parts], n, a.repeat)
+            compare_langid(old_lid, texts, a.repeat)
             compare_extract(old_ex, which, a.repeat)
 
 
