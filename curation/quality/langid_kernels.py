@@ -55,10 +55,9 @@ def window_bytes(b, off, rows, nchars, chars, windows):
             w += hi - lo
             out_off[k + 1] = w
             continue
-        count = windows if windows > 1 else 1
         step = (n - width) / (windows - 1) if windows > 1 else 0.0
         p, c = lo, 0
-        for i in range(count):
+        for i in range(windows):
             p, c = _char_byte(b, p, hi, c, int(i * step))
             s = p
             p, c = _char_byte(b, p, hi, c, int(i * step) + width)
