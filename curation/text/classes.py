@@ -57,11 +57,16 @@ def _looked_up(lookup, table: np.ndarray, known: np.ndarray, classify):
     is run again (rare after the first batch)."""
     out, missing = lookup()
     if len(missing):
-        for c in np.unique(missing).tolist():
-            table[c] = classify(chr(c))
-            known[c] = True
+        _learn(missing, table, known, classify)
         out, missing = lookup()
     return out
+
+
+def _learn(missing: np.ndarray, table: np.ndarray, known: np.ndarray, classify) -> None:
+    """Classify the code points ``missing`` with ``classify`` into ``table``, once per process."""
+    for c in np.unique(missing).tolist():
+        table[c] = classify(chr(c))
+        known[c] = True
 
 
 def code_point_flags(cp: np.ndarray) -> np.ndarray:
@@ -101,9 +106,7 @@ def byte_classes(b: np.ndarray) -> np.ndarray:
     in after they are)."""
     out, missing, missing_at = kernels.byte_classes(b, _ASCII_CLASS, _CP_CLASS, _CP_KNOWN)
     if len(missing):
-        for c in np.unique(missing).tolist():
-            _CP_CLASS[c] = byte_class_of(chr(c))
-            _CP_KNOWN[c] = True
+        _learn(missing, _CP_CLASS, _CP_KNOWN, byte_class_of)
         kernels.fill_byte_classes(out, b, missing, missing_at, _CP_CLASS)
     return out
 
