@@ -39,6 +39,7 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 
 RESULTS: list[tuple[str, bool, str]] = []
+CHECKS = ("train", "compile", "resume", "multi", "1b")  # what --only can pick
 
 
 def check(name: str, ok: bool, detail: str) -> None:
@@ -72,7 +73,7 @@ def train(cfg: Path, *sets: str, nproc: int = 1, env: dict | None = None, resume
     if resume:
         cmd += ["--resume", resume]
     t = time.time()
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env={**os.environ, **(env or {}), "PYTHONPATH": str(REPO)})
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env={**os.environ, **(env or {}), "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))})
     print(f"    ran {cfg.stem} {' '.join(sets)} (nproc {nproc}) in {time.time() - t:.0f} s, exit {proc.returncode}", flush=True)
     if proc.returncode:
         print(proc.stdout[-2000:] + proc.stderr[-4000:], flush=True)
@@ -129,7 +130,11 @@ def main() -> int:
     ap.add_argument("--pack", default=None, help="a real pack directory instead of synthetic shards (vocab must fit)")
     ap.add_argument("--quick", action="store_true", help="fewer steps (smoke the script itself)")
     ap.add_argument("--skip-1b", action="store_true")
+    ap.add_argument("--only", default=",".join(CHECKS), help=f"comma-separated subset of {','.join(CHECKS)} (the kernel check always runs)")
     a = ap.parse_args()
+    want = set(a.only.split(","))
+    if want - set(CHECKS):
+        ap.error(f"--only: unknown {sorted(want - set(CHECKS))}; choose from {','.join(CHECKS)}")
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to accept here (the CPU suite is `make test`)")
         return 2
@@ -145,60 +150,65 @@ def main() -> int:
 
     steps = 20 if a.quick else 60
     seq, vocab = 1024, 32768
-    pack = Path(a.pack) if a.pack else write_packed(out / "pack-125m", {"web": 6000, "math": 2000}, seq, vocab=vocab, max_doc=900)
+    pack = Path(a.pack) if a.pack else write_packed(out / "pack-125m", {"web": 6000, "math": 2000}, seq, vocab=vocab, max_doc={"web": 900, "math": 900})
     gb, micro = 32, 8
     base = dict(pack=pack, vocab=vocab, seq=seq, preset="125m", steps=steps, gb=gb, micro=micro)
 
-    # 3. one short run per backend vs the dense mask
-    ref_ok = train(write_cfg(out, "sdpa", model={"attention": "sdpa"}, **base)).returncode == 0
-    if ref_ok:
-        ref = {r["step"]: r["loss"] for r in recs(out / "sdpa")}
-        for backend in [b for b in runnable if b not in ("sdpa", "segments")]:
-            proc = train(write_cfg(out, backend, model={"attention": backend}, **base))
-            if proc.returncode:
-                check(f"train {backend}", False, "run failed")
-                continue
-            got = {r["step"]: r["loss"] for r in recs(out / backend)}
-            first, last = min(got), max(got)
-            tps, mfu = steady(out / backend)
-            ok = abs(got[first] - ref[first]) < 0.05 and abs(got[last] - ref[last]) / ref[last] < 0.05 and got[last] < got[first] - 1
-            check(f"train {backend} ~125M", ok, f"loss {got[first]:.3f}->{got[last]:.3f} (dense {ref[first]:.3f}->{ref[last]:.3f}), "
-                  f"{tps:,.0f} tok/s, MFU {mfu if mfu is None else f'{mfu:.1%}'}")
-    else:
-        check("train sdpa reference", False, "run failed")
+    if "train" in want:
+        # 3. one short run per backend vs the dense mask
+        ref_ok = train(write_cfg(out, "sdpa", model={"attention": "sdpa"}, **base)).returncode == 0
+        if ref_ok:
+            ref = {r["step"]: r["loss"] for r in recs(out / "sdpa")}
+            for backend in [b for b in runnable if b not in ("sdpa", "segments")]:
+                proc = train(write_cfg(out, backend, model={"attention": backend}, **base))
+                if proc.returncode:
+                    check(f"train {backend}", False, "run failed")
+                    continue
+                got = {r["step"]: r["loss"] for r in recs(out / backend)}
+                first, last = min(got), max(got)
+                tps, mfu = steady(out / backend)
+                # learning: 60 steps take the loss down by > 1 nat; --quick's 20 steps by ~0.8 (H100, 2026-11-27)
+                drop = 1.0 if steps >= 60 else 0.5
+                ok = abs(got[first] - ref[first]) < 0.05 and abs(got[last] - ref[last]) / ref[last] < 0.05 and got[last] < got[first] - drop
+                check(f"train {backend} ~125M", ok, f"loss {got[first]:.3f}->{got[last]:.3f} (dense {ref[first]:.3f}->{ref[last]:.3f}), "
+                      f"{tps:,.0f} tok/s, MFU {mfu if mfu is None else f'{mfu:.1%}'}")
+        else:
+            check("train sdpa reference", False, "run failed")
 
-    # 4. compile + selective AC, recompiles counted
     best = next((b for b in ("flash", "varlen", "flex") if b in runnable), "sdpa")
-    proc = train(write_cfg(out, "compiled", model={"attention": best}, train={"compile": True}, parallel={"ac": "selective"}, **base),
-                 env={"TORCH_LOGS": "recompiles"})
-    log = proc.stdout + proc.stderr
-    recompiles = len(re.findall(r"Recompiling function", log))
-    limit = bool(re.search(r"recompile_limit|cache_size_limit", log))
-    if proc.returncode == 0:
-        tps, mfu = steady(out / "compiled")
-        check("compile + selective AC", not limit, f"{best}: {recompiles} recompilations, limit hit: {limit}, {tps:,.0f} tok/s, "
-              f"MFU {mfu if mfu is None else f'{mfu:.1%}'}")
-    else:
-        check("compile + selective AC", False, "run failed")
+    if "compile" in want:
+        # 4. compile + selective AC, recompiles counted
+        proc = train(write_cfg(out, "compiled", model={"attention": best}, train={"compile": True}, parallel={"ac": "selective"}, **base),
+                     env={"TORCH_LOGS": "recompiles"})
+        log = proc.stdout + proc.stderr
+        recompiles = len(re.findall(r"Recompiling function", log))
+        limit = bool(re.search(r"recompile_limit|cache_size_limit", log))
+        if proc.returncode == 0:
+            tps, mfu = steady(out / "compiled")
+            check("compile + selective AC", not limit, f"{best}: {recompiles} recompilations, limit hit: {limit}, {tps:,.0f} tok/s, "
+                  f"MFU {mfu if mfu is None else f'{mfu:.1%}'}")
+        else:
+            check("compile + selective AC", False, "run failed")
 
-    # 5. resume: the first resumed step bit-equal; deterministic: every step
     half = steps // 2
-    for det in (False, True):
-        tag = "det" if det else "fast"
-        kw = dict(base, model={"attention": best}, train={"deterministic": det}, checkpoint={"every": half})
-        straight, resumed = write_cfg(out, f"straight-{tag}", **kw), write_cfg(out, f"resumed-{tag}", **kw)
-        if train(straight).returncode or train(resumed, f"train.stop_at_step={half}").returncode or train(resumed).returncode:
-            check(f"resume ({tag})", False, "a run failed")
-            continue
-        a_, b_ = ({r["step"]: r["loss_step"] for r in recs(out / n)} for n in (f"straight-{tag}", f"resumed-{tag}"))
-        first = min(s for s in b_ if s >= half)
-        equal = [s for s in sorted(b_) if s >= half and a_.get(s) == b_[s]]
-        ok = a_.get(first) == b_[first] and (not det or len(equal) == len([s for s in b_ if s >= half]))
-        check(f"resume ({tag})", ok, f"first logged step after the checkpoint ({first}) equal: {a_.get(first) == b_[first]}; "
-              f"{len(equal)}/{len([s for s in b_ if s >= half])} resumed records bit-equal")
+    if "resume" in want:
+        # 5. resume: the first resumed step bit-equal; deterministic: every step
+        for det in (False, True):
+            tag = "det" if det else "fast"
+            kw = dict(base, model={"attention": best}, train={"deterministic": det}, checkpoint={"every": half})
+            straight, resumed = write_cfg(out, f"straight-{tag}", **kw), write_cfg(out, f"resumed-{tag}", **kw)
+            if train(straight).returncode or train(resumed, f"train.stop_at_step={half}").returncode or train(resumed).returncode:
+                check(f"resume ({tag})", False, "a run failed")
+                continue
+            a_, b_ = ({r["step"]: r["loss_step"] for r in recs(out / n)} for n in (f"straight-{tag}", f"resumed-{tag}"))
+            first = min(s for s in b_ if s >= half)
+            equal = [s for s in sorted(b_) if s >= half and a_.get(s) == b_[s]]
+            ok = a_.get(first) == b_[first] and (not det or len(equal) == len([s for s in b_ if s >= half]))
+            check(f"resume ({tag})", ok, f"first logged step after the checkpoint ({first}) equal: {a_.get(first) == b_[first]}; "
+                  f"{len(equal)}/{len([s for s in b_ if s >= half])} resumed records bit-equal")
 
     # 6. several GPUs
-    if gpus >= 2:
+    if gpus >= 2 and "multi" in want:
         one = {r["step"]: r["loss"] for r in recs(out / best)} if (out / best / "metrics.jsonl").exists() else None
         for strategy, n in [("fsdp", gpus), ("ddp", gpus)] + ([("hsdp", gpus)] if gpus >= 4 and gpus % 2 == 0 else []):
             sets = [f"parallel.strategy={strategy}"] + ([f"parallel.shard_size={gpus // 2}"] if strategy == "hsdp" else [])
@@ -219,13 +229,13 @@ def main() -> int:
             got = {r["step"]: r["loss"] for r in recs(out / "fsdp-then-1")}
             last = max(got)
             check("FSDP2 checkpoint resumed on 1 GPU", abs(got[last] - one[last]) < 0.05, f"last loss {got[last]:.4f} vs straight {one[last]:.4f}")
-    else:
+    elif gpus < 2:
         print("    1 GPU: FSDP2/DDP/HSDP across GPUs not checked here")
 
     # 7. ~1B at seq 4096
-    if not a.skip_1b:
+    if "1b" in want and not a.skip_1b:
         seq1, vocab1 = 4096, 128256
-        pack1 = write_packed(out / "pack-1b", {"web": 1500, "math": 500}, seq1, vocab=vocab1, max_doc=3000)
+        pack1 = write_packed(out / "pack-1b", {"web": 1500, "math": 500}, seq1, vocab=vocab1, max_doc={"web": 3000, "math": 3000})
         cfg = write_cfg(out, "1b", pack1, vocab1, seq1, "1b", 15 if a.quick else 40, 8, 2, model={"attention": best},
                         train={"compile": True}, parallel={"ac": "selective"}, guard={"enabled": False})
         if train(cfg).returncode:
