@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -90,6 +91,14 @@ def _run(dag_file: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
     return res
 
 
+def _side_by_side(*runs: tuple) -> None:
+    """``_run`` each (dag, out, *extra) at once: a cluster run and its embedded reference share
+    nothing (the cluster has its own temp dir), and each is mostly Ray starting and waiting."""
+    with ThreadPoolExecutor(len(runs)) as pool:
+        for done in [pool.submit(_run, *r) for r in runs]:
+            done.result()
+
+
 def _entries(run: Path, stage: str) -> list[dict]:
     return [json.loads(line) for line in (run / stage / "_manifest.jsonl").read_text().splitlines()]
 
@@ -98,9 +107,9 @@ def _entries(run: Path, stage: str) -> list[dict]:
 def test_tasks_run_on_both_nodes_and_match_a_one_node_run(tmp_path, two_nodes):
     dag_file = tmp_path / "dag.yaml"
     dag_file.write_text(yaml.safe_dump(DAG))
-    # no --workers: as many tasks in flight as the cluster has CPUs (2, one per node)
-    _run(dag_file, tmp_path / "cluster", "--address", two_nodes)
-    _run(dag_file, tmp_path / "local", "--workers", "1")
+    # no --workers: as many tasks in flight as the cluster has CPUs (2, one per node); the
+    # one-worker reference (an embedded Ray) runs beside it
+    _side_by_side((dag_file, tmp_path / "cluster", "--address", two_nodes), (dag_file, tmp_path / "local", "--workers", "1"))
     # progress.json counts the map tasks per Ray node id they ran on
     nodes = json.loads((tmp_path / "cluster" / "progress.json").read_text())["nodes"]
     assert len(nodes) == 2 and sum(nodes.values()) == 6, nodes  # 6 input shards, tasks on both nodes
@@ -141,13 +150,14 @@ def test_against_an_index_on_two_nodes_is_byte_identical_to_one_worker(tmp_path,
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     b = dag("b-*.jsonl.gz", [str(index)])
-    _run(b, tmp_path / "cluster", "--address", two_nodes)
-    _run(b, tmp_path / "local", "--workers", "1")
+    _side_by_side((b, tmp_path / "cluster", "--address", two_nodes), (b, tmp_path / "local", "--workers", "1"))
     assert len(json.loads((tmp_path / "cluster" / "progress.json").read_text())["nodes"]) == 2
     got, want = _digests(tmp_path / "cluster"), _digests(tmp_path / "local")
     assert got == want and any("/_keys/" in k for k in got) and any("/_lsh/" in k for k in got)
-    for run in ("cluster", "local"):
-        res = subprocess.run([*REFINERY, "index", "add", str(tmp_path / f"index-{run}"), str(tmp_path / run),
-                              "--name", "cc-b"], cwd=REPO, capture_output=True, text=True, timeout=300)
-        assert res.returncode == 0, res.stdout + res.stderr
+    adds = [subprocess.Popen([*REFINERY, "index", "add", str(tmp_path / f"index-{run}"), str(tmp_path / run),
+                              "--name", "cc-b"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for run in ("cluster", "local")]  # two independent processes at once
+    for add in adds:
+        out, _ = add.communicate(timeout=300)
+        assert add.returncode == 0, out
     assert _index_digests(tmp_path / "index-cluster") == _index_digests(tmp_path / "index-local")

@@ -57,12 +57,9 @@ def test_a_node_sigkilled_mid_map_phase_the_run_finishes_byte_identical(tmp_path
     env = {**os.environ, "RAY_TMPDIR": str(root)}
     env.pop("RAY_ADDRESS", None)
 
-    t0 = time.time()
+    # the undisturbed reference (embedded Ray) runs beside the cluster run: the slow stage
+    # sleeps, so the two barely compete, and this test takes one run's time, not two
     ref = _run(dag, root / "ref", env)
-    out, _ = ref.communicate(timeout=600)
-    assert ref.returncode == 0, out.decode()[-3000:]
-    undisturbed_s = time.time() - t0
-
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "temp_dir": str(root / "c")})
     try:
         second = cluster.add_node(num_cpus=1)
@@ -90,8 +87,10 @@ def test_a_node_sigkilled_mid_map_phase_the_run_finishes_byte_identical(tmp_path
         seconds = time.time() - t0
     finally:
         cluster.shutdown()
+    out, _ = ref.communicate(timeout=600)
+    assert ref.returncode == 0, out.decode()[-3000:]
     assert _digests(root / "run") == _digests(root / "ref")
     nodes = json.loads(progress.read_text())["nodes"]
     assert len(nodes) == 2 and sum(nodes.values()) == killed_at["total"]  # both nodes ran tasks, then one died
     print(f"node SIGKILLed at read+map {killed_at['done']}/{killed_at['total']}; run finished in {seconds:.1f} s "
-          f"(undisturbed, embedded: {undisturbed_s:.1f} s); tasks per node {nodes}")
+          f"(the undisturbed embedded run beside it); tasks per node {nodes}")
