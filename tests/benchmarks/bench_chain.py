@@ -8,7 +8,8 @@ resiliparse, what extract-only spends beside reading and inflating); each chain 
 rows, with the kept rows and their text state handed down as ``_Step`` does: a later stage sees
 only what the earlier ones kept); and the ratio the chain allows, extract / (extract + chain):
 the ceiling of bench_scale's full-DAG / extract-only before dedup and I/O. Asserts nothing;
-``--profile`` adds the chain's top functions by own time. ``--batch-mb 4`` with small batches
+The allocator is set as a worker sets it (``allocator.keep_batch_blocks``;
+``--glibc-default`` leaves glibc's). ``--profile`` adds the chain's top functions by own time. ``--batch-mb 4`` with small batches
 (``--batch-rows 30``) shows what per-batch costs would be without the executor's joining.
 
 Run: ``REFINERY_DATA=../shared/data .venv/bin/python tests/benchmarks/bench_chain.py
@@ -120,7 +121,13 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3,
                     help="extraction passes and chain runs; the fastest of each is printed")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--glibc-default", action="store_true",
+                    help="leave the allocator as glibc sets it (workers set keep_batch_blocks before their first batch)")
     a = ap.parse_args()
+    if not a.glibc_default:  # as a worker does (executor._root_entries): no page faults for freed batch arrays
+        from curation.pipeline.allocator import keep_batch_blocks
+
+        print(f"allocator: keep_batch_blocks {'set' if keep_batch_blocks() else 'not available here'}")
     stages = chain_stages()
     for which in a.pages:
         docs, _ = extracted(which)
