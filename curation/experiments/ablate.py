@@ -42,6 +42,7 @@ import os
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,9 @@ class AblateConfig(_Strict):
     seeds: list[int] = Field(default=[0, 1, 2], min_length=1)
     eval_every_tokens: float = Field(gt=0)
     threads: int | None = Field(default=None, gt=0)
+    # trainings at once (every arm and seed is its own process); default: the CPUs this process
+    # may use divided by ``threads`` (one at a time when ``threads`` is unset: torch takes them all)
+    parallel: int | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _check(self) -> AblateConfig:
@@ -119,6 +123,15 @@ class AblateConfig(_Strict):
     @property
     def eval_every_steps(self) -> int:
         return max(1, int(round(self.eval_every_tokens / self.tokens_per_step)))
+
+    @property
+    def trainings_at_once(self) -> int:
+        if self.parallel:
+            return self.parallel
+        if not self.threads:
+            return 1
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return max(1, cpus // self.threads)
 
 
 def load_ablate_config(path: str | Path) -> AblateConfig:
@@ -474,16 +487,28 @@ def ablate(config_path: str, out: str, workers: int = 2) -> dict:
     trainer_yaml = trainer_config(cfg, config_dir, tokenizer, eval_pack, eval_st["rows"], out_p)
     eval_st["rows_used"] = min(eval_st["rows"], yaml.safe_load(trainer_yaml.read_text())["eval"]["batches"] * cfg.global_batch)
     train_tokens = cfg.steps * cfg.tokens_per_step
+    packs = {}
     for name in cfg.arms:
         pack_dir, pst = run_pack(name, decontam_docs[name], tokenizer, cfg, out_p, workers)
+        packs[name] = pack_dir
         a = arms[name]
         a["tokens_kept"] = pst["tokens"]
         a["rows"] = pst["rows"]
         a["epochs"] = train_tokens / pst["tokens"] if pst["tokens"] else math.inf
+    # Every (arm, seed) is an independent process with its own seed and thread count: several
+    # at once give the same curves, sooner (an ablation is arms x seeds small trainings)
+    at_once = cfg.trainings_at_once
+    _log(f"training {len(cfg.arms) * len(cfg.seeds)} runs ({len(cfg.arms)} arms x {len(cfg.seeds)} seeds), "
+         f"{at_once} at once")
+    with ThreadPoolExecutor(at_once) as pool:
+        runs = {(name, seed): pool.submit(train_run, trainer_yaml, packs[name], out_p / "train" / name / f"seed{seed}",
+                                          seed, cfg.steps, cfg.tokens_per_step, cfg.threads)
+                for name in cfg.arms for seed in cfg.seeds}
+    for name in cfg.arms:
+        a = arms[name]
         curves = []
         for seed in cfg.seeds:
-            curve = train_run(trainer_yaml, pack_dir, out_p / "train" / name / f"seed{seed}", seed, cfg.steps,
-                              cfg.tokens_per_step, cfg.threads)
+            curve = runs[name, seed].result()  # a failed training raises its AblateError here
             if not curve:
                 raise AblateError(f"arm {name} seed {seed}: no eval loss recorded")
             curves.append(curve)
