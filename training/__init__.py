@@ -17,6 +17,7 @@ Modules, in reading order:
                  model, optimizer and the training-state components handed to it
 - ``resume``     where a run starts (fresh, resume, anneal branch) and which plan applies
 - ``metrics``    JSONL (+ TensorBoard if installed), console progress, MFU (peak FLOP/s table)
+- ``profiling``  a window of steps under torch.profiler (``profile:``): trace and ops table per rank
 - ``train``      the loop, plus ``main()`` for the CLI and ``python -m training``
 - ``synthetic``  packed shards of learnable synthetic documents (tests, benchmark, drills)
 """

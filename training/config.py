@@ -300,6 +300,20 @@ class GuardConfig(_Strict):
     enabled: bool = True
 
 
+class ProfileConfig(_Strict):
+    """Steps ``start`` .. ``start + steps - 1`` under torch.profiler (``training/profiling.py``):
+    a Chrome trace and an ops table per rank in ``ranks``, under ``dir`` (default
+    RUN_DIR/profile). Step ``start - 1`` is the profiler's warm-up: pick a window after
+    compilation (a few steps in)."""
+
+    start: int = Field(ge=1)
+    steps: int = Field(default=3, gt=0)
+    ranks: list[int] = [0]
+    dir: str | None = None
+    record_shapes: bool = False  # input shapes per op in the trace (bigger files)
+    memory: bool = False  # allocations and frees per op (profile_memory)
+
+
 class TrainConfig(_Strict):
     """The whole training config (one YAML file)."""
 
@@ -317,6 +331,7 @@ class TrainConfig(_Strict):
     metrics: MetricsConfig = MetricsConfig()
     eval: EvalConfig | None = None
     guard: GuardConfig = GuardConfig()
+    profile: ProfileConfig | None = None
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:

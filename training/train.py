@@ -48,6 +48,7 @@ from training.parallel import (
     strategy_for,
     uses_fsdp,
 )
+from training.profiling import StepProfiler
 from training.resume import anneal_record, find_resume_point, resolve_plan
 from training.schedule import seq_len_at
 from training.trace import TraceWriter
@@ -175,6 +176,8 @@ class Trainer:
             )
         self.peak = peak_flops(env.device, cfg.metrics.peak_flops)
         self.pin = env.device.type == "cuda"
+        self.profiler = (StepProfiler(cfg.profile, self.run_dir, env.rank, env.device, self.start_step, self.metrics.log)
+                         if cfg.profile is not None else None)
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -311,10 +314,13 @@ class Trainer:
         try:
             for step in range(self.start_step, self.end_step):
                 t0 = time.perf_counter()
-                batch = prefetch.get()
-                t_data = time.perf_counter()
-                loss, grad_norm, reason = self.train_step(step, batch)
+                with self.profiler.step_range(step) if self.profiler else contextlib.nullcontext():
+                    batch = prefetch.get()
+                    t_data = time.perf_counter()
+                    loss, grad_norm, reason = self.train_step(step, batch)
                 t_end = time.perf_counter()
+                if self.profiler:
+                    self.profiler.after_step(step)
                 if step == self.start_step:  # compiled and loaded: later steps take seconds
                     set_collective_timeout(env, cfg.parallel.step_timeout_s)
                 m.rows(step, batch.row_ids)
@@ -351,6 +357,8 @@ class Trainer:
                     self.save(done, "end" if done == self.end_step else "periodic")
             self.checkpointer.wait()  # an async save still writing becomes visible before we exit
         finally:
+            if self.profiler:
+                self.profiler.close()  # a run that stopped inside the window writes what it recorded
             prefetch.close()
             self.trace.close()
             m.close()

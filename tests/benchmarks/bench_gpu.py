@@ -16,7 +16,9 @@ Checks, printing every figure and a PASS/FAIL line per check (exit 1 on any FAIL
  6. >= 2 GPUs: FSDP2, DDP (and HSDP with >= 4) under torchrun against the 1-GPU run, and the
     FSDP2 checkpoint resumed on 1 GPU;
  7. MFU of a ~1B model (preset 1b, vocab 128256) at seq 4096 on one GPU: compiled, selective AC,
-    best kernel; target >= 40% on an H100.
+    best kernel; target >= 40% on an H100;
+ 8. a profiled window of the ~125M run (``profile:``): its ops table by device time, printed.
+``--only`` picks checks (the kernel check always runs), so a short GPU lease can split them.
 Data: synthetic packed shards (training.synthetic) unless --pack names a real pack.
 """
 
@@ -39,7 +41,7 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 
 RESULTS: list[tuple[str, bool, str]] = []
-CHECKS = ("train", "compile", "resume", "multi", "1b")  # what --only can pick
+CHECKS = ("train", "compile", "resume", "multi", "1b", "trace")  # what --only can pick
 
 
 def check(name: str, ok: bool, detail: str) -> None:
@@ -243,6 +245,15 @@ def main() -> int:
         else:
             tps, mfu = steady(out / "1b")
             check("~1B MFU at seq 4096", mfu is not None and mfu >= 0.40, f"{tps:,.0f} tok/s, MFU {mfu if mfu is None else f'{mfu:.1%}'} (target >= 40%)")
+
+    # 8. where a ~125M step's time goes: a profiled window (training/profiling.py), its ops table
+    if "trace" in want:
+        proc = train(write_cfg(out, "trace", model={"attention": best}, profile={"start": 6, "steps": 3},
+                               **dict(base, steps=10)))
+        tables = sorted((out / "trace" / "profile").glob("*_ops.txt")) if proc.returncode == 0 else []
+        check("profiled window (~125M, steps 6-8)", bool(tables), f"{tables[0]}" if tables else "run failed or no table")
+        for t in tables:
+            print("\n".join(t.read_text().splitlines()[:28]))
 
     failed = [n for n, ok, _ in RESULTS if not ok]
     (out / "summary.txt").write_text("\n".join(f"{'PASS' if ok else 'FAIL'} {n}: {d}" for n, ok, d in RESULTS) + "\n")
