@@ -33,7 +33,7 @@ class StepProfiler:
         self.cfg, self.rank, self.device, self.log = cfg, rank, device, log
         self.out = Path(cfg.dir) if cfg.dir else Path(run_dir) / "profile"
         self.first, self.last = cfg.start, cfg.start + cfg.steps - 1
-        # a run resumed past the window does not profile (the window is in training steps)
+        # the window is in training steps: a run resumed after its warm-up step does not profile
         self.enabled = rank in cfg.ranks and start_step <= self.first - 1
         self.prof: torch.profiler.profile | None = None
 
