@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import re
@@ -60,6 +61,28 @@ def test_loss_falls_and_eval_runs(tmp_path, packs):
     assert set(rec["tokens_seen_by_source"]) == {"web", "math", "code"}
     # The end-of-run checkpoint exists and `latest` points at it.
     assert (tmp_path / "run" / "checkpoints" / "latest").read_text().strip() == "step_00000100"
+
+
+def test_garbage_is_collected_at_step_boundaries_only(tmp_path, packs):
+    """``train.gc_every``: Python's collector is off inside steps, runs (generation 1) once at the
+    start and every ``gc_every`` steps, and is back on when the run ends; ``null`` leaves it on."""
+    train, _ = packs
+    explicit = []  # collections while automatic collection is off: only the trainer's own
+
+    def seen(phase: str, info: dict) -> None:
+        if phase == "start" and not gc.isenabled():
+            explicit.append(info["generation"])
+
+    gc.callbacks.append(seen)
+    try:
+        assert run(load_config(config(tmp_path, train, "gc", train={"steps": 20, "gc_every": 5}))) == 0
+        assert gc.isenabled()
+        assert explicit == [1] * (1 + 20 // 5), explicit  # at the start, then after steps 5, 10, 15, 20
+        explicit.clear()
+        assert run(load_config(config(tmp_path, train, "auto_gc", train={"steps": 5, "gc_every": None}))) == 0
+        assert explicit == [] and gc.isenabled()
+    finally:
+        gc.callbacks.remove(seen)
 
 
 def _weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:

@@ -207,6 +207,10 @@ class TrainLoopConfig(_Strict):
     # Tokens per chunk of the fused LM-head + cross-entropy (training/loss.py): the (tokens x
     # vocab) logits are never materialised in fp32 at once. 0 = one chunk.
     loss_chunk_tokens: int = Field(default=1024, ge=0)
+    # Python's garbage collector off during training and run every this many steps (generation
+    # 1, as torchtitan does): an automatic collection can land inside any step of any rank, and
+    # the other ranks wait for it at the next collective. None: Python's automatic collection.
+    gc_every: int | None = Field(default=50, gt=0)
 
 
 class ParallelConfig(_Strict):

@@ -20,6 +20,7 @@ guard rails read loss and grad norm once per step, in one transfer, after the la
 from __future__ import annotations
 
 import contextlib
+import gc
 import sys
 import time
 from pathlib import Path
@@ -311,6 +312,10 @@ class Trainer:
         prefetch = Prefetcher(self._make_step, self.start_step, self.end_step, cfg.data.prefetch)
         window = Window(len(self.dataset.sources))
         code = 0
+        gc_every, gc_was_enabled = cfg.train.gc_every, gc.isenabled()
+        if gc_every:  # collections at step boundaries only (restored when the loop ends)
+            gc.disable()
+            gc.collect(1)
         try:
             for step in range(self.start_step, self.end_step):
                 t0 = time.perf_counter()
@@ -337,6 +342,8 @@ class Trainer:
                            "message": f"skipped step {step}: {reason} ({self.guard.consecutive} in a row)"})
                 done = step + 1
                 self.order.step = done  # the data position a checkpoint records
+                if gc_every and done % gc_every == 0:
+                    gc.collect(1)
                 if done % cfg.metrics.every == 0 or done == self.end_step or stop:
                     self._log_window(step, window)
                     window = Window(len(self.dataset.sources))
@@ -357,6 +364,8 @@ class Trainer:
                     self.save(done, "end" if done == self.end_step else "periodic")
             self.checkpointer.wait()  # an async save still writing becomes visible before we exit
         finally:
+            if gc_every and gc_was_enabled:
+                gc.enable()
             if self.profiler:
                 self.profiler.close()  # a run that stopped inside the window writes what it recorded
             prefetch.close()
