@@ -27,15 +27,19 @@ TOP_OPS = 40
 
 class StepProfiler:
     """``step_range(step)`` around each step's work; ``after_step(step)`` after it. Inactive
-    (two cheap calls a step) unless this rank profiles and the window is ahead."""
+    (two cheap calls a step) unless the config has a window (``cfg`` not None), this rank
+    profiles and the window is ahead."""
 
     def __init__(self, cfg, run_dir: Path, rank: int, device: torch.device, start_step: int, log):
         self.cfg, self.rank, self.device, self.log = cfg, rank, device, log
+        self.prof: torch.profiler.profile | None = None
+        self.enabled = False
+        if cfg is None:
+            return
         self.out = Path(cfg.dir) if cfg.dir else Path(run_dir) / "profile"
         self.first, self.last = cfg.start, cfg.start + cfg.steps - 1
         # the window is in training steps: a run resumed after its warm-up step does not profile
         self.enabled = rank in cfg.ranks and start_step <= self.first - 1
-        self.prof: torch.profiler.profile | None = None
 
     def _make(self) -> torch.profiler.profile:
         activities = [torch.profiler.ProfilerActivity.CPU]

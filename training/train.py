@@ -177,8 +177,7 @@ class Trainer:
             )
         self.peak = peak_flops(env.device, cfg.metrics.peak_flops)
         self.pin = env.device.type == "cuda"
-        self.profiler = (StepProfiler(cfg.profile, self.run_dir, env.rank, env.device, self.start_step, self.metrics.log)
-                         if cfg.profile is not None else None)
+        self.profiler = StepProfiler(cfg.profile, self.run_dir, env.rank, env.device, self.start_step, self.metrics.log)
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -319,13 +318,12 @@ class Trainer:
         try:
             for step in range(self.start_step, self.end_step):
                 t0 = time.perf_counter()
-                with self.profiler.step_range(step) if self.profiler else contextlib.nullcontext():
+                with self.profiler.step_range(step):
                     batch = prefetch.get()
                     t_data = time.perf_counter()
                     loss, grad_norm, reason = self.train_step(step, batch)
                 t_end = time.perf_counter()
-                if self.profiler:
-                    self.profiler.after_step(step)
+                self.profiler.after_step(step)
                 if step == self.start_step:  # compiled and loaded: later steps take seconds
                     set_collective_timeout(env, cfg.parallel.step_timeout_s)
                 m.rows(step, batch.row_ids)
@@ -366,8 +364,7 @@ class Trainer:
         finally:
             if gc_every and gc_was_enabled:
                 gc.enable()
-            if self.profiler:
-                self.profiler.close()  # a run that stopped inside the window writes what it recorded
+            self.profiler.close()  # a run that stopped inside the window writes what it recorded
             prefetch.close()
             self.trace.close()
             m.close()
