@@ -81,3 +81,6 @@ def test_fsdp_over_one_rank_matches_the_plain_model(setup):
     assert main(str(config(tmp, data, "fsdp1")), overrides=["parallel.strategy=fsdp"]) == 0
     assert "world 1 (fsdp)" in records(tmp / "fsdp1", "event")[0]["message"]
     same_losses(tmp, "fsdp1")
+    # blocks kept gathered from forward to backward (no second all-gather): the same training
+    assert main(str(config(tmp, data, "fsdp1-kept")), overrides=["parallel.strategy=fsdp", "parallel.reshard_after_forward=false"]) == 0
+    same_losses(tmp, "fsdp1-kept")

@@ -195,6 +195,40 @@ def test_fused_chunked_loss_matches_cross_entropy_over_full_logits(chunk):
         assert linear_cross_entropy(h, w, t, chunk).item() == pytest.approx(ref.item(), rel=1e-6)
 
 
+def test_fused_loss_backward_under_autocast_runs_in_the_compute_dtype():
+    """Under autocast (strategy none/ddp on a GPU) hidden and weight are fp32 and only the
+    forward is autocast: the backward's two matmuls must still run in bf16 (they ran in fp32,
+    a non-TF32 SIMT sgemm on an H100, 2026-11-28), and the gradients keep the inputs' dtypes."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from training.loss import linear_cross_entropy, reference_cross_entropy
+
+    class MatmulDtypes(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten.mm.default:
+                self.seen.append((args[0].dtype, args[1].dtype))
+            return func(*args, **(kwargs or {}))
+
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(64, 32, generator=g, requires_grad=True)
+    w = torch.randn(200, 32, generator=g, requires_grad=True)
+    t = torch.randint(0, 200, (64,), generator=g)
+    gh, gw = torch.autograd.grad(reference_cross_entropy((h @ w.t())[None], t[None]), (h, w))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = linear_cross_entropy(h, w, t, 16)
+    modes = MatmulDtypes()
+    with modes:
+        fh, fw = torch.autograd.grad(loss, (h, w))
+    assert modes.seen and all(d == (torch.bfloat16, torch.bfloat16) for d in modes.seen), modes.seen
+    assert fh.dtype == fw.dtype == torch.float32
+    for got, want in ((fh, gh), (fw, gw)):  # bf16 logits: within 2% of the largest gradient
+        assert (got - want).abs().max() < 0.02 * want.abs().max()
+
+
 def test_model_loss_path_equals_logits_path():
     """``model(..., targets=...)`` (fused head + loss) == cross-entropy of ``model(...)``'s logits."""
     from training.loss import reference_cross_entropy

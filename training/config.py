@@ -231,6 +231,10 @@ class ParallelConfig(_Strict):
     # only its gradient shard, torchtitan's choice). false: accumulate unsharded fp32 gradients
     # and reduce once per step (less traffic, the whole model's gradients on every rank).
     reshard_grads_every_microbatch: bool = True
+    # FSDP2: free each block's gathered bf16 parameters after its forward and gather them again
+    # in backward (torch's default). false keeps them from forward to backward: no second
+    # all-gather (on one GPU, a copy and a cast per block), +2 bytes per parameter held.
+    reshard_after_forward: bool = True
     # Collective timeouts: the first step (compilation, checkpoint loading) gets timeout_s,
     # later steps step_timeout_s, so a rank that died mid-collective ends the job in minutes.
     timeout_s: float = Field(default=1800, gt=0)

@@ -190,7 +190,7 @@ def parallelize(model: nn.Module, cfg: ParallelConfig, env: DistEnv, compile: bo
         # the fp32 RoPE tables must stay fp32.
         block_mp = MixedPrecisionPolicy(mp.param_dtype, mp.reduce_dtype, cast_forward_inputs=False)
         for block in model.layers:
-            fully_shard(block, mesh=mesh, mp_policy=block_mp)
+            fully_shard(block, mesh=mesh, mp_policy=block_mp, reshard_after_forward=cfg.reshard_after_forward)
         # The root (embeddings, final norm, LM head) is used again right at the start of
         # backward: keep it gathered after forward (torchtitan does the same for the head).
         fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)

@@ -17,7 +17,10 @@ Checks, printing every figure and a PASS/FAIL line per check (exit 1 on any FAIL
     FSDP2 checkpoint resumed on 1 GPU;
  7. MFU of a ~1B model (preset 1b, vocab 128256) at seq 4096 on one GPU: compiled, selective AC,
     best kernel; target >= 40% on an H100;
- 8. a profiled window of the ~125M run (``profile:``): its ops table by device time, printed.
+ 8. a profiled window of the ~125M run (``profile:``): its ops table by device time, printed;
+ 9. where a small model's step goes when the GPU waits on the host (~125M: 24% GPU-busy eager,
+    H100 2026-11-28): the same model eager / compiled, micro-batch 8 / 32, blocks kept gathered
+    (``parallel.reshard_after_forward: false``), FSDP2 / plain autocast: tokens/s and MFU each.
 ``--only`` picks checks (the kernel check always runs), so a short GPU lease can split them.
 Data: synthetic packed shards (training.synthetic) unless --pack names a real pack.
 """
@@ -41,7 +44,7 @@ import torch  # noqa: E402
 import yaml  # noqa: E402
 
 RESULTS: list[tuple[str, bool, str]] = []
-CHECKS = ("train", "compile", "resume", "multi", "1b", "trace")  # what --only can pick
+CHECKS = ("train", "compile", "resume", "multi", "1b", "trace", "small")  # what --only can pick
 
 
 def check(name: str, ok: bool, detail: str) -> None:
@@ -254,6 +257,26 @@ def main() -> int:
         check("profiled window (~125M, steps 6-8)", bool(tables), f"{tables[0]}" if tables else "run failed or no table")
         for t in tables:
             print("\n".join(t.read_text().splitlines()[:28]))
+
+    # 9. host-bound small model: which knob moves it
+    if "small" in want:
+        variants = [  # name, train overrides, parallel overrides
+            ("eager-mb8", {}, {}),
+            ("eager-mb32", {"micro_batch": 32}, {}),
+            ("eager-mb8-kept", {}, {"reshard_after_forward": False}),
+            ("none-mb8", {}, {"strategy": "none"}),
+            ("compiled-mb8", {"compile": True}, {}),
+            ("compiled-mb32-kept", {"compile": True, "micro_batch": 32}, {"reshard_after_forward": False}),
+        ]
+        rows = []
+        for name, tr, par in variants:
+            kw = dict(base, steps=15, micro=tr.get("micro_batch", micro))
+            tr = {k: v for k, v in tr.items() if k != "micro_batch"}
+            ok = train(write_cfg(out, f"small-{name}", model={"attention": best}, train=tr, parallel=par, **kw)).returncode == 0
+            tps, mfu = steady(out / f"small-{name}") if ok else (None, None)
+            rows.append(tps)
+            print(f"    {name:20s} " + ("failed" if not ok else f"{tps:>10,.0f} tok/s  MFU {mfu if mfu is None else f'{mfu:.1%}'}"), flush=True)
+        check("small-model variants (~125M)", None not in rows, f"{sum(t is not None for t in rows)}/{len(rows)} ran")
 
     failed = [n for n, ok, _ in RESULTS if not ok]
     (out / "summary.txt").write_text("\n".join(f"{'PASS' if ok else 'FAIL'} {n}: {d}" for n, ok, d in RESULTS) + "\n")
