@@ -48,6 +48,9 @@ def test_a_profiled_window_writes_a_trace_and_an_ops_table_and_trains_the_same(t
     event = [r for r in records(run, "event") if r["event"] == "profile"]
     assert len(event) == 1 and Path(event[0]["trace"]).name == "rank0_steps2-3.json"
     assert "top ops per step" in event[0]["message"]
+    # the window's shape: two steps, the host's ops counted, no device on CPU
+    assert event[0]["steps"] == 2 and event[0]["window_ms"] > 0 and event[0]["device_busy"] is None
+    assert event[0]["host_ops_per_step"] > 50 and "host ops per step" in ops
     # the profiler watches; it changes nothing the run computes
     assert losses(run) == losses(tmp_path / "plain") and len(losses(run)) == STEPS
 
@@ -64,3 +67,20 @@ def test_profile_config_errors_name_the_field(tmp_path, data):
         load_config(config(tmp_path, data, "bad", profile={"start": 0}))
     with pytest.raises(ConfigError, match=r"profile\.stpes: unknown field; did you mean 'steps'"):
         load_config(config(tmp_path, data, "typo", profile={"start": 2, "stpes": 2}))
+
+
+def test_window_summary_counts_the_device_busy_once_where_kernels_overlap():
+    """``window_summary``: the union of the kernels' intervals inside the steps' span (two
+    overlapping kernels count once, one after the window not at all), host ops per step."""
+    from training.profiling import window_summary
+
+    ev = [{"ph": "X", "name": "train_step 6", "cat": "user_annotation", "ts": 0, "dur": 100},
+          {"ph": "X", "name": "train_step 7", "cat": "user_annotation", "ts": 100, "dur": 100},
+          {"ph": "X", "name": "train_step 7", "cat": "gpu_user_annotation", "ts": 120, "dur": 130},  # not a step
+          {"ph": "X", "name": "k1", "cat": "kernel", "ts": 10, "dur": 20},
+          {"ph": "X", "name": "k2", "cat": "kernel", "ts": 20, "dur": 20},     # overlaps k1: 10..40
+          {"ph": "X", "name": "c", "cat": "gpu_memcpy", "ts": 150, "dur": 10},  # 150..160
+          {"ph": "X", "name": "late", "cat": "kernel", "ts": 250, "dur": 10},   # after the window
+          *({"ph": "X", "name": "aten::mm", "cat": "cpu_op", "ts": t, "dur": 1} for t in range(0, 200, 20))]
+    got = window_summary({"traceEvents": ev})
+    assert got == {"window_ms": 0.2, "steps": 2, "device_busy": pytest.approx(40 / 200), "host_ops_per_step": 5}

@@ -9,7 +9,10 @@ step, S-1, which the profiler needs to settle) on the ranks in ``profile.ranks``
   GPU, host time on CPU), the first question about a slow step: is it the kernels, or the host
   between them?
 
-and the metrics log gets a ``profile`` event naming both files and the top three ops. As in
+and the metrics log gets a ``profile`` event naming both files, the top three ops and the window's
+shape (``window_summary``): how much of it the device was busy and how many host ops a step
+dispatched. A GPU busy a quarter of the step is waiting on the host (the ~125M model on an
+H100, 2026-11-28: 24%, 37,073 host ops a step of 4 micro-batches), not on its kernels. As in
 torchtitan, a window of a few steps after compilation and warm-up is the useful one; the run
 goes on as before around it (the profiler's cost stays inside the window).
 """
@@ -17,6 +20,7 @@ goes on as before around it (the profiler's cost stays inside the window).
 from __future__ import annotations
 
 import contextlib
+import json
 from pathlib import Path
 
 import torch
@@ -91,7 +95,49 @@ class StepProfiler:
         top = sorted((e for e in averages if not e.key.startswith(("train_step", "ProfilerStep"))),
                      key=lambda e: getattr(e, key), reverse=True)[:3]
         per_step = ", ".join(f"{e.key} {getattr(e, key) / 1e3 / self.cfg.steps:.1f} ms" for e in top)
+        shape = window_summary(json.loads(trace.read_text()))
+        ops.write_text(ops.read_text() + shape_line(shape) + "\n")
         self.log({"kind": "event", "step": self.last, "event": "profile",
                   "message": f"steps {self.first}-{self.last} profiled: {trace.name}, {ops.name}; "
-                             f"top ops per step by {key.replace('_total', '')}: {per_step}",
-                  "trace": str(trace), "ops": str(ops)})
+                             f"top ops per step by {key.replace('_total', '')}: {per_step}; {shape_line(shape)}",
+                  "trace": str(trace), "ops": str(ops), **shape})
+
+
+#: trace event categories that occupy the device
+DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+
+
+def _union_us(spans: list[tuple[float, float]]) -> float:
+    """Length of the union of (start, end) intervals."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(spans):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+def window_summary(trace: dict) -> dict:
+    """From a Chrome trace of the window: ``window_ms`` (first step's start to last step's end),
+    ``steps``, ``device_busy`` (share of the window with a kernel or copy running: the union of
+    their intervals; None without device events, as on CPU) and ``host_ops_per_step``."""
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
+    # the host's step ranges (on a GPU the trace repeats each on the device's timeline)
+    steps = [e for e in events if str(e.get("name", "")).startswith("train_step ") and e.get("cat") != "gpu_user_annotation"]
+    if not steps:
+        return {"window_ms": 0.0, "steps": 0, "device_busy": None, "host_ops_per_step": 0}
+    lo = min(e["ts"] for e in steps)
+    hi = max(e["ts"] + e["dur"] for e in steps)
+    device = [(max(e["ts"], lo), min(e["ts"] + e["dur"], hi)) for e in events
+              if e.get("cat") in DEVICE_CATS and e["ts"] < hi and e["ts"] + e["dur"] > lo]
+    host_ops = sum(1 for e in events if e.get("cat") == "cpu_op" and lo <= e["ts"] < hi)
+    return {"window_ms": (hi - lo) / 1e3, "steps": len(steps),
+            "device_busy": _union_us(device) / (hi - lo) if device and hi > lo else None,
+            "host_ops_per_step": host_ops // len(steps)}
+
+
+def shape_line(shape: dict) -> str:
+    busy = "no device events" if shape["device_busy"] is None else f"device busy {shape['device_busy']:.0%} of it"
+    return (f"window {shape['window_ms']:,.0f} ms over {shape['steps']} steps, {busy}, "
+            f"{shape['host_ops_per_step']:,} host ops per step")

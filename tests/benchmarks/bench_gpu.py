@@ -255,8 +255,9 @@ def main() -> int:
                                **dict(base, steps=10)))
         tables = sorted((out / "trace" / "profile").glob("*_ops.txt")) if proc.returncode == 0 else []
         check("profiled window (~125M, steps 6-8)", bool(tables), f"{tables[0]}" if tables else "run failed or no table")
-        for t in tables:
-            print("\n".join(t.read_text().splitlines()[:28]))
+        for t in tables:  # the top ops, then the window's shape (device busy, host ops per step)
+            lines = t.read_text().splitlines()
+            print("\n".join(lines[:28] + lines[-1:]))
 
     # 9. host-bound small model: which knob moves it
     if "small" in want:
