@@ -90,13 +90,13 @@ class StepProfiler:
         key = "self_device_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
         averages = prof.key_averages()
         table = averages.table(sort_by=key, row_limit=TOP_OPS)
+        shape = window_summary(json.loads(trace.read_text()))
         ops = Path(f"{stem}_ops.txt")
-        ops.write_text(f"steps {self.first}-{self.last} on rank {self.rank} ({self.device}), ops by {key}\n{table}\n")
+        ops.write_text(f"steps {self.first}-{self.last} on rank {self.rank} ({self.device}), ops by {key}\n{table}\n"
+                       f"{shape_line(shape)}\n")
         top = sorted((e for e in averages if not e.key.startswith(("train_step", "ProfilerStep"))),
                      key=lambda e: getattr(e, key), reverse=True)[:3]
         per_step = ", ".join(f"{e.key} {getattr(e, key) / 1e3 / self.cfg.steps:.1f} ms" for e in top)
-        shape = window_summary(json.loads(trace.read_text()))
-        ops.write_text(ops.read_text() + shape_line(shape) + "\n")
         self.log({"kind": "event", "step": self.last, "event": "profile",
                   "message": f"steps {self.first}-{self.last} profiled: {trace.name}, {ops.name}; "
                              f"top ops per step by {key.replace('_total', '')}: {per_step}; {shape_line(shape)}",
