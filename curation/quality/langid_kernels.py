@@ -10,22 +10,21 @@ from numba import njit
 @njit(cache=True, nogil=True)
 def _char_byte(b, p, hi, c, target):
     """From byte ``p`` of character number ``c`` (``p`` < ``hi``), the byte where character
-    number ``target`` >= ``c`` starts (``hi`` past the end): characters are counted by the
-    bytes that start one (not 10xxxxxx), a 32-byte block at a time while it holds none of
-    ``target``'s."""
-    while p + 32 <= hi:
-        starts = 0
-        for j in range(p, p + 32):
-            starts += (b[j] & 0xC0) != 0x80
-        if c + starts > target:
-            break
-        c += starts
-        p += 32
-    while p < hi:
-        if (b[p] & 0xC0) != 0x80:
-            if c == target:
-                break
-            c += 1
+    number ``target`` >= ``c`` starts (``hi`` past the end), and the characters counted.
+
+    A character is at least one byte, so character ``target`` starts no earlier than
+    ``target - c`` bytes on: those bytes are counted in one go (characters start at bytes
+    that are not 10xxxxxx) and the walk goes on from there, once on ASCII text, a few times
+    on multi-byte text. (Counting in 32-byte blocks with a test after each, then byte by byte,
+    cost 3x on the long bench pages: a fifth of langid's time besides CLD2.)"""
+    while c < target and p < hi:
+        e = min(hi, p + (target - c))
+        cont = np.uint32(0)
+        for j in range(p, e):  # vectorised: no branch inside
+            cont += np.uint32((b[j] >> 6) == 2)
+        c += (e - p) - np.int64(cont)
+        p = e
+    while p < hi and (b[p] >> 6) == 2:  # inside a character: to where the next one starts
         p += 1
     return p, c
 
