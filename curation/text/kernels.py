@@ -81,7 +81,7 @@ def _lookup(b, s, n, sorted_keys):
 
 
 @njit(cache=True, nogil=True)
-def special_case_cuts(b, tok_start, tok_end, core_s, core_e, ks, keys, key_lo, cuts, sieves,
+def special_case_cuts(b, tok_start, tok_end, whole, ks, keys, key_lo, cuts, sieves,
                       one_keys, one_cuts, one_sieve):
     """The special-case replacements of ``words._apply_special_cases`` in one pass per table:
     (first word, words merged, cut offsets, cut owners) for ``replace_spans``.
@@ -90,8 +90,9 @@ def special_case_cuts(b, tok_start, tok_end, core_s, core_e, ks, keys, key_lo, c
     sorted, with the cut masks in ``cuts`` beside them): k words that touch, at most 16
     bytes, none of whose ends an earlier (longer) match took; of two overlapping matches of
     one table the later wins. Then the one-word table on whole cores whose word no match
-    took. A word costs a look at its touching-run length; only runs are probed (the numpy
-    version built k boolean arrays over every word per table: a third of the word split)."""
+    took (``whole``: the indices of the words that are whole cores, ascending). A word costs
+    a look at its touching-run length; only runs are probed (the numpy version built k
+    boolean arrays over every word per table: a third of the word split)."""
     m = len(tok_start)
     # words from here on that touch, this one included; then the words that start a run of
     # two or more (branch-free: a touch is data, about one word in ten)
@@ -142,16 +143,14 @@ def special_case_cuts(b, tok_start, tok_end, core_s, core_e, ks, keys, key_lo, c
             if rk[x] == k:
                 for y in range(k):
                     taken[rt[x] + y] = True
-    for c in range(len(core_s)):
-        a = core_s[c]
-        n = core_e[c] - a
+    for x in range(len(whole)):
+        t = whole[x]
+        a = tok_start[t]
+        n = tok_end[t] - a
         if not (0 < n <= 16 and _sieved(one_sieve[(np.int64(b[a]) << 8) | np.int64(b[a + n - 1])], n)):
             continue
         j = _lookup(b, a, n, one_keys)
-        if j < 0:
-            continue
-        t = np.searchsorted(tok_start, a)  # a whole core is a word: it starts one
-        if t == m or tok_end[t] != core_e[c] or taken[t]:
+        if j < 0 or taken[t]:
             continue
         rt[R], rk[R], ra[R], rcut[R] = t, 1, a, one_cuts[j]
         R += 1
@@ -335,11 +334,17 @@ def chunk_bound(n_bytes: int, n_texts: int) -> int:
 
 
 @njit(cache=True, nogil=True)
-def word_spans(c_start, c_end, kind, core_s, core_e, suf_s, slow_tok, n_quick):
+def word_spans(c_start, c_end, kind, core_s, core_e, suf_s, slow_tok, n_quick, slow_whole):
     """Word spans of all chunks: a quick chunk's non-empty pieces (prefix, core, unit,
     suffix), a kind 2 chunk's words from each of its starts in ``slow_tok`` (sorted, what
     the full rules found) to the next or the chunk end. ``n_quick``: the quick chunks' words
-    (``scan_chunks`` counts them), -1 to count them here."""
+    (``scan_chunks`` counts them), -1 to count them here.
+
+    Also returns the words that are a whole core (what one-word special cases apply to), in
+    order: the core of a kind 0 or 1 chunk, and a kind 2 chunk's word starting at one of
+    ``slow_whole`` (sorted starts of the whole cores the full rules found; such a word is
+    the core: no word starts inside it). (Gathering the cores into arrays of their own and
+    finding each matching core's word again by binary search was a tenth of the split.)"""
     n = len(c_start)
     total = len(slow_tok) + n_quick
     if n_quick < 0:
@@ -349,8 +354,11 @@ def word_spans(c_start, c_end, kind, core_s, core_e, suf_s, slow_tok, n_quick):
                 total += 1 + (core_s[k] > c_start[k]) + (suf_s[k] > core_e[k]) + (suf_s[k] < c_end[k])
     out_s = np.empty(total, np.int64)
     out_e = np.empty(total, np.int64)
+    whole = np.empty(n + len(slow_whole), np.int64)
+    n_whole = 0
     w = 0
     p = 0
+    q = 0
     for k in range(n):
         s = c_start[k]
         e = c_end[k]
@@ -359,7 +367,13 @@ def word_spans(c_start, c_end, kind, core_s, core_e, suf_s, slow_tok, n_quick):
             while p < len(slow_tok) and slow_tok[p] < e:
                 if w > first:
                     out_e[w - 1] = slow_tok[p]
-                out_s[w] = slow_tok[p]
+                t = slow_tok[p]
+                out_s[w] = t
+                while q < len(slow_whole) and slow_whole[q] < t:
+                    q += 1
+                if q < len(slow_whole) and slow_whole[q] == t:
+                    whole[n_whole] = w
+                    n_whole += 1
                 w += 1
                 p += 1
             if w > first:
@@ -371,6 +385,9 @@ def word_spans(c_start, c_end, kind, core_s, core_e, suf_s, slow_tok, n_quick):
             w += 1
         out_s[w] = core_s[k]
         out_e[w] = core_e[k]
+        if kind[k] <= 1:
+            whole[n_whole] = w
+            n_whole += 1
         w += 1
         if suf_s[k] > core_e[k]:
             out_s[w] = core_e[k]
@@ -380,7 +397,7 @@ def word_spans(c_start, c_end, kind, core_s, core_e, suf_s, slow_tok, n_quick):
             out_s[w] = suf_s[k]
             out_e[w] = e
             w += 1
-    return out_s, out_e
+    return out_s, out_e, whole[:n_whole]
 
 
 @njit(cache=True, nogil=True)

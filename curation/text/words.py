@@ -260,49 +260,48 @@ def _split_words(b, doff, buf, base, special_cases: bool, reference: bool = Fals
         kind[:] = 2
         n_quick = -1
     slow = np.flatnonzero(kind == 2)
-    # Spans that are a whole core (what is left of a chunk after its affixes and a unit):
-    # one-word special cases apply to them. (Kind 3, "far-flung", has none: the infix cut it.)
-    whole = np.flatnonzero(kind <= 1)
-    cores_s, cores_e = core_s[whole], core_e[whole]
-    tok = np.zeros(0, np.int64)
+    tok = slow_whole = np.zeros(0, np.int64)
     if len(slow):  # the full rules for the rest, on code points
-        tok, core_a, core_b = _rule_chunks(b, c_start[slow], c_end[slow], reference)
-        cores_s, cores_e = np.concatenate((cores_s, core_a)), np.concatenate((cores_e, core_b))
-    tok_start, tok_end = kernels.word_spans(c_start, c_end, kind, core_s, core_e, suf_s, tok, n_quick)
+        tok, slow_whole = _rule_chunks(b, c_start[slow], c_end[slow], reference)
+    # ``whole``: the words that are a whole core (what is left of a chunk after its affixes
+    # and a unit): one-word special cases apply to them. (Kind 3, "far-flung", has none: the
+    # infix cut it.)
+    tok_start, tok_end, whole = kernels.word_spans(c_start, c_end, kind, core_s, core_e, suf_s, tok, n_quick,
+                                                   slow_whole)
     if special_cases:
         apply = _apply_special_cases_arrays if reference else _apply_special_cases
-        tok_start, tok_end = apply(b, tok_start, tok_end, cores_s, cores_e)
+        tok_start, tok_end = apply(b, tok_start, tok_end, whole)
     offsets = np.searchsorted(tok_start, doff).astype(np.int64)
     offsets[-1] = len(tok_start)
     return Words(None, offsets, tok_start, tok_end, b, cls, buf, base)
 
 
 def _rule_chunks(b: np.ndarray, cs: np.ndarray, ce: np.ndarray, reference: bool = False):
-    """Run the full rules on some chunks (byte spans): word starts and whole-core spans, in
-    bytes of ``b`` (``reference``: by the array version of the rules)."""
+    """Run the full rules on some chunks (byte spans): word starts and whole-core starts
+    (each such core is one word), in bytes of ``b`` (``reference``: by the array version of
+    the rules)."""
     # Their bytes joined by newlines, decoded to code points.
     joined = kernels.join_spans(b, cs, ce, 0x0A)
     cp = np.frombuffer(joined.tobytes().decode("utf-8").encode("utf-32-le"), dtype=np.uint32)
     tok, core_a, core_b = (rule_token_starts if reference else _compiled_rule_starts)(cp)
     at = kernels.char_text_bytes(cp, cs)  # char position in the joined chunks -> byte in the text
-    return at[tok], at[core_a], at[core_b]
+    return at[tok], at[core_a]
 
 
-def _apply_special_cases(b, tok_start, tok_end, core_s, core_e):
+def _apply_special_cases(b, tok_start, tok_end, whole):
     """Special cases, at byte level; returns the new word spans (compiled:
     ``kernels.special_case_cuts``; ``_apply_special_cases_arrays`` is the same in numpy, the
     tests' reference)."""
     ks, keys, key_lo, cuts, sieves = _special_table_arrays()
     one_keys, one_order, one_cuts, one_sieve = _one_word_split_keys()
     t, k, cut_at, cut_owner = kernels.special_case_cuts(
-        b, tok_start, tok_end, np.ascontiguousarray(core_s, np.int64), np.ascontiguousarray(core_e, np.int64),
-        ks, keys, key_lo, cuts, sieves, one_keys, one_cuts[one_order], one_sieve)
+        b, tok_start, tok_end, whole, ks, keys, key_lo, cuts, sieves, one_keys, one_cuts[one_order], one_sieve)
     if not len(t):
         return tok_start, tok_end
     return kernels.replace_spans(tok_start, tok_end, t, k, cut_at, cut_owner)
 
 
-def _apply_special_cases_arrays(b, tok_start, tok_end, core_s, core_e):
+def _apply_special_cases_arrays(b, tok_start, tok_end, whole):
     """Special cases, at byte level; returns the new word spans.
 
     - A special string the rules cut into k > 1 words ("Mr." -> "Mr" "."; ":)" -> ":" ")")
@@ -352,13 +351,10 @@ def _apply_special_cases_arrays(b, tok_start, tok_end, core_s, core_e):
             replace(t, k, tok_start[t], cuts[hit])
     # One-word special cases on whole cores.
     keys, order, cuts, sieve = _one_word_split_keys()
-    n_b = core_e - core_s
-    # Empty cores (all affixes) never match: their slot uses length 0, which no key has.
-    c, hit = find_keys(b, core_s, n_b, keys, order, sieve, np.arange(len(core_s)))
-    if len(c):
-        t = np.searchsorted(tok_start, core_s[c])
-        ok = (tok_end[t] == core_e[c]) & ~taken[t]
-        replace(t[ok], 1, core_s[c[ok]], cuts[hit[ok]])
+    a = tok_start[whole]
+    t, hit = find_keys(b, a, tok_end[whole] - a, keys, order, sieve, whole)
+    ok = ~taken[t]
+    replace(t[ok], 1, tok_start[t[ok]], cuts[hit[ok]])
     t = np.concatenate(rep_t) if rep_t else np.zeros(0, np.int64)
     if not len(t):
         return tok_start, tok_end
