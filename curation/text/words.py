@@ -33,7 +33,7 @@ from curation.text.chars import PY_WHITESPACE, URL_RE
 from curation.text.classes import byte_classes, code_point_flags, unit_rows
 from curation.text.keys import find_keys, key_sieve, key_table
 from curation.text.rules_reference import rule_token_starts
-from curation.text.segments import PerDoc, Segments
+from curation.text.segments import PerDoc
 from curation.text.special_cases import SPECIAL_CASES, cut_mask
 
 # ---------------------------------------------------------------------------------------------
@@ -68,23 +68,14 @@ from curation.text.special_cases import SPECIAL_CASES, cut_mask
 def _compiled_rule_starts(cp: np.ndarray):
     """``rule_token_starts`` by the compiled rules (``kernels.rule_starts``); the array
     version stays as the reference the tests hold this to."""
-    N = len(cp)
     starts, istarts, core_s, core_e, url_cand = kernels.rule_starts(cp, code_point_flags(cp), *unit_rows(bytes_=False))
     cand = np.flatnonzero(url_cand)
     if len(cand):
         url = mask(pc.match_substring_regex(code_point_spans(cp, core_s[cand], core_e[cand]), URL_RE))
         for c in cand[url].tolist():  # a core that looks like a URL keeps its infixes
             istarts[core_s[c]:core_e[c]] = False
-    starts |= istarts
-    tok = np.flatnonzero(starts)
-    # A word that is a whole core: it starts the core, and no word starts before its end.
-    c_end = np.append(np.flatnonzero(cp == 0x0A), N)
-    c = np.flatnonzero(core_e > core_s)
-    cs, ce = core_s[c], core_e[c]
-    cum = np.cumsum(starts, dtype=np.int64)
-    ends_there = np.append(starts, True)[np.where(ce == c_end[c], N, ce)]
-    whole = (cum[ce - 1] == cum[cs]) & ends_there
-    return tok, cs[whole], ce[whole]
+    # the word starts, and the cores that are one whole word (no word starts before its end)
+    return kernels.rule_words(starts, istarts, core_s, core_e, cp)
 
 
 class Words(PerDoc):
