@@ -571,6 +571,44 @@ def test_words_reused_for_the_documents_a_previous_stage_kept(monkeypatch):
     assert again.values().to_pylist() == split_words(pa.array([kept[i] for i in order])).values().to_pylist()
 
 
+def test_gopher_quality_after_a_filter_reads_the_kept_rows_tallies_where_the_words_lie(monkeypatch):
+    """The state a filter hands on holds the earlier words, not moved yet: Gopher quality
+    tallies each kept page from the words as split (no span moved, the same signals as on
+    moved words and as on a fresh split); a state holding under half of those texts moves its
+    words first; a later stage that reads words moves them from the words as split."""
+    texts = [d["text"] for d in REAL[:60]] + [REAL[0]["text"], "", "no stop words here at all"]
+    state = TextState(pa.array(texts))
+    first = state.words
+    first.hash, first.lengths  # what Gopher repetition measured
+    keep = np.array([i for i in range(len(texts)) if i % 5 != 1])
+    kept = pa.table({"id": [str(i) for i in keep], "text": pa.array([texts[i] for i in keep])})
+    moved = []
+    real_take = text_signals.Words.take_docs
+    monkeypatch.setattr(text_signals.Words, "take_docs", lambda self, *a: moved.append(len(a[0])) or real_take(self, *a))
+    gq = GopherQualityFilter()
+    lazy = state.take(keep)
+    assert lazy.has_words and lazy.words_source()[0] is first
+    in_place = gq.measure(kept, lazy)[0]
+    assert moved == []  # read where they lie: no span moved
+    eager = state.take(keep)
+    eager.words  # moved
+    assert moved == [len(keep)]
+    on_moved = gq.measure(kept, eager)[0]
+    fresh = gq.measure(kept)[0]  # split from scratch
+    cols = [c for c in fresh.column_names if c.startswith("gopher_")]
+    assert len(cols) >= 8
+    for c in cols:
+        assert in_place.column(c).to_pylist() == on_moved.column(c).to_pylist() == fresh.column(c).to_pylist(), c
+    counts = split_words(kept.column("text").combine_chunks()).counts.tolist()
+    assert lazy.known_word_counts().tolist() == lazy.word_counts().tolist() == counts
+    few = state.take(keep[:20])  # under half of the texts: moved before they are read
+    assert few.words_source() == (few.words, None) and moved[-1] == 20
+    # a subset of a subset still reads from the words as split
+    sub = lazy.take([3, 0, 3])
+    assert sub.words_source(0.01)[0] is first and sub.words_source(0.01)[1].tolist() == keep[[3, 0, 3]].tolist()
+    assert sub.words._root is first
+
+
 def test_state_of_kept_rows_takes_the_kept_tables_text_without_copying_it():
     """The executor hands the next stage the kept table's text column (already filtered) to
     the state's ``take``: the state then holds that very array (no second copy), its words

@@ -505,13 +505,16 @@ class GopherQualityFilter(_FilterStage):
 
     def signals(self, text):
         texts = text.texts
-        words = self._words(text)
+        # per-document tallies only: read where the words lie (``words_source``)
+        words, docs = (self._words(text), None) if self._word_mode == "chars" else text.words_source()
         n_words = words.counts
         stop_idx = words.match(self.stop_words)
         stop_idx = _match_elisions(words, self.stop_words, stop_idx)
-        n_real, real_chars, n_alpha, n_stop, n_stop_real = word_tallies(
-            words.offsets, words.symbol, words.alpha, words.lengths.astype(np.int64, copy=False), stop_idx,
-            len(self.stop_words))
+        tallies = word_tallies(words.offsets, words.symbol, words.alpha, words.lengths.astype(np.int64, copy=False),
+                               stop_idx, len(self.stop_words))
+        if docs is not None:
+            n_words, tallies = n_words[docs], [x[docs] for x in tallies]
+        n_real, real_chars, n_alpha, n_stop, n_stop_real = tallies
         with np.errstate(invalid="ignore", divide="ignore"):
             # Undefined (NaN) without words, like np.mean([]) in datatrove: no rule fires.
             mean_len = np.where(n_real > 0, real_chars / np.maximum(n_real, 1), np.nan)

@@ -9,8 +9,8 @@ is handed to the next explicitly, instead of through hidden per-process memos:
   once (``words``, ``word_counts()``, ``lines``, ``newlines()``, ``paragraphs``, ...);
 - ``take(indices)`` is the state of a subset of rows (what the executor passes to the next
   stage: the rows a filter kept): words already split, with every per-word measurement
-  already made, move along (spans are shifted, nothing is split again); known word counts
-  too;
+  already made, move along (spans are shifted when first read, nothing is split again;
+  ``words_source`` reads per-document tallies where the words lie); known word counts too;
 - a stage that rewrites the text (C4 removes lines) returns a new state for its new text,
   seeded with the per-document word counts it already knows (``TextState(new, word_counts=...)``);
   a count of ``-1`` means unknown (only those documents are split when counts are asked for).
@@ -37,6 +37,9 @@ class TextState:
     def __init__(self, texts: pa.Array | pa.ChunkedArray, word_counts: np.ndarray | None = None):
         self.texts: pa.Array = text_array(texts)
         self._words: text_words.Words | None = None
+        #: (words, docs): this state's words are ``words``' of texts ``docs``, moved over on
+        #: first use (``take``: a stage that reads per-document tallies only never moves them)
+        self._lazy: tuple[text_words.Words, np.ndarray] | None = None
         self._counts: np.ndarray | None = None
         if word_counts is not None:
             counts = np.asarray(word_counts).astype(np.int64)
@@ -54,7 +57,7 @@ class TextState:
         return len(self.texts)
 
     def __repr__(self) -> str:
-        done = [k if isinstance(k, str) else k[0] for k in self._cache] + (["words"] if self._words else [])
+        done = [k if isinstance(k, str) else k[0] for k in self._cache] + (["words"] if self.has_words else [])
         return f"TextState({len(self)} texts, computed: {', '.join(done) or 'nothing'})"
 
     def check(self, batch: pa.Table, column: str = "text") -> TextState:
@@ -75,26 +78,49 @@ class TextState:
     def words(self) -> text_words.Words:
         """spaCy-style English words of every text (``words.split_words``), split once."""
         if self._words is None:
-            self._words = text_words.split_words(self.texts)
+            if self._lazy is not None:
+                source, docs = self._lazy
+                b, doff, buf, base = text_bytes(self.texts)
+                self._words = source.take_docs(docs, b, doff, buf, base)
+                self._lazy = None
+            else:
+                self._words = text_words.split_words(self.texts)
         return self._words
 
     @property
     def has_words(self) -> bool:
-        """Whether the words are already split (reading them then costs nothing)."""
-        return self._words is not None
+        """Whether the words are already split (reading them then costs no split)."""
+        return self._words is not None or self._lazy is not None
+
+    def words_source(self, min_share: float = 0.5) -> tuple[text_words.Words, np.ndarray | None]:
+        """The words to read per-document tallies from: ``(words, docs)``, text ``i``'s words
+        being those of ``words``' text ``docs[i]``, or ``(self.words, None)``.
+
+        Words taken over from an earlier state (``take``) are read where they lie when these
+        texts are at least ``min_share`` of that state's (a tally over a few dropped texts
+        costs less than moving every kept word's span and measurements: Gopher quality after
+        Gopher repetition); fewer, and they are moved (``words``)."""
+        if self._words is None and self._lazy is not None:
+            source, docs = self._lazy
+            if len(docs) >= min_share * (len(source.offsets) - 1):
+                return source, docs
+        return self.words, None
 
     def known_word_counts(self) -> np.ndarray:
         """Words per text where known without splitting, ``-1`` elsewhere."""
         if self._words is not None:
             return self._words.counts
+        if self._lazy is not None:
+            source, docs = self._lazy
+            return source.counts[docs]
         if self._counts is not None:
             return self._counts
         return np.full(len(self), -1, np.int64)
 
     def word_counts(self) -> np.ndarray:
         """``split_words(texts).counts``, splitting only the texts whose count is not known."""
-        if self._words is not None:
-            return self._words.counts
+        if self._words is not None or self._lazy is not None:
+            return self.known_word_counts()
         if self._counts is None:
             return self.words.counts
         unknown = np.flatnonzero(self._counts < 0)
@@ -164,9 +190,11 @@ class TextState:
             if len(texts) != len(idx) or got != want:
                 raise ValueError(f"take: {len(texts)} texts of {got} bytes given for {len(idx)} rows of {want}")
         out = TextState(texts)
-        if self._words is not None:
-            b, doff, buf, base = text_bytes(texts)
-            out._words = self._words.take_docs(idx, b, doff, buf, base)
+        if self._words is not None:  # moved on first use (``words``), from the words as split
+            out._lazy = (self._words, idx)
+        elif self._lazy is not None:
+            source, docs = self._lazy
+            out._lazy = (source, docs[idx])
         elif self._counts is not None:
             out._counts = self._counts[idx]
         return out
