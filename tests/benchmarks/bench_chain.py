@@ -11,6 +11,9 @@ the ceiling of bench_scale's full-DAG / extract-only before dedup and I/O. Asser
 The allocator is set as a worker sets it (``allocator.keep_batch_blocks``;
 ``--glibc-default`` leaves glibc's). ``--profile`` adds the chain's top functions by own time. ``--batch-mb 4`` with small batches
 (``--batch-rows 30``) shows what per-batch costs would be without the executor's joining.
+``--interleave`` times extraction alone against extraction with a chain batch run (untimed) after
+every 50 pages, as a worker of the full DAG alternates them: whether the chain's working set (CLD2's
+tables, the kernels') slows the parser in the same process.
 
 Run: ``REFINERY_DATA=../shared/data .venv/bin/python tests/benchmarks/bench_chain.py
 [--pages default long] [--copies 3] [--repeat 3] [--batch-mb 4] [--batch-rows 2000] [--profile]``
@@ -112,6 +115,37 @@ def run_chain(stages: list, tables: list[pa.Table]) -> dict[str, float]:
     return out
 
 
+def interleave(which: str, stages: list, tables: list[pa.Table], repeat: int) -> None:
+    """Extraction's CPU per page alone, and with a chain batch (untimed) after every 50 pages."""
+    from curation.stages.extract import _resiliparse, decode_html
+
+    pages = bench_scale.load_pages()
+    if which == "long":
+        pages = bench_scale.long_pages(pages)
+    chunks = [[h for _, h in pages[i:i + 50]] for i in range(0, len(pages), 50)]
+
+    def extract(between: bool) -> float:
+        spent = 0.0
+        for k, chunk in enumerate(chunks):
+            t0 = time.process_time()
+            for html in chunk:
+                try:
+                    _resiliparse(decode_html(html, None))
+                except Exception:  # a page the extractor refuses
+                    pass
+            spent += time.process_time() - t0
+            if between:
+                run_chain(stages, [tables[k % len(tables)]])
+        return spent / len(pages) * 1e6
+
+    alone, mixed = [], []
+    for _ in range(max(3, repeat)):
+        alone.append(extract(False))
+        mixed.append(extract(True))
+    print(f"  extraction alone {np.median(alone):,.0f} us/page, between chain batches {np.median(mixed):,.0f} "
+          f"(medians of {len(alone)}, alternating): x{np.median(mixed) / np.median(alone):.3f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pages", nargs="+", choices=["default", "long"], default=["default", "long"])
@@ -121,6 +155,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3,
                     help="extraction passes and chain runs; the fastest of each is printed")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--interleave", action="store_true",
+                    help="extraction alone vs between chain batches, same process, alternating rounds")
     ap.add_argument("--glibc-default", action="store_true",
                     help="leave the allocator as glibc sets it (workers set keep_batch_blocks before their first batch)")
     a = ap.parse_args()
@@ -157,6 +193,8 @@ def main() -> None:
         print(f"  ceiling of full/extract-only: {extract_us / (extract_us + chain_us):.1%} from the best of each, "
               f"{float(np.median(ratios)):.1%} median of {len(ratios)} rounds "
               f"(85% needs the chain <= {extract_us * 0.15 / 0.85:,.0f} us/doc)")
+        if a.interleave:
+            interleave(which, stages, tables, a.repeat)
         if a.profile:
             pr = cProfile.Profile()
             pr.enable()
