@@ -124,6 +124,8 @@ def interleave(which: str, stages: list, tables: list[pa.Table], repeat: int) ->
         pages = bench_scale.long_pages(pages)
     chunks = [[h for _, h in pages[i:i + 50]] for i in range(0, len(pages), 50)]
 
+    refused = [0, 0]  # pages the extractor refuses (extract rejects them): alone, between
+
     def extract(between: bool) -> float:
         spent = 0.0
         for k, chunk in enumerate(chunks):
@@ -131,8 +133,8 @@ def interleave(which: str, stages: list, tables: list[pa.Table], repeat: int) ->
             for html in chunk:
                 try:
                     _resiliparse(decode_html(html, None))
-                except Exception:  # a page the extractor refuses
-                    pass
+                except Exception:
+                    refused[between] += 1
             spent += time.process_time() - t0
             if between:
                 run_chain(stages, [tables[k % len(tables)]])
@@ -143,7 +145,8 @@ def interleave(which: str, stages: list, tables: list[pa.Table], repeat: int) ->
         alone.append(extract(False))
         mixed.append(extract(True))
     print(f"  extraction alone {np.median(alone):,.0f} us/page, between chain batches {np.median(mixed):,.0f} "
-          f"(medians of {len(alone)}, alternating): x{np.median(mixed) / np.median(alone):.3f}")
+          f"(medians of {len(alone)}, alternating): x{np.median(mixed) / np.median(alone):.3f}; pages refused "
+          f"{refused[0] // len(alone)} / {refused[1] // len(mixed)}")
 
 
 def main() -> None:
