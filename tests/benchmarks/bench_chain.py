@@ -42,22 +42,32 @@ from curation.io.shards import split_kept_rejected  # noqa: E402
 CHAIN = ["langid", "gopher_repetition", "gopher_quality", "c4_quality", "fineweb_quality"]
 
 
+def pages_of(which: str) -> list:
+    """bench_scale's pages: every one (``default``) or the long and multilingual ones (``long``)."""
+    pages = bench_scale.load_pages()
+    return bench_scale.long_pages(pages) if which == "long" else pages
+
+
+def extract_text(html) -> str | None:
+    """A page's text as the extract stage makes it (decode + resiliparse); None when the
+    extractor refuses the page (extract rejects it)."""
+    from curation.stages.extract import _resiliparse, decode_html
+
+    try:
+        return _resiliparse(decode_html(html, None)).strip()
+    except Exception:
+        return None
+
+
 def extracted(which: str, repeat: int = 1) -> tuple[list[tuple[str, int]], float]:
     """Every page's extracted text and HTML size (pages without text left out), and
     extraction's CPU s per page (the fastest of ``repeat`` passes: the machine's speed moves)."""
-    from curation.stages.extract import _resiliparse, decode_html
-
-    pages = bench_scale.load_pages()
-    if which == "long":
-        pages = bench_scale.long_pages(pages)
+    pages = pages_of(which)
     best = float("inf")
     for _ in range(max(1, repeat)):
         out, t0 = [], time.process_time()
         for _, html in pages:
-            try:
-                out.append((_resiliparse(decode_html(html, None)).strip(), len(html)))
-            except Exception:  # a page the extractor refuses: extract rejects it, no text
-                out.append(("", len(html)))
+            out.append((extract_text(html) or "", len(html)))
         best = min(best, (time.process_time() - t0) / max(1, len(pages)))
     return [x for x in out if x[0]], best
 
@@ -117,11 +127,7 @@ def run_chain(stages: list, tables: list[pa.Table]) -> dict[str, float]:
 
 def interleave(which: str, stages: list, tables: list[pa.Table], repeat: int) -> None:
     """Extraction's CPU per page alone, and with a chain batch (untimed) after every 50 pages."""
-    from curation.stages.extract import _resiliparse, decode_html
-
-    pages = bench_scale.load_pages()
-    if which == "long":
-        pages = bench_scale.long_pages(pages)
+    pages = pages_of(which)
     chunks = [[h for _, h in pages[i:i + 50]] for i in range(0, len(pages), 50)]
 
     refused = [0, 0]  # pages the extractor refuses (extract rejects them): alone, between
@@ -131,10 +137,7 @@ def interleave(which: str, stages: list, tables: list[pa.Table], repeat: int) ->
         for k, chunk in enumerate(chunks):
             t0 = time.process_time()
             for html in chunk:
-                try:
-                    _resiliparse(decode_html(html, None))
-                except Exception:
-                    refused[between] += 1
+                refused[between] += extract_text(html) is None
             spent += time.process_time() - t0
             if between:
                 run_chain(stages, [tables[k % len(tables)]])

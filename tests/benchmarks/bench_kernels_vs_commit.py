@@ -107,9 +107,7 @@ def compare_extract(old_ex, which: str, repeat: int) -> None:
     """The extract stage on the pages' HTML, whole and with the parser replaced in both."""
     from curation.stages import extract as new_ex
 
-    pages = bench_chain.bench_scale.load_pages()
-    if which == "long":
-        pages = bench_chain.bench_scale.long_pages(pages)
+    pages = bench_chain.pages_of(which)
     html = [h for _, h in pages]
     batches = []
     for lo in range(0, len(html), 100):
