@@ -79,6 +79,12 @@ def test_mojibake_control_characters_do_not_break_detection():
     text = "Il est l\x92un des meilleurs joueurs de l\x92équipe, et il l\x92a encore montré samedi soir devant son public."
     res = LanguageId(type="langid").process(_table([text]))
     assert res.table.column("lang").to_pylist() == ["fr"]
+    # the stage hands CLD2 an Arrow array of windows; Python strings give the same answers
+    det = detector_for(None)
+    texts = [text, "plain English text about the weather and the sea", "\x85\x92"]
+    codes, scores = det.detect(pa.array(texts, pa.large_string()))
+    assert codes[0] == "fr" and codes[2] is None
+    assert (codes, scores.tolist()) == (lambda c, s: (c, s.tolist()))(*det.detect(texts))
 
 
 def test_normalize_lang_covers_lid176_glotlid_cld2_and_legacy_codes():
@@ -220,7 +226,7 @@ class _Spy:
         self.inner, self.seen = inner, []
 
     def detect(self, texts):
-        self.seen.append([len(t) for t in texts])
+        self.seen.append([len(t) for t in (texts.to_pylist() if isinstance(texts, pa.Array) else texts)])
         return self.inner.detect(texts)
 
 

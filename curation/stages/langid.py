@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import Field, PrivateAttr, field_validator
 
-from curation.quality.langid import Cld2Detector, detector_for, model_fingerprint, normalize_lang, sample_texts
+from curation.quality.langid import Cld2Detector, detector_for, model_fingerprint, normalize_lang, window_texts
 from curation.stages.base import LETTER_RE2, MapStage, Rule, registry
 from curation.text.arrow import text_array, text_column
 
@@ -140,7 +140,7 @@ class LanguageId(MapStage):
                 nchars: np.ndarray | None = None) -> tuple[list[str | None], np.ndarray]:
         """Codes and scores of ``texts`` (of its ``rows``, all when None; ``nchars``: every
         text's length in characters, when known), each detected on at most ``sample_chars``
-        characters (``sample_texts``: only those become Python strings).
+        characters (``window_texts``: only those are copied).
 
         A text longer than ``first_look_chars`` is first detected on windows totalling that
         many characters (the same evenly spaced windows, narrower): most web pages are one
@@ -164,7 +164,7 @@ class LanguageId(MapStage):
         if look is not None and look < self.sample_chars:
             first = np.flatnonzero(nchars[rows] > look)
             if len(first):
-                c1, s1 = self._detector.detect(sample_texts(texts, rows[first], look, self.sample_windows, nchars))
+                c1, s1 = self._detector.detect(window_texts(texts, rows[first], look, self.sample_windows, nchars))
                 sure = np.zeros(len(rows), bool)
                 for i, c, sc in zip(first.tolist(), c1, s1.tolist()):
                     if c is not None and sc >= self.first_look_score:
@@ -172,7 +172,7 @@ class LanguageId(MapStage):
                         sure[i] = True
                 rest = np.flatnonzero(~sure)
         if len(rest):
-            c2, s2 = self._detector.detect(sample_texts(texts, rows[rest], self.sample_chars, self.sample_windows,
+            c2, s2 = self._detector.detect(window_texts(texts, rows[rest], self.sample_chars, self.sample_windows,
                                                         nchars))
             for i, c in zip(rest.tolist(), c2):
                 codes[i] = c
