@@ -161,23 +161,63 @@ def test_words_normalised_together_equal_each_normalised_alone():
     assert _normalize_words([]) == []
 
 
-def test_key_text_word_spans_are_str_split_words():
-    """The compiled word cut behind exact dedup's key text (``kernels.word_spans``): each
-    document's spans are ``str.split()``'s words, flagged when they hold a non-ASCII byte, on
-    every Unicode space around and inside words, the awkward soup and texts of nothing but
-    whitespace (where its first pass's bound on the word count is tightest)."""
+def test_key_text_words_are_str_split_words_joined_and_lowered():
+    """The compiled pass behind exact dedup's key text (``kernels.lowered_words``): each
+    document's output is ``str.split()``'s words joined by one space, ASCII letters lowered,
+    and the words it lists are exactly the non-ASCII ones, with their bytes in the input and
+    in the output; on every Unicode space around and inside words, the awkward soup and texts
+    of nothing but whitespace (where the bound on the listed words is tightest)."""
     import curation.dedup.kernels as kernels
     from curation.dedup.minhash import _WS_LEADS, _string_buffers
 
+    def ascii_lower(w: str) -> str:
+        return "".join(c.lower() if c.isascii() else c for c in w)
+
     spaces = _spaces()
     texts = ([t for t in ODD_TEXTS if t is not None] + _awkward_soup() + [f"a{c}b" for c in spaces] + [f"{c}é{c}" for c in spaces]
-             + ["".join(spaces) * 3, " " * 50, "\n\u2028\u3000" * 20, "x", "é", ""])
+             + ["".join(spaces) * 3, " " * 50, "\n\u2028\u3000" * 20, "x", "é", "", "ÀB Çd EF", "Ⅻ A\u3000Ω"])
     offsets, data = _string_buffers(pa.array(texts, pa.string()))
-    doc_words, starts, ends, high = kernels.word_spans(data, offsets, _WS_LEADS)
+    out_off, out, hd, hs, he, hos, hoe = kernels.lowered_words(data, offsets, _WS_LEADS)
     for d, t in enumerate(texts):
-        got = [bytes(data[starts[w]:ends[w]]).decode() for w in range(doc_words[d], doc_words[d + 1])]
-        assert got == t.split(), t
-        assert high[doc_words[d]:doc_words[d + 1]].tolist() == [not w.isascii() for w in got]
+        assert bytes(out[out_off[d]:out_off[d + 1]]).decode() == " ".join(ascii_lower(w) for w in t.split()), t
+        mine = np.flatnonzero(hd == d)
+        assert [bytes(data[hs[j]:he[j]]).decode() for j in mine] == [w for w in t.split() if not w.isascii()]
+        assert [bytes(out[hos[j]:hoe[j]]).decode() for j in mine] == [ascii_lower(w) for w in t.split()
+                                                                      if not w.isascii()]
+    assert (np.diff(hd) >= 0).all()
+
+
+def test_splicing_in_replacements_keeps_one_space_between_the_words_left():
+    """``kernels.splice_words`` against joining the words again: replacements longer,
+    shorter, holding spaces, and empty (the word and one space beside it go) at a document's
+    start, middle and end, several in a row, and documents that end up empty."""
+    import curation.dedup.kernels as kernels
+
+    rng = np.random.default_rng(0)
+    choices = ["", "x", "yy", "a b", "longer word"]
+    for _ in range(300):
+        docs = [[("w%d" % i, rng.random() < 0.5) for i in range(rng.integers(0, 6))] for _ in range(rng.integers(1, 5))]
+        joined = [" ".join(w for w, _ in doc) for doc in docs]
+        out = np.frombuffer("".join(joined).encode(), np.uint8)
+        out_off = np.r_[0, np.cumsum([len(j) for j in joined])].astype(np.int64)
+        hd, hos, hoe, repl, want = [], [], [], [], []
+        for d, doc in enumerate(docs):
+            pos, words = out_off[d], []
+            for w, listed in doc:
+                if listed:
+                    r = choices[rng.integers(0, len(choices))]
+                    hd.append(d), hos.append(pos), hoe.append(pos + len(w)), repl.append(choices.index(r))
+                    w = r
+                words.append(w)
+                pos += len(w if not listed else doc[len(words) - 1][0]) + 1
+            want.append(" ".join(w for w in words if w))
+        r_bytes = [c.encode() for c in choices]
+        r_off = np.r_[0, np.cumsum([len(c) for c in r_bytes])].astype(np.int64)
+        r_data = np.frombuffer(b"".join(r_bytes), np.uint8)
+        res_off, res = kernels.splice_words(out_off, out, np.array(hd, np.int64), np.array(hos, np.int64),
+                                            np.array(hoe, np.int64), np.array(repl, np.int64), r_off, r_data)
+        got = [bytes(res[res_off[d]:res_off[d + 1]]).decode() for d in range(len(docs))]
+        assert got == want, (docs, [choices[r] for r in repl])
 
 
 def test_compiled_scan_bounds_hold_at_document_edges():

@@ -295,70 +295,6 @@ def minhash_multiply_shift64(x, offsets, a, b, shift):
 
 
 @njit(cache=True, nogil=True)
-def _span_ends(data, lo, hi, table, starts, ends, high, k):
-    """Writes the words of ``data[lo:hi]`` from index ``k`` on; returns the new count.
-    ``table``: 0 a byte that is no whitespace, 1 an ASCII whitespace byte, 2 a byte that may
-    lead a multi-byte whitespace character (C2, E1, E2, E3; ``space_after`` decides).
-
-    A word's bytes are passed by a tight loop of one table load each, its high bit folded
-    into an OR: a loop that classified every byte through a call and kept a flag per byte
-    took 15 ns a byte on the long bench pages, this one 4-6."""
-    i = lo
-    while i < hi:
-        t = table[data[i]]
-        if t == 1:
-            i += 1
-            continue
-        if t == 2:
-            w = space_after(data, i, hi)  # a character never crosses a document's end
-            if w:
-                i += w
-                continue
-        s = i
-        acc = data[i]
-        i += 1
-        while True:
-            while i < hi and table[data[i]] == 0:
-                acc |= data[i]
-                i += 1
-            if i >= hi or table[data[i]] == 1 or space_after(data, i, hi):
-                break
-            acc |= data[i]
-            i += 1
-        starts[k] = s
-        ends[k] = i
-        high[k] = acc >= 128
-        k += 1
-    return k
-
-
-@njit(cache=True, nogil=True)
-def word_spans(data, offsets, table):
-    """The maximal non-whitespace runs (``str.split``'s characters, as ``scan_words``) of
-    every document: ``(doc_words, starts, ends, high)``, document d's words being
-    ``doc_words[d]:doc_words[d + 1]`` and ``high`` marking words that hold a byte >= 0x80.
-    ``table`` as ``_span_ends`` (``minhash._WS_LEADS``).
-
-    One pass bounds the words (every word but a document's first follows a byte the table
-    marks), one cuts them: a counting pass that cut words too cost as much as the cutting."""
-    num_docs = len(offsets) - 1
-    seps = 0
-    for i in range(len(data)):
-        seps += table[data[i]] != 0
-    m = seps + num_docs
-    doc_words = np.empty(num_docs + 1, dtype=np.int64)
-    starts = np.empty(m, dtype=np.int64)
-    ends = np.empty(m, dtype=np.int64)
-    high = np.empty(m, dtype=np.bool_)
-    k = 0
-    for d in range(num_docs):
-        doc_words[d] = k
-        k = _span_ends(data, offsets[d], offsets[d + 1], table, starts, ends, high, k)
-    doc_words[num_docs] = k
-    return doc_words, starts[:k], ends[:k], high[:k]
-
-
-@njit(cache=True, nogil=True)
 def spans_equal(data, starts, ends, rep_starts, rep_ends):
     """Whether every span ``data[starts[i]:ends[i]]`` holds the bytes of its representative
     ``data[rep_starts[i]:rep_ends[i]]`` (a check that words grouped by hash are one word)."""
@@ -373,50 +309,124 @@ def spans_equal(data, starts, ends, rep_starts, rep_ends):
 
 
 @njit(cache=True, nogil=True)
-def join_words(data, doc_words, starts, ends, repl, r_off, r_data):
-    """Each document's words joined by one space: a word with ``repl[w] < 0`` is copied with
-    its ASCII letters lowered, another is replaced by ``r_data[r_off[repl[w]]:r_off[repl[w] + 1]]``
-    (none when that is empty). Returns (int64 offsets, bytes)."""
-    num_docs = len(doc_words) - 1
-    out_off = np.empty(num_docs + 1, dtype=np.int64)
-    total = 0
-    for d in range(num_docs):
-        out_off[d] = total
-        first = True
-        for w in range(doc_words[d], doc_words[d + 1]):
-            r = repl[w]
-            size = ends[w] - starts[w] if r < 0 else r_off[r + 1] - r_off[r]
-            if size == 0:
-                continue
-            total += size if first else size + 1
-            first = False
-    out_off[num_docs] = total
-    out = np.empty(total, dtype=np.uint8)
+def lowered_words(data, offsets, table):
+    """Each document's words (the maximal non-whitespace runs, ``str.split``'s characters;
+    ``table`` per byte: 0 no whitespace, 1 an ASCII whitespace byte, 2 a byte that may lead
+    a multi-byte whitespace character, ``minhash._WS_LEADS``) joined by one space, ASCII
+    letters lowered, written as they are cut: one pass over the bytes. The words holding a byte >= 0x80 are written the same
+    way and listed for ``splice_words`` to replace.
+
+    Returns (output offsets, output bytes, and per such word: its document, its bytes in
+    ``data``, its bytes in the output). The output is never longer than the input (a space
+    stands for at least one whitespace byte). Cutting every word's span first and joining
+    them in a second kernel wrote and read three arrays per word: the key text x1.12 on the
+    long bench pages, x1.06 on the default ones (same bytes; A/B against the two kernels in
+    one process). Most of what is left is the branch at each word's ends (a copy alone runs
+    at ~0.1 ns a byte, this at ~6; a branch-free form measured slower)."""
+    n = len(data)
+    num_docs = len(offsets) - 1
+    # a word holding a byte >= 0x80 holds one of its own; every word but a document's first
+    # follows a byte the table marks
+    highs = 0
+    seps = 0
+    for i in range(n):
+        highs += data[i] >= 0x80
+        seps += table[data[i]] != 0
+    m = min(highs, seps + num_docs)
+    hd = np.empty(m, np.int64)
+    hs = np.empty(m, np.int64)
+    he = np.empty(m, np.int64)
+    hos = np.empty(m, np.int64)
+    hoe = np.empty(m, np.int64)
+    out = np.empty(n, np.uint8)
+    out_off = np.empty(num_docs + 1, np.int64)
     p = 0
+    k = 0
     for d in range(num_docs):
+        out_off[d] = p
+        hi = offsets[d + 1]
+        i = offsets[d]
         first = True
-        for w in range(doc_words[d], doc_words[d + 1]):
-            r = repl[w]
-            if r < 0:
-                s, e = starts[w], ends[w]
-                if not first:
-                    out[p] = 32
-                    p += 1
-                for i in range(s, e):
-                    b = data[i]
-                    if b >= 65 and b <= 90:
-                        b += np.uint8(32)
-                    out[p] = b
-                    p += 1
-            else:
-                s, e = r_off[r], r_off[r + 1]
-                if e == s:
+        while i < hi:
+            t = table[data[i]]
+            if t == 1:
+                i += 1
+                continue
+            if t == 2:
+                w = space_after(data, i, hi)  # a character never crosses a document's end
+                if w:
+                    i += w
                     continue
-                if not first:
-                    out[p] = 32
-                    p += 1
-                for i in range(s, e):
-                    out[p] = r_data[i]
-                    p += 1
+            if not first:
+                out[p] = 32
+                p += 1
             first = False
-    return out_off, out
+            s = i
+            ws = p
+            x = data[i]
+            acc = x
+            out[p] = x | (np.uint8(32) * (np.uint8(x - np.uint8(65)) < np.uint8(26)))  # A-Z lowered
+            p += 1
+            i += 1
+            while True:
+                while i < hi and table[data[i]] == 0:
+                    x = data[i]
+                    acc |= x
+                    out[p] = x | (np.uint8(32) * (np.uint8(x - np.uint8(65)) < np.uint8(26)))
+                    p += 1
+                    i += 1
+                if i >= hi or table[data[i]] == 1 or space_after(data, i, hi):
+                    break
+                x = data[i]  # a lead byte of no space: part of the word
+                acc |= x
+                out[p] = x
+                p += 1
+                i += 1
+            if acc >= 128:
+                hd[k] = d
+                hs[k] = s
+                he[k] = i
+                hos[k] = ws
+                hoe[k] = p
+                k += 1
+    out_off[num_docs] = p
+    return out_off, out[:p], hd[:k], hs[:k], he[:k], hos[:k], hoe[:k]
+
+
+@njit(cache=True, nogil=True)
+def splice_words(out_off, out, hd, hos, hoe, repl, r_off, r_data):
+    """``lowered_words``' output with its listed words (document ``hd``, output bytes
+    ``hos:hoe``, in order) replaced by ``r_data[r_off[repl[j]]:r_off[repl[j] + 1]]``; an
+    empty replacement removes the word and one space beside it, so that the words left
+    are still joined by one space. Returns (int64 offsets, bytes)."""
+    num_docs = len(out_off) - 1
+    extra = 0
+    for j in range(len(hd)):
+        extra += r_off[repl[j] + 1] - r_off[repl[j]]
+    res = np.empty(len(out) + extra, np.uint8)
+    res_off = np.empty(num_docs + 1, np.int64)
+    q = 0
+    j = 0
+    for d in range(num_docs):
+        res_off[d] = q
+        start = q
+        src = out_off[d]
+        end = out_off[d + 1]
+        while j < len(hd) and hd[j] == d:
+            ws, we = hos[j], hoe[j]
+            res[q:q + ws - src] = out[src:ws]  # what lies before the word, its space included
+            q += ws - src
+            a, b = r_off[repl[j]], r_off[repl[j] + 1]
+            if b > a:
+                res[q:q + b - a] = r_data[a:b]
+                q += b - a
+            elif q > start:  # words before it: the space just copied goes with it
+                q -= 1
+            elif we < end and out[we] == 32:  # its document's first word so far: the space after
+                we += 1
+            src = we
+            j += 1
+        res[q:q + end - src] = out[src:end]
+        q += end - src
+    res_off[num_docs] = q
+    return res_off, res[:q]

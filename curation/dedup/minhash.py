@@ -203,10 +203,11 @@ def normalize_collapsed(texts: pa.Array | pa.ChunkedArray) -> pa.Array:
     """``collapse_whitespace(normalize_text(texts))`` straight from raw text: exact dedup's key
     text, byte for byte.
 
-    Words are cut on the raw bytes (``str.split``'s characters), ASCII words lowered and
-    copied in one compiled pass, and only the batch's distinct non-ASCII words normalised in
-    Python: NFKC + casefold of a word equals that of the text around it, since whitespace
-    never composes with a neighbour (``normalized_word_hashes`` rests on the same fact). A
+    Words are cut on the raw bytes (``str.split``'s characters) and written joined by
+    spaces, ASCII letters lowered, in one compiled pass (``kernels.lowered_words``); only the
+    batch's distinct non-ASCII words are normalised in Python and spliced in: NFKC +
+    casefold of a word equals that of the text around it, since whitespace never composes
+    with a neighbour (``normalized_word_hashes`` rests on the same fact). A
     normalised word holding whitespace ("¨" -> " ̈") is collapsed like the text. On the long
     bench pages (12,700 chars, mostly non-ASCII) the whole-text path took ~1.2 ms a document,
     most of it NFKC over every character and ~20 numpy passes over the bytes.
@@ -214,19 +215,14 @@ def normalize_collapsed(texts: pa.Array | pa.ChunkedArray) -> pa.Array:
     if isinstance(texts, pa.ChunkedArray):
         texts = texts.combine_chunks() if texts.num_chunks != 1 else texts.chunk(0)
     offsets, data = _string_buffers(pc.fill_null(texts, ""))
-    doc_words, starts, ends, high = _k.word_spans(data, offsets, _WS_LEADS)
-    repl = np.full(len(starts), -1, dtype=np.int64)
-    r_off, r_data = np.zeros(1, np.int64), np.zeros(0, np.uint8)
-    hw = np.flatnonzero(high)
-    if len(hw):
-        hs, he = starts[hw], ends[hw]
+    out_off, out, hd, hs, he, hos, hoe = _k.lowered_words(data, offsets, _WS_LEADS)
+    if len(hd):
         _, first, inverse = np.unique(_k.span_hashes(data, hs, he), return_index=True, return_inverse=True)
         if not _k.spans_equal(data, hs, he, hs[first][inverse], he[first][inverse]):
-            first = inverse = np.arange(len(hw))  # two words share a 64-bit hash: each on its own
+            first = inverse = np.arange(len(hd))  # two words share a 64-bit hash: each on its own
         words = _spans_as_strings(data, hs[first], he[first])
         r_off, r_data = _string_buffers(pa.array(_normalize_words(words), pa.string()))
-        repl[hw] = inverse
-    out_off, out = _k.join_words(data, doc_words, starts, ends, repl, r_off, r_data)
+        out_off, out = _k.splice_words(out_off, out, hd, hos, hoe, inverse.astype(np.int64), r_off, r_data)
     if out_off[-1] < 2**31:
         return pa.Array.from_buffers(pa.string(), len(out_off) - 1,
                                      [None, pa.py_buffer(out_off.astype(np.int32)), pa.py_buffer(out)])

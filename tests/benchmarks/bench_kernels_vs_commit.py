@@ -8,9 +8,8 @@ microseconds per document, fastest of ``--repeat``; asserts only that the output
 - ``duplicate_lines_and_paragraphs`` (``curation/text/duplicate_parts.py``)
 - ``replace_spans`` (``curation/text/kernels.py``) on the special-case replacements the word
   split makes on these pages
-- exact dedup's word cut for its key text (``word_spans``, ``curation/dedup/kernels.py``), on
-  the pages' bytes, and the whole key text (``normalize_collapsed``, ``curation/dedup/minhash.py``)
-  in batches of 300 pages
+- exact dedup's key text (``normalize_collapsed``, ``curation/dedup/minhash.py`` with its
+  ``curation/dedup/kernels.py``) in batches of 300 pages
 - the whole word split (``split_words``, ``curation/text/words.py`` with its ``kernels.py``)
   in batches of 300 pages, and the words of nine pages in ten moved to the next stage's batch
   (``Words.take_docs``, what the hand-off from gopher_repetition to gopher_quality does)
@@ -46,8 +45,6 @@ sys.path.insert(0, str(REPO))
 
 import bench_chain  # noqa: E402  (the pages, extracted as the extract stage does)
 
-from curation.dedup import kernels as dedup_kernels  # noqa: E402
-from curation.dedup.minhash import _WS_LEADS, _string_buffers  # noqa: E402
 from curation.text import kernels, words as text_words  # noqa: E402
 from curation.text.arrow import text_bytes  # noqa: E402
 from curation.text.duplicate_parts import duplicate_lines_and_paragraphs  # noqa: E402
@@ -163,6 +160,7 @@ def main() -> None:
         old_ex = _old_stage(a.base, Path(tmp), "extract")
         old_lid = _old_stage(a.base, Path(tmp), "langid")
         old_mh = at_commit(a.base, "curation/dedup/minhash.py", "old_minhash", Path(tmp))
+        old_mh._k = old_dk  # the old key text on the old kernels
         for which in a.pages:
             texts = [t for t, _ in bench_chain.extracted(which)[0]]
             n = len(texts)
@@ -204,9 +202,6 @@ def main() -> None:
             compare("word measures and ids", lambda: [kernels.word_measures_and_keys(*x) for x in measured],
                     lambda: [old_k.word_measures_and_keys(*x) for x in measured], n, a.repeat)
             compare("moving words on (take_docs)", lambda: take_by(new_w), lambda: take_by(old_words), n, a.repeat)
-            offsets, data = _string_buffers(arr)
-            compare("exact dedup's word cut (word_spans)", lambda: dedup_kernels.word_spans(data, offsets, _WS_LEADS),
-                    lambda: old_dk.word_spans(data, offsets, _WS_LEADS), n, a.repeat)
             from curation.dedup.minhash import normalize_collapsed
 
             compare("exact dedup's key text", lambda: [normalize_collapsed(p) for p in parts],
