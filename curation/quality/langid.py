@@ -101,9 +101,10 @@ class Cld2Detector:
         cost ~3.5 us a long bench page, 3% of the first look)."""
         detect, error = self._cld2.detect, self._cld2.error
         codes: list[str | None] = []
-        arr = texts if isinstance(texts, pa.Array) else pa.array(texts, pa.string())
         if isinstance(texts, pa.Array):
-            texts = texts.to_pylist()
+            arr, texts = texts, texts.to_pylist()
+        else:
+            arr = pa.array(texts, pa.string())
         scores = np.zeros(len(texts), np.float32)
         # one scan of the batch finds the few texts with control characters to clean
         dirty = pc.match_substring_regex(arr, _CONTROL_PATTERN).to_pylist()
@@ -160,7 +161,7 @@ def sample_texts(texts: pa.Array, rows: np.ndarray, chars: int, windows: int,
 
 
 def window_texts(texts: pa.Array, rows: np.ndarray, chars: int, windows: int,
-                   nchars: np.ndarray | None = None) -> pa.Array:
+                 nchars: np.ndarray | None = None) -> pa.Array:
     """``sample_text(texts[i], chars, windows)`` for i in ``rows``, an Arrow string array cut
     from the UTF-8 bytes: only the windows are copied. ``nchars``: every text's length in
     characters, when the caller has it (``TextState.char_lengths``).
