@@ -204,12 +204,16 @@ def test_splicing_in_replacements_keeps_one_space_between_the_words_left():
         for d, doc in enumerate(docs):
             pos, words = out_off[d], []
             for w, listed in doc:
+                shown = w
                 if listed:
-                    r = choices[rng.integers(0, len(choices))]
-                    hd.append(d), hos.append(pos), hoe.append(pos + len(w)), repl.append(choices.index(r))
-                    w = r
-                words.append(w)
-                pos += len(w if not listed else doc[len(words) - 1][0]) + 1
+                    r = int(rng.integers(0, len(choices)))
+                    hd.append(d)
+                    hos.append(pos)
+                    hoe.append(pos + len(w))
+                    repl.append(r)
+                    shown = choices[r]
+                words.append(shown)
+                pos += len(w) + 1
             want.append(" ".join(w for w in words if w))
         r_bytes = [c.encode() for c in choices]
         r_off = np.r_[0, np.cumsum([len(c) for c in r_bytes])].astype(np.int64)
