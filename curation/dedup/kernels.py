@@ -309,12 +309,18 @@ def spans_equal(data, starts, ends, rep_starts, rep_ends):
 
 
 @njit(cache=True, nogil=True)
+def _lowered(x):
+    """Byte ``x`` with A-Z lowered, without a branch (``_byte`` is the hashing path's)."""
+    return x | (np.uint8(32) * (np.uint8(x - np.uint8(65)) < np.uint8(26)))
+
+
+@njit(cache=True, nogil=True)
 def lowered_words(data, offsets, table):
     """Each document's words (the maximal non-whitespace runs, ``str.split``'s characters;
     ``table`` per byte: 0 no whitespace, 1 an ASCII whitespace byte, 2 a byte that may lead
     a multi-byte whitespace character, ``minhash._WS_LEADS``) joined by one space, ASCII
-    letters lowered, written as they are cut: one pass over the bytes. The words holding a byte >= 0x80 are written the same
-    way and listed for ``splice_words`` to replace.
+    letters lowered, written as they are cut: one pass over the bytes. The words holding a
+    byte >= 0x80 are written the same way and listed for ``splice_words`` to replace.
 
     Returns (output offsets, output bytes, and per such word: its document, its bytes in
     ``data``, its bytes in the output). The output is never longer than the input (a space
@@ -365,14 +371,14 @@ def lowered_words(data, offsets, table):
             ws = p
             x = data[i]
             acc = x
-            out[p] = x | (np.uint8(32) * (np.uint8(x - np.uint8(65)) < np.uint8(26)))  # A-Z lowered
+            out[p] = _lowered(x)
             p += 1
             i += 1
             while True:
                 while i < hi and table[data[i]] == 0:
                     x = data[i]
                     acc |= x
-                    out[p] = x | (np.uint8(32) * (np.uint8(x - np.uint8(65)) < np.uint8(26)))
+                    out[p] = _lowered(x)
                     p += 1
                     i += 1
                 if i >= hi or table[data[i]] == 1 or space_after(data, i, hi):
