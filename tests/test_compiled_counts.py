@@ -119,6 +119,42 @@ def test_byte_classes_equal_the_class_of_each_character():
         for _ in range(2):
             got = byte_classes(np.frombuffer(raw, np.uint8)) if raw else np.zeros(0, np.uint16)
             assert np.array_equal(got, want), text[:40]
+    # ASCII runs of every length up to 40 between non-ASCII characters (the scan skips ASCII 8
+    # bytes at a time, at multiples of 8 from the buffer's start), the buffer starting at
+    # every offset 0-8 of a larger one (its words at every alignment)
+    runs = "".join("x" * rng.randrange(41) + rng.choice("é日😀 ") for _ in range(400))
+    for off in range(9):
+        raw = ("a" * off + runs).encode()
+        want = np.array([byte_class_of(c) for c in runs for _ in c.encode()], np.uint16)
+        assert np.array_equal(byte_classes(np.frombuffer(raw, np.uint8)[off:]), want), off
+
+
+def test_key_sieve_passes_every_key_and_the_probe_finds_exactly_the_keys():
+    """``key_sieve`` rules spans out by (first byte, last byte) with a bit per length and a
+    bit per second byte (mod 15): no key may be ruled out. The compiled probe over spaCy's
+    special cases and the spans of real pages' words (and the keys themselves, one byte to
+    16) finds exactly the spans equal to a key."""
+    from curation.text.kernels import find_keys
+    from curation.text.keys import key_sieve, key_table
+    from curation.text.special_cases import SPECIAL_CASES
+    from curation.text.words import split_words
+
+    keys = list(dict.fromkeys([k for k in SPECIAL_CASES if len(k.encode()) <= 16] + ["a", "é", "日本"]))
+    table, order = key_table(keys)
+    sieve = key_sieve(keys)
+    raw = [k.encode() for k in keys]
+    at, hit = find_keys(np.frombuffer(b"".join(raw), np.uint8), np.cumsum([0] + [len(r) for r in raw[:-1]]),
+                        np.array([len(r) for r in raw], np.int64), table, order.astype(np.int64), sieve)
+    assert at.tolist() == list(range(len(keys))) and [keys[k] for k in hit.tolist()] == keys
+    texts = [d["text"] for d in REAL[:40]] + [" ".join(keys)]
+    words = split_words(pa.array(texts), special_cases=False)
+    spans = words.values().to_pylist()
+    got_at, got_key = find_keys(words._b, words.start, words.end - words.start, table, order.astype(np.int64),
+                                sieve)
+    index = {k: i for i, k in enumerate(keys)}
+    want_at = [i for i, w in enumerate(spans) if w in index]
+    assert got_at.tolist() == want_at
+    assert [keys[k] for k in got_key.tolist()] == [spans[i] for i in want_at]
 
 
 def test_word_ids_are_equal_exactly_when_the_words_are():

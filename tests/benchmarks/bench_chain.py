@@ -161,6 +161,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3,
                     help="extraction passes and chain runs; the fastest of each is printed")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--callers", default="", help="with --profile: print the callers of functions matching this")
     ap.add_argument("--interleave", action="store_true",
                     help="extraction alone vs between chain batches, same process, alternating rounds")
     ap.add_argument("--glibc-default", action="store_true",
@@ -206,7 +207,10 @@ def main() -> None:
             pr.enable()
             run_chain(stages, tables)
             pr.disable()
-            pstats.Stats(pr).sort_stats("tottime").print_stats(15)
+            st = pstats.Stats(pr).sort_stats("tottime")
+            st.print_stats(15)
+            if a.callers:  # who calls the top functions (e.g. which Arrow kernels and from where)
+                st.print_callers(a.callers)
 
 
 if __name__ == "__main__":
