@@ -31,6 +31,10 @@ Run: ``.venv/bin/python tests/benchmarks/bench_langid.py [--per-lang 100] [--onl
 whole text, on documents of > 12,000 characters, one language or mixed; the last row is the
 stage's default (a 1,500-char first look, then the 6 x 1,000 windows when it scores < 0.95).
 
+``--tiers``: a smaller first look before the stage's (500 or 750 characters accepted at 0.99), the
+same comparison on those pages and lingua's long documents, with accuracy against gold labels
+and the pages whose keep decision moves (all mixed pages: the smaller look is rejected).
+
 ``--pages``: the stage's first look (``first_look_chars``) against the 6 x 1,000 windows alone,
 on the extracted text of the pages ``bench_scale.py`` builds its WARCs from (default and long):
 CPU per document, labels and keep decisions at 0.65 that differ, texts detected twice.
@@ -307,6 +311,61 @@ def page_first_look(sizes: list[int]) -> None:
                   f"keep@0.65 changed {keeps}")
 
 
+def tiered_first_look() -> None:
+    """``--tiers``: looks in tiers (a smaller first look accepted at a higher score, then the
+    stage's 1,500 chars at 0.95, then the 6 x 1,000 windows) against the windows alone: CLD2's
+    characters per document, labels and keep decisions at 0.65 that differ, and accuracy on
+    lingua's gold labels. Prints the pages whose keep decision moves, beside the whole text's
+    detection (a smaller look is only as good as its worst mixed page)."""
+    import numpy as np
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import bench_chain
+
+    from curation.quality.langid import Cld2Detector, sample_text
+
+    det = Cld2Detector()
+
+    def run(texts, tiers):
+        codes, scores = [None] * len(texts), np.zeros(len(texts), np.float32)
+        todo, chars = list(range(len(texts))), 0
+        for look, min_score in tiers:
+            sel = [i for i in todo if len(texts[i]) > look]
+            xs = [sample_text(texts[i], look, 6) for i in sel]
+            chars += sum(map(len, xs))
+            done = set()
+            for i, c, sc in zip(sel, *det.detect(xs)):
+                if c is not None and sc >= min_score:
+                    codes[i], scores[i] = c, sc
+                    done.add(i)
+            todo = [i for i in todo if i not in done]
+        xs = [sample_text(texts[i], 6000, 6) for i in todo]
+        chars += sum(map(len, xs))
+        for i, c, sc in zip(todo, *det.detect(xs)):
+            codes[i], scores[i] = c, sc
+        return codes, scores, chars / max(1, len(texts))
+
+    sets = [(w, [t for t, _ in bench_chain.extracted(w)[0]], None) for w in ("default", "long")]
+    for label, docs in (("lingua > 12,000 chars", lingua_documents(6, 12000)), ("lingua > 2,000 chars",
+                                                                                 lingua_documents(20, 2000))):
+        sets.append((label, [t for _, t in docs], [g for g, _ in docs]))
+    for label, texts, golds in sets:
+        ref_codes, ref_scores, ref_chars = run(texts, [])
+        print(f"{label}: {len(texts):,} texts; the 6 x 1,000 windows alone read {ref_chars:,.0f} chars a text")
+        for tiers in ([(1500, 0.95)], [(500, 0.99), (1500, 0.95)], [(750, 0.99), (1500, 0.95)]):
+            codes, scores, chars = run(texts, tiers)
+            moved = np.flatnonzero((scores >= 0.65) != (ref_scores >= 0.65))
+            acc = "" if golds is None else f", accuracy {np.mean([_correct(g, c) for g, c in zip(golds, codes)]):.4f}"
+            print(f"  {str(tiers):30s} {chars:6,.0f} chars a text (x{ref_chars / chars:.2f}); labels changed "
+                  f"{sum(a != b for a, b in zip(codes, ref_codes))}, keep@0.65 changed {len(moved)}{acc}")
+            for i in moved.tolist():
+                whole = det.detect([texts[i]])
+                print(f"    text {i}: windows {ref_codes[i]} {ref_scores[i]:.3f}, tiers {codes[i]} {scores[i]:.3f}, "
+                      f"whole text {whole[0][0]} {whole[1][0]:.3f}")
+        if golds is not None:
+            print(f"  windows alone: accuracy {np.mean([_correct(g, c) for g, c in zip(golds, ref_codes)]):.4f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--per-lang", type=int, default=100, help="documents per language (75 languages)")
@@ -316,7 +375,11 @@ def main() -> None:
     ap.add_argument("--pages", action="store_true", help="only: the first look on bench_scale's pages")
     ap.add_argument("--first-look", type=int, nargs="*", default=[], help="with --pages: first-look sizes to try "
                     "beside the stage's default")
+    ap.add_argument("--tiers", action="store_true", help="only: a smaller first look in tiers, against gold labels")
     args = ap.parse_args()
+    if args.tiers:
+        tiered_first_look()
+        return
     if args.pages:
         page_first_look(args.first_look)
         return
