@@ -23,7 +23,9 @@ asserts nothing. Run by hand:
 4. With ``--rounds N``: full and extract-only N times each, the order alternating per round, and
    the median of the per-round ratios (one pair moved 71-87% between runs on the same code: the
    extractor's own speed differs between the two runs of a pair), plus the same ratio estimated
-   from the workers' CPU clocks of each full run.
+   from the workers' CPU clocks of each full run, and per pair how fast the extract-only run's
+   read + extract went against the full run's (x0.86-x1.06 on the same pages: the wall ratio's
+   noise, shown beside it).
 
 5. With ``--warm-mb 16``: each run first takes its DAG over a 16 MB WARC of the same pages in the
    same Ray workers, left out of every figure: a long run's steady state (per-process start-up such
@@ -726,10 +728,14 @@ def main() -> None:
             if "worker_cpu_s" not in f or "worker_cpu_s" not in e:
                 continue
             f_base = f["read"]["cpu"] + f["map_stages"].get("extract", {}).get("cpu", 0.0)
-            e_rest = e["worker_cpu_s"] - e["read"]["cpu"] - e["map_stages"].get("extract", {}).get("cpu", 0.0)
+            e_base = e["read"]["cpu"] + e["map_stages"].get("extract", {}).get("cpu", 0.0)
+            e_rest = e["worker_cpu_s"] - e_base
+            # the same pages' read + extract in the two runs: how far the machine drifted between
+            # them (the wall ratio moves with it: -14% to +6% between consecutive runs here)
             print(f"  workers' whole CPU: full {f['worker_cpu_s']:,.1f} s (read + extract {f_base:,.1f}), extract-only "
                   f"{e['worker_cpu_s']:,.1f} s ({e_rest:,.1f} s besides read + extract) -> extract-only's work is "
-                  f"{(f_base + e_rest) / f['worker_cpu_s']:.1%} of the full DAG's")
+                  f"{(f_base + e_rest) / f['worker_cpu_s']:.1%} of the full DAG's; extract-only's own read + extract "
+                  f"{e_base:,.1f} s = x{e_base / f_base:.2f} the full run's")
     snapshot_docs = a.snapshot_warcs * a.responses_per_warc
     for mode, rate in rates.items():  # the unit users budget in
         label = "full DAG" if mode == "full" else "extract-only"
