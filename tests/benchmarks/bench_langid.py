@@ -323,15 +323,19 @@ def tiered_first_look() -> None:
     import bench_chain
 
     from curation.quality.langid import Cld2Detector, sample_text
+    from curation.stages.langid import LanguageId
 
     det = Cld2Detector()
+    stage = LanguageId(type="langid")  # the stage's own look: 1,500 chars at 0.95, then 6 x 1,000
+    full, windows = stage.sample_chars, stage.sample_windows
+    default = (stage.first_look_chars, stage.first_look_score)
 
     def run(texts, tiers):
         codes, scores = [None] * len(texts), np.zeros(len(texts), np.float32)
         todo, chars = list(range(len(texts))), 0
         for look, min_score in tiers:
             sel = [i for i in todo if len(texts[i]) > look]
-            xs = [sample_text(texts[i], look, 6) for i in sel]
+            xs = [sample_text(texts[i], look, windows) for i in sel]
             chars += sum(map(len, xs))
             done = set()
             for i, c, sc in zip(sel, *det.detect(xs)):
@@ -339,20 +343,20 @@ def tiered_first_look() -> None:
                     codes[i], scores[i] = c, sc
                     done.add(i)
             todo = [i for i in todo if i not in done]
-        xs = [sample_text(texts[i], 6000, 6) for i in todo]
+        xs = [sample_text(texts[i], full, windows) for i in todo]
         chars += sum(map(len, xs))
         for i, c, sc in zip(todo, *det.detect(xs)):
             codes[i], scores[i] = c, sc
         return codes, scores, chars / max(1, len(texts))
 
     sets = [(w, [t for t, _ in bench_chain.extracted(w)[0]], None) for w in ("default", "long")]
-    for label, docs in (("lingua > 12,000 chars", lingua_documents(6, 12000)), ("lingua > 2,000 chars",
-                                                                                 lingua_documents(20, 2000))):
-        sets.append((label, [t for _, t in docs], [g for g, _ in docs]))
+    for per_lang, min_chars in ((6, 12000), (20, 2000)):
+        docs = lingua_documents(per_lang, min_chars)
+        sets.append((f"lingua > {min_chars:,} chars", [t for _, t in docs], [g for g, _ in docs]))
     for label, texts, golds in sets:
         ref_codes, ref_scores, ref_chars = run(texts, [])
         print(f"{label}: {len(texts):,} texts; the 6 x 1,000 windows alone read {ref_chars:,.0f} chars a text")
-        for tiers in ([(1500, 0.95)], [(500, 0.99), (1500, 0.95)], [(750, 0.99), (1500, 0.95)]):
+        for tiers in ([default], [(500, 0.99), default], [(750, 0.99), default]):
             codes, scores, chars = run(texts, tiers)
             moved = np.flatnonzero((scores >= 0.65) != (ref_scores >= 0.65))
             acc = "" if golds is None else f", accuracy {np.mean([_correct(g, c) for g, c in zip(golds, codes)]):.4f}"
