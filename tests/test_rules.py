@@ -507,3 +507,48 @@ def test_stages_without_text_state_keep_working():
                                             ).reasons is None
     with pytest.raises(NotImplementedError):
         type("NoProcess", (MapStage,), {"__annotations__": {"type": str}, "type": "np"})().process(b)
+
+
+def _compiled_signatures() -> dict[str, int]:
+    """Every compiled kernel of the curation package loaded so far: how many argument types
+    it has been compiled for."""
+    import sys
+
+    from numba.core.registry import CPUDispatcher
+
+    return {f"{name}.{attr}": len(fn.signatures) for name, mod in list(sys.modules.items())
+            if name.startswith("curation.") and mod is not None
+            for attr, fn in vars(mod).items() if isinstance(fn, CPUDispatcher)}
+
+
+def test_an_empty_batch_compiles_no_kernel_again(tmp_path):
+    """A batch of empty texts (the tail of a shard, a page of nothing but markup) or read from
+    a file takes the kernels as they were compiled for the first batch: an array of another
+    type (writable or read-only, the wrong dtype) compiled each kernel again in the middle of
+    a run, ~3 s of a worker's CPU for the word measures alone."""
+    from curation.dedup.minhash import MinHasher, normalize_collapsed
+
+    stages = [LanguageId(), GopherRepetitionFilter(), GopherQualityFilter(), C4QualityFilter(),
+              FineWebQualityFilter()]
+    hasher = MinHasher(num_perm=16, ngram=5)
+
+    def run(texts: list[str] | pa.Table) -> None:
+        b = texts if isinstance(texts, pa.Table) else batch(texts)
+        texts = b.column("text").combine_chunks()
+        text = None
+        for st in stages:  # every stage sees every row, so that every kernel runs on them
+            res = st.run_batch(b, text)
+            b, text = res.table, res.text
+        for st in stages[1:]:
+            st.run_batch(batch(texts.to_pylist()), None)  # and each on its own, splitting words itself
+        normalize_collapsed(texts)
+        hasher.signatures(texts, normalized=True)
+
+    pages = [d["text"] for d in REAL[:20]]
+    run(pages)
+    before = _compiled_signatures()
+    pq.write_table(batch(pages), tmp_path / "pages.parquet")
+    for texts in ([""] * 3, ["", " \n "], [], pq.read_table(tmp_path / "pages.parquet")):
+        run(texts)
+    after = _compiled_signatures()
+    assert {k: (before.get(k, 0), n) for k, n in after.items() if n > before.get(k, 0)} == {}

@@ -47,6 +47,7 @@ import pyarrow.compute as pc
 from curation.dedup import kernels as _k
 from curation.hashing import GOLDEN, fmix64
 from curation.io.artifacts import ArtifactMismatch, check_header, read_artifact, write_artifact  # noqa: F401
+from curation.text.arrow import readonly_bytes
 
 #: Bump when signatures for the same parameters would change (hashing, tokenising...).
 MINHASH_VERSION = 1
@@ -131,7 +132,7 @@ def _string_buffers(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
         raise TypeError(f"expected a string array, got {arr.type}")
     bufs = arr.buffers()
     offsets = np.frombuffer(bufs[1], dtype=off_t, count=len(arr) + 1, offset=arr.offset * np.dtype(off_t).itemsize)
-    data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
+    data = readonly_bytes(bufs[2] if bufs[2] is not None else b"")
     start = int(offsets[0])
     return offsets.astype(np.int64) - start, data[start:int(offsets[-1])]
 

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from curation.io.files import atomic_path, file_sha256, write_json
+from curation.text.arrow import readonly_bytes
 
 #: fastText's file signature (``FASTTEXT_FILEFORMAT_MAGIC_INT32``) and the versions it loads.
 FASTTEXT_MAGIC = 793712314
@@ -287,7 +288,7 @@ class FastTextScorer:
         offsets = np.frombuffer(off_buf, np.int64)[texts.offset: texts.offset + n + 1]
         base = int(offsets[0])
         nb = int(offsets[-1]) - base
-        buf = np.frombuffer(data_buf, np.uint8)[base: base + nb] if nb else np.zeros(0, np.uint8)
+        buf = readonly_bytes(data_buf if nb else b"")[base: base + nb]
         logits = fk.mean_logits(buf, offsets - base, self._tab_h, self._tab_id, self.proj, self.nwords,
                                 max(self.bucket, 1), self.word_ngrams >= 2 and self.bucket > 0,
                                 self.nl_hash, self.eos_hash)

@@ -52,10 +52,20 @@ def text_bytes(texts: pa.Array) -> tuple[np.ndarray, np.ndarray, pa.Buffer | Non
     bufs = texts.buffers()
     off_type = np.int64 if pa.types.is_large_string(texts.type) else np.int32
     if n == 0 or bufs[2] is None:
-        return np.zeros(0, np.uint8), np.zeros(n + 1, np.int64), None, 0
+        return readonly_bytes(b""), np.zeros(n + 1, np.int64), None, 0
     off = np.frombuffer(bufs[1], dtype=off_type)[texts.offset: texts.offset + n + 1].astype(np.int64)
-    b = np.frombuffer(bufs[2], dtype=np.uint8)[off[0]: off[-1]]
-    return b, off - off[0], bufs[2], int(off[0])
+    return readonly_bytes(bufs[2])[off[0]: off[-1]], off - off[0], bufs[2], int(off[0])
+
+
+def readonly_bytes(buf) -> np.ndarray:
+    """A buffer's bytes as a read-only uint8 view. numba compiles a kernel once per argument
+    type, and read-only is part of the type: an Arrow buffer made by a compute kernel views as
+    writable, one read from a file as read-only, an empty batch's bytes were a new writable
+    array, and each new kind compiled every text kernel again in the middle of a run (~3 s of a
+    worker's CPU for the word measures alone). One kind for all of them."""
+    out = np.frombuffer(buf, dtype=np.uint8)
+    out.flags.writeable = False
+    return out
 
 
 def byte_spans(buf: pa.Buffer, base: int, start: np.ndarray, end: np.ndarray, gaps: bool = True) -> pa.Array:

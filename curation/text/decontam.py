@@ -47,6 +47,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from numba import njit
 
+from curation.text.arrow import readonly_bytes
+
 #: character classes of the scan
 SEP, WORD, SOLO, SKIP = 0, 1, 2, 3
 _MAX_CP = 0x30000
@@ -315,7 +317,7 @@ def _string_buffers(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     bufs = arr.buffers()
     n = len(arr)
     offsets = np.frombuffer(bufs[1], odt)[arr.offset: arr.offset + n + 1].astype(np.int64)
-    data = np.frombuffer(bufs[2], np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
+    data = readonly_bytes(bufs[2] if bufs[2] is not None else b"")
     if arr.null_count:
         valid = np.asarray(arr.is_valid())
         ends = np.where(valid, offsets[1:], offsets[:-1])  # a null row: zero words
