@@ -85,18 +85,20 @@ def _normalize_one(s: str) -> str:
     return s
 
 
-def _normalize_words(words: list[str]) -> list[str]:
+def _normalize_words(words: list[str], collapse: bool = True) -> list[str]:
     """``" ".join(_normalize_one(w).split())`` of every word (none holds whitespace), by one
     normalisation of the words joined with newlines: a newline is an NFKC starter nothing
     composes across, and no character folds or decomposes into one, so the pieces are the
     words' own. (A Python call per distinct non-ASCII word was a tenth of exact dedup's
-    keys on the long bench pages.) Should the pieces not line up, word by word."""
+    keys on the long bench pages.) Should the pieces not line up, word by word.
+    ``collapse=False``: the forms as they are (``_normalize_one(w)`` each), for a caller that
+    splits them at whitespace itself."""
     if not words:
         return []
     parts = _normalize_one("\n".join(words)).split("\n")
     if len(parts) != len(words):
         parts = [_normalize_one(w) for w in words]
-    return [" ".join(p.split()) for p in parts]
+    return [" ".join(p.split()) for p in parts] if collapse else parts
 
 
 def normalize_text(texts: pa.Array | pa.ChunkedArray) -> pa.Array:
@@ -300,7 +302,8 @@ def normalized_word_hashes(texts: pa.Array | pa.ChunkedArray) -> tuple[np.ndarra
     raw = _k.span_hashes(data, w_start, w_end)
     uniq, first, inverse = np.unique(raw, return_index=True, return_inverse=True)
     words = _spans_as_strings(data, w_start[first], w_end[first])
-    normal = pa.array([_normalize_one(w) for w in words], pa.string())
+    # normalised together (``_normalize_words``), not with a Python call per distinct word
+    normal = pa.array(_normalize_words(words, collapse=False), pa.string())
     n_hash, n_off = word_hashes(normal)
     k = np.diff(n_off)[inverse]
     if (k == 1).all():  # the usual case: one normalised word per raw word
