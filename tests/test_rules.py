@@ -522,10 +522,11 @@ def _compiled_signatures() -> dict[str, int]:
 
 
 def test_an_empty_batch_compiles_no_kernel_again(tmp_path):
-    """A batch of empty texts (the tail of a shard, a page of nothing but markup) or read from
-    a file takes the kernels as they were compiled for the first batch: an array of another
-    type (writable or read-only, the wrong dtype) compiled each kernel again in the middle of
-    a run, ~3 s of a worker's CPU for the word measures alone."""
+    """A batch of empty texts (the tail of a shard, a page of nothing but markup), or one read
+    back from Parquet, takes the kernels as they were compiled for the first batch: an array of
+    another type (read-only where the first was writable, uint8 classes where they are uint16)
+    compiled each kernel again in the middle of a run, ~3 s of a worker's CPU for the word
+    measures alone."""
     from curation.dedup.minhash import MinHasher, normalize_collapsed
 
     stages = [LanguageId(), GopherRepetitionFilter(), GopherQualityFilter(), C4QualityFilter(),

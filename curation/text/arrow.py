@@ -59,10 +59,11 @@ def text_bytes(texts: pa.Array) -> tuple[np.ndarray, np.ndarray, pa.Buffer | Non
 
 def readonly_bytes(buf) -> np.ndarray:
     """A buffer's bytes as a read-only uint8 view. numba compiles a kernel once per argument
-    type, and read-only is part of the type: an Arrow buffer made by a compute kernel views as
-    writable, one read from a file as read-only, an empty batch's bytes were a new writable
-    array, and each new kind compiled every text kernel again in the middle of a run (~3 s of a
-    worker's CPU for the word measures alone). One kind for all of them."""
+    type, and read-only is part of the type: a buffer Arrow allocated (built in memory, read
+    from Parquet) views as writable, one it maps from a file or wraps from Python bytes as
+    read-only, and an empty batch's bytes were a new array of their own; each new kind compiled
+    the text kernels again in the middle of a run (~3 s of a worker's CPU for the word measures
+    alone). One kind for all of them."""
     out = np.frombuffer(buf, dtype=np.uint8)
     out.flags.writeable = False
     return out
