@@ -533,8 +533,8 @@ def test_an_empty_batch_compiles_no_kernel_again(tmp_path):
               FineWebQualityFilter()]
     hasher = MinHasher(num_perm=16, ngram=5)
 
-    def run(texts: list[str] | pa.Table) -> None:
-        b = texts if isinstance(texts, pa.Table) else batch(texts)
+    def run(rows: list[str] | pa.Table) -> None:
+        b = rows if isinstance(rows, pa.Table) else batch(rows)
         texts = b.column("text").combine_chunks()
         text = None
         for st in stages:  # every stage sees every row, so that every kernel runs on them
@@ -549,7 +549,7 @@ def test_an_empty_batch_compiles_no_kernel_again(tmp_path):
     run(pages)
     before = _compiled_signatures()
     pq.write_table(batch(pages), tmp_path / "pages.parquet")
-    for texts in ([""] * 3, ["", " \n "], [], pq.read_table(tmp_path / "pages.parquet")):
-        run(texts)
+    for rows in ([""] * 3, ["", " \n "], [], pq.read_table(tmp_path / "pages.parquet")):
+        run(rows)
     after = _compiled_signatures()
     assert {k: (before.get(k, 0), n) for k, n in after.items() if n > before.get(k, 0)} == {}

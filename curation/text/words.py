@@ -231,8 +231,8 @@ def split_words(texts: pa.Array, special_cases: bool = True, reference: bool = F
     B = len(b)
     z = np.zeros(0, np.int64)
     if B == 0:
-        # the class array byte_classes gives (uint16): the measures' kernel is not compiled again
-        words = Words(z, np.zeros(n_docs + 1, np.int64), z, z, b, np.zeros(0, np.uint16), buf, base)
+        # byte_classes' own (empty) array: the measures' kernel sees the type it was compiled for
+        words = Words(z, np.zeros(n_docs + 1, np.int64), z, z, b, byte_classes(b), buf, base)
     else:
         words = _split_words(b, doff, buf, base, special_cases, reference)
     words._doff = doff
