@@ -3,6 +3,7 @@ asserts nothing. Run by hand:
 
     BENCH_TMP=/big/tmp .venv/bin/python tests/benchmarks/bench_scale.py [--size-mb 1024]
         [--workers N] [--split-mb 128] [--only full|extract] [--rounds N] [--pages long] [--warm-mb 16]
+        [--side-by-side]
 
 1. Builds (once; cached under ``$BENCH_TMP/refinery-bench-scale/``) a WARC laid out like a
    Common Crawl file: a warcinfo record, then for every page a request, a response and a
@@ -26,6 +27,15 @@ asserts nothing. Run by hand:
    from the workers' CPU clocks of each full run, and per pair how fast the extract-only run's
    read + extract went against the full run's (x0.86-x1.06 on the same pages: the wall ratio's
    noise, shown beside it).
+
+   With ``--side-by-side`` (on 2 cores: ``--workers 1``): each round runs the two modes at the same
+   time, each on its own half of the cores, swapped every half second (``CoreSwap``), timed from a
+   common start, and the one done first keeps its cores extracting until the other is done. This
+   VM's cores each change speed by up to 1.7x from one second to the next (``bench_cores.py``); run
+   one after the other, the two modes saw different luck (extraction's own speed x0.86-x1.19 between
+   the runs of a pair), side by side they see the same (x0.96-x0.98).
+   Each stage's line also gives its page faults a document (a zeroed page each, ~4 us of system time
+   here), and the workers' line their system time and faults: what the allocators cost.
 
 5. With ``--warm-mb 16``: each run first takes its DAG over a 16 MB WARC of the same pages in the
    same Ray workers, left out of every figure: a long run's steady state (per-process start-up such
@@ -287,6 +297,7 @@ def _worker_hook() -> None:
     ``$BENCH_SCALE_LOG/<pid>.jsonl``."""
     import json as _json
     import os as _os
+    import resource as _resource
     import time as _time
 
     from curation.io import read as _read
@@ -303,11 +314,14 @@ def _worker_hook() -> None:
 
     real_run_batch = _base.MapStage.run_batch
 
+    def faults() -> int:  # this process's minor page faults so far (each one a zeroed page)
+        return _resource.getrusage(_resource.RUSAGE_SELF).ru_minflt
+
     def run_batch(self, batch, text=None):
-        c0, w0 = _time.process_time(), _time.perf_counter()
+        c0, w0, f0 = _time.process_time(), _time.perf_counter(), faults()
         out = real_run_batch(self, batch, text)
         emit({"kind": "stage", "type": self.type, "rows": batch.num_rows,
-              "cpu": _time.process_time() - c0, "wall": _time.perf_counter() - w0})
+              "cpu": _time.process_time() - c0, "wall": _time.perf_counter() - w0, "faults": faults() - f0})
         return out
 
     _base.MapStage.run_batch = run_batch
@@ -317,9 +331,9 @@ def _worker_hook() -> None:
     real_step = _executor._Step.__call__
 
     def step(self, batch, text):  # the stage's batch plus its hand-off: split, state, writes
-        c0 = _time.process_time()
+        c0, f0 = _time.process_time(), faults()
         out = real_step(self, batch, text)
-        emit({"kind": "step", "type": self.stage.type, "cpu": _time.process_time() - c0})
+        emit({"kind": "step", "type": self.stage.type, "cpu": _time.process_time() - c0, "faults": faults() - f0})
         return out
 
     _executor._Step.__call__ = step
@@ -327,19 +341,23 @@ def _worker_hook() -> None:
     def timed(reader):
         def wrapper(shard, spec, res):
             cpu = wall = 0.0
+            flt = 0
             gen = reader(shard, spec, res)
             while True:
-                c0, w0 = _time.process_time(), _time.perf_counter()
+                c0, w0, f0 = _time.process_time(), _time.perf_counter(), faults()
                 try:
                     item = next(gen)
                 except StopIteration:
                     cpu += _time.process_time() - c0
                     wall += _time.perf_counter() - w0
+                    flt += faults() - f0
                     break
                 cpu += _time.process_time() - c0
                 wall += _time.perf_counter() - w0
+                flt += faults() - f0
                 yield item
             emit({"kind": "read", "shard": shard.key, "range": shard.end - shard.start, "cpu": cpu, "wall": wall,
+                  "faults": flt,
                   "bytes_read": res.bytes_read, "bytes_decompressed": res.bytes_decompressed})
         return wrapper
 
@@ -386,6 +404,8 @@ class ProcSampler(threading.Thread):
         self.interval = interval
         self.peak: dict[int, tuple[str, float]] = {}  # pid -> (name, peak MB)
         self.cpu: dict[int, float] = {}  # pid -> user + system CPU s at its last sample
+        self.sys: dict[int, float] = {}  # pid -> system CPU s at its last sample
+        self.faults: dict[int, int] = {}  # pid -> minor page faults at its last sample
         self.stop = threading.Event()
 
     @staticmethod
@@ -418,8 +438,11 @@ class ProcSampler(threading.Thread):
                 with open(f"/proc/{p}/status") as fh:
                     st = {k: v for k, _, v in (line.partition(":") for line in fh)}
                 with open(f"/proc/{p}/stat") as fh:
-                    ticks = fh.read().rsplit(")", 1)[1].split()[11:13]  # utime, stime
+                    fields = fh.read().rsplit(")", 1)[1].split()
+                ticks = fields[11:13]  # utime, stime
                 self.cpu[p] = sum(int(x) for x in ticks) / os.sysconf("SC_CLK_TCK")
+                self.sys[p] = int(fields[12]) / os.sysconf("SC_CLK_TCK")
+                self.faults[p] = int(fields[7])  # minflt
             except OSError:
                 continue
             mb = max(int(st.get(k, "0 kB").split()[0]) for k in ("VmHWM", "VmRSS")) / 1024
@@ -431,6 +454,52 @@ class ProcSampler(threading.Thread):
         while not self.stop.is_set():
             self.sample()
             time.sleep(self.interval)
+
+
+class CoreSwap(threading.Thread):
+    """--side-by-side: the two runs' process trees on the two halves of this process's CPUs,
+    swapped every ``interval`` s. This VM's cores do not run at one speed: the same extraction loop
+    pinned to each core at once ran 1.9-2.1 s on one and 3.1-3.5 s on the other, and which core is
+    slow changes from one second to the next (``bench_cores.py``); two runs left where the
+    scheduler puts them would each see their own core's luck. Swapped, both see both cores alike."""
+
+    def __init__(self, roots: list[int], interval: float = 0.5):
+        super().__init__(daemon=True)
+        cpus = sorted(os.sched_getaffinity(0))
+        half = max(1, len(cpus) // 2)
+        self.halves = [set(cpus[:half]), set(cpus[half:]) or set(cpus[:half])]
+        self.roots, self.interval, self.stop, self.swaps = roots, interval, threading.Event(), 0
+
+    @staticmethod
+    def _threads(root: int, kids: dict[int, list[int]]) -> list[int]:
+        todo, out = [root], []
+        while todo:
+            p = todo.pop()
+            todo.extend(kids.get(p, []))
+            try:
+                out.extend(int(t) for t in os.listdir(f"/proc/{p}/task"))  # affinity is per thread
+            except OSError:
+                continue
+        return out
+
+    def run(self) -> None:
+        every = set(os.sched_getaffinity(0))
+        while not self.stop.wait(self.interval if self.swaps else 0):
+            kids = ProcSampler._children()
+            for i, root in enumerate(self.roots):
+                for tid in self._threads(root, kids):
+                    try:
+                        os.sched_setaffinity(tid, self.halves[(i + self.swaps) % 2])
+                    except OSError:  # gone meanwhile
+                        pass
+            self.swaps += 1
+        kids = ProcSampler._children()
+        for root in self.roots:
+            for tid in self._threads(root, kids):
+                try:
+                    os.sched_setaffinity(tid, every)
+                except OSError:
+                    pass
 
 
 def _hwm_mb() -> float:
@@ -464,6 +533,50 @@ def dag_spec(warc: str, mode: str, split_mb: int, docs: int, workers: int) -> di
             "stages": stages, "output": "near" if mode == "full" else "extract"}
 
 
+def meet(barrier: str, me: str, parties: int = 2) -> None:
+    """Mark ``me`` in the directory ``barrier`` and wait until ``parties`` marks are there."""
+    (Path(barrier) / me).touch()
+    while sum(1 for p in Path(barrier).iterdir() if p.suffix == Path(me).suffix) < parties:
+        time.sleep(0.02)
+
+
+def _extract_forever(stop: str, counter) -> None:
+    """Extract the bench's pages (decode + resiliparse, the extract stage's work) until ``stop`` exists."""
+    from curation.stages.extract import _resiliparse, decode_html
+
+    pages = [html for _, html in load_pages()]
+    i = 0
+    while not os.path.exists(stop):
+        try:
+            _resiliparse(decode_html(pages[i % len(pages)], None))
+        except Exception:  # a page the extractor refuses: extract rejects it too
+            pass
+        i += 1
+    with counter.get_lock():
+        counter.value += i
+
+
+def keep_busy_until(barrier: str, me: str, workers: int) -> int:
+    """Mark ``me`` done; until the other run is done too, keep ``workers`` cores extracting pages
+    (untimed), as this run's workers did: the other run's last minutes then share the machine as its
+    first ones did. Returns the pages extracted meanwhile."""
+    import multiprocessing as mp
+
+    (Path(barrier) / me).touch()
+    stop = Path(barrier) / "all.stop"
+    ctx = mp.get_context("fork")
+    counter = ctx.Value("q", 0)
+    procs = [ctx.Process(target=_extract_forever, args=(str(stop), counter)) for _ in range(workers)]
+    for pr in procs:
+        pr.start()
+    while sum(1 for p in Path(barrier).iterdir() if p.suffix == ".done") < 2:
+        time.sleep(0.05)
+    stop.touch()
+    for pr in procs:
+        pr.join()
+    return counter.value
+
+
 def run_one(mode: str, warc_facts: dict, workers: int, split_mb: int, out_json: str,
             warm_facts: dict | None = None) -> None:
     import ray
@@ -488,6 +601,8 @@ def run_one(mode: str, warc_facts: dict, workers: int, split_mb: int, out_json: 
                               "env_vars": {"BENCH_SCALE_LOG": str(log_dir),
                                            "BENCH_SCALE_PROFILE": os.environ.get("BENCH_SCALE_PROFILE", "")}})
         warm_cpu: dict[int, float] = {}
+        warm_sys: dict[int, float] = {}
+        warm_faults: dict[int, int] = {}
         if warm_facts is not None:
             # --warm-mb: the same DAG over a small WARC first, in the same workers: what a worker of a
             # long run looks like (imports, compiled kernels, detector tables loaded once per process,
@@ -500,18 +615,24 @@ def run_one(mode: str, warc_facts: dict, workers: int, split_mb: int, out_json: 
             res["warm_s"] = time.perf_counter() - t0
             res["warm_docs"] = warm_facts["responses"]
             sampler.sample()
-            warm_cpu = dict(sampler.cpu)
+            warm_cpu, warm_sys, warm_faults = dict(sampler.cpu), dict(sampler.sys), dict(sampler.faults)
             for f in log_dir.glob("*.jsonl"):
                 f.unlink()
             if os.environ.get("BENCH_SCALE_PROFILE"):  # --profile: the timed run's tasks only
                 for f in Path(os.environ["BENCH_SCALE_PROFILE"]).glob("*.prof"):
                     f.unlink()
+        barrier = os.environ.get("BENCH_SCALE_BARRIER")
+        if barrier:  # --side-by-side: the two runs' timed parts start together
+            meet(barrier, f"{mode}.ready")
         t0 = time.perf_counter()
         state = run_dag(dag, run_dir, workers=workers, quiet=True)
         res["wall_s"] = time.perf_counter() - t0
         sampler.sample()
         ray.shutdown()
         sampler.stop.set()
+        if barrier:  # ... and neither one ever has the machine to itself
+            res["side_by_side"] = True
+            res["filler_pages"] = keep_busy_until(barrier, f"{mode}.done", workers)
         res["state"] = state.get("state")
         res["stages_progress"] = state.get("stages", {})
         # what the workers recorded
@@ -521,18 +642,23 @@ def run_one(mode: str, warc_facts: dict, workers: int, split_mb: int, out_json: 
             for line in f.read_text().splitlines():
                 r = json.loads(line)
                 if r["kind"] == "stage":
-                    s = stage_cpu.setdefault(r["type"], {"rows": 0, "cpu": 0.0, "wall": 0.0, "batches": 0, "step": 0.0})
+                    s = stage_cpu.setdefault(r["type"], {"rows": 0, "cpu": 0.0, "wall": 0.0, "batches": 0, "step": 0.0,
+                                                         "faults": 0, "step_faults": 0})
                     s["rows"] += r["rows"]
                     s["cpu"] += r["cpu"]
                     s["wall"] += r["wall"]
                     s["batches"] += 1
+                    s["faults"] += r.get("faults", 0)
                 elif r["kind"] == "step":
-                    s = stage_cpu.setdefault(r["type"], {"rows": 0, "cpu": 0.0, "wall": 0.0, "batches": 0, "step": 0.0})
+                    s = stage_cpu.setdefault(r["type"], {"rows": 0, "cpu": 0.0, "wall": 0.0, "batches": 0, "step": 0.0,
+                                                         "faults": 0, "step_faults": 0})
                     s["step"] += r["cpu"]
+                    s["step_faults"] += r.get("faults", 0)
                 else:
                     reads.append(r)
         res["map_stages"] = stage_cpu
         res["read"] = {"shards": len(reads), "cpu": sum(r["cpu"] for r in reads), "wall": sum(r["wall"] for r in reads),
+                       "faults": sum(r.get("faults", 0) for r in reads),
                        "bytes_read": sum(r["bytes_read"] for r in reads),
                        "bytes_decompressed": sum(r["bytes_decompressed"] for r in reads),
                        "max_shard_bytes_read": max((r["bytes_read"] for r in reads), default=0),
@@ -574,6 +700,8 @@ def run_one(mode: str, warc_facts: dict, workers: int, split_mb: int, out_json: 
         # (less each one's CPU at the end of the warm-up run, with --warm-mb)
         cpu = {pid: sampler.cpu.get(pid, 0.0) - warm_cpu.get(pid, 0.0) for pid in workers_rss}
         res["worker_cpu_s"] = sum(cpu.values())
+        res["worker_sys_s"] = sum(sampler.sys.get(pid, 0.0) - warm_sys.get(pid, 0.0) for pid in workers_rss)
+        res["worker_faults"] = sum(sampler.faults.get(pid, 0) - warm_faults.get(pid, 0) for pid in workers_rss)
         res["worker_cpu_each_s"] = sorted((round(c, 1) for c in cpu.values()), reverse=True)
     res["driver_peak_mb"] = _hwm_mb()
     Path(out_json).write_text(json.dumps(res, indent=1))
@@ -584,12 +712,21 @@ def run_one(mode: str, warc_facts: dict, workers: int, split_mb: int, out_json: 
 # ---------------------------------------------------------------------------------------------
 
 
+def _faults(n: int | None, docs: int, handoff: int | None = None) -> str:
+    """Page faults a document (each a page the kernel zeroes: ~4 us of system time on this VM)."""
+    if n is None or not docs:
+        return ""
+    return f"  faults {n / docs:,.1f}/doc" + (f" (+{handoff / docs:,.1f} hand-off)" if handoff else "")
+
+
 def show(r: dict) -> None:
     w, docs = r["workers"], r["docs"]
     print(f"\n== {r['mode']}: {docs:,} documents, {r['input_bytes'] / MiB:,.1f} MiB WARC, {w} workers, "
           f"split {r['split_mb']} MiB -> {r['read']['shards']} shards; state {r['state']}; "
           f"inflate {r.get('inflate', 'zlib')}" + (f"; workers warmed on {r['warm_docs']:,} documents first "
-                                                   f"({r['warm_s']:.1f} s, left out)" if "warm_s" in r else ""))
+                                                   f"({r['warm_s']:.1f} s, left out)" if "warm_s" in r else "")
+          + (f"; side by side with the other mode (then {r['filler_pages']:,} pages extracted untimed while it "
+             "finished)" if r.get("side_by_side") else ""))
     print(f"end to end   {r['wall_s']:8.1f} s  {docs / r['wall_s']:9,.1f} docs/s  "
           f"{docs / r['wall_s'] / w:9,.1f} docs/s/core")
     rd = r["read"]
@@ -597,12 +734,13 @@ def show(r: dict) -> None:
           f"bytes read {rd['bytes_read'] / MiB:,.1f} MiB = {rd['bytes_read'] / r['input_bytes']:.3f}x input  "
           f"decompressed {rd['bytes_decompressed'] / MiB:,.1f} MiB  "
           f"(largest shard read {rd['max_shard_bytes_read'] / MiB:,.1f} MiB "
-          f"for a {rd['max_range'] / MiB:,.1f} MiB range)")
+          f"for a {rd['max_range'] / MiB:,.1f} MiB range)" + _faults(rd.get("faults"), docs))
     by_type = r["map_stages"]
     for name, s in by_type.items():
         print(f"  {name:20s} cpu {s['cpu']:7.1f} s  {s['rows'] / s['cpu'] if s['cpu'] else 0:9,.0f} docs/s/core  "
               f"({s['rows']:,} rows in {s['batches']} batches"
-              + (f"; hand-off and writes {s['step'] - s['cpu']:,.1f} s" if s.get("step") else "") + ")")
+              + (f"; hand-off and writes {s['step'] - s['cpu']:,.1f} s" if s.get("step") else "") + ")"
+              + _faults(s.get("faults"), s["rows"], s.get("step_faults", 0) - s.get("faults", 0)))
     for name, s in r["global_stages"].items():
         rows = r["stage_counts"].get(name, {}).get("docs_in") or 0
         sec = s["seconds"]
@@ -615,7 +753,8 @@ def show(r: dict) -> None:
     if "worker_cpu_s" in r:
         timed = rd["cpu"] + sum(s["cpu"] for s in by_type.values())
         print(f"workers' CPU {r['worker_cpu_s']:7.1f} s in all ({r['worker_cpu_s'] - timed:,.1f} s besides read and "
-              f"the map stages' batches)" + (f"; by worker {r['worker_cpu_each_s']}" if "worker_cpu_each_s" in r else ""))
+              f"the map stages' batches)" + (f"; by worker {r['worker_cpu_each_s']}" if "worker_cpu_each_s" in r else "")
+              + (f"; system {r['worker_sys_s']:,.1f} s,{_faults(r['worker_faults'], docs)}" if "worker_sys_s" in r else ""))
     wp = r["worker_peak_mb"]
     print(f"peak RSS     workers (MB, largest first): {wp[:8]}{' ...' if len(wp) > 8 else ''}  "
           f"driver {r['driver_peak_mb']:,.0f} MB")
@@ -660,6 +799,12 @@ def main() -> None:
                     help="warm workers: each run first takes its DAG over a MB-sized WARC of the same pages in the "
                          "same Ray workers, left out of every figure (a long run's steady state: per-process "
                          "start-up such as imports and compiled kernels paid once); 0: fresh workers (default)")
+    ap.add_argument("--side-by-side", action="store_true",
+                    help="each round runs full and extract-only at the same time, each on --workers workers "
+                         "(on 2 cores: --workers 1), timed from a common start; the one done first keeps its "
+                         "cores extracting pages until the other is done. The machine's speed then moves both "
+                         "runs alike (run one after the other, extraction's own speed differed by up to 19%% "
+                         "between the two runs of a pair)")
     ap.add_argument("--one", nargs=3, help=argparse.SUPPRESS)  # internal: MODE FACTS_JSON OUT_JSON
     ap.add_argument("--warm-facts", help=argparse.SUPPRESS)  # internal: the warm-up WARC's facts
     a = ap.parse_args()
@@ -683,26 +828,59 @@ def main() -> None:
     modes = ["full", "extract"] if a.only is None else [a.only]
     walls: dict[str, list[float]] = {m: [] for m in modes}
     results: dict[str, list[dict]] = {m: [] for m in modes}
+    if a.side_by_side and (len(modes) != 2 or a.profile):
+        ap.error("--side-by-side runs both modes (no --only) and no --profile")
+
+    def start(mode: str, r: int, out: str, env: dict) -> subprocess.Popen:
+        if a.profile:
+            env["BENCH_SCALE_PROFILE"] = os.path.join(a.profile, f"{mode}-{r}")
+            os.makedirs(env["BENCH_SCALE_PROFILE"], exist_ok=True)
+        return subprocess.Popen([sys.executable, __file__, "--one", mode, str(facts_json), out,
+                                 "--workers", str(a.workers), "--split-mb", str(a.split_mb)]
+                                + (["--warm-facts", str(warm_json)] if warm_json else []), env=env)
+
+    def collect(mode: str, r: int, out: str) -> None:
+        res = json.loads(Path(out).read_text())
+        show(res)
+        if a.profile:
+            show_profile(os.path.join(a.profile, f"{mode}-{r}"))
+        walls[mode].append(res["wall_s"])
+        results[mode].append(res)
+
     for r in range(a.rounds):
         # alternate the order so a slow stretch of the machine does not always land on one mode
-        for mode in modes if r % 2 == 0 else modes[::-1]:
+        order = modes if r % 2 == 0 else modes[::-1]
+        outs = {}
+        for mode in order:
             with tempfile.NamedTemporaryFile(suffix=".json", delete=False, dir=bench_root()) as f:
-                out = f.name
-            env = dict(os.environ)
-            if a.profile:
-                env["BENCH_SCALE_PROFILE"] = prof = os.path.join(a.profile, f"{mode}-{r}")
-                os.makedirs(prof, exist_ok=True)
-            try:
-                subprocess.run([sys.executable, __file__, "--one", mode, str(facts_json), out,
-                                "--workers", str(a.workers), "--split-mb", str(a.split_mb)]
-                               + (["--warm-facts", str(warm_json)] if warm_json else []), check=True, env=env)
-                res = json.loads(Path(out).read_text())
-                show(res)
-                if a.profile:
-                    show_profile(prof)
-                walls[mode].append(res["wall_s"])
-                results[mode].append(res)
-            finally:
+                outs[mode] = f.name
+        try:
+            if a.side_by_side:
+                with tempfile.TemporaryDirectory(dir=bench_root()) as barrier:
+                    procs = {m: start(m, r, outs[m], dict(os.environ, BENCH_SCALE_BARRIER=barrier)) for m in order}
+                    swap = CoreSwap([pr.pid for pr in procs.values()])
+                    swap.start()
+                    while any(pr.poll() is None for pr in procs.values()):
+                        failed = [m for m, pr in procs.items() if pr.returncode not in (None, 0)]
+                        if failed:  # the other one would wait for it at the start or the end
+                            for pr in procs.values():
+                                pr.kill()
+                            raise SystemExit(f"the {failed[0]} run failed")
+                        time.sleep(0.2)
+                    swap.stop.set()
+                    swap.join()
+                    if any(pr.returncode != 0 for pr in procs.values()):
+                        raise SystemExit("a run failed")
+                    print(f"\n(side by side: the two runs swapped cores {swap.swaps:,} times)")
+                for m in order:
+                    collect(m, r, outs[m])
+            else:
+                for m in order:
+                    if start(m, r, outs[m], dict(os.environ)).wait() != 0:
+                        raise SystemExit(f"the {m} run failed")
+                    collect(m, r, outs[m])
+        finally:
+            for out in outs.values():
                 Path(out).unlink(missing_ok=True)
     rates = {m: results[m][0]["docs"] / statistics.median(w) / results[m][0]["workers"] for m, w in walls.items()}
     if len(walls) == 2:  # same documents in both: the throughput ratio is the inverse wall ratio
