@@ -45,3 +45,38 @@ def test_freed_batch_arrays_come_back_without_page_faults():
     # the operator's switch leaves the allocator as it is
     off = _faults("set", REFINERY_MALLOC_TUNING="0")
     assert off["took"] is False and off["faults"] >= 20 * 16
+
+
+_ARROW_PROBE = """
+import json, resource, sys, time
+import numpy as np, pyarrow as pa, pyarrow.compute as pc
+from curation.pipeline.allocator import keep_batch_blocks
+took = keep_batch_blocks() if sys.argv[1] == "set" else None
+xs = [pa.array(np.ones(n)) for n in (1 << 17, 1 << 18, 1 << 19, 1 << 20)]
+faults = []
+for _ in range(10):  # a batch's columns of a few sizes (~60 MB), written and freed, batches apart
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    ys = [pc.add(x, k) for k in range(4) for x in xs]
+    del ys
+    time.sleep(0.25)
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+print(json.dumps({"took": took, "pool": pa.default_memory_pool().backend_name, "faults": faults}))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"),
+                    reason="keep_batch_blocks sets glibc's mallopt, which only Linux has: runs on any Linux machine")
+def test_arrow_buffers_come_from_the_kept_heap():
+    def run(mode: str, **env) -> dict:
+        out = subprocess.run([sys.executable, "-c", _ARROW_PROBE, mode], capture_output=True, text=True,
+                             check=True, env={**os.environ, **env})
+        return json.loads(out.stdout)
+
+    kept = run("set")
+    assert kept["took"] is True and kept["pool"] == "system"
+    # the first batch faults its ~15,000 pages in; once the heap has grown to a batch's size
+    # (fragments of it can grow it a few MB more), later batches reuse them
+    assert kept["faults"][0] > 10_000
+    assert sum(kept["faults"][5:]) < kept["faults"][0] // 4, kept["faults"]
+    off = run("set", REFINERY_MALLOC_TUNING="0")
+    assert off["took"] is False and off["pool"] != "system"

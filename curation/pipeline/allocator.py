@@ -10,6 +10,14 @@ keeps freed blocks in the heap for the next batch: 3 faults, 13-28 us. (The defa
 little either way: 1.2-1.8 a document.) A worker holds at most ``trim_mb`` more
 than it uses; peak RSS moved by less than the run-to-run noise (606-646 MB).
 
+Arrow's buffers come from the same heap (``pa.system_memory_pool``). Arrow's default pool, its
+bundled mimalloc, hands freed pages back to the kernel milliseconds after a batch, and a worker's
+batches are seconds apart: in a whole run on the long bench pages (``bench_scale.py``, which prints
+faults per stage) a worker took 38-41 faults a document through the full DAG and 12 through
+extract-only, 8 and 2 with one heap for both and ``trim_mb`` 256 (a chain batch of long pages
+peaks at ~270 MB of heap; at 128 the heap was trimmed between batches): system time 2.0 -> 0.8 s
+per 7,483 documents, the DAG's CPU -2%; peak RSS 620-645 -> 670-680 MB.
+
 Set once per worker process, before its first batch (``executor._root_entries``); a process
 without glibc's ``mallopt`` (musl, macOS) is left as it is. ``REFINERY_MALLOC_TUNING=0`` turns
 it off.
@@ -28,10 +36,10 @@ M_MMAP_THRESHOLD = -3
 
 
 @functools.cache
-def keep_batch_blocks(mmap_mb: int = 64, trim_mb: int = 128) -> bool:
-    """Serve blocks under ``mmap_mb`` from the heap and keep up to ``trim_mb`` freed at its top;
-    True if the allocator took both settings (once per process: later calls return the first
-    answer)."""
+def keep_batch_blocks(mmap_mb: int = 64, trim_mb: int = 256) -> bool:
+    """Serve blocks under ``mmap_mb`` from the heap and keep up to ``trim_mb`` freed at its top,
+    and take Arrow's buffers from it too; True if the allocator took both settings (once per
+    process: later calls return the first answer)."""
     if os.environ.get("REFINERY_MALLOC_TUNING", "1") == "0" or not sys.platform.startswith("linux"):
         return False
     try:
@@ -39,4 +47,11 @@ def keep_batch_blocks(mmap_mb: int = 64, trim_mb: int = 128) -> bool:
     except (OSError, AttributeError):  # no mallopt: not glibc
         return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-    return bool(mallopt(M_MMAP_THRESHOLD, mmap_mb << 20)) and bool(mallopt(M_TRIM_THRESHOLD, trim_mb << 20))
+    if not (mallopt(M_MMAP_THRESHOLD, mmap_mb << 20) and mallopt(M_TRIM_THRESHOLD, trim_mb << 20)):
+        return False
+    import pyarrow as pa
+
+    # Arrow's buffers from the same heap: its bundled mimalloc hands freed pages back to the
+    # kernel within milliseconds, so every batch's columns faulted their pages in again
+    pa.set_memory_pool(pa.system_memory_pool())
+    return True
