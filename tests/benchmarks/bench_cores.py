@@ -6,7 +6,7 @@ On this 2-core VM (2026-11-28) one core took 1.9-2.1 s a pass while the other to
 which one was slow changed from one pass to the next (both were slow at times): a host core shared
 with another guest's work. Two runs of a benchmark one after the other, or two runs at once left
 where the scheduler puts them, each see their own cores' luck; ``bench_scale.py --side-by-side``
-swaps the two runs between the cores every half second instead.
+swaps the two runs between the cores every second instead.
 
 Run: ``REFINERY_DATA=../shared/data .venv/bin/python tests/benchmarks/bench_cores.py [--passes 6]
 [--pages 600]``

@@ -29,7 +29,7 @@ asserts nothing. Run by hand:
    noise, shown beside it).
 
    With ``--side-by-side`` (on 2 cores: ``--workers 1``): each round runs the two modes at the same
-   time, each on its own half of the cores, swapped every half second (``CoreSwap``), timed from a
+   time, each on its own half of the cores, swapped every second (``CoreSwap``), timed from a
    common start, and the one done first keeps its cores extracting until the other is done. This
    VM's cores each change speed by up to 1.7x from one second to the next (``bench_cores.py``); run
    one after the other, the two modes saw different luck (extraction's own speed x0.86-x1.19 between
@@ -399,7 +399,7 @@ def _worker_hook() -> None:
 class ProcSampler(threading.Thread):
     """Samples VmHWM/VmRSS of every process under this one (Ray's raylet, workers...)."""
 
-    def __init__(self, interval: float = 0.25):
+    def __init__(self, interval: float = 1.0):  # peaks are the kernel's high-water marks: 1 s loses none
         super().__init__(daemon=True)
         self.interval = interval
         self.peak: dict[int, tuple[str, float]] = {}  # pid -> (name, peak MB)
@@ -463,7 +463,7 @@ class CoreSwap(threading.Thread):
     slow changes from one second to the next (``bench_cores.py``); two runs left where the
     scheduler puts them would each see their own core's luck. Swapped, both see both cores alike."""
 
-    def __init__(self, roots: list[int], interval: float = 0.5):
+    def __init__(self, roots: list[int], interval: float = 1.0):
         super().__init__(daemon=True)
         cpus = sorted(os.sched_getaffinity(0))
         half = max(1, len(cpus) // 2)
@@ -624,9 +624,10 @@ def run_one(mode: str, warc_facts: dict, workers: int, split_mb: int, out_json: 
         barrier = os.environ.get("BENCH_SCALE_BARRIER")
         if barrier:  # --side-by-side: the two runs' timed parts start together
             meet(barrier, f"{mode}.ready")
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         state = run_dag(dag, run_dir, workers=workers, quiet=True)
         res["wall_s"] = time.perf_counter() - t0
+        res["driver_cpu_s"] = time.process_time() - c0  # this process: the DAG's driver and the sampler
         sampler.sample()
         ray.shutdown()
         sampler.stop.set()
@@ -695,6 +696,12 @@ def run_one(mode: str, warc_facts: dict, workers: int, split_mb: int, out_json: 
                 key = Path(name).name or "?"
                 others[key] = max(others.get(key, 0.0), round(mb, 1))
         res["other_process_peak_mb"] = others
+        other_cpu: dict[str, float] = {}  # Ray's own processes' CPU in the timed run (raylet, GCS...)
+        for pid, (name, _) in sampler.peak.items():
+            if not name.startswith("ray::"):
+                key = Path(name).name or "?"
+                other_cpu[key] = round(other_cpu.get(key, 0.0) + sampler.cpu.get(pid, 0.0) - warm_cpu.get(pid, 0.0), 1)
+        res["other_process_cpu_s"] = other_cpu
         # every worker's whole CPU (its last sample, taken after the run): what the timed
         # parts above leave out too (writes, hand-offs, scheduling, the global stages' reads)
         # (less each one's CPU at the end of the warm-up run, with --warm-mb)
@@ -759,6 +766,9 @@ def show(r: dict) -> None:
     print(f"peak RSS     workers (MB, largest first): {wp[:8]}{' ...' if len(wp) > 8 else ''}  "
           f"driver {r['driver_peak_mb']:,.0f} MB")
     print(f"             other processes: {r['other_process_peak_mb']}")
+    if "other_process_cpu_s" in r:
+        print(f"CPU besides the workers: driver (and this bench's sampler) {r['driver_cpu_s']:,.1f} s, "
+              f"other processes {r['other_process_cpu_s']}")
     print(f"written      {r['bytes_written'] / MiB:,.1f} MiB in {r['files_written']:,} files under the run dir; "
           + ", ".join(f"{k} {v / MiB:,.1f}" for k, v in sorted(r["bytes_by_stage"].items())))
 
