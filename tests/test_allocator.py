@@ -27,8 +27,8 @@ print(json.dumps({"took": took, "faults": resource.getrusage(resource.RUSAGE_SEL
 """
 
 
-def _faults(mode: str, **env) -> dict:
-    out = subprocess.run([sys.executable, "-c", _PROBE, mode], capture_output=True, text=True, check=True,
+def _faults(mode: str, probe: str = _PROBE, **env) -> dict:
+    out = subprocess.run([sys.executable, "-c", probe, mode], capture_output=True, text=True, check=True,
                          env={**os.environ, **env})
     return json.loads(out.stdout)
 
@@ -67,16 +67,11 @@ print(json.dumps({"took": took, "pool": pa.default_memory_pool().backend_name, "
 @pytest.mark.skipif(not sys.platform.startswith("linux"),
                     reason="keep_batch_blocks sets glibc's mallopt, which only Linux has: runs on any Linux machine")
 def test_arrow_buffers_come_from_the_kept_heap():
-    def run(mode: str, **env) -> dict:
-        out = subprocess.run([sys.executable, "-c", _ARROW_PROBE, mode], capture_output=True, text=True,
-                             check=True, env={**os.environ, **env})
-        return json.loads(out.stdout)
-
-    kept = run("set")
+    kept = _faults("set", _ARROW_PROBE)
     assert kept["took"] is True and kept["pool"] == "system"
     # the first batch faults its ~15,000 pages in; once the heap has grown to a batch's size
     # (fragments of it can grow it a few MB more), later batches reuse them
     assert kept["faults"][0] > 10_000
     assert sum(kept["faults"][5:]) < kept["faults"][0] // 4, kept["faults"]
-    off = run("set", REFINERY_MALLOC_TUNING="0")
+    off = _faults("set", _ARROW_PROBE, REFINERY_MALLOC_TUNING="0")
     assert off["took"] is False and off["pool"] != "system"

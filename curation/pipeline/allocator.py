@@ -16,7 +16,7 @@ batches are seconds apart: in a whole run on the long bench pages (``bench_scale
 faults per stage) a worker took 38-41 faults a document through the full DAG and 12 through
 extract-only, 8 and 2 with one heap for both and ``trim_mb`` 256 (a chain batch of long pages
 peaks at ~270 MB of heap; at 128 the heap was trimmed between batches): system time 2.0 -> 0.8 s
-per 7,483 documents, the DAG's CPU -2%; peak RSS 620-645 -> 670-680 MB.
+per 7,483 documents (~2% of the DAG's CPU); peak RSS 620-645 -> 670-680 MB.
 
 Set once per worker process, before its first batch (``executor._root_entries``); a process
 without glibc's ``mallopt`` (musl, macOS) is left as it is. ``REFINERY_MALLOC_TUNING=0`` turns

@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import gzip
 import hashlib
 import json
@@ -487,19 +488,16 @@ class CoreSwap(threading.Thread):
         while not self.stop.wait(self.interval if self.swaps else 0):
             kids = ProcSampler._children()
             for i, root in enumerate(self.roots):
-                for tid in self._threads(root, kids):
-                    try:
-                        os.sched_setaffinity(tid, self.halves[(i + self.swaps) % 2])
-                    except OSError:  # gone meanwhile
-                        pass
+                self._pin(root, kids, self.halves[(i + self.swaps) % 2])
             self.swaps += 1
         kids = ProcSampler._children()
         for root in self.roots:
-            for tid in self._threads(root, kids):
-                try:
-                    os.sched_setaffinity(tid, every)
-                except OSError:
-                    pass
+            self._pin(root, kids, every)
+
+    def _pin(self, root: int, kids: dict[int, list[int]], cpus: set[int]) -> None:
+        for tid in self._threads(root, kids):
+            with contextlib.suppress(OSError):  # a thread gone meanwhile
+                os.sched_setaffinity(tid, cpus)
 
 
 def _hwm_mb() -> float:
@@ -547,10 +545,8 @@ def _extract_forever(stop: str, counter) -> None:
     pages = [html for _, html in load_pages()]
     i = 0
     while not os.path.exists(stop):
-        try:
+        with contextlib.suppress(Exception):  # a page the extractor refuses: extract rejects it too
             _resiliparse(decode_html(pages[i % len(pages)], None))
-        except Exception:  # a page the extractor refuses: extract rejects it too
-            pass
         i += 1
     with counter.get_lock():
         counter.value += i
