@@ -48,15 +48,7 @@ def pages_of(which: str) -> list:
     return bench_scale.long_pages(pages) if which == "long" else pages
 
 
-def extract_text(html) -> str | None:
-    """A page's text as the extract stage makes it (decode + resiliparse); None when the
-    extractor refuses the page (extract rejects it)."""
-    from curation.stages.extract import _resiliparse, decode_html
-
-    try:
-        return _resiliparse(decode_html(html, None)).strip()
-    except Exception:
-        return None
+extract_text = bench_scale.page_text  # a page's text as the extract stage makes it; None if refused
 
 
 def extracted(which: str, repeat: int = 1) -> tuple[list[tuple[str, int]], float]:

@@ -15,7 +15,6 @@ Run: ``REFINERY_DATA=../shared/data .venv/bin/python tests/benchmarks/bench_core
 from __future__ import annotations
 
 import argparse
-import contextlib
 import multiprocessing as mp
 import os
 import sys
@@ -29,16 +28,13 @@ import bench_scale  # noqa: E402  (the pages)
 
 
 def loop(cpu: int, pages: list[bytes], passes: int, start, out) -> None:
-    from curation.stages.extract import _resiliparse, decode_html
-
     os.sched_setaffinity(0, {cpu})
     start.wait()  # every core begins together
     times = []
     for _ in range(passes):
         t0 = time.perf_counter()
         for html in pages:
-            with contextlib.suppress(Exception):  # a page the extractor refuses: the extract stage rejects it too
-                _resiliparse(decode_html(html, None))
+            bench_scale.page_text(html)
         times.append(time.perf_counter() - t0)
     out.put((cpu, times))
 

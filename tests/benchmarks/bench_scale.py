@@ -117,15 +117,20 @@ def load_pages() -> list[tuple[str, bytes]]:
     return pages
 
 
-def _extracted_chars(html: bytes) -> int:
-    """Characters of main text the extract stage gets from this page (same decoder, engine
-    and options)."""
+def page_text(html: bytes) -> str | None:
+    """A page's text as the extract stage makes it (decode + resiliparse, same options); None
+    when the extractor refuses the page (extract rejects it)."""
     from curation.stages.extract import _resiliparse, decode_html
 
     try:
-        return len(_resiliparse(decode_html(html, None)).strip())
+        return _resiliparse(decode_html(html, None)).strip()
     except Exception:
-        return 0
+        return None
+
+
+def _extracted_chars(html: bytes) -> int:
+    """Characters of main text the extract stage gets from this page."""
+    return len(page_text(html) or "")
 
 
 _LANG = re.compile(rb"<html[^>]*?\slang\s*=\s*[\"']?([a-zA-Z]{2,3})", re.I)
@@ -540,13 +545,10 @@ def meet(barrier: str, me: str, parties: int = 2) -> None:
 
 def _extract_forever(stop: str, counter) -> None:
     """Extract the bench's pages (decode + resiliparse, the extract stage's work) until ``stop`` exists."""
-    from curation.stages.extract import _resiliparse, decode_html
-
     pages = [html for _, html in load_pages()]
     i = 0
     while not os.path.exists(stop):
-        with contextlib.suppress(Exception):  # a page the extractor refuses: extract rejects it too
-            _resiliparse(decode_html(pages[i % len(pages)], None))
+        page_text(pages[i % len(pages)])
         i += 1
     with counter.get_lock():
         counter.value += i
