@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import ClassVar, Literal
 
@@ -118,3 +119,85 @@ def test_small_batches_after_extraction_are_joined_before_the_next_stage(tmp_pat
     assert sum(SeeBatches.seen) == extracted.num_rows == entries["see"]["rows"] > 0
     assert pq.read_table(rd.shard_path("see", shard.key)).column("id").to_pylist() == \
         extracted.column("id").to_pylist()
+
+
+class SeeThreads(MapStage):
+    """A pass-through map stage that records its ``label``, the thread it runs on and the
+    stage-module restriction in force there; ``fail`` raises on its first batch."""
+
+    type: Literal["test_streaming:SeeThreads"] = "test_streaming:SeeThreads"
+    label: str = ""
+    fail: bool = False
+    seen: ClassVar[list[tuple[str, str, object]]] = []
+
+    def process(self, batch, text=None):
+        from curation.pipeline.dag import stage_modules_in_force
+
+        SeeThreads.seen.append((self.label, threading.current_thread().name, stage_modules_in_force()))
+        if self.fail:
+            raise RuntimeError("a stage failed on the chain thread")
+        return StageResult(batch, None, text)
+
+
+def _threads_of(label: str) -> set[str]:
+    return {t for lab, t, _ in SeeThreads.seen if lab == label}
+
+
+def _three_stage_task(tmp: Path, fail: bool = False) -> tuple[list[dict], RunDir, str]:
+    """jsonl -> first -> second -> third (SeeThreads), one task run in this process."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    src = _jsonl(tmp / "in.jsonl", 256 << 10)
+    stage = {"type": "test_streaming:SeeThreads"}
+    spec = {"name": "threads", "batch_size": 2000, "batch_bytes": 64 << 10,
+            "inputs": {"docs": {"format": "jsonl", "paths": [str(src)], "source": "web"}},
+            "stages": {"first": {**stage, "input": "docs", "label": "first"},
+                       "second": {**stage, "input": "first", "label": "second"},
+                       "third": {**stage, "input": "second", "label": "third", "fail": fail}},
+            "output": "third"}
+    dag = parse_dag(spec, str(tmp / "dag.yaml"), str(REPO))
+    shard = make_plan(dag).input_shards["docs"][0]
+    rd = RunDir(str(tmp / "run"))
+    rd.prepare(dag, False)
+    job = RootJob(dag.to_dict(), dag.path, dag.base_dir, rd, "docs", shard.key, shard, None, False)
+    return _root_entries(job), rd, shard.key
+
+
+def test_the_stages_after_the_first_run_on_the_chain_thread(tmp_path, monkeypatch):
+    # The stage the read feeds runs on the task's thread; the stages it feeds on the chain
+    # thread (their own heap: curation.pipeline.allocator), in turn, with the caller's context;
+    # the output is the same byte for byte as with the chain on the task's thread.
+    from curation.pipeline import allocator
+    from curation.pipeline.dag import stage_modules_allowed
+
+    SeeThreads.seen.clear()
+    with stage_modules_allowed(["test_streaming"]):
+        entries, _, _ = _three_stage_task(tmp_path / "threaded")
+    here = threading.current_thread().name
+    assert _threads_of("first") == {here}
+    chain = _threads_of("second") | _threads_of("third")
+    assert len(chain) == 1 and here not in chain and next(iter(chain)).startswith("refinery-chain")
+    assert {m for _, _, m in SeeThreads.seen} == {("test_streaming",)}
+    threaded = _hashes(tmp_path / "threaded" / "run")
+
+    monkeypatch.setenv("REFINERY_CHAIN_THREAD", "0")
+    allocator.chain_thread.cache_clear()
+    try:
+        SeeThreads.seen.clear()
+        entries_off, _, _ = _three_stage_task(tmp_path / "one")
+        assert {t for _, t, _ in SeeThreads.seen} == {here}
+    finally:
+        monkeypatch.delenv("REFINERY_CHAIN_THREAD")
+        allocator.chain_thread.cache_clear()
+    assert [e["rows"] for e in entries] == [e["rows"] for e in entries_off] and entries[-1]["rows"] > 0
+    assert threaded == _hashes(tmp_path / "one" / "run") and len(threaded) >= 3
+
+
+def test_an_error_on_the_chain_thread_fails_the_task_and_commits_nothing(tmp_path):
+    # The chain thread's exception reaches the task as it was raised; every stage's writer is
+    # aborted, as when a stage fails on the task's thread.
+    SeeThreads.seen.clear()
+    with pytest.raises(RuntimeError, match="a stage failed on the chain thread"):
+        _three_stage_task(tmp_path, fail=True)
+    assert [lab for lab, _, _ in SeeThreads.seen] == ["first", "second", "third"]
+    assert _threads_of("third") != {threading.current_thread().name}
+    assert not _hashes(tmp_path / "run")

@@ -21,14 +21,28 @@ per 7,483 documents (~2% of the DAG's CPU); peak RSS 620-645 -> 670-680 MB.
 Set once per worker process, before its first batch (``executor._root_entries``); a process
 without glibc's ``mallopt`` (musl, macOS) is left as it is. ``REFINERY_MALLOC_TUNING=0`` turns
 it off.
+
+The stages after the first ones of a task (after extraction: the filter chain) run on one
+thread of their own, ``chain_thread``, in turn with the task's thread (never at once): glibc
+gives each thread its own arena, so the parser's many small blocks are no longer carved out
+of the chain's freed batch-sized ones. Side by side on the long bench pages, extraction inside
+the full DAG's worker ran x0.95-0.98 of extract-only's in every one of seven rounds with one
+heap, and x0.99-1.02 in three with two (``bench_scale.py --side-by-side``).
+``REFINERY_CHAIN_THREAD=0`` keeps the chain on the task's thread.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextvars
 import ctypes
 import functools
 import os
 import sys
+import threading
+from typing import Any, Callable, TypeVar
+
+T = TypeVar("T")
 
 #: glibc's ``mallopt`` parameters (malloc.h)
 M_TRIM_THRESHOLD = -1
@@ -55,3 +69,44 @@ def keep_batch_blocks(mmap_mb: int = 64, trim_mb: int = 256) -> bool:
     # kernel within milliseconds, so every batch's columns faulted their pages in again
     pa.set_memory_pool(pa.system_memory_pool())
     return True
+
+
+class ArenaThread:
+    """One long-lived thread of this process that runs calls one at a time, the caller waiting
+    for each: what they allocate comes from the thread's own glibc arena, apart from the
+    caller's heap. Each call runs in a copy of the caller's context (``contextvars``)."""
+
+    def __init__(self, name: str):
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
+        self._ident: int | None = None
+        self._last: concurrent.futures.Future | None = None
+
+    def here(self) -> bool:
+        """Whether this is the thread itself (a call from it runs in place)."""
+        return threading.get_ident() == self._ident
+
+    def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the thread; its result or its exception."""
+        if self.here():
+            return fn(*args)
+        self._last = self._pool.submit(self._run, contextvars.copy_context(), fn, args)
+        return self._last.result()
+
+    def _run(self, ctx: contextvars.Context, fn: Callable[..., T], args: tuple) -> T:
+        self._ident = threading.get_ident()
+        return ctx.run(fn, *args)
+
+    def settle(self) -> None:
+        """Wait for a call still running: one whose caller was interrupted while it waited
+        (a cancelled task), before the caller cleans up what the call writes to."""
+        if self._last is not None:
+            concurrent.futures.wait([self._last])
+
+
+@functools.cache
+def chain_thread() -> ArenaThread | None:
+    """This process's thread for the stages after a task's first ones; None when
+    ``REFINERY_CHAIN_THREAD=0`` (once per process: later calls return the first answer)."""
+    if os.environ.get("REFINERY_CHAIN_THREAD", "1") == "0":
+        return None
+    return ArenaThread("refinery-chain")

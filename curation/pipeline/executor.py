@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 from curation.io import location
 from curation.io.inputs import InputShard, plan_input
 from curation.io.read import iter_read
-from curation.pipeline.allocator import keep_batch_blocks
+from curation.pipeline.allocator import chain_thread, keep_batch_blocks
 from curation.pipeline.context import GlobalContext
 from curation.pipeline.dag import Dag, parse_dag, roots
 from curation.pipeline.progress import RunProgress
@@ -422,6 +422,7 @@ def _root_entries(job: RootJob) -> list[dict]:
     for n in todo:
         children.setdefault(feeder(dag.stages[n].input), []).append(n)
     steps: dict[str, _Step] = {}
+    chain = chain_thread()
     root_writer: ShardWriter | None = None
     read_bytes: dict[str, int] = {}
     try:
@@ -436,6 +437,11 @@ def _root_entries(job: RootJob) -> list[dict]:
         pending = {n: _Coalesced(dag.batch_size, dag.batch_bytes) for n in todo if n in children}
 
         def push(name: str, batch: pa.Table, text: Any) -> None:
+            # the stages fed by a stage of this task (the chain after extraction) on the chain
+            # thread, the ones fed by the read on this one: two heaps (see ``allocator``)
+            if chain is not None and name in steps and not chain.here():
+                chain.call(push, name, batch, text)
+                return
             for child in children.get(name, ()):
                 kept, kept_text = steps[child](batch, text)
                 emit(child, kept, kept_text)
@@ -487,6 +493,8 @@ def _root_entries(job: RootJob) -> list[dict]:
         entries = [root_writer.close(**read_bytes)] if root_writer is not None else []
         return entries + [steps[n].close() for n in todo]
     except BaseException:
+        if chain is not None:
+            chain.settle()  # interrupted while the chain ran: it stops writing before the abort
         for w in [root_writer, *(s.writer for s in steps.values())]:
             if w is not None:
                 w.abort()

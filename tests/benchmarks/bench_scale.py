@@ -324,10 +324,10 @@ def _worker_hook() -> None:
         return _resource.getrusage(_resource.RUSAGE_SELF).ru_minflt
 
     def run_batch(self, batch, text=None):
-        c0, w0, f0 = _time.process_time(), _time.perf_counter(), faults()
+        c0, t0, w0, f0 = _time.process_time(), _time.thread_time(), _time.perf_counter(), faults()
         out = real_run_batch(self, batch, text)
-        emit({"kind": "stage", "type": self.type, "rows": batch.num_rows,
-              "cpu": _time.process_time() - c0, "wall": _time.perf_counter() - w0, "faults": faults() - f0})
+        emit({"kind": "stage", "type": self.type, "rows": batch.num_rows, "cpu": _time.process_time() - c0,
+              "thread_cpu": _time.thread_time() - t0, "wall": _time.perf_counter() - w0, "faults": faults() - f0})
         return out
 
     _base.MapStage.run_batch = run_batch
@@ -642,9 +642,10 @@ def run_one(mode: str, warc_facts: dict, workers: int, split_mb: int, out_json: 
                 r = json.loads(line)
                 if r["kind"] == "stage":
                     s = stage_cpu.setdefault(r["type"], {"rows": 0, "cpu": 0.0, "wall": 0.0, "batches": 0, "step": 0.0,
-                                                         "faults": 0, "step_faults": 0})
+                                                         "faults": 0, "step_faults": 0, "thread_cpu": 0.0})
                     s["rows"] += r["rows"]
                     s["cpu"] += r["cpu"]
+                    s["thread_cpu"] += r.get("thread_cpu", 0.0)
                     s["wall"] += r["wall"]
                     s["batches"] += 1
                     s["faults"] += r.get("faults", 0)
@@ -743,7 +744,8 @@ def show(r: dict) -> None:
     by_type = r["map_stages"]
     for name, s in by_type.items():
         print(f"  {name:20s} cpu {s['cpu']:7.1f} s  {s['rows'] / s['cpu'] if s['cpu'] else 0:9,.0f} docs/s/core  "
-              f"({s['rows']:,} rows in {s['batches']} batches"
+              + (f"(its thread {s['thread_cpu']:,.1f}) " if s.get("thread_cpu") else "")
+              + f"({s['rows']:,} rows in {s['batches']} batches"
               + (f"; hand-off and writes {s['step'] - s['cpu']:,.1f} s" if s.get("step") else "") + ")"
               + _faults(s.get("faults"), s["rows"], s.get("step_faults", 0) - s.get("faults", 0)))
     for name, s in r["global_stages"].items():
