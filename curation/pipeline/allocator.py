@@ -79,9 +79,12 @@ class ArenaThread:
     caller's heap. Each call runs in a copy of the caller's context (``contextvars``)."""
 
     def __init__(self, name: str):
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name)
         self._ident: int | None = None
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=name, initializer=self._started)
         self._last: concurrent.futures.Future | None = None
+
+    def _started(self) -> None:
+        self._ident = threading.get_ident()
 
     def here(self) -> bool:
         """Whether this is the thread itself (a call from it runs in place)."""
@@ -91,12 +94,8 @@ class ArenaThread:
         """``fn(*args)`` on the thread; its result or its exception."""
         if self.here():
             return fn(*args)
-        self._last = self._pool.submit(self._run, contextvars.copy_context(), fn, args)
+        self._last = self._pool.submit(contextvars.copy_context().run, fn, *args)
         return self._last.result()
-
-    def _run(self, ctx: contextvars.Context, fn: Callable[..., T], args: tuple) -> T:
-        self._ident = threading.get_ident()
-        return ctx.run(fn, *args)
 
     def settle(self) -> None:
         """Wait for a call still running: one whose caller was interrupted while it waited
