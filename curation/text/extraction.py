@@ -1,9 +1,20 @@
 """HTML -> text engines: decoding page bytes and the extractors the ``extract`` stage (and the
-extraction evals, ``reextract``) run. No Ray, no run directory: one page in, one string out."""
+extraction evals, ``reextract``) run. No Ray, no run directory: one page in, one string out.
+
+``extract_page(html, engines=..., format=..., policy=...)`` is the one entry point: ``format``
+``"text"`` (plain main text, what ``extract`` always gave) or ``"markdown"`` (headings, lists,
+fenced code, tables as ``| a | b |`` rows, math as ``$…$``; see ``curation.text.markdown``);
+``policy`` says how several engines combine (``curation.text.engine_policy``)."""
 
 from __future__ import annotations
 
 from contextlib import suppress
+from typing import Literal, Sequence
+
+Format = Literal["text", "markdown"]
+Policy = Literal["first", "longest", "union", "route"]
+FORMATS: tuple[str, ...] = ("text", "markdown")
+POLICIES: tuple[str, ...] = ("first", "longest", "union", "route")
 
 
 def decode_html(html: bytes, charset: str | None) -> str:
@@ -20,13 +31,15 @@ def decode_html(html: bytes, charset: str | None) -> str:
     return bytes_to_str(html, detect_encoding(html, from_html_meta=True))
 
 
+# comments, bylines/dates and list bullets are not main text: F1 0.911 -> 0.935 on the
+# article-extraction benchmark's 181 gold pages (tests/benchmarks/bench_extract.py)
+RESILIPARSE_OPTIONS = dict(main_content=True, alt_texts=False, comments=False, post_meta=False, list_bullets=False)
+
+
 def _resiliparse(html: str) -> str:
     from resiliparse.extract.html2text import extract_plain_text
 
-    # comments, bylines/dates and list bullets are not main text: F1 0.911 -> 0.935 on the
-    # article-extraction benchmark's 181 gold pages (tests/benchmarks/bench_extract.py)
-    return extract_plain_text(html, main_content=True, alt_texts=False, comments=False, post_meta=False,
-                              list_bullets=False)
+    return extract_plain_text(html, **RESILIPARSE_OPTIONS)
 
 
 def _trafilatura(html: str) -> str:
@@ -36,13 +49,59 @@ def _trafilatura(html: str) -> str:
                                deduplicate=False) or ""
 
 
+def _resiliparse_markdown(html: str) -> str:
+    from curation.text.markdown import resiliparse_markdown
+
+    return resiliparse_markdown(html)
+
+
+def _trafilatura_markdown(html: str) -> str:
+    import trafilatura
+
+    return trafilatura.extract(html, output_format="markdown", include_comments=False, include_tables=True,
+                               include_formatting=True, favor_precision=False, deduplicate=False) or ""
+
+
+#: engine -> page -> plain main text (``format: text``)
 ENGINES = {"resiliparse": _resiliparse, "trafilatura": _trafilatura}
+#: engine -> page -> Markdown main text (``format: markdown``)
+MARKDOWN_ENGINES = {"resiliparse": _resiliparse_markdown, "trafilatura": _trafilatura_markdown}
+
+
+def engine_fn(engine: str, format: str = "text"):
+    """The one-page function of ``engine`` in ``format``; ``ValueError`` for unknown names."""
+    if format not in FORMATS:
+        raise ValueError(f"unknown extraction format {format!r}; known: {list(FORMATS)}")
+    table = ENGINES if format == "text" else MARKDOWN_ENGINES
+    try:
+        return table[engine]
+    except KeyError:
+        raise ValueError(f"unknown extraction engine {engine!r}; known: {sorted(table)}") from None
 
 
 def extract_text(html: str, engine: str = "resiliparse") -> str:
     """One decoded page -> its main text with ``engine`` (a key of ``ENGINES``)."""
-    try:
-        fn = ENGINES[engine]
-    except KeyError:
-        raise ValueError(f"unknown extraction engine {engine!r}; known: {sorted(ENGINES)}") from None
-    return fn(html)
+    return engine_fn(engine, "text")(html)
+
+
+def extract_page(html: str, *, engines: Sequence[str] = ("resiliparse",), format: Format = "text",
+                 policy: Policy = "first") -> str:
+    """One decoded page -> its main content in ``format`` from ``engines`` combined by ``policy``:
+
+    - ``first``: the first engine's text; the next engine only where it came back empty;
+    - ``longest``: every engine runs, the longest text wins;
+    - ``union``: the first engine's paragraphs, then the others' paragraphs it lacks, each put
+      after the last paragraph both share (no duplicates, the first engine's order);
+    - ``route``: the first engine, and the second only on pages whose cheap facts say it wins
+      (``engine_policy.route_second``).
+    """
+    from curation.text.engine_policy import combine
+
+    if not engines:
+        raise ValueError("extract_page: no engines given")
+    if policy not in POLICIES:
+        raise ValueError(f"unknown extraction policy {policy!r}; known: {list(POLICIES)}")
+    fns = [engine_fn(e, format) for e in engines]
+    if len(fns) == 1:
+        return fns[0](html)
+    return combine(html, fns, policy, format)
