@@ -33,7 +33,7 @@ from curation.stages import extract as ex
 EXTRACT = DATA / "extract"
 SHARED = Path(os.environ.get("REFINERY_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 ENGINES = ["resiliparse", "trafilatura"]
-DEFAULT = ex.Extract.model_fields["engine"].default
+DEFAULT = ex.Extract().engine  # the one-engine shorthand, resolved ("resiliparse")
 
 #: resiliparse options recommended for extract.py (bench_extract.py section 1): user comments and
 #: post meta (bylines, dates) are not main text, list bullets are not words.
