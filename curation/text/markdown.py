@@ -78,14 +78,16 @@ def _replace(tree, node, kind: str, idx: int, block: bool) -> None:
     node.parent.replace_child(new, node)
 
 
-def _mark(tree) -> list[str]:
-    """Replace data tables and math in ``tree`` by placeholders; returns their Markdown."""
+def _mark(tree, html: str) -> list[str]:
+    """Replace data tables and math in ``tree`` by placeholders; returns their Markdown. Each
+    selector walks the whole tree, so it runs only when its tag name occurs in ``html``."""
     out: list[str] = []
     body = tree.body
     if body is None:
         return out
+    low = html.lower() if "<TABLE" in html or "<MATH" in html else html
     # KaTeX first: its <math> copy sits inside it beside the rendered HTML
-    for node in body.query_selector_all(".katex"):
+    for node in body.query_selector_all(".katex") if "katex" in html else ():
         if node.parent is None:
             continue
         tex = _tex_of_math(node)
@@ -93,19 +95,19 @@ def _mark(tree) -> list[str]:
         if tex:
             out.append(f"$${tex}$$" if display else f"${tex}$")
             _replace(tree, node, "D" if display else "M", len(out) - 1, display)
-    for node in body.query_selector_all("math"):
+    for node in body.query_selector_all("math") if "<math" in low else ():
         tex = _tex_of_math(node)
         if tex and node.parent is not None:
             display = node.hasattr("display") and node["display"] == "block"
             out.append(f"$${tex}$$" if display else f"${tex}$")
             _replace(tree, node, "D" if display else "M", len(out) - 1, display)
-    for node in body.query_selector_all('script[type^="math/tex"]'):
+    for node in body.query_selector_all('script[type^="math/tex"]') if "math/tex" in html else ():
         tex = node.text.strip()
         if tex and node.parent is not None:
             display = "mode=display" in node["type"]
             out.append(f"$${tex}$$" if display else f"${tex}$")
             _replace(tree, node, "D" if display else "M", len(out) - 1, display)
-    for table in reversed(body.query_selector_all("table")):  # innermost first
+    for table in reversed(body.query_selector_all("table")) if "<table" in low else ():  # innermost first
         if table.parent is None:
             continue
         rows = _table_rows(table)
@@ -125,7 +127,7 @@ def resiliparse_markdown(html: str) -> str:
     from curation.text.extraction import RESILIPARSE_OPTIONS
 
     tree = HTMLTree.parse(html)
-    parts = _mark(tree)
+    parts = _mark(tree, html)
     minimal = extract_plain_text(tree, preserve_formatting="minimal_html", **RESILIPARSE_OPTIONS)
     if _OPTS is None:
         _OPTS = _options()

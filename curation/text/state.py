@@ -34,8 +34,13 @@ from curation.text.arrow import text_array, text_bytes, text_column, to_numpy
 class TextState:
     """Text of one batch plus its splits, each computed on first use (see module docstring)."""
 
-    def __init__(self, texts: pa.Array | pa.ChunkedArray, word_counts: np.ndarray | None = None):
+    def __init__(self, texts: pa.Array | pa.ChunkedArray, word_counts: np.ndarray | None = None,
+                 markup: str = "text"):
         self.texts: pa.Array = text_array(texts)
+        if markup not in ("text", "markdown"):
+            raise ValueError(f"TextState: markup {markup!r}: 'text' or 'markdown'")
+        #: what ``texts`` are written in (``extract``'s ``format``): ``plain`` strips Markdown
+        self.markup = markup
         self._words: text_words.Words | None = None
         #: (words, docs): this state's words are ``words``' of texts ``docs``, moved over on
         #: first use (``take``: a stage that reads per-document tallies only never moves them)
@@ -71,6 +76,16 @@ class TextState:
         if got != mine:
             raise ValueError(f"text state holds {mine} bytes of text, the batch {got}: not its text")
         return self
+
+    @property
+    def plain(self) -> pa.Array:
+        """The texts without their markup, for measuring (``markdown_plain.plain_view``; line for
+        line, so line signals count the same lines); the texts themselves when they are plain."""
+        if self.markup == "text":
+            return self.texts
+        from curation.text.markdown_plain import plain_view
+
+        return self._cached("plain", lambda: plain_view(self.texts))
 
     # -- words ---------------------------------------------------------------------------
 
@@ -189,7 +204,9 @@ class TextState:
             got = pc.sum(pc.binary_length(texts)).as_py() or 0
             if len(texts) != len(idx) or got != want:
                 raise ValueError(f"take: {len(texts)} texts of {got} bytes given for {len(idx)} rows of {want}")
-        out = TextState(texts)
+        out = TextState(texts, markup=self.markup)
+        if "plain" in self._cache:  # the plain view, like the words, is not remade
+            out._cache["plain"] = self._cache["plain"].take(pa.array(idx, pa.int64()))
         if self._words is not None:  # moved on first use (``words``), from the words as split
             out._lazy = (self._words, idx)
         elif self._lazy is not None:

@@ -1,0 +1,218 @@
+"""Extraction formats and engine policies: print figures, assert nothing (issue #53, items 2-4).
+
+``--formats``: word F1 (bag of whitespace tokens, as bench_extract.py) on the article-extraction
+benchmark's 181 gold pages and on Mozilla readability's 130 (``expected.html`` text), plus
+structure kept on the Mozilla set: code lines (each gold ``<pre>`` line, with its indentation
+relative to its block, found as a line of the output) and table rows (each gold row of >= 2
+cells whose cells all sit on one output line, in order); docs/s on one core. Markdown is scored
+on its plain view (``markdown_plain.plain_view``) for words, on its own lines for structure.
+
+``--agreement``: keep/drop of the filter chain (langid -> gopher_repetition -> gopher_quality ->
+c4_quality -> fineweb_quality, default params) on the bench WARC's real pages
+(``bench_scale.load_pages``), ``format: text`` against ``format: markdown`` measured through the
+plain view (``TextState.plain``) and raw; the differing pages listed; the chain's speed on each.
+
+Run: ``flock /tmp/refinery-bench.lock .venv/bin/python tests/benchmarks/bench_extract_formats.py --formats --agreement``
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import re
+import sys
+import tarfile
+import textwrap
+import time
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+for p in (str(REPO), str(REPO / "tests" / "benchmarks")):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+import pyarrow as pa  # noqa: E402
+
+from bench_scale import SHARED_DATA, load_pages  # noqa: E402
+from curation.text.extraction import decode_html, extract_page  # noqa: E402
+from curation.text.markdown_plain import plain_view  # noqa: E402
+
+CONFIGS = {  # name -> extract_page kwargs
+    "text": dict(format="text"),
+    "markdown": dict(format="markdown"),
+    "trafilatura": dict(engines=("trafilatura",), format="text"),
+    "text/longest": dict(engines=("resiliparse", "trafilatura"), format="text", policy="longest"),
+    "text/union": dict(engines=("resiliparse", "trafilatura"), format="text", policy="union"),
+    "text/route": dict(engines=("resiliparse", "trafilatura"), format="text", policy="route"),
+    "markdown/route": dict(engines=("resiliparse", "trafilatura"), format="markdown", policy="route"),
+    "markdown/union": dict(engines=("resiliparse", "trafilatura"), format="markdown", policy="union"),
+}
+
+
+def bow(pred: str, gold: str) -> tuple[int, int, int]:
+    p, g = Counter(pred.split()), Counter(gold.split())
+    return sum((p & g).values()), sum(p.values()), sum(g.values())
+
+
+def f1(pred: str, gold: str) -> float:
+    tp, np_, ng = bow(pred, gold)
+    p, r = tp / max(np_, 1), tp / max(ng, 1)
+    return 2 * p * r / (p + r) if p + r else 0.0
+
+
+def aeb_pages() -> list[tuple[str, str]]:
+    gold = json.loads(gzip.decompress((SHARED_DATA / "html" / "article_extraction_benchmark_ground-truth.json.gz").read_bytes()))
+    out = []
+    with tarfile.open(SHARED_DATA / "html" / "article_extraction_benchmark_pages.tar.xz") as tf:
+        for m in tf:
+            key = Path(m.name).name.split(".")[0]
+            if m.isfile() and m.name.endswith(".html") and key in gold:
+                out.append((decode_html(tf.extractfile(m).read(), None), gold[key]["articleBody"]))
+    return out
+
+
+def mozilla_pages() -> list[tuple[str, str]]:
+    src, exp = {}, {}
+    with tarfile.open(SHARED_DATA / "html" / "mozilla_readability_test_pages.tar.xz") as tf:
+        for m in tf:
+            if m.isfile() and m.name.endswith(("/source.html", "/expected.html")):
+                d = src if m.name.endswith("source.html") else exp
+                d[str(Path(m.name).parent)] = decode_html(tf.extractfile(m).read(), None)
+    return [(src[k], exp[k]) for k in sorted(src) if k in exp]
+
+
+def gold_structure(expected_html: str) -> tuple[list[list[str]], list[list[str]], str]:
+    """(code blocks as dedented lines, table rows as cell lists, gold text) of an expected.html."""
+    from resiliparse.extract.html2text import extract_plain_text
+    from resiliparse.parse.html import HTMLTree
+
+    tree = HTMLTree.parse(expected_html)
+    code = []
+    for pre in tree.body.query_selector_all("pre") if tree.body else []:
+        lines = [ln.rstrip() for ln in textwrap.dedent(pre.text).split("\n") if ln.strip()]
+        if lines:
+            code.append(lines)
+    rows = []
+    for tr in tree.body.query_selector_all("tr") if tree.body else []:
+        cells = [" ".join(c.text.split()) for c in tr.child_nodes if c.tag in ("td", "th")]
+        cells = [c for c in cells if c]
+        if len(cells) >= 2:
+            rows.append(cells)
+    return code, rows, extract_plain_text(tree, main_content=False, alt_texts=False)
+
+
+def structure_kept(out: str, code: list[list[str]], rows: list[list[str]]) -> tuple[int, int, int, int]:
+    lines = out.split("\n")
+    dedented = set(textwrap.dedent(out).split("\n")) | {ln.rstrip() for ln in lines}
+    code_n = sum(len(b) for b in code)
+    code_k = sum(ln in dedented for b in code for ln in b)
+    flat = [" ".join(ln.replace("|", " ").split()) for ln in lines]
+    row_k = 0
+    for cells in rows:
+        pat = re.compile(r"(?:^|\s)" + r"\s.*?".join(re.escape(c) for c in cells))
+        row_k += any(pat.search(ln) for ln in flat)
+    return code_k, code_n, row_k, len(rows)
+
+
+def formats(names: list[str]) -> None:
+    aeb, moz = aeb_pages(), mozilla_pages()
+    moz_gold = [gold_structure(e) for _, e in moz]
+    print(f"{'config':16} {'aeb F1':>7} {'moz F1':>7} {'code':>6} {'rows':>6} {'docs/s':>7} {'tokens':>9}")
+    for name in names:
+        kw = CONFIGS[name]
+        t0 = time.process_time()
+        outs_a = [extract_page(h, **kw) for h, _ in aeb]
+        outs_m = [extract_page(h, **kw) for h, _ in moz]
+        cpu = time.process_time() - t0
+        md = kw.get("format") == "markdown"
+        view = (lambda xs: plain_view(pa.array(xs)).to_pylist()) if md else (lambda xs: xs)
+        fa = sum(f1(o, g) for o, (_, g) in zip(view(outs_a), aeb)) / len(aeb)
+        fm = sum(f1(o, g[2]) for o, g in zip(view(outs_m), moz_gold)) / len(moz)
+        ck = cn = rk = rn = 0
+        for o, (code, rows, _) in zip(outs_m, moz_gold):
+            a, b, c, d = structure_kept(o, code, rows)
+            ck, cn, rk, rn = ck + a, cn + b, rk + c, rn + d
+        toks = sum(len(o.split()) for o in view(outs_a + outs_m))
+        print(f"{name:16} {fa:7.3f} {fm:7.3f} {ck / max(cn, 1):6.3f} {rk / max(rn, 1):6.3f} "
+              f"{(len(aeb) + len(moz)) / cpu:7.1f} {toks:9d}", flush=True)
+    print(f"(code lines: {cn} in {sum(bool(c) for c, _, _ in moz_gold)} pages; table rows: {rn} in "
+          f"{sum(bool(r) for _, r, _ in moz_gold)} pages; docs/s: CPU seconds of this process, one core)")
+
+
+def chain_keep(texts: list[str], plain: bool) -> tuple[list[str | None], float]:
+    """The filter chain's drop reason per text (None: kept) and its CPU seconds."""
+    from curation.stages import filters  # noqa: F401 (registers the filter stages)
+    from curation.stages import langid  # noqa: F401
+    from curation.stages.base import registry
+    from curation.text.state import TextState
+
+    stages = [registry[t]() for t in
+              ("langid", "gopher_repetition", "gopher_quality", "c4_quality", "fineweb_quality")]
+    batch = pa.table({"id": pa.array([str(i) for i in range(len(texts))]), "text": pa.array(texts, pa.string())})
+    reasons: list[str | None] = [None] * len(texts)
+    alive = list(range(len(texts)))
+    t0 = time.process_time()
+    state = TextState(batch.column("text"), markup="markdown" if plain else "text")
+    if plain:  # the chain measures the plain view: what it judges is the plain text
+        batch = batch.set_column(1, "text", state.plain)
+        state = TextState(batch.column("text"))
+    for st in stages:
+        res = st.process(batch, state)
+        rs = res.reasons.to_pylist() if res.reasons is not None else [None] * batch.num_rows
+        keep = [i for i, r in enumerate(rs) if r is None]
+        for i, r in enumerate(rs):
+            if r is not None:
+                reasons[alive[i]] = r
+        alive = [alive[i] for i in keep]
+        batch = res.table.take(pa.array(keep, pa.int64()))
+        state = res.text.take(keep) if res.text is not None else TextState(batch.column("text"))
+    return reasons, time.process_time() - t0
+
+
+def agreement(limit: int) -> None:
+    pages = load_pages()[:limit]
+    htmls = []
+    for _, b in pages:
+        try:
+            htmls.append(decode_html(b, None))
+        except Exception:  # noqa: BLE001 (a page the decoder refuses is left out of both sides)
+            continue
+    t0 = time.process_time()
+    text = [extract_page(h).strip() for h in htmls]
+    t_text = time.process_time() - t0
+    t0 = time.process_time()
+    md = [extract_page(h, format="markdown").strip() for h in htmls]
+    t_md = time.process_time() - t0
+    keep = [i for i in range(len(htmls)) if text[i] and md[i]]
+    text, md = [text[i] for i in keep], [md[i] for i in keep]
+    print(f"{len(text)} pages with text in both formats; extraction docs/s: text {len(htmls) / t_text:.1f}, "
+          f"markdown {len(htmls) / t_md:.1f} (x{t_text / t_md:.2f})")
+    r_text, c_text = chain_keep(text, plain=False)
+    for label, plain in (("markdown, plain view", True), ("markdown, raw", False)):
+        r_md, c_md = chain_keep(md, plain=plain)
+        same = sum((a is None) == (b is None) for a, b in zip(r_text, r_md))
+        print(f"{label}: keep/drop agreement {same}/{len(text)} = {same / len(text):.4f}; kept text "
+              f"{sum(r is None for r in r_text)}, markdown {sum(r is None for r in r_md)}; chain CPU text "
+              f"{c_text:.2f}s, markdown {c_md:.2f}s (x{c_md / c_text:.2f})")
+        diffs = Counter((a, b) for a, b in zip(r_text, r_md) if (a is None) != (b is None))
+        for (a, b), n in diffs.most_common(12):
+            print(f"   {n:4d}  text: {a or 'kept'}  | markdown: {b or 'kept'}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--formats", action="store_true", help="F1 / code / table rows / speed per config")
+    ap.add_argument("--configs", default=",".join(CONFIGS), help=f"of {list(CONFIGS)}")
+    ap.add_argument("--agreement", action="store_true", help="filter chain keep/drop, markdown vs text")
+    ap.add_argument("--pages", type=int, default=5000, help="--agreement: at most this many pages")
+    a = ap.parse_args()
+    if a.formats:
+        formats(a.configs.split(","))
+    if a.agreement:
+        agreement(a.pages)
+
+
+if __name__ == "__main__":
+    main()
