@@ -93,7 +93,8 @@ class Extract(MapStage):
         if not isinstance(data, dict):
             return data
         engine, engines = data.get("engine"), data.get("engines")
-        if engine is not None and engines is not None and list(engines) != [engine]:
+        # engine == engines[0]: the resolved form (a model dumped and validated again)
+        if engine is not None and engines is not None and (not engines or engines[0] != engine):
             raise ValueError("extract: give engine (one) or engines (several), not both")
         if engines is None:
             engines = [engine or "resiliparse"]

@@ -107,11 +107,10 @@ def _mark(tree, html: str) -> list[str]:
             display = "mode=display" in node["type"]
             out.append(f"$${tex}$$" if display else f"${tex}$")
             _replace(tree, node, "D" if display else "M", len(out) - 1, display)
-    for table in reversed(body.query_selector_all("table")) if "<table" in low else ():  # innermost first
-        if table.parent is None:
-            continue
-        rows = _table_rows(table)
-        if rows is not None:
+    # judged before any is replaced: a table holding a data table stays a layout table
+    tables = body.query_selector_all("table") if "<table" in low else ()
+    for table, rows in [(t, _table_rows(t)) for t in tables][::-1]:  # innermost first
+        if rows is not None and table.parent is not None:
             out.append(table_markdown(rows))
             _replace(tree, table, "T", len(out) - 1, True)
     return out

@@ -1,0 +1,213 @@
+"""extract format: markdown (headings, lists, fenced code, tables, math), its plain view for the
+filters, and the multi-engine policies (issue #53 items 2-4)."""
+
+from __future__ import annotations
+
+import lzma
+import textwrap
+
+import pyarrow as pa
+import pytest
+
+from conftest import DATA
+from curation.stages import extract as ex
+from curation.text import engine_policy
+from curation.text.extraction import extract_page
+from curation.text.markdown_plain import plain_view
+from curation.text.state import TextState
+
+FIX = DATA / "extract"
+PROSE = "<p>" + "This paragraph is the main text of the page and it is long enough to count. " * 3 + "</p>"
+
+
+def _page(body: str) -> str:
+    return f"<html><head><title>t</title></head><body><nav><a href='/'>Home</a></nav><article>{PROSE}{body}{PROSE}</article></body></html>"
+
+
+def _fixture(name: str) -> str:
+    return lzma.decompress((FIX / name).read_bytes()).decode("utf-8")
+
+
+def test_table_kept_as_rows():
+    html = _page("<table><tr><th>Name</th><th>Value</th></tr><tr><td>alpha</td><td>1 | 2</td></tr>"
+                 "<tr><td>beta</td><td>3</td></tr></table>")
+    md = extract_page(html, format="markdown")
+    assert "| Name | Value |\n| --- | --- |\n| alpha | 1 \\| 2 |\n| beta | 3 |" in md
+    # the table sits between the two paragraphs, where the page has it
+    assert md.index("main text") < md.index("| Name") < md.rindex("main text")
+    assert "| alpha" not in extract_page(html, format="text")  # text keeps no rows
+
+
+def test_layout_table_not_written_as_rows():
+    html = _page("<table><tr><td><table><tr><td>a</td><td>b</td></tr><tr><td>c</td><td>d</td></tr></table></td>"
+                 "<td>x</td></tr><tr><td>y</td><td>z</td></tr></table>")
+    from resiliparse.parse.html import HTMLTree
+
+    from curation.text.markdown import _table_rows
+
+    outer, inner = HTMLTree.parse(html).body.query_selector_all("table")
+    assert _table_rows(outer) is None  # holds a table: layout
+    assert _table_rows(inner) == [["a", "b"], ["c", "d"]]
+    assert "| y | z |" not in extract_page(html, format="markdown")
+
+
+def test_code_fenced_with_indentation():
+    code = "def f(x):\n    if x < 2:\n        return [x * 2]\n    return None"
+    md = extract_page(_page(f"<pre><code>{code.replace('<', '&lt;')}</code></pre>"), format="markdown")
+    assert f"```\n{code}\n```" in md  # no escaping of * or < inside code, indentation kept
+
+
+def test_math_as_tex():
+    html = _page('<p>Inline <math><semantics><mi>x</mi><annotation encoding="application/x-tex">x_i^2</annotation>'
+                 '</semantics></math> and <script type="math/tex">a*b</script> and '
+                 '<span class="katex"><span class="katex-mathml"><math><semantics><mi>y</mi>'
+                 '<annotation encoding="application/x-tex">\\frac{1}{y}</annotation></semantics></math></span>'
+                 '<span class="katex-html">1/y rendered</span></span> end of a long enough sentence here.</p>'
+                 '<script type="math/tex; mode=display">\\sum_i a_i</script>'
+                 '<math display="block" alttext="E=mc^2"><mi>E</mi></math>')
+    md = extract_page(html, format="markdown")
+    assert "Inline $x_i^2$ and $a*b$ and $\\frac{1}{y}$ end" in md
+    assert "rendered" not in md  # KaTeX's visual copy is not the text
+    assert "\n$$\\sum_i a_i$$\n" in md and "$$E=mc^2$$" in md
+
+
+def test_headings_and_lists():
+    html = ("<html><body><article><h1>Main title</h1>" + PROSE + "<h2>Section two</h2>" + PROSE + "</article></body></html>")
+    md = extract_page(html, format="markdown")
+    assert md.startswith("# Main title") and "\n## Section two\n" in md
+    # lists: resiliparse's main-content mode keeps a list only where it judges it content; what it
+    # keeps is written as Markdown items (trafilatura keeps them as such too)
+    lst = _page("<ul><li>first item of the list</li><li>second item of the list</li></ul>")
+    assert "- first item of the list\n- second item of the list" in extract_page(lst, engines=["trafilatura"],
+                                                                                 format="markdown")
+
+
+def test_real_page_code_blocks_kept():
+    """mozilla readability 001: every line of the expected content's 4 code blocks, with its
+    indentation, comes out as a line of the Markdown, fenced."""
+    from resiliparse.parse.html import HTMLTree
+
+    md = extract_page(_fixture("mozilla_001_source.html.xz"), format="markdown")
+    tree = HTMLTree.parse(_fixture("mozilla_001_expected.html.xz"))
+    lines = set(md.split("\n"))
+    gold = [ln.rstrip() for pre in tree.body.query_selector_all("pre") for ln in textwrap.dedent(pre.text).split("\n")
+            if ln.strip()]
+    assert len(gold) >= 10
+    assert sum(ln in lines for ln in gold) / len(gold) >= 0.98
+    assert md.count("```") >= 8
+
+
+def test_real_page_table_rows_kept():
+    """mozilla readability keep-tabular-data: the expected content's table (a header row of 8
+    stages, then one row a task, image cells) comes out as Markdown rows, one line a row."""
+    md = extract_page(_fixture("mozilla_keep_tabular_data_source.html.xz"), format="markdown")
+    expected = _fixture("mozilla_keep_tabular_data_expected.html.xz")
+    n_rows = expected.count("<tr")
+    md_rows = [ln for ln in md.split("\n") if ln.startswith("| ") and ln.endswith(" |")]
+    assert n_rows >= 20 and len(md_rows) >= 0.9 * n_rows, (len(md_rows), n_rows)
+    assert any(ln.startswith("|  | General UX | UX draft | UX review |") for ln in md_rows)
+    assert any(ln.startswith("| Load map |") for ln in md_rows)
+
+
+def test_plain_view_strips_markup_line_for_line():
+    md = ("# Title\n\nSome **bold** and *em*, 5 * 3 = 15, $x^2$ costs $5.\n\n- item one\n2. item two\n\n"
+          "```\ncode  line\n```\n\n| a | b |\n| --- | --- |\n| 1 | 2 \\| 3 |\n> quoted")
+    (plain,) = plain_view(pa.array([md])).to_pylist()
+    assert plain == ("Title\n\nSome bold and em, 5 * 3 = 15, x^2 costs $5.\n\nitem one\nitem two\n\n"
+                     "\ncode  line\n\n\na\tb\n\n1\t2 | 3\nquoted")
+    assert plain.count("\n") == md.count("\n")
+    assert plain_view(pa.chunked_array([["a"], [None]])).to_pylist() == ["a", None]
+
+
+def test_text_state_plain():
+    md = pa.array(["# Head\n\n- one **two**", "plain"])
+    st = TextState(md, markup="markdown")
+    assert st.plain.to_pylist() == ["Head\n\none two", "plain"]
+    assert st.take([1, 0]).plain.to_pylist() == ["plain", "Head\n\none two"]
+    assert TextState(md).plain is TextState(md).texts or TextState(md).plain.equals(md)  # text: itself
+    with pytest.raises(ValueError, match="markup"):
+        TextState(md, markup="html")
+
+
+def test_plain_view_signals_match_text_format():
+    """On a real page, the plain view of the Markdown has the words of format: text, so the
+    word-based filter signals (Gopher's, FineWeb's) see the same document."""
+    from curation.stages.filters import GopherQualityFilter
+
+    html = _fixture("mozilla_001_source.html.xz")
+    text, md = extract_page(html), extract_page(html, format="markdown")
+    plain = plain_view(pa.array([md])).to_pylist()[0]
+    assert "```" in md and "```" not in plain
+    assert sorted(plain.split()) == sorted(text.split())
+    g = GopherQualityFilter()
+    sig_text = g.run_batch(pa.table({"text": [text]})).table
+    sig_plain = g.run_batch(pa.table({"text": [plain]})).table
+    for col in ("gopher_n_words", "gopher_mean_word_length", "gopher_symbol_word_ratio"):
+        if col in sig_text.column_names:
+            assert sig_text.column(col).to_pylist() == pytest.approx(sig_plain.column(col).to_pylist(), rel=0.02), col
+
+
+# -- engines and policies -------------------------------------------------------------------
+
+def _fake_engines(monkeypatch, a: str, b: str) -> list[str]:
+    calls: list[str] = []
+    monkeypatch.setitem(ex.ENGINES, "resiliparse", lambda h: calls.append("r") or a)
+    monkeypatch.setitem(ex.ENGINES, "trafilatura", lambda h: calls.append("t") or b)
+    return calls
+
+
+def test_policies_on_a_page_where_engines_differ():
+    html = _page("<ul><li>first item of the list here</li><li>second item of the list here</li></ul>")
+    kw = dict(engines=["resiliparse", "trafilatura"], format="text")
+    r, t = extract_page(html), extract_page(html, engines=["trafilatura"])
+    assert "first item" in t and "first item" not in r  # the engines differ on this page
+    assert extract_page(html, policy="first", **kw) == r
+    assert extract_page(html, policy="longest", **kw) == max(r, t, key=len)
+    union = extract_page(html, policy="union", **kw)
+    assert "first item" in union and union.count("main text of the page") == r.count("main text of the page")
+
+
+def test_union_order_and_no_duplicates():
+    u = engine_policy.union(["A one\nB two\nC three", "A one\nX new\nC three\nB two"], "text")
+    assert u.split("\n") == ["A one", "X new", "B two", "C three"]
+    assert engine_policy.union(["a b c d", "b c"], "text") == "a b c d"  # contained: shared
+
+
+def test_route_runs_second_engine_only_where_it_wins(monkeypatch):
+    from curation.text import extraction
+
+    calls = []
+    monkeypatch.setitem(extraction.ENGINES, "trafilatura", lambda h: calls.append(1) or "second engine text")
+    kw = dict(engines=["resiliparse", "trafilatura"], policy="route")
+    plain = _page("")
+    assert extract_page(plain, **kw) == extract_page(plain) and calls == []
+    table = _page("<table>" + "<tr><td>a</td><td>b</td></tr>" * 5 + "</table>")
+    assert extract_page(table, **kw) == "second engine text" and calls == [1]
+    code = _page("<pre>x = 1</pre><table>" + "<tr><td>a</td><td>b</td></tr>" * 5 + "</table>")
+    assert extract_page(code, **kw) != "second engine text"  # code: trafilatura loses indentation
+
+
+def test_bad_names_raise():
+    for kw in (dict(format="html"), dict(policy="vote"), dict(engines=["lynx"]), dict(engines=[])):
+        with pytest.raises(ValueError):
+            extract_page("<p>x</p>", **kw)
+
+
+def test_stage_params():
+    assert ex.Extract().engines == ["resiliparse"] and ex.Extract().engine == "resiliparse"
+    assert ex.Extract(engine="trafilatura").engines == ["trafilatura"]
+    s = ex.Extract(engines=["trafilatura", "resiliparse"], policy="route", format="markdown")
+    assert s.engine == "trafilatura"
+    with pytest.raises(ValueError, match="not both"):
+        ex.Extract(engine="resiliparse", engines=["trafilatura"])
+    with pytest.raises(ValueError):
+        ex.Extract(format="html")
+
+
+def test_stage_markdown_batch():
+    html = _page("<table><tr><th>k</th><th>v</th></tr><tr><td>a</td><td>1</td></tr></table>").encode()
+    batch = pa.table({"id": ["1", "2"], "text": ["", ""], "html": [html, b""], "charset": [None, None]})
+    res = ex.Extract(format="markdown", engines=["resiliparse", "trafilatura"], policy="first").process(batch)
+    texts = res.table.column("text").to_pylist()
+    assert "| k | v |" in texts[0] and res.reasons.to_pylist() == [None, "extract:empty_html"]
+    assert "html" not in res.table.column_names
