@@ -291,10 +291,22 @@ def serve(
                                       help="module prefixes submitted `type: module:Class` stages may come from, comma "
                                            "separated (mypkg,teamfilters); default none: the service imports no module "
                                            "a client names"),
+    max_queued: int = typer.Option(100, "--max-queued", min=1, help="runs waiting at once; a submission past it gets 429"),
+    max_run_seconds: Optional[float] = typer.Option(None, "--max-run-seconds", min=1,
+                                                    help="a run still going after this long is cancelled and marked "
+                                                         "timed out (default: no limit)"),
+    sql_max_bytes: int = typer.Option(4 << 20, "--sql-max-bytes", min=1024, help="bytes of cell text one /sql answer may hold"),
+    max_connections: int = typer.Option(200, "--max-connections", min=1,
+                                        help="open connections at once; requests past it get 503"),
+    header_timeout: float = typer.Option(10.0, "--header-timeout", min=1,
+                                         help="seconds a connection may take to send a request head"),
+    behind_tls_proxy: bool = typer.Option(False, "--behind-tls-proxy",
+                                          help="allow a non-loopback --host: the address is only reachable through "
+                                               "a TLS proxy (the service itself speaks plain HTTP)"),
 ) -> None:
     """Serve the HTTP API and dashboard: submit DAGs, follow runs, read stats, query shards."""
     from curation.pipeline.dag import parse_stage_modules
-    from curation.service.app import serve as serve_app
+    from curation.service.app import ServeRefused, serve as serve_app
     from curation.service.auth import TokenError
     from curation.service.runs import RunsDirBusy
 
@@ -306,8 +318,10 @@ def serve(
     err.print(f"[refinery serve] {why}", highlight=False, soft_wrap=True)
     try:
         serve_app(runs_dir, address, token_file, host, port, allowed_root, max_concurrent, base_dir=base_dir,
-                  stage_modules=modules)
-    except (TokenError, RunsDirBusy) as e:
+                  stage_modules=modules, max_queued=max_queued, max_run_seconds=max_run_seconds,
+                  sql_max_bytes=sql_max_bytes, max_connections=max_connections, header_timeout_s=header_timeout,
+                  behind_tls_proxy=behind_tls_proxy)
+    except (TokenError, RunsDirBusy, ServeRefused) as e:
         _fail(str(e))
 
 

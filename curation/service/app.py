@@ -27,7 +27,7 @@ from curation.service import browse
 from curation.service.auth import PathPolicy, TokenAuth, load_token
 from curation.service.middleware import GuardMiddleware, StageModulesMiddleware
 from curation.service.routes import browse as browse_routes, evals, inspect, pages, runs as runs_routes
-from curation.service.runs import RunConflict, RunManager, RunMissing, SubmitError
+from curation.service.runs import QueueFull, RunConflict, RunManager, RunMissing, SubmitError, public_message
 from curation.service.sql_guard import SqlRejected
 from curation.service.state import ServiceState
 
@@ -37,8 +37,10 @@ MiB = 1 << 20
 AREAS = (pages, runs_routes, inspect, browse_routes, evals)
 
 
-def _error_answers(app: FastAPI) -> None:
-    """The service's own errors as JSON answers with their status."""
+def _error_answers(app: FastAPI, base_dir: str) -> None:
+    """The service's own errors as JSON answers with their status. Messages that may carry
+    paths or a client's value go through ``public_message``: paths relative to the base
+    directory, no other path of this machine, echoed values cut."""
 
     @app.exception_handler(RunMissing)
     async def _missing(request: Request, e: RunMissing):
@@ -46,11 +48,15 @@ def _error_answers(app: FastAPI) -> None:
 
     @app.exception_handler(RunConflict)
     async def _conflict(request: Request, e: RunConflict):
-        return JSONResponse({"detail": str(e)}, status_code=409)
+        return JSONResponse({"detail": public_message(str(e), base_dir)}, status_code=409)
 
     @app.exception_handler(SubmitError)
     async def _refused(request: Request, e: SubmitError):
-        return JSONResponse({"detail": str(e)}, status_code=e.status)
+        return JSONResponse({"detail": public_message(str(e), base_dir)}, status_code=e.status)
+
+    @app.exception_handler(QueueFull)
+    async def _queue_full(request: Request, e: QueueFull):
+        return JSONResponse({"detail": str(e)}, status_code=429, headers={"Retry-After": "30"})
 
     @app.exception_handler(StageModuleRefused)
     async def _module_refused(request: Request, e: StageModuleRefused):
@@ -60,7 +66,7 @@ def _error_answers(app: FastAPI) -> None:
 
     @app.exception_handler(SqlRejected)
     async def _sql_refused(request: Request, e: SqlRejected):
-        return JSONResponse({"detail": str(e)}, status_code=e.status)
+        return JSONResponse({"detail": public_message(str(e), base_dir)}, status_code=e.status)
 
     @app.exception_handler(browse.BrowseError)
     async def _browse_refused(request: Request, e: browse.BrowseError):
@@ -87,8 +93,9 @@ def _bearer_openapi(app: FastAPI):
 def create_app(runs_dir: str | Path, token: str, address: str | None = None,
                allowed_roots: Iterable[str | Path] = (), base_dir: str | Path | None = None,
                max_concurrent: int = 2, max_body_bytes: int = MiB, sql_timeout_s: float = 10.0,
-               sql_max_rows: int = 1000, sql_max_concurrent: int = 4,
-               stage_modules: Iterable[str] | str = ()) -> FastAPI:
+               sql_max_rows: int = 1000, sql_max_concurrent: int = 4, sql_max_bytes: int = 4 * MiB,
+               stage_modules: Iterable[str] | str = (), max_queued: int | None = None,
+               max_run_seconds: float | None = None) -> FastAPI:
     """The FastAPI application. Starting it (lifespan) starts the run scheduler; stopping it
     leaves runs running. ``base_dir`` (default: the CWD) anchors relative input paths.
     ``stage_modules``: module prefixes ``type: module:Class`` stages may come from (default:
@@ -98,10 +105,11 @@ def create_app(runs_dir: str | Path, token: str, address: str | None = None,
     auth = TokenAuth(token)
     policy = PathPolicy(list(allowed_roots), base_dir or os.getcwd())
     stage_modules = parse_stage_modules(stage_modules)
-    runs = RunManager(runs_dir, policy, address=address, max_concurrent=max_concurrent, stage_modules=stage_modules)
+    runs = RunManager(runs_dir, policy, address=address, max_concurrent=max_concurrent, stage_modules=stage_modules,
+                      max_queued=max_queued, max_run_seconds=max_run_seconds)
     state = ServiceState(runs=runs, auth=auth, policy=policy, stage_modules=stage_modules,
                          sql_timeout_s=sql_timeout_s, sql_max_rows=sql_max_rows,
-                         sql_max_concurrent=sql_max_concurrent)
+                         sql_max_concurrent=sql_max_concurrent, sql_max_bytes=sql_max_bytes)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -109,6 +117,8 @@ def create_app(runs_dir: str | Path, token: str, address: str | None = None,
         try:
             yield
         finally:
+            # submissions still waiting for validation are dropped: stopping must not wait on them
+            state.admission_pool.shutdown(wait=False, cancel_futures=True)
             runs.stop()
 
     app = FastAPI(title="refinery", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
@@ -122,7 +132,7 @@ def create_app(runs_dir: str | Path, token: str, address: str | None = None,
     app.state.stage_modules = stage_modules
     app.add_middleware(StageModulesMiddleware, stage_modules=stage_modules)
     app.add_middleware(GuardMiddleware, auth=auth, max_body_bytes=max_body_bytes)
-    _error_answers(app)
+    _error_answers(app, policy.base_dir)
     for area in AREAS:  # onto the app's own router: app.routes lists every route (a route table)
         area.add_routes(app.router, state)
     app.openapi = _bearer_openapi(app)
@@ -144,10 +154,53 @@ class _RedactToken(logging.Filter):
         return True
 
 
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+MIN_TOKEN_CHARS = 16
+
+
+class ServeRefused(RuntimeError):
+    """``serve`` options that would expose the service unsafely."""
+
+
+def header_timeout_protocol(seconds: float):
+    """uvicorn's h11 protocol with a header timeout, which uvicorn lacks: a connection that has
+    not sent a whole request head ``seconds`` after connecting (or after its last response) is
+    closed. Stops slowloris clients from holding connections (and ``limit_concurrency`` slots)."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeaderTimeoutH11(H11Protocol):
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm_header_timer()
+
+        def _arm_header_timer(self) -> None:
+            self._header_timer = self.loop.call_later(seconds, self._header_deadline)
+
+        def _header_deadline(self) -> None:
+            # IDLE: h11 has not seen a whole request head (partial heads stay buffered in IDLE)
+            idle = self.cycle is None or self.cycle.response_complete
+            if idle and self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                self.transport.close()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._header_timer.cancel()
+            self._arm_header_timer()
+
+        def connection_lost(self, exc) -> None:
+            self._header_timer.cancel()
+            super().connection_lost(exc)
+
+    return HeaderTimeoutH11
+
+
 def serve(runs_dir: str | Path, address: str | None = "auto", token_file: str | Path | None = None,
           host: str = "127.0.0.1", port: int = 8080, allowed_roots: Iterable[str | Path] = (),
           max_concurrent: int = 2, base_dir: str | Path | None = None,
-          stage_modules: Iterable[str] | str = ()) -> None:
+          stage_modules: Iterable[str] | str = (), max_queued: int | None = 100,
+          max_run_seconds: float | None = None, sql_max_bytes: int = 4 * MiB, max_connections: int = 200,
+          header_timeout_s: float = 10.0, behind_tls_proxy: bool = False) -> None:
     """Run the service until interrupted. Runs it started keep running after it stops.
 
     ``address``: the Ray cluster each run connects to (``auto``, ``ray://head:10001``), or
@@ -157,10 +210,22 @@ def serve(runs_dir: str | Path, address: str | None = "auto", token_file: str | 
     (tokenizer paths) mean the same thing to the validator and to the run. Allowed roots
     default to ``base_dir``. ``stage_modules``: the module prefixes ``type: module:Class``
     stages may be loaded from (default: none).
+
+    Limits: ``max_queued`` runs waiting (429 past it), ``max_run_seconds`` per run (then it is
+    cancelled and marked timed out), ``sql_max_bytes`` per /sql answer, ``max_connections``
+    open at once (503 past it), ``header_timeout_s`` to send a request head. The service speaks
+    plain HTTP: a non-loopback ``host`` needs ``behind_tls_proxy`` (a TLS proxy in front).
     """
     import uvicorn
 
+    if host not in LOOPBACK and not behind_tls_proxy:
+        raise ServeRefused(f"--host {host}: the service speaks plain HTTP and the token would cross the network "
+                           "in clear; bind 127.0.0.1 behind a TLS proxy, or pass --behind-tls-proxy if this "
+                           "address is only reachable through one")
     token = load_token(token_file)
+    if len(token) < MIN_TOKEN_CHARS:
+        raise ServeRefused(f"the token has {len(token)} characters; use at least {MIN_TOKEN_CHARS} "
+                           "(python -c 'import secrets; print(secrets.token_urlsafe(32))')")
     base = Path(base_dir or os.getcwd()).resolve()
     runs_dir = Path(runs_dir).resolve()
     roots = [r if "://" in str(r) else str((base / Path(r).expanduser()).resolve()) for r in allowed_roots]
@@ -168,9 +233,13 @@ def serve(runs_dir: str | Path, address: str | None = "auto", token_file: str | 
     if address in ("", "local"):
         address = None
     app = create_app(runs_dir, token, address=address, allowed_roots=roots, base_dir=base,
-                     max_concurrent=max_concurrent, stage_modules=stage_modules)
+                     max_concurrent=max_concurrent, stage_modules=stage_modules, max_queued=max_queued,
+                     max_run_seconds=max_run_seconds, sql_max_bytes=sql_max_bytes)
+    # timeout_graceful_shutdown: SIGTERM stops the server within seconds even with requests in flight
     config = uvicorn.Config(app, host=host, port=port, log_level="info", proxy_headers=False,
-                            timeout_keep_alive=5, server_header=False)
+                            timeout_keep_alive=5, server_header=False, limit_concurrency=max_connections,
+                            h11_max_incomplete_event_size=64 * 1024, timeout_graceful_shutdown=3,
+                            http=header_timeout_protocol(header_timeout_s))
     server = uvicorn.Server(config)
     logging.getLogger("uvicorn.access").addFilter(_RedactToken())
     app.state.runs.start()  # here rather than only in the lifespan: a busy runs dir fails loudly

@@ -57,6 +57,27 @@ class SubmitError(ValueError):
         self.status = status
 
 
+class QueueFull(RuntimeError):
+    """``max_queued`` runs are already waiting (HTTP 429)."""
+
+
+_ABS_PATH = re.compile(r"(?<![\w.:/%])/([\w.+@~-]+)(?:/[\w.+@~-]*)+")
+
+
+def public_message(message: str, base_dir: str | Path) -> str:
+    """A message fit for a client: paths under the base directory said relative to it, any other
+    absolute path of this machine hidden, and an echoed value (``got ...``) cut to ``MAX_ECHO``."""
+    base = str(base_dir).rstrip("/") + "/"
+    message = message.replace(base, "").replace(base.rstrip("/"), ".")
+    # an absolute path whose top directory exists here (/home/..., /tmp/...), not "a / b" or "/runs/x"
+    message = _ABS_PATH.sub(lambda m: "<server path>" if os.path.isdir("/" + m.group(1)) and m.group(1) != "runs"
+                            else m.group(), message)
+    i = message.find("(got ")
+    if i >= 0 and len(message) - i > MAX_ECHO + 10:
+        message = message[: i + 5 + MAX_ECHO] + "…)"
+    return message if len(message) <= 4 * MAX_ECHO * 5 else message[: 4 * MAX_ECHO * 5] + "…"
+
+
 class RunMissing(KeyError):
     """No run with that id in the runs directory."""
 
@@ -73,11 +94,45 @@ class RunsDirBusy(RuntimeError):
 # admission: a submitted YAML -> a DAG whose every file is checked and pinned
 
 
+#: admission limits, checked on the raw text before the YAML parser sees it: a parser (and the
+#: validators after it) costs time superlinear in nesting, so 32 KB of ``[`` once held a CPU
+#: for minutes. Real DAGs are a few levels deep and a few dozen stages long.
+MAX_DAG_CHARS = 1 << 20
+MAX_FLOW_DEPTH = 32       # nested ``[`` / ``{``
+MAX_INDENT = 160          # leading spaces, ``- `` and ``? `` of one line: block nesting
+MAX_STAGES = 200          # stages (and inputs) of one DAG
+MAX_ECHO = 200            # characters of a client's value echoed back in an error
+
+
+def prescan(text: str, where: str) -> None:
+    """Refuse (422) a DAG whose size, nesting or stage count is out of bounds, in linear
+    time and before any parse. Brackets inside quoted strings count too: a bound, not a parse."""
+    if len(text) > MAX_DAG_CHARS:
+        raise SubmitError(f"{where}: the DAG is {len(text)} characters; at most {MAX_DAG_CHARS} are accepted")
+    depth = 0
+    for m in re.finditer(r"[\[\]{}]", text):
+        if m.group() in "[{":
+            depth += 1
+            if depth > MAX_FLOW_DEPTH:
+                line = text.count("\n", 0, m.start()) + 1
+                raise SubmitError(f"{where}: line {line}: nested more than {MAX_FLOW_DEPTH} levels of [ or {{; "
+                                  "DAGs are not that deep")
+        else:
+            depth = max(0, depth - 1)
+    for m in re.finditer(r"^[ \t?-]*", text, re.M):
+        if m.end() - m.start() > MAX_INDENT:
+            line = text.count("\n", 0, m.start()) + 1
+            raise SubmitError(f"{where}: line {line}: indented more than {MAX_INDENT} characters; DAGs are not that deep")
+    types = len(re.findall(r"""(?:^|[\s{,'"])type['"]?\s*:""", text))
+    if types > 2 * MAX_STAGES:
+        raise SubmitError(f"{where}: {types} `type:` keys; a DAG has at most {MAX_STAGES} stages")
+
+
 def _refuse_aliases(text: str, where: str) -> None:
     # A few nested YAML aliases expand to gigabytes once validated ("billion laughs");
-    # DAGs do not need them.
+    # DAGs do not need them. The C parser: events in linear time (prescan bounded the depth).
     try:
-        for ev in yaml.parse(text, Loader=yaml.SafeLoader):
+        for ev in yaml.parse(text, Loader=_YamlLoader):
             if isinstance(ev, yaml.AliasEvent):
                 raise SubmitError(f"{where}: YAML anchors/aliases (*name) are not accepted by the service; "
                                   "write the values out")
@@ -116,20 +171,27 @@ def admit_dag(text: str, policy: PathPolicy, where: str = "submitted.yaml", stag
     from curation.pipeline.dag import stage_modules_allowed
 
     with stage_modules_allowed(stage_modules):
-        return _admit_dag(text, policy, where, tuple(stage_modules))
+        try:
+            return _admit_dag(text, policy, where, tuple(stage_modules))
+        except RecursionError:  # a structure deeper than the validators handle: the client's input
+            raise SubmitError(f"{where}: the DAG is nested too deeply to validate") from None
 
 
 def _admit_dag(text: str, policy: PathPolicy, where: str, stage_modules: tuple[str, ...]):
     from curation.pipeline.dag import DagError, StageModuleRefused, parse_dag
     from curation.io.inputs import InputError, expand_paths
 
+    prescan(text, where)
     _refuse_aliases(text, where)
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_YamlLoader)
     except yaml.YAMLError as e:
         raise SubmitError(f"{where}: invalid YAML: {e}".replace("\n", " ")) from None
     if not isinstance(data, dict):
         raise SubmitError(f"{where}: a DAG is a YAML mapping with name, inputs, stages, output")
+    for part in ("inputs", "stages"):
+        if isinstance(data.get(part), dict) and len(data[part]) > MAX_STAGES:
+            raise SubmitError(f"{where}: {part}: {len(data[part])} entries; at most {MAX_STAGES} are accepted")
     check_stage_modules(data, stage_modules, where)
     # Locations first, on the raw text, so a refused path is refused before any validator
     # (e.g. a tokenizer check) touches the disk outside the roots.
@@ -278,8 +340,11 @@ class RunManager:
 
     def __init__(self, runs_dir: str | Path, policy: PathPolicy, address: str | None = None,
                  max_concurrent: int = 2, poll_s: float = 0.5, cancel_grace_s: float = 10.0,
-                 python: str = sys.executable, stage_modules: tuple[str, ...] = ()):
+                 python: str = sys.executable, stage_modules: tuple[str, ...] = (),
+                 max_queued: int | None = None, max_run_seconds: float | None = None):
         self.runs_dir = Path(runs_dir).resolve()
+        self.max_queued = max_queued  # None: no cap
+        self.max_run_seconds = max_run_seconds  # None: runs take as long as they take
         self.policy = policy
         self.stage_modules = tuple(stage_modules)
         self.address = address or None
@@ -411,6 +476,8 @@ class RunManager:
             return "queued", None
         alive = self._alive(rid, meta)
         if want == "cancelled":
+            if meta.get("timed_out"):
+                return "cancelled", f"timed out: ran longer than the service's limit of {meta['timed_out']:g} s"
             return "cancelled", None
         if meta.get("launch_error"):
             return "failed", meta["launch_error"]
@@ -459,7 +526,10 @@ class RunManager:
             "progress": round(frac, 4),
             "attempt": meta.get("attempt"),
             "managed": bool(meta),
+            "timed_out": bool(meta.get("timed_out")),
         }
+        if error:
+            info["error"] = public_message(error, self.policy.base_dir)
         if detail:
             stages = progress.get("stages", {}) if fresh else {}
             order = self._node_order(d)
@@ -471,8 +541,8 @@ class RunManager:
                 "stages": [{"stage": n, **stages[n]} for n in order if n in stages]
                 + [{"stage": n, **v} for n, v in stages.items() if n not in order],
                 "nodes": order,
-                "command": meta.get("command"),
-                "log_tail": _tail(d / LOG_FILE),
+                "command": [public_message(a, self.policy.base_dir) for a in meta.get("command") or []] or None,
+                "log_tail": public_message(_tail(d / LOG_FILE), self.policy.base_dir),
             })
         return info
 
@@ -508,22 +578,39 @@ class RunManager:
 
     # -- operations --------------------------------------------------------------------------
 
-    def submit(self, text: str, where: str = "submitted.yaml") -> dict[str, Any]:
-        """Admit a DAG (SubmitError if refused) and queue it. Returns the run's description."""
+    def submit(self, text: str, where: str = "submitted.yaml", deadline: float | None = None) -> dict[str, Any]:
+        """Admit a DAG (SubmitError if refused) and queue it (QueueFull past ``max_queued``).
+        Returns the run's description. ``deadline`` (``time.monotonic()``): past it, nothing is
+        created (the client was already told the admission timed out)."""
+        if deadline is not None and time.monotonic() > deadline:
+            raise SubmitError(f"{where}: waited too long for validation; no run was created", 503)
+        self._check_queue()  # before the admission work too: a full queue costs nothing to refuse
         dag = admit_dag(text, self.policy, where, self.stage_modules)
+        if deadline is not None and time.monotonic() > deadline:
+            raise SubmitError(f"{where}: validation took too long; no run was created", 503)
         rid = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
         d = self.runs_dir / rid
-        d.mkdir(parents=True)
-        # dag.yaml as `refinery run` itself would write it, so the run accepts this directory
-        RunDir(d).write_dag(dag)
-        (d / SUBMITTED_FILE).write_text(text)
         now = time.time()
         with self._lock:
+            self._check_queue()
+            d.mkdir(parents=True)
+            # dag.yaml as `refinery run` itself would write it, so the run accepts this directory
+            RunDir(d).write_dag(dag)
+            (d / SUBMITTED_FILE).write_text(text)
             self._write_meta(rid, {"id": rid, "name": dag.name, "state": "queued", "submitted": now,
                                    "queued_at": now, "attempt": 1})
             self._active.add(rid)
         self._wake.set()
         return self.describe(rid)
+
+    def _check_queue(self) -> None:
+        if self.max_queued is None:
+            return
+        with self._lock:
+            queued = sum(1 for rid in self._active if self._meta(rid).get("state") == "queued")
+        if queued >= self.max_queued:
+            raise QueueFull(f"{queued} runs are already queued (the service's limit is {self.max_queued}); "
+                            "retry when some have started")
 
     def cancel(self, run_id: str) -> dict[str, Any]:
         """Stop a queued or running run: the whole process group gets SIGTERM, then SIGKILL
@@ -592,7 +679,7 @@ class RunManager:
             except (OSError, yaml.YAMLError):
                 dag_data = None
             check_stage_modules(dag_data, self.stage_modules, f"run {run_id}")
-            for k in ("pid", "pid_start", "exit_code", "cancelled_at", "launch_error", "ended", "started"):
+            for k in ("pid", "pid_start", "exit_code", "cancelled_at", "launch_error", "ended", "started", "timed_out"):
                 meta.pop(k, None)
             meta.update(state="queued", queued_at=time.time(), attempt=int(meta.get("attempt") or 1) + 1)
             self._write_meta(run_id, meta)
@@ -614,10 +701,23 @@ class RunManager:
                     queued.append((meta.get("queued_at") or meta.get("submitted") or 0, rid))
                 elif self._alive(rid, meta):  # started, or cancelled but still stopping
                     running += 1
+                    self._enforce_time_limit(rid, meta)
                 else:
                     self._active.discard(rid)
             for _, rid in sorted(queued)[: max(0, self.max_concurrent - running)]:
                 self._launch(rid)
+
+    def _enforce_time_limit(self, rid: str, meta: dict) -> None:
+        """Cancel (SIGTERM, SIGKILL after the grace) a run that ran past ``max_run_seconds``;
+        it is marked ``timed_out`` so a client sees why it stopped."""
+        if self.max_run_seconds is None or meta.get("state") != "started" or not meta.get("started"):
+            return
+        if time.time() - meta["started"] <= self.max_run_seconds:
+            return
+        meta.update(state="cancelled", cancelled_at=time.time(), timed_out=self.max_run_seconds)
+        self._write_meta(rid, meta)
+        self._signal(meta, signal.SIGTERM)
+        threading.Thread(target=self._finish_cancel, args=(rid,), daemon=True, name=f"refinery-cancel-{rid}").start()
 
     def command(self, run_id: str) -> list[str]:
         d = self.runs_dir / run_id

@@ -10,8 +10,10 @@ Three layers, each sufficient against a different mistake in the others:
    to a temp directory, and ``lock_configuration`` so a query cannot undo any of it. DuckDB
    checks file table functions (``read_csv('/etc/passwd')``, ``glob``, ``read_text``) against
    that list after resolving ``..`` and symlinks;
-3. resources are bounded: one thread and a memory cap per query, a row limit, cell
-   truncation, and a wall-clock limit enforced by interrupting the connection from a timer.
+3. resources are bounded: one thread and a memory cap per query, a row limit, cells cut inside
+   the query (``left(CAST(x AS VARCHAR), N)``, so a 10 MB string never reaches Python), rows
+   fetched in small batches up to a byte budget, and a wall-clock limit enforced by
+   interrupting the connection from a timer.
 """
 
 from __future__ import annotations
@@ -106,9 +108,40 @@ def _jsonable(v: Any, max_chars: int, cut: list[int]) -> Any:
     return str(v)
 
 
+_KEEP_TYPES = ("BOOLEAN", "TINYINT", "SMALLINT", "INTEGER", "BIGINT", "HUGEINT", "UTINYINT", "USMALLINT",
+               "UINTEGER", "UBIGINT", "UHUGEINT", "FLOAT", "DOUBLE", "DATE", "TIME", "TIMESTAMP",
+               "TIMESTAMP WITH TIME ZONE", "INTERVAL", "UUID", "NULL")
+
+
+def _quote(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _cut_query(query: str, columns: list[str], types: list[str], max_cell_chars: int) -> str:
+    """The query with every column of unbounded size cut to ``max_cell_chars + 1`` characters
+    inside DuckDB (the extra character tells a cut cell apart). Nested and binary values become
+    their text form; fixed-size values are left as they are."""
+    cols = []
+    for i, (name, typ) in enumerate(zip(columns, types)):
+        ref = f"#{i + 1}"
+        if typ in _KEEP_TYPES or typ.startswith("DECIMAL"):
+            cols.append(f"{ref} AS {_quote(name)}")
+        else:
+            cols.append(f"left(CAST({ref} AS VARCHAR), {max_cell_chars + 1}) AS {_quote(name)}")
+    return f"SELECT {', '.join(cols)} FROM ({query}) AS q"
+
+
+def _approx_bytes(v: Any) -> int:
+    if isinstance(v, str):
+        return len(v) + 2
+    return 8
+
+
 def run_select(run_dir: str | Path, query: str, max_rows: int = 1000, timeout_s: float = 10.0,
-               max_cell_chars: int = 10_000, memory_limit: str = "512MB") -> QueryResult:
-    """Run one checked SELECT over the run, at most ``max_rows`` rows, within ``timeout_s``."""
+               max_cell_chars: int = 10_000, memory_limit: str = "512MB",
+               max_bytes: int = 4 << 20) -> QueryResult:
+    """Run one checked SELECT over the run, at most ``max_rows`` rows and about ``max_bytes``
+    of cell text, within ``timeout_s``. Either limit sets ``truncated``."""
     check_select(query)
     con = locked_connection(run_dir, memory_limit, query)
     timed_out = threading.Event()
@@ -126,7 +159,20 @@ def run_select(run_dir: str | Path, query: str, max_rows: int = 1000, timeout_s:
         if rel is None:
             raise SqlRejected("q: the statement returns no rows")
         columns, types = list(rel.columns), [str(t) for t in rel.types]
-        rows = rel.limit(max_rows + 1).fetchall()
+        # positional references (#1): the query's column names may repeat or be empty
+        con.execute(f"{_cut_query(query, columns, types, max_cell_chars)} LIMIT {max_rows + 1}")
+        rows, size, over_budget = [], 0, False
+        batch = max(1, min(256, max_bytes // max(1, len(columns) * (max_cell_chars + 2))))
+        while len(rows) <= max_rows and not over_budget:
+            chunk = con.fetchmany(batch)
+            if not chunk:
+                break
+            for r in chunk:
+                size += sum(_approx_bytes(v) for v in r)
+                if size > max_bytes and rows:
+                    over_budget = True
+                    break
+                rows.append(r)
     except duckdb.InterruptException:
         raise SqlRejected(f"q: query exceeded the {timeout_s:g} s time limit", 408) from None
     except duckdb.PermissionException as e:
@@ -141,4 +187,4 @@ def run_select(run_dir: str | Path, query: str, max_rows: int = 1000, timeout_s:
         con.close()
     cut = [0]
     out = [[_jsonable(v, max_cell_chars, cut) for v in r] for r in rows[:max_rows]]
-    return QueryResult(columns, types, out, len(rows) > max_rows, round(elapsed, 4), cut[0], max_rows)
+    return QueryResult(columns, types, out, len(rows) > max_rows or over_budget, round(elapsed, 4), cut[0], max_rows)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,13 +27,21 @@ class ServiceState:
     sql_timeout_s: float = 10.0
     sql_max_rows: int = 1000
     sql_max_concurrent: int = 4
+    sql_max_bytes: int = 4 << 20
+    admission_workers: int = 2
+    admission_waiting: int = 8
+    admission_timeout_s: float = 20.0
     # cached as JSON bytes: a warm hit is then a file stat and a copy, no validation or encoding
     stats_cache: StatsCache = field(default_factory=lambda: StatsCache(lambda d: json.dumps(stats_payload(d)).encode()))
     browse_cache: RunCache = field(default_factory=RunCache)
     sql_slots: threading.BoundedSemaphore = field(init=False)
+    admission_pool: ThreadPoolExecutor = field(init=False)
+    admission_slots: threading.BoundedSemaphore = field(init=False)
 
     def __post_init__(self) -> None:
         self.sql_slots = threading.BoundedSemaphore(self.sql_max_concurrent)
+        self.admission_pool = ThreadPoolExecutor(self.admission_workers, thread_name_prefix="refinery-admit")
+        self.admission_slots = threading.BoundedSemaphore(self.admission_workers + self.admission_waiting)
 
     def started_run(self, run_id: str) -> tuple[Path, RunDir]:
         """A run's directory and ``RunDir``; 404 for an unknown run or one not started yet."""

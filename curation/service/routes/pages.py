@@ -47,7 +47,7 @@ def add_routes(r: APIRouter, state: ServiceState) -> None:
     auth = state.auth
 
     @r.get("/healthz", include_in_schema=True, tags=["service"])
-    def healthz() -> dict:
+    async def healthz() -> dict:  # on the event loop: answers even when every worker thread is busy
         """Liveness, without authentication."""
         return {"status": "ok"}
 

@@ -3,13 +3,15 @@ DAG as submitted and as run, cancel and resume."""
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import json
 import os
 import re
+import time
 from pathlib import Path
 
 from fastapi import APIRouter, HTTPException, Request
-from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 
 from curation.pipeline.rundir import RunDir
@@ -22,6 +24,28 @@ _FILENAME = re.compile(r"[^A-Za-z0-9._-]")
 
 def add_routes(r: APIRouter, state: ServiceState) -> None:
     runs = state.runs
+
+    async def _admit(text: str, where: str) -> dict:
+        """Admission on the service's own small pool, not the event loop's or the routes' threads:
+        costly DAGs queue behind each other while /healthz and reads stay answered. Past
+        ``admission_slots`` waiting submissions: 429; past ``admission_timeout_s``: 503, and the
+        run is not created."""
+        if not state.admission_slots.acquire(blocking=False):
+            raise HTTPException(429, "too many submissions are being validated; retry shortly")
+        deadline = time.monotonic() + state.admission_timeout_s
+        try:
+            fut = asyncio.get_running_loop().run_in_executor(
+                state.admission_pool, contextvars.copy_context().run, runs.submit, text, where, deadline)
+        except RuntimeError:  # the pool is shut down: the server is stopping
+            state.admission_slots.release()
+            raise HTTPException(503, "the service is stopping") from None
+        fut.add_done_callback(lambda _f: state.admission_slots.release())
+        try:
+            return await asyncio.wait_for(asyncio.shield(fut), state.admission_timeout_s + 1)
+        except (asyncio.TimeoutError, asyncio.CancelledError):
+            fut.cancel()
+            raise HTTPException(503, f"validating the DAG took longer than {state.admission_timeout_s:g} s; "
+                                     "no run was created") from None
 
     @r.post("/runs", status_code=201, response_model=RunDetail, tags=["runs"], openapi_extra={
         "requestBody": {"required": True, "content": {
@@ -53,7 +77,7 @@ def add_routes(r: APIRouter, state: ServiceState) -> None:
             raise HTTPException(422, "dag: the YAML is not UTF-8 text") from None
         if not text.strip():
             raise HTTPException(422, "dag: empty; send the pipeline YAML")
-        info = await run_in_threadpool(runs.submit, text, where)
+        info = await _admit(text, where)
         return JSONResponse(info, status_code=201, headers={"Location": f"/runs/{info['id']}"})
 
     @r.get("/runs", response_model=list[RunSummary], tags=["runs"])
