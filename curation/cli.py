@@ -31,12 +31,25 @@ def run(
     address: Optional[str] = typer.Option(None, "--address", help="Ray cluster, e.g. ray://head:10001 or auto"),
     overwrite: bool = typer.Option(False, "--overwrite", help="reuse a run directory of another DAG"),
     quiet: bool = typer.Option(False, "--quiet", "-q"),
+    stage_modules: Optional[str] = typer.Option(
+        None, "--stage-modules", help="only `type: module:Class` stages from these module prefixes (comma separated; "
+                                      "'' for built-in stages only), in this DAG and in every run it reads; nothing is "
+                                      "added to sys.path. Default: $REFINERY_STAGE_MODULES if set (even empty), else any"),
 ) -> None:
     """Run (or resume) a pipeline DAG into a run directory."""
-    from curation.pipeline.dag import DagError, load_dag
+    from curation.pipeline.dag import STAGE_MODULES_ENV, DagError, load_dag, parse_stage_modules
     from curation.pipeline.executor import RunDirError, RunFailed, make_plan, run_dag
     from curation.io.inputs import InputError
 
+    # The allow-list is the process's (the environment), so Ray workers started from here, and
+    # every DAG parsed here (upstream runs' dag.yaml too), are held to it.
+    try:
+        if stage_modules is not None:
+            os.environ[STAGE_MODULES_ENV] = ",".join(parse_stage_modules(stage_modules))
+        elif STAGE_MODULES_ENV in os.environ:
+            parse_stage_modules(os.environ[STAGE_MODULES_ENV])
+    except ValueError as e:
+        _fail(f"--stage-modules / ${STAGE_MODULES_ENV}: {e}")
     try:
         d = load_dag(dag)
         make_plan(d)  # validates input paths before Ray starts

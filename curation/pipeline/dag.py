@@ -23,10 +23,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import re
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,6 +39,7 @@ from curation.formats.documents import DOC_SCHEMA, PAYLOAD_COLUMNS
 from curation.io.inputs import InputSpec
 from curation.stages import Stage, registry
 from curation.stages.base import StageTypeError
+from curation.stages.paths import PathRefused
 
 
 class DagError(ValueError):
@@ -59,8 +62,13 @@ class StageModuleRefused(DagError):
 
 #: None: any importable module (the CLI: the user owns the process). A tuple of module
 #: prefixes: only those (``mypkg`` allows ``mypkg`` and ``mypkg.sub``, not ``mypkg2``), and no
-#: error message names a file on this machine. The service sets it for every request.
+#: error message names a file on this machine. The service sets it for every request; a
+#: process's own (``refinery run --stage-modules``, or the service's run processes) is
+#: ``REFINERY_STAGE_MODULES`` when that is set, even empty (built-in stages only): every DAG
+#: the process parses is held to it, other runs' ``dag.yaml`` included, and Ray workers
+#: started from the process inherit it.
 _STAGE_MODULES: ContextVar[tuple[str, ...] | None] = ContextVar("refinery_stage_modules", default=None)
+STAGE_MODULES_ENV = "REFINERY_STAGE_MODULES"
 _MODULE_PREFIX = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _log = logging.getLogger("refinery.stage_modules")
 
@@ -93,7 +101,21 @@ def stage_modules_allowed(prefixes: Any):
 
 
 def stage_modules_in_force() -> tuple[str, ...] | None:
-    return _STAGE_MODULES.get()
+    """The allow-list of this context, else the process's (``REFINERY_STAGE_MODULES``), else
+    None (any module). ValueError if the variable holds something other than module names."""
+    ctx = _STAGE_MODULES.get()
+    if ctx is not None:
+        return ctx
+    env = os.environ.get(STAGE_MODULES_ENV)
+    return None if env is None else _parse_env(env)
+
+
+@lru_cache(maxsize=8)
+def _parse_env(value: str) -> tuple[str, ...]:
+    try:
+        return parse_stage_modules(value)
+    except ValueError as e:
+        raise ValueError(f"{STAGE_MODULES_ENV}: {e}") from None
 
 
 def stage_module_allowed(stype: str, allowed: tuple[str, ...] | None) -> bool:
@@ -129,6 +151,23 @@ def stage_module_refusal(stype: str, allowed: tuple[str, ...]) -> str:
                 f"allowed ({', '.join(allowed)}); use a built-in stage type or one of those")
     return (f"{stype!r}: this service runs built-in stage types only; its operator can allow modules "
             "with `refinery serve --stage-modules mypkg,...`")
+
+
+#: an input, stage or output name: it becomes a folder of the run directory (``RUN/NAME/``), a
+#: SQL view and a shard-key prefix, so it is one plain path part and nothing more
+NODE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+
+
+def check_node_name(name: Any, field: str) -> str | None:
+    """Why ``name`` cannot name a node (None if it can)."""
+    from curation.pipeline.rundir import RESERVED_NAMES
+
+    if not isinstance(name, str) or not NODE_NAME.match(name) or ".." in name:
+        return (f"{field}: {str(name)[:80]!r} is not a node name (1-128 letters, digits, '_', '.', '-'; "
+                "starting with a letter, digit or '_'; no '..')")
+    if name in RESERVED_NAMES:
+        return f"{field}: {name!r} is a name the run directory uses itself; choose another"
+    return None
 
 
 class _DagFile(BaseModel):
@@ -278,16 +317,25 @@ def _first_error(e: ValidationError, prefix: str) -> str:
     return f"{_fmt_loc(prefix, err['loc'])}: {err['msg']}{got}{more}"
 
 
-def _search_paths(path: str, base_dir: str | None) -> list[str]:
-    """Where a user stage's module is also looked for: the DAG file's folder, then the folder
-    relative inputs resolve from (the CWD by default)."""
-    out = [str(Path(path).resolve().parent)] if path and not path.startswith("<") else []
+def _search_paths(path: str, base_dir: str | None, dag_dir: bool = True) -> list[str]:
+    """Where a user stage's module is also looked for: the DAG file's folder (``dag_dir``),
+    then the folder relative inputs resolve from (the CWD by default)."""
+    out = [str(Path(path).resolve().parent)] if dag_dir and path and not path.startswith("<") else []
     return out + [str(Path(base_dir or ".").resolve())]
 
 
-def parse_dag(data: Any, path: str = "<dag>", base_dir: str | None = None) -> Dag:
-    """Validate a DAG given as parsed YAML. Raises DagError with one clear line."""
+def parse_dag(data: Any, path: str = "<dag>", base_dir: str | None = None, dag_dir_code: bool = True) -> Dag:
+    """Validate a DAG given as parsed YAML. Raises DagError with one clear line.
+
+    A ``module:Class`` stage whose module is not importable is also looked for next to the DAG
+    file (unless ``dag_dir_code`` is false: a run directory's ``dag.yaml``, whose folder holds
+    data, never code) and in ``base_dir``; never under an allow-list (``stage_modules_in_force``),
+    where only what the operator installed is importable."""
     where = path
+    try:
+        allowed = stage_modules_in_force()
+    except ValueError as e:
+        raise DagError(f"{where}: {e}") from None
     if not isinstance(data, dict):
         raise DagError(f"{where}: a DAG is a YAML mapping with name, inputs, stages, output")
     try:
@@ -297,6 +345,9 @@ def parse_dag(data: Any, path: str = "<dag>", base_dir: str | None = None) -> Da
 
     inputs: dict[str, InputSpec] = {}
     for name, spec in f.inputs.items():
+        bad = check_node_name(name, "inputs")
+        if bad:
+            raise DagError(f"{where}: {bad}")
         try:
             inputs[name] = InputSpec.model_validate(spec)
         except ValidationError as e:
@@ -316,17 +367,20 @@ def parse_dag(data: Any, path: str = "<dag>", base_dir: str | None = None) -> Da
     prev: str | None = next(iter(inputs)) if len(inputs) == 1 else None
     seen_names = set(inputs)
     for name, params in raw_stages:
+        bad = check_node_name(name, "stages")
+        if bad:
+            raise DagError(f"{where}: {bad}")
         if name in seen_names:
             raise DagError(f"{where}: stages.{name}: name already used by an input or another stage")
         seen_names.add(name)
         stype = params.setdefault("type", name if name in registry else None)
         if stype is None:
             raise DagError(f"{where}: stages.{name}.type: missing (known types: {', '.join(sorted(registry))})")
-        allowed = _STAGE_MODULES.get()
         if not stage_module_allowed(str(stype), allowed):
             raise StageModuleRefused(where, name, f"stages.{name}.type: {stage_module_refusal(str(stype), allowed)}")
+        search = _search_paths(path, base_dir, dag_dir_code) if allowed is None else []
         try:
-            cls = registry.resolve(str(stype), _search_paths(path, base_dir))
+            cls = registry.resolve(str(stype), search)
         except StageTypeError as e:
             if allowed is not None and ":" in str(stype):
                 # the import error may name files on this machine: those go to the log only
@@ -344,6 +398,8 @@ def parse_dag(data: Any, path: str = "<dag>", base_dir: str | None = None) -> Da
             stages[name] = cls.variant(params).model_validate(params)
         except ValidationError as e:
             raise DagError(f"{where}: {_first_error(e, f'stages.{name}')}") from None
+        except PathRefused as e:  # a path parameter the guard in force refuses (the service's roots)
+            raise type(e)(f"{where}: stages.{name}.{e}") from None
         prev = name
 
     nodes = set(inputs) | set(stages)

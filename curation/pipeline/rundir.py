@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,6 +130,16 @@ class RunDirError(RuntimeError):
     """The run directory holds another DAG's run (or something else)."""
 
 
+class OutsideRunDir(RunDirError):
+    """A location built from a node name, a shard key or a manifest entry that would leave the
+    run directory (``..``, an absolute part, a symlink out). ``parse_dag`` refuses such names
+    first; this is the second line, for every writer and reader."""
+
+
+#: names of a run directory's own entries: no node may be called so
+RESERVED_NAMES = frozenset({DAG_FILE, PROGRESS_FILE, REJECTED})
+
+
 class RunDir:
     def __init__(self, root: str | Path):
         root = str(root)
@@ -147,12 +158,27 @@ class RunDir:
 
     # -- layout ---------------------------------------------------------------------------
 
+    def _inside(self, *parts: str, resolve: bool = False) -> str:
+        """``parts`` joined under the root, refused (``OutsideRunDir``) when a part is empty,
+        absolute, ``.`` or ``..`` (the same test for a folder and an object-storage key: no
+        normalisation can then take it elsewhere); with ``resolve``, a local location whose
+        symlinks lead out of the run directory is refused too."""
+        rel = "/".join(str(p) for p in parts)
+        if not rel or any(seg in ("", ".", "..") for seg in rel.split("/")) or "\0" in rel:
+            raise OutsideRunDir(f"{rel!r}: not a location inside the run directory {self.root}")
+        out = location.join(self.root, rel)
+        if resolve and not self.remote:
+            real = os.path.realpath(out)
+            if real != self.root and not real.startswith(self.root + "/"):
+                raise OutsideRunDir(f"{rel!r}: leads out of the run directory {self.root} (through a symlink)")
+        return out
+
     def stage_dir(self, stage: str) -> str:
-        return location.join(self.root, stage)
+        return self._inside(stage, resolve=True)
 
     def path(self, rel: str) -> str:
         """The location of ``rel``, a path relative to the run directory (as manifests store them)."""
-        return location.join(self.root, rel)
+        return self._inside(rel)
 
     def rel(self, path: str) -> str:
         """``path`` relative to the run directory (what a manifest stores)."""
@@ -179,7 +205,8 @@ class RunDir:
 
         if not location.exists(self.dag_file):
             raise RunNotFound(f"{self.root}: not a refinery run directory (no dag.yaml)")
-        return parse_dag(yaml.safe_load(location.read_text(self.dag_file)), self.dag_file)
+        # a run directory holds data: never a place to import a stage's module from
+        return parse_dag(yaml.safe_load(location.read_text(self.dag_file)), self.dag_file, dag_dir_code=False)
 
     def prepare(self, dag: Dag, overwrite: bool) -> None:
         """Refuse to mix two different DAGs in one run directory unless asked to; write dag.yaml."""
@@ -201,7 +228,7 @@ class RunDir:
     # -- manifests ------------------------------------------------------------------------
 
     def manifest_path(self, stage: str) -> str:
-        return location.join(self.root, stage, manifest_format.MANIFEST)
+        return self._inside(stage, manifest_format.MANIFEST, resolve=True)
 
     def entries(self, stage: str) -> dict[str, dict]:
         """Every manifest entry of ``stage`` (last line per shard key wins)."""
@@ -217,7 +244,7 @@ class RunDir:
             return {}
         if self.remote:
             present = set(location.files_under(self.stage_dir(stage))) | set(
-                location.files_under(location.join(self.root, REJECTED, stage)))
+                location.files_under(self._inside(REJECTED, stage)))
             there = present.__contains__
         else:
             there = location.exists
@@ -268,10 +295,10 @@ class RunDir:
         return [(k, p) for k, p, _ in self.shard_entries(dag, node, hashes)]
 
     def shard_path(self, stage: str, key: str) -> str:
-        return location.join(self.root, stage, f"{key}.parquet")
+        return self._inside(stage, f"{key}.parquet", resolve=True)
 
     def rejected_path(self, stage: str, key: str) -> str:
-        return location.join(self.root, REJECTED, stage, f"{key}.parquet")
+        return self._inside(REJECTED, stage, f"{key}.parquet", resolve=True)
 
     def write_stage_shard(self, stage: str, key: str, kept: pa.Table | None, rejected: pa.Table | None,
                           rows_in: int, params_hash: str, row_group_size: int = ROW_GROUP_ROWS,
@@ -303,7 +330,7 @@ class RunDir:
     # -- reports and work folders ---------------------------------------------------------
 
     def report_path(self, stage: str, name: str) -> str:
-        return location.join(self.root, stage, name)
+        return self._inside(stage, name, resolve=True)
 
     def write_report(self, stage: str, name: str, obj: dict) -> None:
         files.write_json(self.report_path(stage, name), obj)
@@ -318,7 +345,7 @@ class RunDir:
     def work_dir(self, stage: str, params_hash: str) -> str:
         """A global stage's intermediate files, one folder per params hash so a rerun with other
         parameters never reuses them."""
-        return location.join(self.root, stage, WORK, params_hash)
+        return self._inside(stage, WORK, params_hash, resolve=True)
 
     def remove_work(self, stage: str, params_hash: str, keep: bool = False) -> dict:
         """Size of a global stage's work folder (files, bytes), then (unless ``keep``) remove it."""

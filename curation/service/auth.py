@@ -16,9 +16,11 @@ import re
 import stat
 import sys
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
 
 from starlette.requests import HTTPConnection
+
+from curation.stages.paths import PathRefused
 
 COOKIE = "refinery_session"
 CSRF_HEADER = "x-refinery-csrf"
@@ -94,7 +96,7 @@ class TokenAuth:
 # which files a DAG may read
 
 
-class PathDenied(PermissionError):
+class PathDenied(PathRefused):
     """A DAG names a location outside the allowed roots."""
 
 
@@ -177,32 +179,13 @@ class PathPolicy:
         if not any(_within(real, r) for r in self.local_roots):
             raise self._deny(where, pattern, via_symlink=real != os.path.normpath(prefix))
 
-    def check_param(self, value: str, where: str, as_written: bool = True) -> None:
-        """Check a stage parameter that may name a location (a tokenizer, a model, another
-        run's directory). Stage fields do not say which strings are paths, so as written by
-        the user anything absolute, ``~``, ``file://``, a URL, or with a ``/`` (relative to
-        ``base_dir``) counts as one. After validation (``as_written=False``) only absolute
-        paths are checked: validators make user paths absolute, while defaults filled in
-        from code are not the submitter's to choose."""
-        if not as_written:
-            if value.startswith("/"):
-                self.check_local(value, where)
-            return
-        if "::" in value and ("/" in value or _SCHEME.match(value)):
-            raise self._deny(where, value)
+    def guard(self, value: str, field: str) -> str:
+        """The path guard of a submitted DAG (``curation.stages.paths``): a stage parameter
+        declared as a path, resolved (against ``base_dir``, symlinks followed) and checked
+        before any validator opens it; returns the resolved path. A URL must start with a URL
+        root. Parameters not declared as paths are data and never come here."""
+        if "::" in value:
+            raise self._deny(field, value)
         if self.is_url(value):
-            self.check_url(value, where)
-        elif value.startswith(("/", "~", "file://")) or "/" in value:
-            self.check_local(value, where)
-
-
-def walk_strings(obj: Any, where: str) -> Iterable[tuple[str, str]]:
-    """(location, string) for every string leaf of a parsed YAML value."""
-    if isinstance(obj, str):
-        yield where, obj
-    elif isinstance(obj, dict):
-        for k, v in obj.items():
-            yield from walk_strings(v, f"{where}.{k}")
-    elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            yield from walk_strings(v, f"{where}[{i}]")
+            return self.check_url(value, field)
+        return self.check_local(value, field)

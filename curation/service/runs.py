@@ -38,14 +38,13 @@ import yaml
 
 from curation.io import files
 from curation.pipeline.rundir import RunDir
-from curation.service.auth import PathDenied, PathPolicy, walk_strings
+from curation.service.auth import PathDenied, PathPolicy
 
 SERVICE_FILE = "service.json"
 SUBMITTED_FILE = "submitted.yaml"
 LOG_FILE = "service.log"
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 ACTIVE_STATES = ("queued", "running")
-_STAGE_REF_KEYS = {"type", "input", "inputs"}
 _YamlLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
@@ -140,16 +139,6 @@ def _refuse_aliases(text: str, where: str) -> None:
         raise SubmitError(f"{where}: invalid YAML: {e}".replace("\n", " ")) from None
 
 
-def _check_stage_params(stages: Any, policy: PathPolicy, where: str, as_written: bool = True) -> None:
-    for loc, value in walk_strings(stages, "stages"):
-        if loc.rsplit(".", 1)[-1].split("[", 1)[0] in _STAGE_REF_KEYS:
-            continue
-        try:
-            policy.check_param(value, loc, as_written)
-        except PathDenied as e:
-            raise SubmitError(f"{where}: {e}", 403) from None
-
-
 def check_stage_modules(data: Any, stage_modules: tuple[str, ...], where: str) -> None:
     """Refuse (403) a ``module:Class`` stage whose module the operator did not allow, before
     anything is imported: the service imports no module a client names."""
@@ -169,10 +158,15 @@ def admit_dag(text: str, policy: PathPolicy, where: str = "submitted.yaml", stag
 
     ``module:Class`` stages load only from modules under ``stage_modules`` (default: none)."""
     from curation.pipeline.dag import stage_modules_allowed
+    from curation.stages.paths import PathRefused, path_guard
 
-    with stage_modules_allowed(stage_modules):
+    # stage parameters declared as paths are resolved and checked by the guard, in validation,
+    # before any validator opens them; every other string is data
+    with stage_modules_allowed(stage_modules), path_guard(policy.guard):
         try:
             return _admit_dag(text, policy, where, tuple(stage_modules))
+        except PathRefused as e:
+            raise SubmitError(str(e) if str(e).startswith(where) else f"{where}: {e}", 403) from None
         except RecursionError:  # a structure deeper than the validators handle: the client's input
             raise SubmitError(f"{where}: the DAG is nested too deeply to validate") from None
 
@@ -193,8 +187,8 @@ def _admit_dag(text: str, policy: PathPolicy, where: str, stage_modules: tuple[s
         if isinstance(data.get(part), dict) and len(data[part]) > MAX_STAGES:
             raise SubmitError(f"{where}: {part}: {len(data[part])} entries; at most {MAX_STAGES} are accepted")
     check_stage_modules(data, stage_modules, where)
-    # Locations first, on the raw text, so a refused path is refused before any validator
-    # (e.g. a tokenizer check) touches the disk outside the roots.
+    # Input locations first, on the raw text; stage parameters that are paths are checked by
+    # the path guard (admit_dag) as they are validated, before their validators open them.
     inputs = data.get("inputs")
     if isinstance(inputs, dict):
         for name, spec in inputs.items():
@@ -211,16 +205,13 @@ def _admit_dag(text: str, policy: PathPolicy, where: str, stage_modules: tuple[s
                         policy.check_pattern(p, f"inputs.{name}.paths[{i}]")
                     except PathDenied as e:
                         raise SubmitError(f"{where}: {e}", 403) from None
-    _check_stage_params(data.get("stages"), policy, where)
     try:
         dag = parse_dag(data, where, policy.base_dir)
     except StageModuleRefused as e:
         raise SubmitError(str(e), 403) from None
     except DagError as e:
         raise SubmitError(str(e)) from None
-    # Validators may have turned relative parameters into absolute paths: check those too.
     resolved = dag.to_dict()
-    _check_stage_params(resolved["stages"], policy, where, as_written=False)
     for name, spec in dag.inputs.items():
         if spec.run is not None:  # format: run: the run directory resolved (symlinks followed) and pinned
             if policy.is_url(spec.run):
@@ -735,6 +726,7 @@ class RunManager:
         meta.update(state="started", started=time.time(), command=cmd)
         self._write_meta(rid, meta)
         env = {k: v for k, v in os.environ.items() if k != "REFINERY_TOKEN"}  # runs need no API token
+        env["REFINERY_STAGE_MODULES"] = ",".join(self.stage_modules)  # the run holds every DAG it parses to it
         try:
             with open(d / LOG_FILE, "ab") as log:
                 log.write(f"--- attempt {meta.get('attempt', 1)} {time.strftime('%Y-%m-%d %H:%M:%S')}: "

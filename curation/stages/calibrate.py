@@ -43,7 +43,7 @@ stage's shards: a filter may follow it in the same DAG, with any ``lang_config``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -53,6 +53,7 @@ from pydantic import Field, field_validator, model_validator
 from curation.io import location
 from curation.io.shards import blocks
 from curation.stages.base import GlobalStage, Resources, registry
+from curation.stages.paths import PathParam
 from curation.stages.context import ShardSink, StageContext
 from curation.text import calibrate as cal
 from curation.text import lang_rules
@@ -223,7 +224,7 @@ class CalibrateRules(GlobalStage):
     type: Literal["calibrate_rules"] = "calibrate_rules"
     #: the preset (or a calibration file) the result overlays; its entries are what a language
     #: keeps when it is not calibrated, and how every language is measured
-    base: str = "auto"
+    base: Annotated[str, PathParam(when=lang_rules.is_file)] = "auto"
     #: filter type -> that filter's own (English) parameters, as in a DAG
     filters: dict[str, dict[str, Any]] = Field(default_factory=lambda: {t: {} for t in DEFAULT_FIELDS})
     #: filter type -> threshold fields to calibrate (default ``DEFAULT_FIELDS``)

@@ -42,6 +42,7 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 from curation.io.benchmarks import REGISTRY, benchmark_items, file_items, find_benchmark
 from curation.io.files import cached_file_sha256
 from curation.stages.base import MapStage, StageResult, registry
+from curation.stages.paths import PathStr
 from curation.text.decontam import EvalIndex, EvalItem, byte_to_char, remove_spans, words_of
 
 REASON = "decontaminate:ngram_overlap"
@@ -60,9 +61,9 @@ class Decontaminate(MapStage):
 
     type: Literal["decontaminate"] = "decontaminate"
     columns: ClassVar[tuple[str, ...]] = ("decontam_overlaps", "decontam_matches")
-    eval_paths: list[str] = Field(default_factory=list)
+    eval_paths: list[PathStr] = Field(default_factory=list)
     eval_sets: list[str] = Field(default_factory=list)
-    eval_dir: str | None = None
+    eval_dir: PathStr | None = None
     ngram: int = Field(default=13, gt=0)
     min_words: int = Field(default=8, gt=0)  # shorter eval texts are indexed whole down to this
     text_field: str = "text"  # of the training documents

@@ -52,6 +52,7 @@ from curation.dedup.minhash import NORMALIZATION, read_artifact, write_artifact
 from curation.io.artifacts import read_partition, write_partitioned
 from curation.io.shards import block_name, blocks, split_kept_rejected
 from curation.stages.base import GlobalStage, Resources, registry
+from curation.stages.paths import PathStr
 from curation.stages.context import GroupedOutputs, StageContext, block_outputs, output_keys
 
 
@@ -317,7 +318,7 @@ class ExactDedup(GlobalStage):
     bloom: BloomConfig = BloomConfig()
     partitions: int = Field(default=16, ge=1, le=4096)
     seed: int = Field(default=0, ge=0)
-    against: list[str] = Field(default_factory=list)
+    against: list[PathStr] = Field(default_factory=list)
     #: which copy survives (``curation.dedup.keeper``): first (lowest id), latest (``date_column``),
     #: highest_quality (``quality``) or source_rank (``source`` by ``source_rank``); against a
     #: corpus index, a new copy the policy prefers is kept and the indexed one is listed in

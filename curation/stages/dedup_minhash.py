@@ -85,6 +85,7 @@ from curation.dedup.minhash import (
     write_artifact,
 )
 from curation.stages.base import GlobalStage, Resources, registry
+from curation.stages.paths import PathStr
 from curation.stages.context import GroupedOutputs, StageContext, block_outputs, output_keys
 
 #: Bump when buckets, edges or the choice of keepers change for the same parameters.
@@ -613,7 +614,7 @@ class MinHashDedup(GlobalStage):
     local_components_edges: int | None = Field(default=None, ge=0)
     #: corpus indexes (``refinery index build``) to deduplicate against: a new document near
     #: an indexed one is rejected as ``minhash_dedup:cluster=MEMBER:ID``
-    against: list[str] = Field(default_factory=list)
+    against: list[PathStr] = Field(default_factory=list)
     #: verify every removal against the members its cluster keeps (exact Jaccard >= threshold -
     #: partner_slack), keeping the ones without such a partner (``curation.dedup.partners``)
     partner_check: bool = False

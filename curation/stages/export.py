@@ -35,6 +35,7 @@ from curation.export.common import Docs, ExportError, Rows, TokenInfo
 from curation.formats.packed import TOKENIZER_METADATA
 from curation.io.files import safe_names
 from curation.stages.base import GlobalStage, Resources, registry
+from curation.stages.paths import PathStr
 from curation.stages.context import RunSource, ShardSink, StageContext
 from curation.tokenizer.model import Tokenizer, TokenizerError, checked_tokenizer_dir, tokenizer_fingerprint
 
@@ -234,7 +235,7 @@ class Export(GlobalStage):
 
     type: Literal["export"] = "export"
     format: Literal["megatron", "nanotron", "olmo", "mds", "parquet", "jsonl"]
-    tokenizer: str | None = None
+    tokenizer: PathStr | None = None
     mds_size_limit: int = Field(default=1 << 26, gt=1024, lt=1 << 32)
     resources: ClassVar[Resources] = Resources(cpus=1)
 

@@ -71,6 +71,7 @@ from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
                       model_validator)
 
 from curation.stages.base import MapStage, Rule, StageResult, registry
+from curation.stages.paths import PathParam
 from curation.text import lang_rules
 from curation.text import words as text_words
 from curation.text.arrow import mask, safe_div, to_numpy
@@ -164,7 +165,7 @@ class _LangRules(MapStage):
     #: a shipped preset of ``by_lang`` entries (``curation/text/data/lang_rules/NAME.json``):
     #: ``fineweb2`` = FineWeb-2's per-language thresholds and stop words; or a file of them by
     #: path, e.g. ``RUN/STAGE/_calibration.json`` written by a ``calibrate_rules`` stage.
-    lang_config: str | None = None
+    lang_config: Annotated[str, PathParam(when=lang_rules.is_file)] | None = None
 
     #: how this view splits words: ``spaces`` (``TextState.words``) or ``chars`` (CJK)
     _word_mode: str = PrivateAttr("spaces")

@@ -26,6 +26,7 @@ from pydantic import Field, PrivateAttr, field_validator
 
 from curation.quality.langid import Cld2Detector, detector_for, model_fingerprint, normalize_lang, window_texts
 from curation.stages.base import LETTER_RE2, MapStage, Rule, registry
+from curation.stages.paths import PathStr
 from curation.text.arrow import text_array, text_column
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -58,7 +59,7 @@ class LanguageId(MapStage):
     columns: ClassVar[tuple[str, ...]] = ('lang', 'lang_score')
     keep: list[str] | None = None
     min_score: float = Field(default=0.65, ge=0.0, le=1.0)
-    model: str | None = None
+    model: PathStr | None = None
     #: a text longer than this is detected on ``sample_windows`` evenly spaced windows of
     #: it totalling this many characters (None: the whole text; see ``sample_text``)
     sample_chars: int | None = Field(default=6000, ge=100)

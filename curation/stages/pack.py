@@ -39,6 +39,7 @@ from curation.io import location
 from curation.io.rows import read_row_range
 from curation.io.shards import blocks
 from curation.stages.base import GlobalStage, registry
+from curation.stages.paths import PathStr
 from curation.stages.context import ShardSink, StageContext
 from curation.formats.packed import PACK_REPORT, PACKED_SCHEMA, TOKENIZER_METADATA, with_source_tokens
 from curation.sampling.packing import pack_by_source, pack_window, summarize
@@ -139,7 +140,7 @@ class Pack(GlobalStage):
     algorithm: Literal["best_fit", "concat"] = "best_fit"
     window: int = Field(default=10_000, gt=0)
     pad_id: int | None = Field(default=None, ge=0)
-    tokenizer: str | None = None
+    tokenizer: PathStr | None = None
     shuffle_rows: bool = True
     seed: int = Field(default=0, ge=0)
     #: pack each source's documents apart within a window: every row holds one source, so the

@@ -31,6 +31,7 @@ from curation.quality.topk import BINS, Prefix, choose_bin, cut, score_keys
 from curation.io.shards import block_name, blocks, split_kept_rejected
 from curation.sampling.radix import GATHER_CAP, Search, narrow
 from curation.stages.base import GlobalStage, MapStage, Stage, StageResult, registry
+from curation.stages.paths import PathStr
 from curation.stages.context import GroupedOutputs, StageContext, block_outputs, output_keys
 
 REPORT = "_quality_report.json"
@@ -220,7 +221,7 @@ def _cut_shard(key: str, stage: str, path: str, scores: np.ndarray, threshold: f
 class _Model(BaseModel):
     """The classifier both quality stages load (validated: a bad path fails the DAG)."""
 
-    model: str | None = None
+    model: PathStr | None = None
     positive_label: str | None = None
 
     @field_validator("model")
@@ -250,7 +251,7 @@ class QualityScore(_Model, MapStage):
 
     type: Literal["quality"] = "quality"
     columns: ClassVar[tuple[str, ...]] = ('quality',)
-    model: str
+    model: PathStr
     min_score: float | None = Field(default=None, ge=0.0, le=1.0)
 
     _scorer_ready: bool = PrivateAttr(default=False)

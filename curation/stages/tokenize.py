@@ -12,6 +12,7 @@ from pydantic import PrivateAttr, field_validator
 
 from curation.formats.packed import TOKENIZER_METADATA
 from curation.stages.base import MapStage, StageResult, registry
+from curation.stages.paths import PathStr
 from curation.tokenizer.model import Tokenizer, checked_tokenizer_dir, load_cached, tokenizer_fingerprint
 
 
@@ -36,7 +37,7 @@ class Tokenize(MapStage):
 
     type: Literal["tokenize"] = "tokenize"
     columns: ClassVar[tuple[str, ...]] = ('input_ids', 'num_tokens')
-    tokenizer: str
+    tokenizer: PathStr
     add_eos: bool = True
     keep_text: bool = True
 

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
 
 from curation.io.files import cached_file_sha256
 from curation.stages.base import MapStage, Resources, Rule, StageResult, registry
+from curation.stages.paths import PathStr
 from curation.text import badwords as bw
 from curation.text.normalize import Normalizer
 from curation.text.pii import (DEFAULT_EMAIL_REPLACEMENTS, DEFAULT_IPV4_REPLACEMENTS, DEFAULT_IPV6_REPLACEMENTS,
@@ -83,7 +84,7 @@ class Blocklist(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
-    paths: list[str] = Field(default_factory=list)
+    paths: list[PathStr] = Field(default_factory=list)
     entries: list[str] = Field(default_factory=list)
 
     @model_validator(mode="before")
@@ -252,7 +253,7 @@ class BadWordsFilter(MapStage):
     type: str = "badwords"
     default_lang: str | None = "en"
     lang_column: str = "lang"
-    word_lists: dict[str, str] = Field(default_factory=dict)
+    word_lists: dict[str, PathStr] = Field(default_factory=dict)
     max_badwords: int | None = Field(0, ge=0)
     max_badwords_frac: float | None = Field(None, ge=0)
 
