@@ -41,13 +41,16 @@ def test_table_kept_as_rows():
 def test_layout_table_not_written_as_rows():
     html = _page("<table><tr><td><table><tr><td>a</td><td>b</td></tr><tr><td>c</td><td>d</td></tr></table></td>"
                  "<td>x</td></tr><tr><td>y</td><td>z</td></tr></table>")
-    from resiliparse.parse.html import HTMLTree
+    from curation.text.markdown import _mark_tables, _table_markdown
 
-    from curation.text.markdown import _table_rows
-
-    outer, inner = HTMLTree.parse(html).body.query_selector_all("table")
-    assert _table_rows(outer) is None  # holds a table: layout
-    assert _table_rows(inner) == [["a", "b"], ["c", "d"]]
+    parts: list[str] = []
+    out = _mark_tables(html, parts)
+    assert parts == ["| a | b |\n| --- | --- |\n| c | d |"]  # the inner data table only
+    assert "<table><tr><td><p>" in out and "<td>y</td>" in out  # the outer (layout) table stays
+    assert _table_markdown("<table><tr><td>a</td><td>b</td></tr></table>") is None  # one row
+    assert _table_markdown("<table><tr><td>a</td></tr><tr><td>b</td></tr></table>") is None  # one column
+    assert _table_markdown("<table><tr><td>a</td><td>b</td></tr><tr><td><form></form></td><td>d</td></tr></table>") is None
+    assert _mark_tables("</table><TABLE><TR><TD>a<TD>b<TR><TD>c<TD>d</TABLE>", parts).startswith("</table><p>")
     assert "| y | z |" not in extract_page(html, format="markdown")
 
 

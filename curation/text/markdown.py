@@ -2,13 +2,13 @@
 
 Resiliparse's ``preserve_formatting='minimal_html'`` keeps headings, paragraphs, lists and
 ``<pre>`` at plain-text speed; html-to-markdown (Rust) turns that into Markdown. Two things it
-loses get a DOM pass first, on the same parsed tree (one parse per page):
+loses get a pass first:
 
-- data tables (>= 2 rows of >= 2 cells, no nested table or form): main-content mode flattens
-  or drops them, so each is written as Markdown rows and the table is replaced by a placeholder
-  paragraph, which keeps the table's place and is dropped with it when its region is not main
-  content (a sidebar's table goes with the sidebar);
-- math: MathML (its TeX annotation or ``alttext``), MathJax ``<script type="math/tex">``
+- data tables (innermost tables of >= 2 rows of >= 2 cells, no form): main-content mode
+  flattens or drops them, so each is written as Markdown rows and the table is replaced, in the
+  HTML string, by a placeholder paragraph, which keeps the table's place and is dropped with it
+  when its region is not main content (a sidebar's table goes with the sidebar);
+- math (pages with its markers only: a DOM parse, the tree then extracted): MathML (its TeX annotation or ``alttext``), MathJax ``<script type="math/tex">``
   (``mode=display``: a block) and KaTeX (its ``application/x-tex`` annotation), as ``$…$`` /
   ``$$…$$``; a placeholder too, so no converter escapes the TeX.
 
@@ -26,40 +26,73 @@ _MIN_ROWS, _MIN_CELLS = 2, 2
 
 
 def _options():
+    """html-to-markdown's options, made once: its Python ``convert`` rebuilds the Rust options
+    object on every call (~0.5 ms, 10% of a page's extraction), so the Rust converter is called
+    directly with these."""
     import html_to_markdown as h2m
+    from html_to_markdown.api import _to_rust_conversion_options
 
-    return h2m.ConversionOptions(heading_style="atx", bullets="-", code_block_style="backticks",
-                                 escape_asterisks=False, escape_underscores=False, escape_misc=False,
-                                 escape_ascii=False, autolinks=False, extract_metadata=False)
+    return _to_rust_conversion_options(h2m.ConversionOptions(
+        heading_style="atx", bullets="-", code_block_style="backticks", escape_asterisks=False,
+        escape_underscores=False, escape_misc=False, escape_ascii=False, autolinks=False,
+        extract_metadata=False, compact_tables=True))
 
 
 _OPTS = None
 
 
-def _cell(node) -> str:
-    return _WS.sub(" ", node.text).strip().replace("|", "\\|")
+def _opts():
+    global _OPTS
+    if _OPTS is None:
+        _OPTS = _options()
+    return _OPTS
 
 
-def _table_rows(table) -> list[list[str]] | None:
-    """The table's rows of cells when it is a data table, else None (layout table)."""
-    if table.query_selector("table, form") is not None:
+_TABLE_TAG = re.compile(r"<(/?)table\b[^>]*>", re.IGNORECASE)
+_FORM = re.compile(r"<form\b", re.IGNORECASE)
+_TR = re.compile(r"<tr\b", re.IGNORECASE)
+
+
+def _table_markdown(table_html: str) -> str | None:
+    """One table's HTML (no table inside) as Markdown rows when it is a data table (>= 2 rows
+    of >= 2 cells, no form), else None (a layout table). html-to-markdown writes the rows."""
+    from html_to_markdown._html_to_markdown import convert
+
+    if len(_TR.findall(table_html)) < _MIN_ROWS or _FORM.search(table_html):
         return None
-    rows = []
-    for tr in table.query_selector_all("tr"):
-        cells = [_cell(c) for c in tr.child_nodes if c.tag in ("td", "th")]
-        if any(cells):
-            rows.append(cells)
-    if sum(len(r) >= _MIN_CELLS for r in rows) < _MIN_ROWS:
+    md = convert(html=table_html, options=_opts(), visitor=None).content.strip()
+    rows = [ln for ln in md.split("\n") if ln.startswith("|")]
+    # header, separator, then rows: at least _MIN_ROWS rows of >= _MIN_CELLS cells
+    if len(rows) < _MIN_ROWS + 1 or rows[0].count(" | ") < _MIN_CELLS - 1:
         return None
-    return rows
+    return "\n".join(rows)
 
 
-def table_markdown(rows: list[list[str]]) -> str:
-    """Rows of cells -> Markdown table lines (the first row as header, padded to the widest row)."""
-    width = max(len(r) for r in rows)
-    lines = ["| " + " | ".join(r + [""] * (width - len(r))) + " |" for r in rows]
-    lines.insert(1, "|" + " --- |" * width)
-    return "\n".join(lines)
+def _mark_tables(html: str, out: list[str]) -> str:
+    """``html`` with each innermost data table replaced by a placeholder paragraph (its Markdown
+    appended to ``out``). On the string, not the DOM: tables are paired by one regex scan of
+    their tags, where walking resiliparse's node lists made a Python object per node (3x the
+    page's extraction on the bench WARC's table-heavy pages)."""
+    pieces: list[str] = []
+    pos = 0
+    stack: list[tuple[int, bool]] = []  # (start of an open table, whether a table opened inside it)
+    for m in _TABLE_TAG.finditer(html):
+        if not m.group(1):
+            if stack:
+                stack[-1] = (stack[-1][0], True)
+            stack.append((m.start(), False))
+            continue
+        if not stack:  # a stray </table>
+            continue
+        start, nested = stack.pop()
+        if nested or start < pos:  # a table holding a table is layout; never cut into a replaced part
+            continue
+        md = _table_markdown(html[start:m.end()])
+        if md is not None:
+            out.append(md)
+            pieces += [html[pos:start], f"<p>{_OPEN}T{len(out) - 1}{_CLOSE}</p>"]
+            pos = m.end()
+    return "".join(pieces) + html[pos:] if pieces else html
 
 
 def _tex_of_math(node) -> str:
@@ -78,14 +111,13 @@ def _replace(tree, node, kind: str, idx: int, block: bool) -> None:
     node.parent.replace_child(new, node)
 
 
-def _mark(tree, html: str) -> list[str]:
-    """Replace data tables and math in ``tree`` by placeholders; returns their Markdown. Each
-    selector walks the whole tree, so it runs only when its tag name occurs in ``html``."""
-    out: list[str] = []
+def _mark_math(tree, html: str, out: list[str]) -> None:
+    """Replace math in ``tree`` by placeholders, its ``$…$`` appended to ``out``. Each selector
+    walks the whole tree, so it runs only when its marker occurs in ``html``."""
     body = tree.body
     if body is None:
-        return out
-    low = html.lower() if "<TABLE" in html or "<MATH" in html else html
+        return
+    low = html.lower() if "<MATH" in html else html  # the rare upper-case page
     # KaTeX first: its <math> copy sits inside it beside the rendered HTML
     for node in body.query_selector_all(".katex") if "katex" in html else ():
         if node.parent is None:
@@ -107,30 +139,27 @@ def _mark(tree, html: str) -> list[str]:
             display = "mode=display" in node["type"]
             out.append(f"$${tex}$$" if display else f"${tex}$")
             _replace(tree, node, "D" if display else "M", len(out) - 1, display)
-    # judged before any is replaced: a table holding a data table stays a layout table
-    tables = body.query_selector_all("table") if "<table" in low else ()
-    for table, rows in [(t, _table_rows(t)) for t in tables][::-1]:  # innermost first
-        if rows is not None and table.parent is not None:
-            out.append(table_markdown(rows))
-            _replace(tree, table, "T", len(out) - 1, True)
-    return out
 
 
 def resiliparse_markdown(html: str) -> str:
     """One decoded page -> its main content as Markdown (see module docstring)."""
-    global _OPTS
-    import html_to_markdown as h2m
+    from html_to_markdown._html_to_markdown import convert
     from resiliparse.extract.html2text import extract_plain_text
     from resiliparse.parse.html import HTMLTree
 
     from curation.text.extraction import RESILIPARSE_OPTIONS
 
-    tree = HTMLTree.parse(html)
-    parts = _mark(tree, html)
-    minimal = extract_plain_text(tree, preserve_formatting="minimal_html", **RESILIPARSE_OPTIONS)
-    if _OPTS is None:
-        _OPTS = _options()
-    md = h2m.convert(minimal, _OPTS).content
+    parts: list[str] = []
+    page = html
+    if "<table" in html or "<TABLE" in html:
+        page = _mark_tables(html, parts)
+    # MathML, MathJax's math/tex and KaTeX's katex-mathml all say "math"; a parse to edit them.
+    # (Each scan of a long non-ASCII page costs ~2% of its extraction: three on every page.)
+    if "math" in html and ("<math" in html or "math/tex" in html):
+        page = HTMLTree.parse(page)
+        _mark_math(page, html, parts)
+    minimal = extract_plain_text(page, preserve_formatting="minimal_html", **RESILIPARSE_OPTIONS)
+    md = convert(html=minimal, options=_opts(), visitor=None).content
     if parts:
         md = _PLACEHOLDER.sub(lambda m: parts[int(m.group(2))], md)
     return md.strip()
