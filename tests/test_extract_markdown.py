@@ -183,11 +183,15 @@ def test_route_runs_second_engine_only_where_it_wins(monkeypatch):
     monkeypatch.setitem(extraction.ENGINES, "trafilatura", lambda h: calls.append(1) or "second engine text")
     kw = dict(engines=["resiliparse", "trafilatura"], policy="route")
     plain = _page("")
-    assert extract_page(plain, **kw) == extract_page(plain) and calls == []
+    assert extract_page(plain, **kw) == extract_page(plain) and calls == []  # resiliparse kept the text
+    # a page whose text resiliparse's main-content mode drops (a long list): the second engine runs
+    items = "".join(f"<li>item number {i} of a long list of things on this page</li>" for i in range(40))
+    lost = f"<html><body><ul>{items}</ul></body></html>"
+    assert len(extract_page(lost)) < engine_policy.ROUTE_MIN_CHARS
+    assert extract_page(lost, **kw) == "second engine text" and calls == [1]
+    # tables are no reason (format: markdown writes them; trafilatura's text leaves them out)
     table = _page("<table>" + "<tr><td>a</td><td>b</td></tr>" * 5 + "</table>")
-    assert extract_page(table, **kw) == "second engine text" and calls == [1]
-    code = _page("<pre>x = 1</pre><table>" + "<tr><td>a</td><td>b</td></tr>" * 5 + "</table>")
-    assert extract_page(code, **kw) != "second engine text"  # code: trafilatura loses indentation
+    assert extract_page(table, **kw) != "second engine text" and calls == [1]
 
 
 def test_bad_names_raise():
@@ -214,3 +218,10 @@ def test_stage_markdown_batch():
     texts = res.table.column("text").to_pylist()
     assert "| k | v |" in texts[0] and res.reasons.to_pylist() == [None, "extract:empty_html"]
     assert "html" not in res.table.column_names
+
+
+def test_table_cells_are_words_not_markup():
+    html = _page('<table><tr><th>Name <a href="http://x.org/a">link</a></th><th>b <img src="i.png" alt="pic"></th></tr>'
+                 "<tr><td><code>x_1</code> and <b>bold</b></td><td>2<sup>3</sup></td></tr></table>")
+    md = extract_page(html, format="markdown")
+    assert "| Name link | b |\n| --- | --- |\n| x_1 and bold | 23 |" in md

@@ -25,7 +25,7 @@ _WS = re.compile(r"\s+")
 _MIN_ROWS, _MIN_CELLS = 2, 2
 
 
-def _options():
+def _options(**extra):
     """html-to-markdown's options, made once: its Python ``convert`` rebuilds the Rust options
     object on every call (~0.5 ms, 10% of a page's extraction), so the Rust converter is called
     directly with these."""
@@ -35,10 +35,15 @@ def _options():
     return _to_rust_conversion_options(h2m.ConversionOptions(
         heading_style="atx", bullets="-", code_block_style="backticks", escape_asterisks=False,
         escape_underscores=False, escape_misc=False, escape_ascii=False, autolinks=False,
-        extract_metadata=False, compact_tables=True))
+        extract_metadata=False, compact_tables=True, **extra))
 
 
+#: inline tags written as their text in table cells, as resiliparse writes the rest of the page
+#: (no links, images, emphasis or code marks: a row's cells are its words)
+_CELL_INLINE = ("a", "img", "b", "strong", "i", "em", "code", "tt", "kbd", "samp", "var", "sup", "sub", "small",
+                "big", "font", "span", "u", "s", "strike", "del", "ins", "mark", "abbr", "cite", "q", "time")
 _OPTS = None
+_TABLE_OPTS = None
 
 
 def _opts():
@@ -46,6 +51,13 @@ def _opts():
     if _OPTS is None:
         _OPTS = _options()
     return _OPTS
+
+
+def _table_opts():
+    global _TABLE_OPTS
+    if _TABLE_OPTS is None:
+        _TABLE_OPTS = _options(strip_tags=list(_CELL_INLINE), skip_images=True)
+    return _TABLE_OPTS
 
 
 _TABLE_TAG = re.compile(r"<(/?)table\b[^>]*>", re.IGNORECASE)
@@ -60,7 +72,7 @@ def _table_markdown(table_html: str) -> str | None:
 
     if len(_TR.findall(table_html)) < _MIN_ROWS or _FORM.search(table_html):
         return None
-    md = convert(html=table_html, options=_opts(), visitor=None).content.strip()
+    md = convert(html=table_html, options=_table_opts(), visitor=None).content.strip()
     rows = [ln for ln in md.split("\n") if ln.startswith("|")]
     # header, separator, then rows: at least _MIN_ROWS rows of >= _MIN_CELLS cells
     if len(rows) < _MIN_ROWS + 1 or rows[0].count(" | ") < _MIN_CELLS - 1:

@@ -517,7 +517,8 @@ def _hwm_mb() -> float:
 
 
 def dag_spec(warc: str, mode: str, split_mb: int, docs: int, workers: int) -> dict:
-    stages = {"extract": {"type": "extract", "input": "crawl", "engine": "resiliparse"}}
+    stages = {"extract": {"type": "extract", "input": "crawl", "engine": "resiliparse",
+                          "format": os.environ.get("BENCH_SCALE_FORMAT", "text")}}  # --format
     if mode == "full":
         stages.update({
             "langid": {"type": "langid", "input": "extract"},
@@ -815,9 +816,13 @@ def main() -> None:
                          "cores extracting pages until the other is done. The machine's speed then moves both "
                          "runs alike (run one after the other, extraction's own speed differed by up to 19%% "
                          "between the two runs of a pair)")
+    ap.add_argument("--format", choices=["text", "markdown"], default="text",
+                    help="the extract stage's format (its runs inherit it through BENCH_SCALE_FORMAT)")
     ap.add_argument("--one", nargs=3, help=argparse.SUPPRESS)  # internal: MODE FACTS_JSON OUT_JSON
     ap.add_argument("--warm-facts", help=argparse.SUPPRESS)  # internal: the warm-up WARC's facts
     a = ap.parse_args()
+    if not a.one:
+        os.environ["BENCH_SCALE_FORMAT"] = a.format
     if a.one:
         warm = json.loads(Path(a.warm_facts).read_text()) if a.warm_facts else None
         run_one(a.one[0], json.loads(Path(a.one[1]).read_text()), a.workers, a.split_mb, a.one[2], warm)
