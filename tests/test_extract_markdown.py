@@ -225,3 +225,32 @@ def test_table_cells_are_words_not_markup():
                  "<tr><td><code>x_1</code> and <b>bold</b></td><td>2<sup>3</sup></td></tr></table>")
     md = extract_page(html, format="markdown")
     assert "| Name link | b |\n| --- | --- |\n| x_1 and bold | 23 |" in md
+
+
+def test_chain_judges_markdown_by_its_plain_view():
+    """The stages after extract measure a Markdown state's plain view: Gopher's and repetition's
+    signals on the Markdown state equal those on format: text's plain page (code fences, table
+    pipes and heading marks are not words or lines), and C4 cuts the Markdown's own lines."""
+    from curation.stages.filters import C4QualityFilter, GopherQualityFilter, GopherRepetitionFilter
+
+    html = _fixture("mozilla_001_source.html.xz")
+    md = extract_page(html, format="markdown")
+    plain = plain_view(pa.array([md]))
+    for stage in (GopherQualityFilter(), GopherRepetitionFilter()):
+        on_md = stage.run_batch(pa.table({"text": [md]}), TextState(pa.array([md]), markup="markdown")).table
+        on_plain = stage.run_batch(pa.table({"text": plain}), TextState(plain)).table
+        raw = stage.run_batch(pa.table({"text": [md]}), TextState(pa.array([md]))).table
+        cols = [c for c in on_md.column_names if c != "text"]
+        assert cols and all(on_md.column(c).to_pylist() == on_plain.column(c).to_pylist() for c in cols), stage
+        assert any(on_md.column(c).to_pylist() != raw.column(c).to_pylist() for c in cols), stage  # markup moved them
+    res = C4QualityFilter(filter_curly_bracket=False).process(pa.table({"text": [md]}), TextState(pa.array([md]), markup="markdown"))
+    out = res.table.column("text")[0].as_py()
+    assert res.text.markup == "markdown" and out and all(ln in md for ln in out.split("\n"))  # Markdown's own lines
+
+
+def test_stage_hands_markdown_state_on():
+    html = _page("<h2>Heading</h2>").encode()
+    batch = pa.table({"id": ["1"], "text": [""], "html": [html], "charset": [None]})
+    res = ex.Extract(format="markdown").process(batch)
+    assert res.text.markup == "markdown" and res.text.plain.to_pylist()[0].startswith("This paragraph")
+    assert ex.Extract().process(batch).text is None  # text: the next stage builds its own, as before

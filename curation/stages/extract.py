@@ -130,4 +130,9 @@ class Extract(MapStage):
                 reasons.append(reason)
         out = batch.drop_columns(["html", "charset"])
         out = out.set_column(out.schema.get_field_index("text"), "text", pa.array(texts, pa.string()))
-        return StageResult(out, pa.array(reasons, pa.string()))
+        if fmt == "text":
+            return StageResult(out, pa.array(reasons, pa.string()))
+        # Markdown: the stages after this one in the task measure its plain view (TextState.plain)
+        from curation.text.state import TextState
+
+        return StageResult(out, pa.array(reasons, pa.string()), TextState(out.column("text"), markup=fmt))

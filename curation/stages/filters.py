@@ -381,7 +381,7 @@ class _LangRules(MapStage):
         if not self.rewrites_text:
             return table, text
         counts = np.concatenate([s.known_word_counts() for s in states])[inv]
-        return table, TextState(table.column("text"), word_counts=counts)
+        return table, TextState(table.column("text"), word_counts=counts, markup=text.markup)
 
     # ``rewrites_text`` (Stage): whether ``_measure`` returns new text (C4); otherwise the
     # state passed in is the result's
@@ -505,7 +505,7 @@ class GopherQualityFilter(_FilterStage):
         return p
 
     def signals(self, text):
-        texts = text.texts
+        texts = text.plain  # a Markdown page's "#" heading marks are not Gopher's hash symbols
         # per-document tallies only: read where the words lie (``words_source``)
         words, docs = (self._words(text), None) if self._word_mode == "chars" else text.words_source()
         n_words = words.counts
@@ -606,7 +606,7 @@ class GopherRepetitionFilter(_FilterStage):
         n = len(text)
         text_len = text.char_lengths
         # paragraphs: the stripped text cut at runs of 2+ newlines; lines: at runs of newlines
-        n_paras, para_dups, para_chars, n_lines, line_dups, line_chars = duplicate_lines_and_paragraphs(text.texts)
+        n_paras, para_dups, para_chars, n_lines, line_dups, line_chars = duplicate_lines_and_paragraphs(text.plain)
         columns = {
             "gopher_dup_para_frac": safe_div(para_dups, n_paras),
             "gopher_dup_para_char_frac": safe_div(para_chars, text_len),
@@ -680,7 +680,7 @@ class C4QualityFilter(_LangRules):
         out_text = pc.if_else(pa.array(keep), measured, text.texts)
         table = res.table.set_column(res.table.schema.get_field_index("text"), "text", out_text)
         counts = np.where(keep, res.text.known_word_counts(), text.known_word_counts())
-        return StageResult(table, res.reasons, TextState(out_text, word_counts=counts))
+        return StageResult(table, res.reasons, TextState(out_text, word_counts=counts, markup=text.markup))
 
     rewrites_text: ClassVar[bool] = True
     splits_words: ClassVar[bool] = False
@@ -827,9 +827,10 @@ class C4QualityFilter(_LangRules):
         # Words never cross a line break, so the kept lines' words are the new text's words:
         # a FineWeb stage after this one counts them without splitting again.
         new_counts = np.bincount(kept_lines.doc, weights=line_words, minlength=n).astype(np.int64)
-        if ln.chars:  # characters are not the words a TextState counts
+        if ln.chars or text.markup != "text":  # characters, or Markdown lines: not the words a TextState counts
             new_counts[:] = -1
-        state = TextState(out_text, word_counts=np.where(has_drop, text.known_word_counts(), new_counts))
+        state = TextState(out_text, word_counts=np.where(has_drop, text.known_word_counts(), new_counts),
+                          markup=text.markup)
         table = batch.set_column(batch.schema.get_field_index("text"), "text", out_text)
         table = _with_columns(table, {
             "c4_lines_kept": n_kept,

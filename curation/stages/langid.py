@@ -119,7 +119,8 @@ class LanguageId(MapStage):
             text = self.text_state(batch, text)
         if self._detector is None:
             self.setup()
-        col = text_column(batch)
+        # a Markdown page's language is its plain view's (no code fences or table pipes)
+        col = text.plain if text is not None else text_column(batch)
         n = len(col)
         has_text = pc.fill_null(pc.match_substring_regex(col, LETTER_RE2), False).to_numpy(zero_copy_only=False)
         todo = np.flatnonzero(has_text)

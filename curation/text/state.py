@@ -87,6 +87,13 @@ class TextState:
 
         return self._cached("plain", lambda: plain_view(self.texts))
 
+    @property
+    def measured(self) -> pa.Array:
+        """What the measurements read: ``plain`` (words, newlines, paragraphs, stripped texts,
+        character lengths are the plain view's, so a Markdown page is judged as its text).
+        ``lines`` and ``byte_lengths`` stay the texts': C4 cuts the texts' own lines by them."""
+        return self.plain
+
     # -- words ---------------------------------------------------------------------------
 
     @property
@@ -95,11 +102,11 @@ class TextState:
         if self._words is None:
             if self._lazy is not None:
                 source, docs = self._lazy
-                b, doff, buf, base = text_bytes(self.texts)
+                b, doff, buf, base = text_bytes(self.measured)
                 self._words = source.take_docs(docs, b, doff, buf, base)
                 self._lazy = None
             else:
-                self._words = text_words.split_words(self.texts)
+                self._words = text_words.split_words(self.measured)
         return self._words
 
     @property
@@ -143,7 +150,7 @@ class TextState:
             if len(unknown) == len(self):
                 return self.words.counts
             counts = self._counts.copy()
-            counts[unknown] = text_words.split_words(self.texts.take(pa.array(unknown))).counts
+            counts[unknown] = text_words.split_words(self.measured.take(pa.array(unknown))).counts
             self._counts = counts
         return self._counts
 
@@ -161,12 +168,12 @@ class TextState:
 
     def newlines(self, min_run: int = 1, runs: bool = True) -> segments.Segments:
         """``re.split("\\n+")`` / ``text.split("\\n")`` of every text (``words.split_newlines``)."""
-        return self._cached(("newlines", min_run, runs), lambda: segments.split_newlines(self.texts, min_run, runs))
+        return self._cached(("newlines", min_run, runs), lambda: segments.split_newlines(self.measured, min_run, runs))
 
     @property
     def stripped(self) -> pa.Array:
         """``str.strip()`` of every text."""
-        return self._cached("stripped", lambda: segments.strip(self.texts))
+        return self._cached("stripped", lambda: segments.strip(self.measured))
 
     @property
     def paragraphs(self) -> segments.Segments:
@@ -176,7 +183,7 @@ class TextState:
     @property
     def char_lengths(self) -> np.ndarray:
         """Code points per text (``len``)."""
-        return self._cached("char_lengths", lambda: to_numpy(pc.utf8_length(self.texts)).astype(np.int64))
+        return self._cached("char_lengths", lambda: to_numpy(pc.utf8_length(self.measured)).astype(np.int64))
 
     @property
     def byte_lengths(self) -> np.ndarray:

@@ -154,10 +154,8 @@ def chain_keep(texts: list[str], plain: bool) -> tuple[list[str | None], float]:
     reasons: list[str | None] = [None] * len(texts)
     alive = list(range(len(texts)))
     t0 = time.process_time()
+    # plain: the state extract hands on in format: markdown (the stages measure TextState.plain)
     state = TextState(batch.column("text"), markup="markdown" if plain else "text")
-    if plain:  # the chain measures the plain view: what it judges is the plain text
-        batch = batch.set_column(1, "text", state.plain)
-        state = TextState(batch.column("text"))
     for st in stages:
         res = st.process(batch, state)
         rs = res.reasons.to_pylist() if res.reasons is not None else [None] * batch.num_rows
@@ -167,7 +165,8 @@ def chain_keep(texts: list[str], plain: bool) -> tuple[list[str | None], float]:
                 reasons[alive[i]] = r
         alive = [alive[i] for i in keep]
         batch = res.table.take(pa.array(keep, pa.int64()))
-        state = res.text.take(keep) if res.text is not None else TextState(batch.column("text"))
+        state = (res.text.take(keep, batch.column("text")) if res.text is not None
+                 else TextState(batch.column("text"), markup=state.markup))
     return reasons, time.process_time() - t0
 
 
