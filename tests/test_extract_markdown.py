@@ -254,3 +254,17 @@ def test_stage_hands_markdown_state_on():
     res = ex.Extract(format="markdown").process(batch)
     assert res.text.markup == "markdown" and res.text.plain.to_pylist()[0].startswith("This paragraph")
     assert ex.Extract().process(batch).text is None  # text: the next stage builds its own, as before
+
+
+def test_c4_judges_plain_lines_and_cuts_markdown_lines():
+    from curation.stages.filters import C4QualityFilter
+
+    md = ("# A heading of the page.\n\nThe first sentence is here and long enough. **Bold** words end it.\n\n"
+          "| name | value |\n| --- | --- |\n| a table row that ends with a period. | 2. |\n\n- a list item without an end")
+    res = C4QualityFilter(min_num_sentences=1).process(pa.table({"text": [md]}), TextState(pa.array([md]), markup="markdown"))
+    out = res.table.column("text")[0].as_py()
+    # kept: whole Markdown lines whose plain view ends a sentence (a row's last pipe is no end)
+    assert out == ("# A heading of the page.\nThe first sentence is here and long enough. **Bold** words end it.\n"
+                   "| a table row that ends with a period. | 2. |")
+    raw = C4QualityFilter(min_num_sentences=1).process(pa.table({"text": [md]}), TextState(pa.array([md]))).table
+    assert "| a table row" not in raw.column("text")[0].as_py()  # judged raw, the row ends in "|"

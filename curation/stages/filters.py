@@ -61,7 +61,7 @@ from __future__ import annotations
 import functools
 import json
 from abc import abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Annotated, Any, Callable, ClassVar, Literal
 
 import numpy as np
@@ -692,7 +692,20 @@ class C4QualityFilter(_LangRules):
         text = self.text_state(batch, text)
         if self._word_mode == "chars":  # CJK words and line ends: the Arrow passes
             return self._measure_lines(batch, text, self._lines_by_arrays(text, chars=True))
+        if text.markup != "text":
+            return self._measure_lines(batch, text, self._plain_lines(text))
         return self._measure_lines(batch, text, self._lines_by_facts(text))
+
+    def _plain_lines(self, text: TextState) -> _C4Lines:
+        """Markdown: the line rules judge the plain view's lines (a heading's "#", a table row's
+        pipes, a code fence are not its words or its end), and the kept lines are cut from the
+        Markdown, line for line (the plain view keeps every line break)."""
+        ln = self._lines_by_facts(TextState(text.plain))
+        raw = line_facts(text.texts)
+        if len(raw.s) != len(ln.survives):
+            raise ValueError("c4_quality: the plain view's lines are not the Markdown's")
+        return replace(ln, values=raw.stripped, byte_start=raw.start, byte_len=raw.end - raw.start,
+                                   unchanged=np.ones(len(raw.s), dtype=bool))
 
     def _lines_by_facts(self, text: TextState) -> _C4Lines:
         """The line rules from one compiled pass over the bytes (``line_facts``): only lines
@@ -853,7 +866,9 @@ class C4QualityFilter(_LangRules):
         n_words = np.zeros(len(kept_idx), np.int64)
         n_sents = np.zeros(len(kept_idx), np.int64)
         fresh = np.ones(len(kept_idx), dtype=bool)
-        doc_words = text.words if len(kept_idx) and text.has_words and not ln.chars else None
+        # a Markdown state's words are its plain view's: their byte ranges are not these lines'
+        doc_words = (text.words if len(kept_idx) and text.has_words and not ln.chars and text.markup == "text"
+                     else None)
         if doc_words is not None:
             use = ln.unchanged[kept_idx]
             li = kept_idx[use]
