@@ -268,3 +268,12 @@ def test_c4_judges_plain_lines_and_cuts_markdown_lines():
                    "| a table row that ends with a period. | 2. |")
     raw = C4QualityFilter(min_num_sentences=1).process(pa.table({"text": [md]}), TextState(pa.array([md]))).table
     assert "| a table row" not in raw.column("text")[0].as_py()  # judged raw, the row ends in "|"
+
+
+def test_c4_markdown_ending_in_a_fence():
+    from curation.stages.filters import C4QualityFilter
+
+    texts = ["A sentence that ends well.\n```\ncode();\n```", "Only prose here, ended.\n| a | b |\n| --- | --- |"]
+    res = C4QualityFilter(min_num_sentences=1, filter_curly_bracket=False).process(
+        pa.table({"text": texts}), TextState(pa.array(texts), markup="markdown"))
+    assert res.table.column("text").to_pylist() == ["A sentence that ends well.", "Only prose here, ended."]

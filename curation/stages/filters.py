@@ -702,10 +702,16 @@ class C4QualityFilter(_LangRules):
         Markdown, line for line (the plain view keeps every line break)."""
         ln = self._lines_by_facts(TextState(text.plain))
         raw = line_facts(text.texts)
-        if len(raw.s) != len(ln.survives):
-            raise ValueError("c4_quality: the plain view's lines are not the Markdown's")
-        return replace(ln, values=raw.stripped, byte_start=raw.start, byte_len=raw.end - raw.start,
-                                   unchanged=np.ones(len(raw.s), dtype=bool))
+        # a last line the plain view empties ("```", "| --- |") is no line to str.splitlines:
+        # a page's plain lines are its first Markdown lines, the missing ones are dropped
+        if np.any(ln.counts > raw.counts):
+            raise ValueError("c4_quality: the plain view has lines the Markdown has not")
+        within = np.arange(len(raw.s)) - np.repeat(np.cumsum(raw.counts) - raw.counts, raw.counts)
+        has = within < ln.counts[raw.doc]
+        survives = np.zeros(len(raw.s), dtype=bool)
+        survives[has] = ln.survives[(np.cumsum(ln.counts) - ln.counts)[raw.doc[has]] + within[has]]
+        return replace(ln, doc=raw.doc, counts=raw.counts, survives=survives, values=raw.stripped,
+                       byte_start=raw.start, byte_len=raw.end - raw.start, unchanged=np.ones(len(raw.s), dtype=bool))
 
     def _lines_by_facts(self, text: TextState) -> _C4Lines:
         """The line rules from one compiled pass over the bytes (``line_facts``): only lines
