@@ -188,6 +188,8 @@ def agreement(limit: int) -> None:
     text, md = [text[i] for i in keep], [md[i] for i in keep]
     print(f"{len(text)} pages with text in both formats; extraction docs/s: text {len(htmls) / t_text:.1f}, "
           f"markdown {len(htmls) / t_md:.1f} (x{t_text / t_md:.2f})")
+    chain_keep(text[:100], plain=False)  # warm-up: the langid model, compiled kernels
+    chain_keep(md[:100], plain=True)
     r_text, c_text = chain_keep(text, plain=False)
     for label, plain in (("markdown, plain view", True), ("markdown, raw", False)):
         r_md, c_md = chain_keep(md, plain=plain)
