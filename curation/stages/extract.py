@@ -13,7 +13,7 @@ import pyarrow as pa
 from pydantic import Field, model_validator
 
 from curation.stages.base import MapStage, StageResult, registry
-from curation.text.extraction import ENGINES, decode_html, extract_page  # noqa: F401 (re-exported for tests)
+from curation.text.extraction import ENGINES, _resiliparse, decode_html, extract_page  # noqa: F401 (re-exported: tests, benchmark scripts)
 
 
 class ExtractionTimeout(Exception):
