@@ -248,12 +248,16 @@ def test_chain_judges_markdown_by_its_plain_view():
     assert res.text.markup == "markdown" and out and all(ln in md for ln in out.split("\n"))  # Markdown's own lines
 
 
-def test_stage_hands_markdown_state_on():
+def test_stage_marks_markdown_text_field():
     html = _page("<h2>Heading</h2>").encode()
     batch = pa.table({"id": ["1"], "text": [""], "html": [html], "charset": [None]})
     res = ex.Extract(format="markdown").process(batch)
-    assert res.text.markup == "markdown" and res.text.plain.to_pylist()[0].startswith("This paragraph")
-    assert ex.Extract().process(batch).text is None  # text: the next stage builds its own, as before
+    assert res.text is None  # no state handed on: the executor joins the small batches
+    st = TextState.of(res.table)
+    assert st.markup == "markdown" and st.plain.to_pylist()[0].startswith("This paragraph")
+    joined = pa.concat_tables([res.table, res.table])  # the executor's join keeps the field
+    assert TextState.of(joined).markup == "markdown"
+    assert TextState.of(ex.Extract().process(batch).table).markup == "text"
 
 
 def test_c4_judges_plain_lines_and_cuts_markdown_lines():

@@ -13,7 +13,7 @@ import pyarrow as pa
 from pydantic import Field, model_validator
 
 from curation.stages.base import MapStage, StageResult, registry
-from curation.text.extraction import ENGINES, _resiliparse, decode_html, extract_page  # noqa: F401 (re-exported: tests, benchmark scripts)
+from curation.text.extraction import MARKUP_KEY, ENGINES, _resiliparse, decode_html, extract_page  # noqa: F401 (re-exported: tests, benchmark scripts)
 
 
 class ExtractionTimeout(Exception):
@@ -129,10 +129,9 @@ class Extract(MapStage):
                 texts.append(text)
                 reasons.append(reason)
         out = batch.drop_columns(["html", "charset"])
-        out = out.set_column(out.schema.get_field_index("text"), "text", pa.array(texts, pa.string()))
-        if fmt == "text":
-            return StageResult(out, pa.array(reasons, pa.string()))
-        # Markdown: the stages after this one in the task measure its plain view (TextState.plain)
-        from curation.text.state import TextState
-
-        return StageResult(out, pa.array(reasons, pa.string()), TextState(out.column("text"), markup=fmt))
+        # Markdown: the text field says so (TextState.of reads it), so the stages after this one
+        # measure its plain view; in the field, not a handed-on state, so the executor still
+        # joins extraction's small batches (a state would keep them apart: the chain x0.5)
+        field = pa.field("text", pa.string(), metadata=None if fmt == "text" else {MARKUP_KEY: fmt})
+        out = out.set_column(out.schema.get_field_index("text"), field, pa.array(texts, pa.string()))
+        return StageResult(out, pa.array(reasons, pa.string()))

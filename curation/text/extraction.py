@@ -14,6 +14,8 @@ from typing import Literal, Sequence
 Format = Literal["text", "markdown"]
 Policy = Literal["first", "longest", "union", "route"]
 FORMATS: tuple[str, ...] = ("text", "markdown")
+#: the text field's metadata key saying what ``extract`` wrote it in (``TextState.of`` reads it)
+MARKUP_KEY = b"refinery.markup"
 POLICIES: tuple[str, ...] = ("first", "longest", "union", "route")
 
 
