@@ -29,7 +29,7 @@ class ServiceState:
     sql_max_concurrent: int = 4
     sql_max_bytes: int = 4 << 20
     admission_workers: int = 2
-    admission_waiting: int = 8
+    admission_waiting: int = 30
     admission_timeout_s: float = 20.0
     # cached as JSON bytes: a warm hit is then a file stat and a copy, no validation or encoding
     stats_cache: StatsCache = field(default_factory=lambda: StatsCache(lambda d: json.dumps(stats_payload(d)).encode()))

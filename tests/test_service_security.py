@@ -1,0 +1,368 @@
+"""The service's boundaries, attacked the way docs/reviews' security review did (turn 4), against
+a real `refinery serve` on 127.0.0.1: every finding of that review is a test here.
+
+Two servers for the module: ``svc`` with the default limits (the attacks) and ``limited`` with
+small ones (queue cap, run time limit, header timeout). Timing and memory figures (healthz
+latency under the deep-YAML flood, the server's peak RSS for the 1 GB /sql answer) are measured
+and, when ``REFINERY_SECURITY_FIGURES`` names a file, written there as JSON; they are never
+asserted (no timed assertions in tests).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from conftest import REPO
+from test_service import TOKEN, ServiceProcess, _free_port, make_browse_run, wait_state
+
+SECRET = "TOPSECRET-outside-root-4471"
+TERMINAL = ("done", "failed", "cancelled")
+SQL_MAX_BYTES = 500_000
+FIGURES: dict = {}
+BODIES: list[tuple[str, str]] = []  # (request, body) of every answer the attacks got
+
+
+def _record(response: httpx.Response) -> None:
+    response.read()
+    BODIES.append((f"{response.request.method} {response.request.url.path}", response.text))
+
+
+def _docs(n: int = 20) -> str:
+    return "".join(json.dumps({"url": f"https://example.com/page/{i}", "text": f"document {i} " + "word " * (5 + i)})
+                   + "\n" for i in range(n))
+
+
+def _dag(stages: dict, inputs: dict | None = None, name: str = "sec", output: str | None = None) -> str:
+    d = {"name": name, "inputs": inputs or {"docs": {"format": "jsonl", "paths": ["data/docs.jsonl"], "source": "web"}},
+         "stages": stages}
+    if output:
+        d["output"] = output
+    return yaml.safe_dump(d, sort_keys=False)
+
+
+def _make_base(root: Path) -> Path:
+    """A base dir: a token (written by ServiceProcess), data/ (the only allowed root) with 20
+    documents, a secret beside data/, and a CLI-style run under data/ whose dag.yaml names a
+    module nobody allowed, with that module beside it."""
+    (root / "data").mkdir(parents=True)
+    (root / "data" / "docs.jsonl").write_text(_docs())
+    (root / "secret.txt").write_text(SECRET + "\n")
+    up = root / "data" / "cli_run"
+    up.mkdir()
+    (up / "dag.yaml").write_text(yaml.safe_dump({
+        "name": "upstream", "inputs": {"docs": {"format": "jsonl", "paths": [str(root / "data" / "docs.jsonl")],
+                                                "source": "web"}},
+        "stages": {"sel": {"type": "mypkgevil:Evil", "input": "docs"}}, "output": "sel"}, sort_keys=False))
+    (up / "mypkgevil.py").write_text(f"open({str(root / 'evil_imported')!r}, 'w').write('x')\n")
+    return root
+
+
+def _outside_runs(root: Path) -> set[str]:
+    """Every file under the base dir but the runs directory and the server's log."""
+    return {str(p.relative_to(root)) for p in root.rglob("*")
+            if p.is_file() and p.relative_to(root).parts[0] not in ("runs",) and p.name != "server.log"}
+
+
+def _post(c: httpx.Client, text: str) -> httpx.Response:
+    return c.post("/runs", content=text.encode(), headers={"Content-Type": "application/yaml"})
+
+
+def _peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+@pytest.fixture(scope="module")
+def svc(tmp_path_factory, request):
+    root = _make_base(tmp_path_factory.mktemp("secbase"))
+    s = ServiceProcess(root, [root / "data"], extra_args=["--base-dir", str(root), "--sql-max-bytes", str(SQL_MAX_BYTES)],
+                       env={"RAY_TMPDIR": str(tmp_path_factory.mktemp("secray"))})
+    s.runs_dir.mkdir()
+    make_browse_run(s.runs_dir / "browse")
+    s.start()
+    s.files_before = _outside_runs(root)
+    request.addfinalizer(s.stop)
+    return s
+
+
+@pytest.fixture(scope="module")
+def client(svc):
+    with svc.client(event_hooks={"response": [_record]}) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def legit_run(svc, client):
+    """A legitimate DAG with a `/` in `where:` and url_filter's docstring regex, run to the end."""
+    text = _dag({"sel": {"type": "select", "input": "docs", "where": "length(text) / 2 > 10"},
+                 "block": {"type": "url_filter", "input": "sel", "url_regexes": ['^https?://[^/]*\\.xxx(?:[:/]|$)']}},
+                output="block")
+    r = _post(client, text)
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+@pytest.fixture(scope="module")
+def limited(tmp_path_factory, request):
+    root = _make_base(tmp_path_factory.mktemp("seclimits"))
+    s = ServiceProcess(root, [root / "data"], max_concurrent=1,
+                       extra_args=["--base-dir", str(root), "--max-queued", "1", "--max-run-seconds", "3",
+                                   "--header-timeout", "2"],
+                       env={"RAY_TMPDIR": str(tmp_path_factory.mktemp("secray2"))})
+    s.start()
+    request.addfinalizer(s.stop)
+    return s
+
+
+# ---------------------------------------------------------------------------------------------
+# 1, 2: reading outside the roots, writing outside the run
+
+
+@pytest.mark.parametrize("where", [
+    "error((SELECT text FROM read_text(chr(47)||'{root}'||chr(47)||'secret.txt') t(url, text))) IS NULL",
+    "(SELECT count(*) FROM read_text('secret.txt')) = 1",
+    "(SELECT count(*) FROM glob('*')) > 0",
+])
+def test_where_cannot_read_files(svc, client, where):
+    where = where.replace("{root}", str(svc.root).strip("/").replace("/", "'||chr(47)||'"))
+    r = _post(client, _dag({"sel": {"type": "select", "input": "docs", "where": where}}))
+    assert r.status_code == 422, r.text
+    assert SECRET not in r.text
+
+
+@pytest.mark.parametrize("inputs, stages", [
+    ({"../../browse/quality/docs": None}, {"s": {"type": "select", "where": "true"}}),
+    ({"docs": None}, {"../../../trav_stage": {"type": "select", "input": "docs", "where": "true"}}),
+    ({"a/b": None}, {"s": {"type": "select", "input": "a/b", "where": "true"}}),
+    ({"..": None}, {"s": {"type": "select", "input": "..", "where": "true"}}),
+])
+def test_hostile_node_names_are_refused(svc, client, inputs, stages):
+    spec = {"format": "jsonl", "paths": ["data/docs.jsonl"], "source": "web"}
+    r = _post(client, _dag(stages, {k: spec for k in inputs}))
+    assert r.status_code == 422, r.text
+    assert _outside_runs(svc.root) == svc.files_before
+    assert not Path("/trav_stage-00000.parquet").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# 3, 11: admission that cannot be starved
+
+
+def test_deep_yaml_flood_is_refused_and_healthz_answers(svc, client):
+    n = 16000
+    deep = ("name: deep\ninputs: {docs: {format: jsonl, paths: [data/docs.jsonl], source: web}}\n"
+            "stages:\n  sel: {type: select, where: 'true', x: " + "[" * n + "]" * n + "}\n")
+    latencies: list[float] = []
+    health_codes: list[int] = []
+    with cf.ThreadPoolExecutor(40) as pool, svc.client() as c, httpx.Client(base_url=svc.url, timeout=30) as h:
+        futures = [pool.submit(_post, c, deep) for _ in range(40)]
+        while not all(f.done() for f in futures) or len(latencies) < 5:
+            t0 = time.perf_counter()
+            health_codes.append(h.get("/healthz").status_code)
+            latencies.append(time.perf_counter() - t0)
+            time.sleep(0.05)
+        codes = [f.result().status_code for f in futures]
+    FIGURES["deep_yaml"] = {"codes": sorted(set(codes)), "healthz_worst_s": round(max(latencies), 3),
+                            "healthz_samples": len(latencies)}
+    assert set(codes) <= {422, 429} and codes.count(422) >= 10  # refused, or told to come back
+    assert set(health_codes) == {200}
+
+
+@pytest.mark.parametrize("make, expect", [
+    (lambda: "name: " + "{a: " * 100_000 + "1" + "}" * 100_000 + "\n", "nested"),
+    (lambda: "name: x\nz:\n" + "".join(" " * i + "a:\n" for i in range(1, 400)) + "\n", "indented"),
+    (lambda: "name: x\nz:\n" + "- " * 5000 + "1\n", "indented"),
+    (lambda: _dag({f"s{i}": {"type": "select", "input": f"s{i - 1}" if i else "docs", "where": "true"}
+                   for i in range(1000)}), "stages"),
+])
+def test_deep_or_huge_dags_are_422_not_500(client, make, expect):
+    r = _post(client, make())
+    assert r.status_code == 422, r.text[:300]
+    assert expect in r.json()["detail"]
+
+
+# ---------------------------------------------------------------------------------------------
+# 4, 5: bounded answers, concurrency
+
+
+def test_sql_answer_is_bounded_in_bytes_and_server_memory(svc, client):
+    before = _peak_rss_mb(svc.proc.pid)
+    r = client.get("/runs/browse/sql", params={"q": "select repeat('x', 10000000) from range(100)", "limit": 100})
+    after = _peak_rss_mb(svc.proc.pid)
+    FIGURES["sql_100x10MB"] = {"status": r.status_code, "response_bytes": len(r.content),
+                               "server_peak_rss_mb_before": round(before), "server_peak_rss_mb_after": round(after)}
+    assert r.status_code == 200, r.text[:300]
+    body = r.json()
+    assert body["truncated"] and 0 < len(body["rows"]) < 100
+    assert all(len(row[0]) <= 10_001 for row in body["rows"])
+    assert len(r.content) <= SQL_MAX_BYTES + 20_000
+
+
+def test_concurrent_submissions_get_no_500(svc):
+    late_422 = _dag({"a": {"type": "select", "input": "docs", "where": "length(text) > 1"},
+                     "b": {"type": "select", "input": "a", "where": "lower(url) LIKE '%page%'"},
+                     "c": {"type": "select", "input": "b", "where": "no_such_column > 1"}})
+    def one(c: httpx.Client):
+        try:
+            return _post(c, late_422).status_code
+        except httpx.TransportError as e:  # a connection the server dropped counts as a failure too
+            return type(e).__name__
+
+    with svc.client() as c, cf.ThreadPoolExecutor(10) as pool:
+        codes = list(pool.map(lambda _: one(c), range(40)))
+    FIGURES["concurrent_40"] = {str(k): codes.count(k) for k in sorted(set(codes))}
+    assert codes == [422] * 40
+
+
+# ---------------------------------------------------------------------------------------------
+# 6: code only from allowed modules, in the run process too
+
+
+def test_format_run_upstream_module_is_not_imported(svc, client):
+    r = _post(client, _dag({"sel": {"type": "select", "input": "prev", "where": "true"}},
+                           {"prev": {"format": "run", "run": "data/cli_run", "stage": "sel"}}))
+    if r.status_code == 201:  # admitted: the run process must refuse the upstream's module itself
+        with svc.client() as c:
+            info = wait_state(c, r.json()["id"], TERMINAL, timeout=120)
+        assert info["state"] == "failed", info
+    else:
+        assert r.status_code in (403, 422), r.text
+    assert not (svc.root / "evil_imported").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# 9, 10: parameters are checked as declared paths, without an existence oracle; data is data
+
+
+def test_bare_name_parameters_give_no_existence_oracle(client):
+    answers = []
+    for name in ("token", "no_such_file_here"):
+        r = _post(client, _dag({"q": {"type": "quality", "input": "docs", "model": name}}))
+        answers.append((r.status_code, r.json()["detail"].replace(name, "NAME")))
+    assert answers[0] == answers[1], answers
+    assert answers[0][0] in (403, 422)
+    assert "signature" not in answers[0][1] and "no such file" not in answers[0][1].lower()
+
+
+def test_legitimate_dags_with_slashes_run(svc, legit_run):
+    with svc.client() as c:
+        info = wait_state(c, legit_run, TERMINAL, timeout=180)
+    assert info["state"] == "done", info
+    FIGURES["legit_run"] = {"state": info["state"], "elapsed_s": info.get("elapsed_s")}
+
+
+# ---------------------------------------------------------------------------------------------
+# 12: errors without the server's insides
+
+
+def test_client_facing_answers_name_no_server_path(svc, client):
+    r = _post(client, _dag({"s": {"type": "select", "input": "docs", "where": "true"}},
+                           {"docs": {"format": "jsonl", "paths": ["secret.txt"], "source": "web"}}))
+    assert r.status_code == 403, r.text
+    assert "data" in r.json()["detail"]  # the root, said relative to the base dir
+    r = _post(client, _dag({"s": {"type": "select", "input": "docs", "where": "true", "stop_words": list(range(60_000))}}))
+    assert r.status_code == 422 and len(r.text) < 2000, r.text[:300]
+    for run in client.get("/runs").json():
+        client.get(f"/runs/{run['id']}")
+    leaks = [(req, body[:200]) for req, body in BODIES if str(svc.root) in body or "/tmp/" in body
+             or sys.prefix in body or str(REPO) in body]
+    assert not leaks
+    assert len(BODIES) >= 4
+
+
+# ---------------------------------------------------------------------------------------------
+# 7, 8: limits an operator sets
+
+
+def test_queue_cap_and_run_time_limit(limited):
+    ok = _dag({"s": {"type": "select", "input": "docs", "where": "true"}})
+    with limited.client() as c:
+        first = _post(c, ok)
+        assert first.status_code == 201, first.text
+        wait_state(c, first.json()["id"], ("running",) + TERMINAL, timeout=30)
+        second = _post(c, ok)  # waits: one run at a time
+        assert second.status_code == 201, second.text
+        third = _post(c, ok)
+        assert third.status_code == 429, third.text
+        info = wait_state(c, first.json()["id"], TERMINAL, timeout=60)
+        assert info["state"] == "cancelled" and info["timed_out"] and "timed out" in info["error"], info
+        c.post(f"/runs/{second.json()['id']}/cancel")
+
+
+def test_slowloris_connections_are_closed(limited):
+    socks = []
+    for _ in range(30):
+        s = socket.create_connection(("127.0.0.1", limited.port), timeout=10)
+        s.sendall(b"GET /runs HTTP/1.1\r\nHost: x\r\n")  # never ends its head
+        socks.append(s)
+    time.sleep(3)  # past --header-timeout 2
+    closed = 0
+    for s in socks:
+        try:
+            s.settimeout(5)
+            closed += s.recv(1024) == b""
+        except (ConnectionResetError, TimeoutError, socket.timeout):
+            pass
+        finally:
+            s.close()
+    FIGURES["slowloris"] = {"held": 30, "closed_by_server": closed}
+    assert closed == 30
+    assert httpx.get(limited.url + "/healthz", timeout=5).status_code == 200
+
+
+def test_sigterm_stops_the_server_with_admissions_in_flight(limited):
+    big = _dag({f"s{i}": {"type": "select", "input": f"s{i - 1}" if i else "docs", "where": "length(text) > 1"}
+                for i in range(150)})
+    with limited.client() as c, cf.ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(_post, c, big) for _ in range(8)]
+        time.sleep(0.3)
+        t0 = time.perf_counter()
+        limited.proc.send_signal(signal.SIGTERM)
+        limited.proc.wait(timeout=20)  # raises if it does not stop
+        FIGURES["sigterm_stop_s"] = round(time.perf_counter() - t0, 2)
+        for f in futures:
+            try:
+                f.result()
+            except httpx.HTTPError:
+                pass  # cut off by the stop: expected
+
+
+# ---------------------------------------------------------------------------------------------
+# 13: serve refuses unsafe options
+
+
+@pytest.mark.parametrize("token, host, expect", [
+    ("short-token", "127.0.0.1", "at least 16"),
+    (TOKEN, "0.0.0.0", "--behind-tls-proxy"),
+])
+def test_serve_refuses_short_tokens_and_open_binds(tmp_path, token, host, expect):
+    (tmp_path / "token").write_text(token + "\n")
+    (tmp_path / "token").chmod(0o600)
+    p = subprocess.run([sys.executable, "-m", "curation.cli", "serve", "--runs-dir", str(tmp_path / "runs"),
+                        "--token-file", str(tmp_path / "token"), "--host", host, "--port", str(_free_port()),
+                        "--address", "local", "--base-dir", str(tmp_path)],
+                       cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0
+    assert expect in p.stderr + p.stdout
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _write_figures():
+    yield
+    out = os.environ.get("REFINERY_SECURITY_FIGURES")
+    if out:
+        Path(out).write_text(json.dumps(FIGURES, indent=1))
