@@ -59,6 +59,43 @@ if TYPE_CHECKING:  # pragma: no cover
 ALGORITHM_VERSION = 1
 
 
+#: the reason a row dropped by a boolean keep mask gets (``StageResult(t, keep_mask)``)
+MASK_REASON = "dropped"
+
+
+def normalize_reasons(reasons: Any, n_rows: int) -> pa.Array:
+    """A stage's reasons -> a string ``pa.Array`` of ``n_rows`` (null = keep).
+
+    Accepted: a pyarrow Array or ChunkedArray of strings (null = keep; dictionary, large_string
+    and all-null arrays are cast), a boolean pyarrow or numpy array or a list of bools: a keep mask
+    (True = keep, False = dropped with reason ``MASK_REASON``), a numpy string/object array or a
+    list of ``str | None``."""
+    if isinstance(reasons, pa.ChunkedArray):
+        reasons = reasons.combine_chunks() if reasons.num_chunks else pa.array([], pa.string())
+    elif isinstance(reasons, np.ndarray):
+        if reasons.ndim != 1:
+            raise TypeError(f"StageResult reasons: a 1-d array is needed, got shape {reasons.shape}")
+        reasons = pa.array(reasons) if reasons.dtype == bool else pa.array(reasons.tolist(), pa.string())
+    elif isinstance(reasons, (list, tuple)):
+        kinds = {type(r) for r in reasons if r is not None}
+        reasons = pa.array(reasons, pa.bool_() if kinds <= {bool, np.bool_} and kinds else pa.string())
+    elif not isinstance(reasons, pa.Array):
+        raise TypeError("StageResult reasons: a pyarrow Array or ChunkedArray, a numpy array, a list or None, "
+                        f"got {type(reasons).__name__}")
+    if len(reasons) != n_rows:
+        raise ValueError(f"StageResult reasons: {len(reasons)} values for a table of {n_rows} rows")
+    t = reasons.type
+    if pa.types.is_boolean(t):
+        return pc.if_else(pc.fill_null(reasons, False), pa.scalar(None, pa.string()), pa.scalar(MASK_REASON))
+    if pa.types.is_dictionary(t):
+        reasons, t = reasons.dictionary_decode(), t.value_type
+    if pa.types.is_string(t):
+        return reasons
+    if pa.types.is_large_string(t) or pa.types.is_string_view(t) or pa.types.is_null(t):
+        return reasons.cast(pa.string())
+    raise TypeError(f"StageResult reasons: strings (null = keep) or a boolean keep mask, got {t}")
+
+
 @dataclass
 class StageResult:
     """A processed batch: all rows (with signal columns added), a drop reason per row and,
@@ -67,6 +104,13 @@ class StageResult:
     table: pa.Table
     reasons: pa.Array | None = None  # string array, null = keep; None = keep everything
     text: TextState | None = None  # None: the next stage builds its own
+
+    def __post_init__(self):
+        # Normalised once here, so every consumer (executor, evals) sees one type: a user's stage
+        # returns whatever its pyarrow/numpy idiom gives (a ChunkedArray from a table column, a
+        # numpy keep mask, a list of strings or Nones).
+        if self.reasons is not None:
+            self.reasons = normalize_reasons(self.reasons, self.table.num_rows)
 
     @classmethod
     def keep_all(cls, table: pa.Table, text: TextState | None = None) -> StageResult:
