@@ -93,6 +93,16 @@ def test_async_checkpoints_resume_bitwise_identical(tmp_path, data, straight):
     assert all(a[s] == b[s] for s in range(STEPS))
 
 
+def test_async_save_on_a_one_rank_group_without_a_cpu_backend(tmp_path):
+    """One GPU: the 1-rank FSDP2 group is NCCL only, and ``dcp.async_save`` asserts without a CPU
+    backend; the checkpointer makes its gloo group whenever a process group exists. The group is
+    process-global, so this runs in a fresh process (tests/async_save_one_rank.py)."""
+    res = subprocess.run([sys.executable, str(Path(__file__).with_name("async_save_one_rank.py")), str(tmp_path / "ck")],
+                         capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    assert "async save on a 1-rank group: ok" in res.stdout
+
+
 def test_guard_off_reads_nothing_per_step_and_trains_the_same(tmp_path, data, straight, monkeypatch):
     """``guard.enabled: false``: no host read of loss or grad norm inside a step (they are
     read once per logging interval); the steps are the same as with the guard on."""

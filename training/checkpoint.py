@@ -64,9 +64,11 @@ class Checkpointer:
         self.dir, self.keep, self.env, self.async_save = Path(directory), keep, env, async_save
         self._pending: tuple | None = None  # an async save still writing: (future, finish args)
         self._group = None
-        if async_save and env.distributed:
-            import torch.distributed as dist
+        import torch.distributed as dist
 
+        # Whenever a process group exists, one rank included: on one GPU the trainer's 1-rank FSDP2
+        # group is NCCL only, and dcp.async_save needs a CPU backend (it asserts otherwise).
+        if async_save and dist.is_available() and dist.is_initialized():
             self._group = dist.new_group(backend="gloo")  # collective: every rank builds it here
         if env.is_main:
             self.dir.mkdir(parents=True, exist_ok=True)
