@@ -194,6 +194,7 @@ def test_peak_table(monkeypatch):
     cuda = torch.device("cuda")
     expect = {
         "NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100 PCIe": 756e12, "NVIDIA H200": 989e12,
+        "NVIDIA H200 NVL": 835e12, "NVIDIA GH200 480GB": 989e12,
         "NVIDIA A100-SXM4-80GB": 312e12, "NVIDIA L40S": 362e12, "NVIDIA L4": 121e12, "NVIDIA GeForce GTX 1080": None,
     }
     for name, peak in expect.items():
@@ -204,3 +205,17 @@ def test_peak_table(monkeypatch):
     assert metrics.peak_flops(torch.device("cpu"), override=5e11) == 5e11
     assert metrics.mfu(1e9, 1e3, None) is None
     assert metrics.mfu(1e9, 1e3, 1e13, devices=2) == pytest.approx(0.05)
+
+
+def test_deterministic_mode_is_scoped_to_its_run():
+    """``torch.use_deterministic_algorithms`` is process-global: a run with ``deterministic: false``
+    after a deterministic one in the same process must not stay deterministic."""
+    from training.parallel import init_distributed
+
+    try:
+        init_distributed("cpu", deterministic=True)
+        assert torch.are_deterministic_algorithms_enabled()
+        init_distributed("cpu", deterministic=False)
+        assert not torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.use_deterministic_algorithms(False)

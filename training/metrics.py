@@ -25,7 +25,9 @@ from training.files import truncate_jsonl
 PEAK_FLOPS: list[tuple[str, float]] = [
     ("GB200", 2.5e15),
     ("B200", 2.25e15),
-    ("H200", 989e12),
+    ("GH200", 989e12),  # before "H200": Grace Hopper's GPU is an H200/H100 SXM part
+    ("H200 NVL", 835e12),  # the PCIe card (NVL), like the H100 NVL: not the SXM peak
+    ("H200", 989e12),  # SXM
     ("H100 PCIe", 756e12),
     ("H100 NVL", 835e12),
     ("H100", 989e12),  # SXM ("NVIDIA H100 80GB HBM3")

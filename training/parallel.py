@@ -64,8 +64,10 @@ def init_distributed(device: str = "auto", cfg: ParallelConfig | None = None, de
     if deterministic:
         # cuBLAS needs its workspace fixed before its first call; the rest is torch's switch.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-        torch.use_deterministic_algorithms(True)
-        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    # Set either way: the switch is process-global, and a run after a deterministic one in the same
+    # process (tests, a service training in-process) must get what its own config says.
+    torch.use_deterministic_algorithms(deterministic)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = deterministic, False
     if device == "cuda":
         if not torch.cuda.is_available():
             raise ConfigError("train.device: cuda, but torch sees no CUDA device (set train.device: cpu or auto)")
