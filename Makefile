@@ -47,7 +47,9 @@ test: setup-test
 
 bench: setup
 	$(BIN)/python -m pip install -q -e ".[bench]"
-	for b in tests/benchmarks/bench_*.py; do $(BIN)/python $$b || exit 1; done
+	# every benchmark runs (one failing does not hide the others); the failed ones are listed at the end
+	@failed=""; for b in tests/benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || failed="$$failed $$b"; done; \
+	if [ -n "$$failed" ]; then echo "failed:$$failed"; exit 1; fi
 
 clean:
 	rm -rf runs .pytest_cache

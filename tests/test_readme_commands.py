@@ -67,3 +67,19 @@ def test_readme_command_line_names_real_subcommands_and_options(line):
             assert opt in known, f"{line!r}: `refinery {' '.join(path)}` has no option {opt} (it has {sorted(known)})"
     res = CliRunner().invoke(app, [*path, "--help"])
     assert res.exit_code == 0, res.output
+
+
+def test_make_bench_runs_on_a_cpu_machine():
+    """`make bench` runs every benchmark, the GPU acceptance one included: without CUDA it says it
+    is skipped and exits 0, and one failing benchmark does not stop the loop."""
+    import subprocess
+    import sys
+
+    import torch
+
+    dry = subprocess.run(["make", "-n", "bench"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    assert "tests/benchmarks/bench_*.py" in dry and "|| failed=" in dry and "exit 1; done" not in dry
+    if not torch.cuda.is_available():
+        res = subprocess.run([sys.executable, str(REPO / "tests" / "benchmarks" / "bench_gpu.py")], cwd=REPO,
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0 and "skipped, no CUDA device" in res.stdout, res.stdout + res.stderr

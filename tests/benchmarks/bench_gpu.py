@@ -141,8 +141,9 @@ def main() -> int:
     if want - set(CHECKS):
         ap.error(f"--only: unknown {sorted(want - set(CHECKS))}; choose from {','.join(CHECKS)}")
     if not torch.cuda.is_available():
-        print("no CUDA device: nothing to accept here (the CPU suite is `make test`)")
-        return 2
+        # skipped, said so, exit 0: `make bench` runs every CPU benchmark after this one
+        print("bench_gpu: skipped, no CUDA device (a GPU acceptance run; the CPU suite is `make test`)")
+        return 0
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     gpus = torch.cuda.device_count()
