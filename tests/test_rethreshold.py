@@ -42,7 +42,8 @@ def test_rethreshold_reads_signals_back_and_matches_a_fresh_run(tmp_path, ray_se
     extract_mtimes = {p: p.stat().st_mtime_ns for p in (tmp_path / "run" / "extract").glob("*.parquet")}
 
     # stricter: every document reaching a filter was measured before -> nothing is measured again
-    _run(_demo(80), tmp_path / "run", overwrite=True)
+    # (a threshold-only change reruns into the same directory without --overwrite)
+    _run(_demo(80), tmp_path / "run")
     for s in ("gopher", "c4", "fineweb"):
         measured = {k: e["measured_rows"] for k, e in run.entries(s).items()}
         assert sum(measured.values()) == 0, (s, measured)
@@ -55,7 +56,7 @@ def test_rethreshold_reads_signals_back_and_matches_a_fresh_run(tmp_path, ray_se
 
     # looser: gopher re-decides its stored rows; downstream filters measure only the documents
     # they never saw, and the result is still what a fresh run gives
-    _run(_demo(20), tmp_path / "run", overwrite=True)
+    _run(_demo(20), tmp_path / "run")
     assert sum(e["measured_rows"] for e in run.entries("gopher").values()) == 0
     newly = sum(e["measured_rows"] for e in run.entries("c4").values())
     passed_before = sum(e["rows"] for e in fresh.entries("gopher").values())
@@ -63,3 +64,21 @@ def test_rethreshold_reads_signals_back_and_matches_a_fresh_run(tmp_path, ray_se
     assert newly == passed_now - passed_before > 0  # exactly the newly passing documents
     fresh20 = _run(_demo(20), tmp_path / "fresh20")
     assert _shards(run, FILTERS) == _shards(fresh20, FILTERS)
+
+
+def test_a_change_beyond_thresholds_still_needs_overwrite_and_says_which_field(tmp_path):
+    """Only thresholds may change in place: any other parameter (here what C4 measures) is
+    refused without --overwrite, naming the field; thresholds alone pass the check."""
+    import pytest
+
+    from curation.pipeline.rundir import RunDirError
+
+    os.chdir(REPO)
+    run = RunDir(tmp_path / "run")
+    run.prepare(parse_dag(_demo(50), "demo.yaml"), overwrite=False)
+    run.prepare(parse_dag(_demo(80), "demo.yaml"), overwrite=False)  # a threshold: accepted
+    other = _demo(80)
+    other["stages"]["extract"]["engine"] = "trafilatura"
+    with pytest.raises(RunDirError, match=r"stages\.extract\.engine"):
+        run.prepare(parse_dag(other, "demo.yaml"), overwrite=False)
+    run.prepare(parse_dag(other, "demo.yaml"), overwrite=True)

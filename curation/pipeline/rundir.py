@@ -217,9 +217,12 @@ class RunDir:
                                       "(use --overwrite to reuse it)")
             else:
                 old = yaml.safe_load(location.read_text(self.dag_file))
-                if old != dag.to_dict() and not overwrite:
-                    raise RunDirError(f"{self.root}: holds a run of a different DAG ({old.get('name')!r}); "
-                                      "use another --out, or --overwrite to recompute what changed")
+                new = dag.to_dict()
+                if old != new and not overwrite and not _only_thresholds_differ(old, dag):
+                    changed = ", ".join(_differing_fields(old, new)[:8]) or "(the DAG's layout)"
+                    raise RunDirError(f"{self.root}: holds a run of a different DAG ({old.get('name')!r}): {changed} "
+                                      "differ, beyond rule thresholds; use another --out, or --overwrite to "
+                                      "recompute what changed")
         self.write_dag(dag)
 
     def write_dag(self, dag: Dag) -> None:
@@ -525,3 +528,27 @@ def _q(s: str) -> str:
 
 def _ident(s: str) -> str:
     return '"' + s.replace('"', '""') + '"'
+
+
+def _differing_fields(old: Any, new: Any, at: str = "") -> list[str]:
+    """Dotted paths where two DAG dicts differ (for the refusal's message)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: list[str] = []
+        for k in list(old) + [k for k in new if k not in old]:
+            out += _differing_fields(old.get(k), new.get(k), f"{at}.{k}" if at else str(k))
+        return out
+    return [] if old == new else [at or "(root)"]
+
+
+def _only_thresholds_differ(old: dict, dag: Dag) -> bool:
+    """True when the stored DAG is this one up to rule thresholds: the same nodes and, per node,
+    the same signal hash (``Dag.signal_hashes``: every parameter but map filters' thresholds).
+    Then a rerun into the same directory re-decides from the stored signals, as the README says."""
+    from curation.pipeline.dag import DagError, parse_dag  # noqa: PLC0415 (dag imports this module's types)
+
+    try:
+        before = parse_dag(old, "dag.yaml")
+    except (DagError, ValueError, TypeError, OSError):
+        return False  # the stored DAG no longer parses (a stage module gone...): not the same DAG
+    return (set(before.stages) == set(dag.stages) and set(before.inputs) == set(dag.inputs)
+            and before.output == dag.output and before.signal_hashes() == dag.signal_hashes())
