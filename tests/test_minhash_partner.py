@@ -313,3 +313,8 @@ def test_eval_dedup_shows_the_partner_decision(tmp_path):
     assert rep["partner_check"] is True and rep["partner_slack"] == 0.1 and "lsh" in d and "stage: lsh" not in d
     assert d["stage: lsh+partner"]["precision"] == 1.0
     assert d["lsh+verify"]["tp"] <= d["stage: lsh+partner"]["tp"] <= d["lsh"]["tp"]
+    # The decision comes from the stage's own partner code (curation/dedup/partners.py): with no
+    # slack its floor is the threshold, so it removes exactly the LSH links verification keeps,
+    # and on this fixture that is fewer than LSH alone (a no-op check would equal LSH).
+    strict = eval_dedup(pairs, dag(partner_check=True, partner_slack=0.0, threshold=0.8), docs=docs)["decisions"]
+    assert strict["stage: lsh+partner"]["tp"] == strict["lsh+verify"]["tp"] < strict["lsh"]["tp"]

@@ -376,12 +376,14 @@ def eval_dedup(pairs: str, target_spec: str | None = None, docs: Sequence[str] =
                             "give --docs files holding them, or a run whose rows hold them")
         ta, tb = [texts[x] for x in a], [texts[x] for x in b]
     bands, rws = st.band_rows()
-    dec = ev.pair_decisions(ta, tb, st.hasher(), bands, rws, st.threshold)
+    partner = bool(getattr(st, "partner_check", False))
+    dec = ev.pair_decisions(ta, tb, st.hasher(), bands, rws, st.threshold,
+                            partner_floor=st.partner_floor() if partner else None)
     jac = dec.pop("jaccard")
     decisions = {"lsh": dec["lsh"], "lsh+verify": dec["lsh+verify"], "jaccard>=t": dec["jaccard>=t"]}
     stage_key = "lsh+verify" if st.verify_jaccard else "lsh"
-    if getattr(st, "partner_check", False):  # a pair alone is a two-document cluster: its own Jaccard decides
-        decisions["lsh+partner"] = decisions[stage_key] & (jac >= st.partner_floor())
+    if partner:  # a pair alone is a two-document component, judged by the stage's own partner code
+        decisions["lsh+partner"] = decisions[stage_key] & dec["lsh+partner"]
         stage_key = "lsh+partner"
     decisions = {("stage: " if k == stage_key else "") + k: v for k, v in decisions.items()}
     if cluster and not by_text:

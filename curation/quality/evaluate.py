@@ -366,12 +366,16 @@ def langid_figures(gold: Sequence[str], pred: Sequence[str | None], kept: Sequen
 # -- near-duplicate pairs -------------------------------------------------------------------------
 
 def pair_decisions(texts_a: Sequence[str], texts_b: Sequence[str], hasher: Any, bands: int, rows: int,
-                   threshold: float) -> dict[str, np.ndarray]:
+                   threshold: float, partner_floor: float | None = None) -> dict[str, np.ndarray]:
     """Per pair: ``jaccard`` (exact, on the hasher's word n-gram shingles), and the decisions
     ``lsh`` (the two signatures share a band bucket: a candidate link), ``lsh+verify`` (and
     exact Jaccard >= threshold) and ``jaccard>=t`` (exact Jaccard alone: what LSH
-    approximates). ``hasher``: a ``curation.dedup.minhash.MinHasher``."""
+    approximates). ``hasher``: a ``curation.dedup.minhash.MinHasher``. With ``partner_floor``,
+    also ``lsh+partner``: each LSH-linked pair is a two-document component run through the
+    stage's own partner check (``curation.dedup.partners.partner_clusters``), a duplicate when it
+    removes the second document."""
     from curation.dedup.minhash import band_hashes, jaccard, shingle_sets
+    from curation.dedup.partners import partner_clusters
 
     texts = list(texts_a) + list(texts_b)
     n = len(texts_a)
@@ -381,7 +385,16 @@ def pair_decisions(texts_a: Sequence[str], texts_b: Sequence[str], hasher: Any, 
     lsh = (bh[:n] == bh[n:]).any(axis=1) & has[:n] & has[n:]
     sets = shingle_sets(texts, hasher.ngram)
     jac = np.array([jaccard(sets[i], sets[n + i]) for i in range(n)], float)
-    return {"jaccard": jac, "lsh": lsh, "lsh+verify": lsh & (jac >= threshold), "jaccard>=t": jac >= threshold}
+    out = {"jaccard": jac, "lsh": lsh, "lsh+verify": lsh & (jac >= threshold), "jaccard>=t": jac >= threshold}
+    if partner_floor is not None:
+        linked = np.flatnonzero(lsh)
+        comp = np.repeat(np.arange(len(linked), dtype=np.int64), 2)
+        doc = np.arange(2 * len(linked), dtype=np.int64)
+        res = partner_clusters(comp, doc, [s for i in linked.tolist() for s in (sets[i], sets[n + i])], partner_floor)
+        partner = np.zeros(n, dtype=bool)
+        partner[linked] = ~res.kept[1::2]
+        out["lsh+partner"] = partner
+    return out
 
 
 def prf(pred: np.ndarray, gold: np.ndarray) -> dict:
