@@ -615,16 +615,40 @@ def eval_decontam_cmd(
     negatives: Optional[str] = typer.Option(None, "--negatives", help="look-alike file (JSONL...) expected unflagged"),
     negatives_field: str = typer.Option("text", "--negatives-field", help="its text field(s), comma-separated"),
     eval_dir: Optional[str] = typer.Option(None, "--eval-dir", help="where the stage's eval_sets are (overrides)"),
+    clean: Optional[str] = typer.Option(None, "--clean", help="clean documents the stage never judged (JSONL...): "
+                                        "false drops are measured on them (without it: not measured)"),
+    clean_field: str = typer.Option("text", "--clean-field", help="their text field"),
     seed: int = typer.Option(0, "--seed"),
     json_out: Optional[str] = typer.Option(None, "--json", help="also write the report here"),
 ) -> None:
     """Plant the stage's own eval items in its kept documents in every leak form; recall per
-    form and benchmark, item attribution, false drops."""
+    form and benchmark, item attribution; false drops on independent clean documents (--clean)."""
     from curation.pipeline.evaluate import eval_decontam
 
     nf = negatives_field.split(",") if "," in negatives_field else negatives_field
     _eval(eval_decontam, stage, plant=plant, hosts=hosts, seed=seed, forms=forms.split(",") if forms else None,
-          negatives=negatives, negatives_field=nf, eval_dir=eval_dir, json_out=json_out)
+          negatives=negatives, negatives_field=nf, eval_dir=eval_dir, json_out=json_out, clean=clean,
+          clean_field=clean_field)
+
+
+@eval_app.command("extract")
+def eval_extract_cmd(
+    gold: str = typer.Option("aeb,trafilatura,readability", "--gold",
+                             help="gold sets, comma-separated: aeb, trafilatura, readability (from $REFINERY_DATA or "
+                                  "../shared/data) or a JSONL of {html, gold} rows"),
+    engines: str = typer.Option("resiliparse,resiliparse:markdown,trafilatura", "--engines",
+                                help="engine specs, comma-separated: ENGINE[+ENGINE][:FORMAT][:POLICY], e.g. "
+                                     "resiliparse:markdown, resiliparse+trafilatura:text:route"),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="at most this many pages of each set"),
+    json_out: Optional[str] = typer.Option(None, "--json", help="write the report here (default eval-extract.json)"),
+) -> None:
+    """Extraction against gold, engines side by side: word P/R/F1, the trafilatura set's
+    with/without snippet rates, code lines / table rows / headings / list items kept, per set,
+    page type and language, docs/s on one core."""
+    from curation.pipeline.evaluate import eval_extract
+
+    _eval(eval_extract, [g for g in gold.split(",") if g], [e for e in engines.split(",") if e], json_out=json_out,
+          limit=limit)
 
 
 @eval_app.command("rules")

@@ -78,8 +78,9 @@ def _graph(types: bool = False) -> dict[str, set[str]]:
     return {m: _imports(f, m, known, types) for m, f in known.items()}
 
 
-#: what every stage may import from its own layer: the stage API and the context it is handed
-STAGE_FACILITIES = ("curation.stages.base", "curation.stages.context")
+#: what every stage may import from its own layer: the stage API, the context it is handed and the
+#: declared path parameter type (``PathStr``: what the service checks against its roots)
+STAGE_FACILITIES = ("curation.stages.base", "curation.stages.context", "curation.stages.paths")
 
 
 def test_imports_only_go_down_the_layers():

@@ -75,3 +75,12 @@ def log_lines(fs, path: str, attempts: int = 5) -> list[str]:
 def entry_files(entry: dict) -> list[str]:
     """The files an entry commits (paths relative to the run directory)."""
     return [f for f in (entry.get("file"), entry.get("rejected_file")) if f]
+
+
+# The run directory's own entries (RUN/dag.yaml, RUN/progress.json, RUN/rejected/): here, below
+# the pipeline, so that the DAG's node-name check and RunDir read the same names.
+DAG_FILE = "dag.yaml"
+PROGRESS_FILE = "progress.json"
+REJECTED = "rejected"
+#: names of a run directory's own entries: no node may be called so
+RESERVED_NAMES = frozenset({DAG_FILE, PROGRESS_FILE, REJECTED})

@@ -160,7 +160,7 @@ NODE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 
 def check_node_name(name: Any, field: str) -> str | None:
     """Why ``name`` cannot name a node (None if it can)."""
-    from curation.pipeline.rundir import RESERVED_NAMES
+    from curation.formats.manifest import RESERVED_NAMES
 
     if not isinstance(name, str) or not NODE_NAME.match(name) or ".." in name:
         return (f"{field}: {str(name)[:80]!r} is not a node name (1-128 letters, digits, '_', '.', '-'; "
@@ -215,6 +215,17 @@ class Dag:
         for name, st in self.stages.items():
             out[name] = st.params_hash([out[u] for u in st.upstreams()])
         return out
+
+    def same_up_to_thresholds(self, other: dict) -> bool:
+        """Whether ``other`` (a stored ``dag.yaml``) is this DAG up to rule thresholds: the same
+        nodes and output and, per node, the same signal hash (every parameter but map filters'
+        thresholds). Then a rerun into the same run directory re-decides from stored signals."""
+        try:
+            before = parse_dag(other, "dag.yaml")
+        except (DagError, ValueError, TypeError, OSError):
+            return False  # the stored DAG no longer parses (a stage module gone...): not the same DAG
+        return (set(before.stages) == set(self.stages) and set(before.inputs) == set(self.inputs)
+                and before.output == self.output and before.signal_hashes() == self.signal_hashes())
 
     def signal_hashes(self) -> dict[str, str]:
         """Per node, what a row's measured signals depend on: every parameter upstream of it

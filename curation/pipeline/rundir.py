@@ -36,6 +36,7 @@ import pyarrow as pa
 import yaml
 
 from curation.formats import manifest as manifest_format
+from curation.formats.manifest import DAG_FILE, PROGRESS_FILE, REJECTED, RESERVED_NAMES  # noqa: F401 (the layout's names)
 from curation.io import files, location
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -44,9 +45,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from curation.pipeline.dag import Dag
     from curation.tokenizer.model import ParquetCorpus
 
-DAG_FILE = "dag.yaml"
-PROGRESS_FILE = "progress.json"
-REJECTED = "rejected"
 WORK = "_work"
 #: rows per Parquet row group of a stage shard (random access in stats and the trainer)
 ROW_GROUP_ROWS = 1024
@@ -136,9 +134,6 @@ class OutsideRunDir(RunDirError):
     first; this is the second line, for every writer and reader."""
 
 
-#: names of a run directory's own entries: no node may be called so
-RESERVED_NAMES = frozenset({DAG_FILE, PROGRESS_FILE, REJECTED})
-
 
 class RunDir:
     def __init__(self, root: str | Path):
@@ -218,7 +213,7 @@ class RunDir:
             else:
                 old = yaml.safe_load(location.read_text(self.dag_file))
                 new = dag.to_dict()
-                if old != new and not overwrite and not _only_thresholds_differ(old, dag):
+                if old != new and not overwrite and not dag.same_up_to_thresholds(old):
                     changed = ", ".join(_differing_fields(old, new)[:8]) or "(the DAG's layout)"
                     raise RunDirError(f"{self.root}: holds a run of a different DAG ({old.get('name')!r}): {changed} "
                                       "differ, beyond rule thresholds; use another --out, or --overwrite to "
@@ -538,17 +533,3 @@ def _differing_fields(old: Any, new: Any, at: str = "") -> list[str]:
             out += _differing_fields(old.get(k), new.get(k), f"{at}.{k}" if at else str(k))
         return out
     return [] if old == new else [at or "(root)"]
-
-
-def _only_thresholds_differ(old: dict, dag: Dag) -> bool:
-    """True when the stored DAG is this one up to rule thresholds: the same nodes and, per node,
-    the same signal hash (``Dag.signal_hashes``: every parameter but map filters' thresholds).
-    Then a rerun into the same directory re-decides from the stored signals, as the README says."""
-    from curation.pipeline.dag import DagError, parse_dag  # noqa: PLC0415 (dag imports this module's types)
-
-    try:
-        before = parse_dag(old, "dag.yaml")
-    except (DagError, ValueError, TypeError, OSError):
-        return False  # the stored DAG no longer parses (a stage module gone...): not the same DAG
-    return (set(before.stages) == set(dag.stages) and set(before.inputs) == set(dag.inputs)
-            and before.output == dag.output and before.signal_hashes() == dag.signal_hashes())

@@ -174,10 +174,16 @@ Flagger = Callable[[list[str]], tuple[list[bool], list[set[tuple[str, str]]]]]
 
 def decontam_figures(flag: Flagger, items: Sequence[tuple[str, str, str]], hosts: Sequence[str], *,
                      forms: Sequence[str] | None = None, seed: int = 0,
-                     negatives: Sequence[str] = (), negatives_name: str = "negatives") -> dict:
-    """Recall per leak form and per benchmark, attribution, false drops on the hosts and on
-    ``negatives``, and the stage's docs/s, for ``items`` = (benchmark, item, text) planted in
-    ``hosts`` (clean documents)."""
+                     negatives: Sequence[str] = (), negatives_name: str = "negatives",
+                     clean: Sequence[str] | None = None, hosts_independent: bool = True) -> dict:
+    """Recall per leak form and per benchmark, attribution, false drops, look-alikes flagged
+    (``negatives``) and the stage's docs/s, for ``items`` = (benchmark, item, text) planted in
+    ``hosts`` (clean documents).
+
+    False drops are measured on documents independent of the stage: ``clean`` when given, else
+    the hosts when ``hosts_independent``. Hosts the same stage already kept (a run's documents)
+    cannot show a false drop (they were kept for having too few matches), so then, without
+    ``clean``, false drops are reported as not measured rather than as a 0."""
     if not items or not hosts:
         raise ValueError("decontamination eval needs eval items and host documents")
     rng = random.Random(seed)
@@ -186,8 +192,9 @@ def decontam_figures(flag: Flagger, items: Sequence[tuple[str, str, str]], hosts
     t0 = time.perf_counter()
     got, matched = flag(docs)
     planted_s = time.perf_counter() - t0
+    judged = list(clean) if clean is not None else list(hosts) if hosts_independent else []
     t0 = time.perf_counter()
-    clean, _ = flag(list(hosts))
+    clean_flags, _ = flag(judged) if judged else ([], [])
     clean_s = time.perf_counter() - t0
     neg, _ = flag(list(negatives)) if negatives else ([], [])
     per_form: dict[str, dict] = {}
@@ -209,15 +216,24 @@ def decontam_figures(flag: Flagger, items: Sequence[tuple[str, str, str]], hosts
         "forms": forms, "items": len(items), "hosts": len(hosts), "planted": len(docs), "seed": seed,
         "recall_per_form": per_form, "recall_per_benchmark": per_bench,
         "recall_all": ratio(sum(got), len(got)),
-        "false_drops": {"documents": len(hosts), "flagged": sum(clean), "rate": ratio(sum(clean), len(hosts))},
+        "false_drops": ({"documents": len(judged), "flagged": sum(clean_flags),
+                         "rate": ratio(sum(clean_flags), len(judged)),
+                         "on": "clean documents given" if clean is not None else "the hosts"} if judged else
+                        {"documents": 0, "flagged": None, "rate": None,
+                         "on": "not measured: the hosts are the stage's own kept documents (0 by construction); "
+                               "give independent clean documents (--clean)"}),
         negatives_name: {"documents": len(negatives), "flagged": sum(neg), "rate": ratio(sum(neg), len(negatives))},
-        "docs_per_s": round((len(docs) + len(hosts)) / max(planted_s + clean_s, 1e-9), 1),
+        "docs_per_s": round((len(docs) + len(judged)) / max(planted_s + clean_s, 1e-9), 1),
         "missed": missed[:50],
     }
     rows = [[f, v["planted"], v["flagged"], pct(v["recall"]), pct(v["attributed"])] for f, v in per_form.items()]
     rows.append(["all forms", len(docs), sum(got), pct(out["recall_all"]), ""])
     rows += [[f"  {b}", v["planted"], v["flagged"], pct(v["recall"]), ""] for b, v in per_bench.items()]
-    rows.append(["false drops (hosts)", len(hosts), sum(clean), pct(out["false_drops"]["rate"]), ""])
+    if judged:
+        rows.append([f"false drops ({out['false_drops']['on']})", len(judged), sum(clean_flags),
+                     pct(out["false_drops"]["rate"]), ""])
+    else:
+        rows.append(["false drops", "not measured", "", "", "give --clean"])
     if negatives:
         rows.append([f"{negatives_name} flagged", len(negatives), sum(neg), pct(out[negatives_name]["rate"]), ""])
     out["tables"] = [table(f"decontamination recall: {len(items)} eval items x {len(forms)} forms in "

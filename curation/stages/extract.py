@@ -13,7 +13,7 @@ import pyarrow as pa
 from pydantic import Field, model_validator
 
 from curation.stages.base import MapStage, StageResult, registry
-from curation.text.extraction import MARKUP_KEY, ENGINES, _resiliparse, decode_html, extract_page  # noqa: F401 (re-exported: tests, benchmark scripts)
+from curation.text.extraction import MARKUP_KEY, ENGINES, decode_html, extract_page  # noqa: F401 (re-exported: tests)
 
 
 class ExtractionTimeout(Exception):

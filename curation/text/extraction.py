@@ -54,7 +54,7 @@ def _trafilatura(html: str) -> str:
 def _resiliparse_markdown(html: str) -> str:
     from curation.text.markdown import resiliparse_markdown
 
-    return resiliparse_markdown(html)
+    return resiliparse_markdown(html, RESILIPARSE_OPTIONS)
 
 
 def _trafilatura_markdown(html: str) -> str:

@@ -153,13 +153,13 @@ def _mark_math(tree, html: str, out: list[str]) -> None:
             _replace(tree, node, "D" if display else "M", len(out) - 1, display)
 
 
-def resiliparse_markdown(html: str) -> str:
-    """One decoded page -> its main content as Markdown (see module docstring)."""
+def resiliparse_markdown(html: str, options: dict) -> str:
+    """One decoded page -> its main content as Markdown (see module docstring); ``options``: the
+    main-content options of ``extract_plain_text`` the text format uses (so both formats keep the
+    same content)."""
     from html_to_markdown._html_to_markdown import convert
     from resiliparse.extract.html2text import extract_plain_text
     from resiliparse.parse.html import HTMLTree
-
-    from curation.text.extraction import RESILIPARSE_OPTIONS
 
     parts: list[str] = []
     page = html
@@ -170,7 +170,7 @@ def resiliparse_markdown(html: str) -> str:
     if "math" in html and ("<math" in html or "math/tex" in html):
         page = HTMLTree.parse(page)
         _mark_math(page, html, parts)
-    minimal = extract_plain_text(page, preserve_formatting="minimal_html", **RESILIPARSE_OPTIONS)
+    minimal = extract_plain_text(page, preserve_formatting="minimal_html", **options)
     md = convert(html=minimal, options=_opts(), visitor=None).content
     if parts:
         md = _PLACEHOLDER.sub(lambda m: parts[int(m.group(2))], md)

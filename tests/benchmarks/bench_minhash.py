@@ -12,7 +12,12 @@ issue 32 was that, not the code). Then the CPU share of each step of ours (Arrow
 conversion, word split + word hashes, n-gram hashes, permutations + minima).
 
 Peers' pipelines are what their users write: ``text.lower().split()``, 5-grams joined by
-spaces, fed to the sketch. Ours includes NFKC and casefolding besides.
+spaces, fed to the sketch (rensa per document and through its batch API,
+``digest_matrix_from_token_sets``). Ours includes NFKC and casefolding besides. Python's
+shingle building is most of the per-document peers' time, so the hashing kernels are also
+compared alone, on the same pre-shingled input (one flat buffer of 64-bit shingle hashes and row
+offsets: rensa's ``digest_matrix_from_flat_token_hashes`` against ours
+``signatures_from_shingles``). The peers' versions and configuration are printed first.
 """
 
 from __future__ import annotations
@@ -107,7 +112,12 @@ def throughput(docs: list[str], peer_docs: int, rounds: int) -> dict[str, dict]:
             m.update(_peer_shingles(t))
             m.digest()
 
+    def rensa_batch():  # rensa's bulk API: one call for the whole batch, no Python object per document
+        for lo in range(0, len(docs), 4096):
+            RMinHash.digest_matrix_from_token_sets([_peer_shingles(t) for t in docs[lo:lo + 4096]], 128, 1)
+
     runs["rensa RMinHash"] = rensa_run
+    runs["rensa digest_matrix (batch)"] = rensa_batch
     best: dict[str, tuple[float, float]] = {}
     for _ in range(rounds):
         for name, fn in runs.items():
@@ -208,6 +218,31 @@ def accuracy(pool: list[str], pairs_n: int, seeds: int) -> dict[str, float]:
     return res
 
 
+def kernel_throughput(docs: list[str], rounds: int) -> dict[str, dict]:
+    """The hashing kernel alone: both sides get the same pre-shingled input, one flat buffer of
+    64-bit word 5-gram hashes (ours, NFKC + casefold) and row offsets, and compute 128 minima per
+    document. No text, no shingling timed. CPU seconds, fastest of ``rounds`` alternating."""
+    from rensa import RMinHash
+
+    sets = shingle_sets(pa.array(docs, pa.string()), 5)
+    flat = np.ascontiguousarray(np.concatenate(sets).astype(np.uint64))
+    offsets = np.r_[0, np.cumsum([len(x) for x in sets])].astype(np.int64)
+    runs = {f"ours {f} signatures_from_shingles": (lambda mh=MinHasher(num_perm=128, ngram=5, seed=1, family=f):
+                                                   mh.signatures_from_shingles(flat, offsets))
+            for f in ("affine32", "multiply_shift64")}
+    runs["rensa digest_matrix_from_flat_token_hashes"] = lambda: RMinHash.digest_matrix_from_flat_token_hashes(
+        flat, offsets, 128, 1)
+    for fn in runs.values():
+        fn()  # warm-up
+    best: dict[str, float] = {}
+    for _ in range(rounds):
+        for name, fn in runs.items():
+            cpu, _wall = _timed(fn)
+            best[name] = min(best.get(name, cpu), cpu)
+    return {name: {"docs": len(docs), "shingles": int(len(flat)), "cpu_s": c, "docs_per_cpu_s": len(docs) / c}
+            for name, c in best.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--docs", type=int, default=6000, help="documents for the throughput runs (real pool repeated)")
@@ -221,12 +256,23 @@ def main() -> None:
     words = np.mean([len(t.split()) for t in docs])
     print(f"{len(pool)} real documents (mean {words:.0f} words), {len(docs)} signatures per run, "
           f"num_perm 128, word 5-grams, one process (machine shared with other jobs)\n")
+    from importlib.metadata import version
+
+    print(f"peers: rensa {version('rensa')} (RMinHash, num_perm 128, seed 1: per-document update+digest, and the "
+          f"batch digest_matrix_from_token_sets), datasketch {version('datasketch')} (MinHash num_perm 128, "
+          "update_batch); their shingles: text.lower().split(), 5-grams joined by spaces\n")
     res = throughput(docs, args.peer_docs, args.rounds)
     rensa = res["rensa RMinHash"]
     print(f"{'':34s} {'docs/s (CPU)':>13s} {'docs/s (wall)':>14s} {'x rensa (CPU)':>14s}")
     for name, r in res.items():
         print(f"{name:34s} {r['docs_per_cpu_s']:13,.0f} {r['docs_per_wall_s']:14,.0f} "
               f"{r['docs_per_cpu_s'] / rensa['docs_per_cpu_s']:14.2f}")
+    kern = kernel_throughput(docs, args.rounds)
+    rk = kern["rensa digest_matrix_from_flat_token_hashes"]
+    print(f"\nhashing kernel alone, same pre-shingled input ({next(iter(kern.values()))['shingles']:,} 64-bit shingle "
+          f"hashes of {len(docs)} documents), CPU, fastest of {args.rounds} alternating rounds:")
+    for name, r in kern.items():
+        print(f"  {name:46s} {r['docs_per_cpu_s']:12,.0f} docs/s  x{r['docs_per_cpu_s'] / rk['docs_per_cpu_s']:.2f} rensa")
     parts = shares(docs, args.rounds)
     total = sum(parts.values())
     print(f"\nours affine32 by step ({total:.3f} s CPU for {len(docs)} documents, fastest of {args.rounds} rounds each):")
