@@ -5,6 +5,7 @@ through ``refinery run`` on Ray. ``StageResult`` normalises the reasons once at 
 
 from __future__ import annotations
 
+import json
 import textwrap
 
 import numpy as np
@@ -50,6 +51,40 @@ class Lines(MapStage):
     def process(self, t):
         lines = pc.add(pc.count_substring(t["text"], "\\n"), 1)
         return StageResult(t.append_column("n_lines", lines), [None] * t.num_rows)
+
+# A global stage: a statistic over every shard (phase "measure"), then each shard cut by it
+# (phase "cut", one task per shard writing through its out). Jobs are frozen dataclasses.
+from dataclasses import dataclass
+from typing import Any
+from curation.io import location
+from curation.stages import GlobalStage
+
+@dataclass(frozen=True)
+class CutJob:
+    path: str
+    out: Any  # ctx.output(key): where the task writes its shard
+    mean: float
+
+def measure_task(path):
+    n = pc.utf8_length(location.read_parquet(path)["text"])
+    return [pc.sum(n).as_py() or 0, len(n)]
+
+def cut_task(job):
+    t = location.read_parquet(job.path)
+    n = pc.utf8_length(t["text"])  # a ChunkedArray: the reasons below are one too
+    reasons = pc.if_else(pc.less(n, job.mean), pa.scalar("below_mean"), pa.scalar(None, pa.string()))
+    return job.out.write(*StageResult(t, reasons).split(job.out.stage), t.num_rows)
+
+class AboveMeanLength(GlobalStage):
+    """Keep documents at least as long as the corpus' mean (over all shards)."""
+    def run(self, ctx):
+        if ctx.finished([k for k, _ in ctx.upstream], "_mean.json"):
+            return
+        total, docs = ctx.phase("measure", measure_task, [p for _, p in ctx.upstream],
+                                fold=lambda acc, r: [acc[0] + r[0], acc[1] + r[1]], init=[0, 0])
+        mean = total / max(docs, 1)
+        ctx.phase("cut", cut_task, [CutJob(p, ctx.output(k), mean) for k, p in ctx.upstream], commit=True)
+        ctx.write_report("_mean.json", {"documents": docs, "mean_chars": mean})
 '''
 
 
@@ -82,8 +117,9 @@ def test_user_stages_written_the_natural_way_run_through_refinery_run(tmp_path, 
            "stages": {"short": {"type": f"{mod}:ShortDocs", "input": "docs", "min_chars": 2000},
                       "digits": {"type": f"{mod}:KeepMask", "input": "short"},
                       "lines": {"type": f"{mod}:Lines", "input": "digits"},
-                      "shout": {"type": f"{mod}:Shout", "input": "lines"}},
-           "output": "shout"}
+                      "shout": {"type": f"{mod}:Shout", "input": "lines"},
+                      "long": {"type": f"{mod}:AboveMeanLength", "input": "shout"}},
+           "output": "long"}
     (tmp_path / "dag.yaml").write_text(yaml.safe_dump(dag))
     res = CliRunner().invoke(app, ["run", "dag.yaml", "--out", str(tmp_path / "run"), "--workers", "2", "--quiet"])
     assert res.exit_code == 0, res.output + repr(res.exception)
@@ -105,3 +141,11 @@ def test_user_stages_written_the_natural_way_run_through_refinery_run(tmp_path, 
     assert all(any(c.isdigit() for c in t) for t in out.column("text").to_pylist())
     lines = rows("lines")
     assert "n_lines" in lines.column_names and min(lines.column("n_lines").to_pylist()) >= 1
+    mean = json.loads((tmp_path / "run" / "long" / "_mean.json").read_text())
+    assert mean["documents"] == out.num_rows and mean["mean_chars"] == pytest.approx(
+        sum(len(t) for t in out.column("text").to_pylist()) / out.num_rows)
+    rejected_long, kept_long = rows("long", "rejected_file"), rows("long")
+    assert set(rejected_long.column("reason").to_pylist()) == {"below_mean"}
+    assert rejected_long.num_rows + kept_long.num_rows == out.num_rows and kept_long.num_rows > 0
+    assert min(pc.utf8_length(kept_long["text"]).to_pylist()) >= mean["mean_chars"]
+    assert max(pc.utf8_length(rejected_long["text"]).to_pylist()) < mean["mean_chars"]

@@ -51,6 +51,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict
 
+from curation.io.shards import split_kept_rejected
+
 if TYPE_CHECKING:  # pragma: no cover
     from curation.stages.context import StageContext
     from curation.text.state import TextState
@@ -115,6 +117,12 @@ class StageResult:
     @classmethod
     def keep_all(cls, table: pa.Table, text: TextState | None = None) -> StageResult:
         return cls(table, None, text)
+
+    def split(self, stage: str) -> tuple[pa.Table, pa.Table | None]:
+        """Kept rows, and rejected rows with ``stage`` and ``reason`` columns (None if none
+        dropped): what a global stage's task writes through its ``out`` (``out.write(*r.split(
+        out.stage), rows_in)``), with the reasons normalised as a map stage's are."""
+        return split_kept_rejected(self.table, self.reasons, stage)
 
 
 @dataclass(frozen=True)

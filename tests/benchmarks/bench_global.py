@@ -14,7 +14,10 @@ new documents of 3-8 real sentences; three sources (web 70%, code 20%, math 10%)
 per document (random ids: the token values do not matter to mix or pack).
 
 Shards are a scale axis too: ``--shard-docs 5000 500`` runs each size with the same documents in
-10x more shards and prints every stage's seconds and the driver's peak as ratios. Mix's output
+10x more shards and prints every stage's seconds and the driver's peak as ratios. On a shared
+machine one run of each drifts more than the effect (x2 on the same stage between runs), so the
+settings run ``--rounds`` times (default 2) in alternating order (5000, 500, then 500, 5000, ...)
+and the ratios are of the medians, with each round's own ratio beside them. Mix's output
 shards follow ``--shard-docs`` (as many outputs as inputs: the gather the issue measured);
 pack's window stays at its default (10,000 documents) at every ``--shard-docs``: it is how many
 documents best-fit packs together, a packing parameter, not a property of the upstream's
@@ -24,7 +27,7 @@ exact, near and top write a block's shards under 16 MB into shared outputs
 documents in 2,000 shards: top x1.06 of 200 shards, where one output per shard was x1.64).
 
 Run: ``.venv/bin/python tests/benchmarks/bench_global.py [--sizes 1000000 10000000]
-[--shard-docs 50000 [500 ...]] [--workers 2] [--stages exact near top mix pack]``
+[--shard-docs 50000 [500 ...]] [--rounds 2] [--workers 2] [--stages exact near top mix pack]``
 """
 
 from __future__ import annotations
@@ -178,18 +181,24 @@ def show(r: dict) -> None:
     print(f"driver peak RSS {r['driver_peak_mb']:,.0f} MB")
 
 
-def compare_shards(runs: list[dict]) -> None:
-    """The same documents in more shards: each stage's seconds and files, and the driver's
-    peak, as ratios to the first (fewest shards) run."""
-    base = runs[0]
-    print(f"\n{base['docs']:,} documents: more shards vs {base['upstream_shards']} shards (ratio to it)")
-    for r in runs[1:]:
-        print(f"  {r['upstream_shards']} shards: driver peak {r['driver_peak_mb']:,.0f} MB "
-              f"(x{r['driver_peak_mb'] / base['driver_peak_mb']:.2f})")
-        for name, s in r["stages"].items():
-            b = base["stages"][name]
-            print(f"    {name:6s} {s['seconds']:7.1f} s (x{s['seconds'] / b['seconds']:.2f})  files "
-                  f"{s['files_written']:6d} (bound {s['file_bound']})  largest worker {s['largest_worker_mb']:,.0f} MB")
+def compare_shards(rounds: list[list[dict]]) -> None:
+    """The same documents in more shards: each stage's median seconds (over rounds run in
+    alternating order) and the driver's median peak, as ratios to the first (fewest shards)
+    setting; each round's own ratio beside, so the spread shows."""
+    med = lambda xs: float(np.median(xs))  # noqa: E731
+    base = rounds[0]
+    print(f"\n{base[0]['docs']:,} documents: more shards vs {base[0]['upstream_shards']} shards "
+          f"(medians of {len(base)} rounds, alternating order; ratio to it, then each round's ratio)")
+    for runs in rounds[1:]:
+        d, b = med([r["driver_peak_mb"] for r in runs]), med([r["driver_peak_mb"] for r in base])
+        print(f"  {runs[0]['upstream_shards']} shards: driver peak {d:,.0f} MB (x{d / b:.2f})")
+        for name in runs[0]["stages"]:
+            s = [r["stages"][name]["seconds"] for r in runs]
+            sb = [r["stages"][name]["seconds"] for r in base]
+            per = " ".join(f"x{x / y:.2f}" for x, y in zip(s, sb))
+            print(f"    {name:6s} median {med(s):7.1f} s vs {med(sb):7.1f} s (x{med(s) / med(sb):.2f}; rounds {per})  "
+                  f"files {runs[0]['stages'][name]['files_written']:6d} (bound {runs[0]['stages'][name]['file_bound']})  "
+                  f"largest worker {max(r['stages'][name]['largest_worker_mb'] for r in runs):,.0f} MB")
 
 
 def main() -> None:
@@ -197,6 +206,8 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[1_000_000, 10_000_000])
     ap.add_argument("--shard-docs", type=int, nargs="+", default=[50_000],
                     help="documents per upstream shard; several: the same documents in more shards, compared")
+    ap.add_argument("--rounds", type=int, default=2,
+                    help="with several --shard-docs: rounds of all settings, order alternating, medians reported")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--stages", nargs="+", default=["exact", "near", "top", "mix", "pack"])
     ap.add_argument("--one", nargs=2, help=argparse.SUPPRESS)  # internal: SIZE OUT_JSON
@@ -210,18 +221,24 @@ def main() -> None:
         run_size(int(a.one[0]), a.shard_docs[0], a.workers, a.stages, a.one[1])
         return
     results = []
+    rounds = a.rounds if len(a.shard_docs) > 1 else 1
     for n in a.sizes:
-        by_shards = []
-        for sd in a.shard_docs:
-            with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
-                out = f.name
-            subprocess.run([sys.executable, __file__, "--one", str(n), out, "--shard-docs", str(sd),
-                            "--workers", str(a.workers), "--stages", *a.stages], check=True)
-            by_shards.append(json.loads(Path(out).read_text()))
-            show(by_shards[-1])
-        if len(by_shards) > 1:
-            compare_shards(by_shards)
-        results.append(by_shards[0])
+        by_shards: dict[int, list[dict]] = {sd: [] for sd in a.shard_docs}
+        for rnd in range(rounds):
+            order = a.shard_docs if rnd % 2 == 0 else a.shard_docs[::-1]  # drift hits both sides alike
+            for sd in order:
+                with tempfile.NamedTemporaryFile(suffix=".json", delete=False) as f:
+                    out = f.name
+                subprocess.run([sys.executable, __file__, "--one", str(n), out, "--shard-docs", str(sd),
+                                "--workers", str(a.workers), "--stages", *a.stages], check=True)
+                by_shards[sd].append(json.loads(Path(out).read_text()))
+                Path(out).unlink()
+                if rounds > 1:
+                    print(f"\n-- round {rnd + 1} of {rounds}, {sd} documents per shard")
+                show(by_shards[sd][-1])
+        if len(a.shard_docs) > 1:
+            compare_shards([by_shards[sd] for sd in a.shard_docs])
+        results.append(by_shards[a.shard_docs[0]][0])
     if len(results) > 1:
         lo, hi = results[0], results[-1]
         print(f"\ndriver peak RSS {lo['driver_peak_mb']:,.0f} MB at {lo['docs']:,} -> {hi['driver_peak_mb']:,.0f} MB "
