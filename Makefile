@@ -45,10 +45,20 @@ demo: setup
 test: setup-test
 	$(BIN)/python -m pytest -q tests
 
+# a comparison against a commit you choose (--base): run by hand, listed as skipped by `make bench`
+BENCH_NEEDS_ARGS := tests/benchmarks/bench_kernels_vs_commit.py
+
 bench: setup
 	$(BIN)/python -m pip install -q -e ".[bench]"
-	# every benchmark runs (one failing does not hide the others); the failed ones are listed at the end
-	@failed=""; for b in tests/benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || failed="$$failed $$b"; done; \
+	# every benchmark runs (one failing does not hide the others); the failed ones are listed at the
+	# end, and the skipped ones: those needing an argument (BENCH_NEEDS_ARGS) and those that say
+	# they were skipped (bench_gpu.py without CUDA)
+	@mkdir -p runs/bench; failed=""; skipped=""; for b in tests/benchmarks/bench_*.py; do echo "== $$b"; \
+	case " $(BENCH_NEEDS_ARGS) " in *" $$b "*) skipped="$$skipped $$b(needs-arguments)"; continue;; esac; \
+	log=runs/bench/$$(basename $$b .py).log; { $(BIN)/python $$b; echo $$? > $$log.rc; } 2>&1 | tee $$log; \
+	if [ "$$(cat $$log.rc)" != 0 ]; then failed="$$failed $$b"; \
+	elif grep -q "needs a CUDA GPU; skipped" $$log; then skipped="$$skipped $$b(no-CUDA)"; fi; done; \
+	if [ -n "$$skipped" ]; then echo "skipped:$$skipped"; fi; \
 	if [ -n "$$failed" ]; then echo "failed:$$failed"; exit 1; fi
 
 clean:

@@ -69,17 +69,66 @@ def test_readme_command_line_names_real_subcommands_and_options(line):
     assert res.exit_code == 0, res.output
 
 
-def test_make_bench_runs_on_a_cpu_machine():
-    """`make bench` runs every benchmark, the GPU acceptance one included: without CUDA it says it
-    is skipped and exits 0, and one failing benchmark does not stop the loop."""
+BENCH_HELP = """
+import contextlib, glob, io, json, re, runpy, sys
+out = {}
+for p in sorted(glob.glob("tests/benchmarks/bench_*.py")):
+    sys.argv, buf = [p, "--help"], io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+            runpy.run_path(p, run_name="__main__")
+        code = "ran without exiting"
+    except SystemExit as e:
+        code = e.code
+    except BaseException as e:
+        code = repr(e)[:300]
+    usage = re.sub(r"\\s+", " ", buf.getvalue().split("\\n\\n")[0])
+    while re.search(r"\\[[^\\[\\]]*\\]", usage):  # optional groups, innermost first
+        usage = re.sub(r"\\[[^\\[\\]]*\\]", "", usage)
+    out[p] = {"code": code, "required": re.findall(r"(?<=\\s)--[\\w-]+", usage)}
+print(json.dumps(out))
+"""
+
+
+def test_make_bench_runs_every_cpu_benchmark_and_lists_the_skipped():
+    """`make bench`'s own loop (from `make -n bench`), on the GPU benchmark, the one needing
+    arguments and a failing script: it runs on past the failure, says bench_gpu.py was skipped (no
+    CUDA) and which needs arguments, lists the failure and exits non-zero."""
     import subprocess
-    import sys
 
     import torch
 
     dry = subprocess.run(["make", "-n", "bench"], cwd=REPO, capture_output=True, text=True, check=True).stdout
-    assert "tests/benchmarks/bench_*.py" in dry and "|| failed=" in dry and "exit 1; done" not in dry
-    if not torch.cuda.is_available():
-        res = subprocess.run([sys.executable, str(REPO / "tests" / "benchmarks" / "bench_gpu.py")], cwd=REPO,
-                             capture_output=True, text=True, timeout=120)
-        assert res.returncode == 0 and "skipped, no CUDA device" in res.stdout, res.stdout + res.stderr
+    loop = dry[dry.index("mkdir -p runs/bench"):]
+    assert "tests/benchmarks/bench_*.py" in loop
+    fail = REPO / "runs" / "bench_test_failing.py"
+    fail.parent.mkdir(exist_ok=True)
+    fail.write_text("import sys\nprint('failing on purpose')\nsys.exit(3)\n")
+    try:
+        some = "tests/benchmarks/bench_gpu.py tests/benchmarks/bench_kernels_vs_commit.py runs/bench_test_failing.py"
+        res = subprocess.run(["sh", "-c", loop.replace("tests/benchmarks/bench_*.py", some)], cwd=REPO,
+                             capture_output=True, text=True, timeout=300)
+    finally:
+        fail.unlink()
+    lines = res.stdout.splitlines()
+    assert res.returncode == 1 and "failing on purpose" in lines, res.stdout + res.stderr
+    assert lines[-1] == "failed: runs/bench_test_failing.py", lines[-3:]
+    skipped = lines[-2]
+    assert "tests/benchmarks/bench_kernels_vs_commit.py(needs-arguments)" in skipped
+    assert ("tests/benchmarks/bench_gpu.py(no-CUDA)" in skipped) == (not torch.cuda.is_available()), skipped
+
+
+def test_every_benchmark_has_a_help_and_needs_no_argument_but_the_listed():
+    """Each bench_*.py answers --help (its imports work here) and `make bench` can run it with no
+    argument, but for those the Makefile lists in BENCH_NEEDS_ARGS (run by hand)."""
+    import json
+    import subprocess
+    import sys
+
+    res = subprocess.run([sys.executable, "-c", BENCH_HELP], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    found = json.loads(res.stdout.splitlines()[-1])
+    assert len(found) >= 20
+    assert {p: v["code"] for p, v in found.items() if v["code"] != 0} == {}
+    needs = re.search(r"^BENCH_NEEDS_ARGS :=[ \t]*(.*)$", (REPO / "Makefile").read_text(), re.M).group(1).split()
+    assert {p: v["required"] for p, v in found.items() if v["required"]} == {p: ["--base"] for p in needs}
