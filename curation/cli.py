@@ -69,7 +69,7 @@ def run(
 @app.command()
 def stats(run_dir: str = typer.Argument(..., help="run directory (local or s3://...)")) -> None:
     """Per-stage documents in / kept / rejected, top drop reasons, output summary."""
-    from curation.pipeline.stats import RunNotFound, output_summary, stage_table, top_reasons
+    from curation.pipeline.stats import RunNotFound, empty_inputs, output_summary, stage_table, top_reasons
 
     try:
         rows = stage_table(run_dir)
@@ -85,6 +85,11 @@ def stats(run_dir: str = typer.Argument(..., help="run directory (local or s3://
         cells = [r["stage"], r["type"], str(r["shards"]), str(r["docs_in"]), str(r["kept"]), str(r["rejected"]), pct]
         t.add_row(*cells, *((str(r["rows_out"]),) if packed else ()))
     console.print(t)
+    empty = empty_inputs(run_dir)
+    if empty:  # 0 documents each: absent from the table's counts, named here so none is lost silently
+        console.print(f"empty input files ({len(empty)}, 0 documents): "
+                      + ", ".join(f"{e['input']}/{e['shard']} = {e['path']} ({e['why']})" for e in empty),
+                      markup=False, soft_wrap=True)
     reasons = top_reasons(run_dir)
     if reasons:
         t2 = Table(title="top drop reasons")

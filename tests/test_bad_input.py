@@ -174,3 +174,13 @@ def test_an_empty_file_in_a_run_is_noted_on_its_manifest_line(tmp_path, ray_sess
     assert empty["empty_file"] == "no JSON line in file" and empty["rows_in"] == 0 and empty["rejected_rows"] == 0
     row = next(r for r in stage_table(str(tmp_path / "run")) if r["stage"] == "math")
     assert row["docs_in"] == 400 and row["rejected"] == 0  # no phantom document
+    # ... and not lost silently: `refinery stats` names it
+    from typer.testing import CliRunner
+
+    from curation.cli import app
+
+    out = CliRunner().invoke(app, ["stats", str(tmp_path / "run")])
+    assert out.exit_code == 0, out.output
+    line = next(x for x in out.output.splitlines() if x.startswith("empty input files"))
+    assert line.startswith("empty input files (1, 0 documents): math/") and line.endswith(
+        "/empty.jsonl (no JSON line in file)"), line

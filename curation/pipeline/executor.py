@@ -478,7 +478,7 @@ def _root_entries(job: RootJob) -> list[dict]:
                 for res in iter_read(job.shard, dag.inputs[root], dag.batch_size, dag.batch_bytes):
                     read_bytes = {"bytes_read": res.bytes_read, "bytes_decompressed": res.bytes_decompressed}
                     if res.empty:  # a file with nothing in it: noted, 0 documents, no rejected row
-                        read_bytes["empty_file"] = res.empty
+                        read_bytes.update(empty_file=res.empty, empty_file_path=job.shard.relpath)
                     docs, rejects = res.tables()
                     if root_writer is not None:
                         rejects = rejects.append_column("stage", pa.array([root] * rejects.num_rows, pa.string()))

@@ -50,6 +50,14 @@ def stage_table(run_dir: str | Path) -> list[dict]:
     return rows
 
 
+def empty_inputs(run_dir: str | Path) -> list[dict]:
+    """Input files that held no document (0 documents, no rejected row: nothing to count in
+    the stage table), from their manifest lines, so ``refinery stats`` names them."""
+    rd, dag = RunDir(run_dir), load_run_dag(run_dir)
+    return [{"input": node, "shard": key, "path": e.get("empty_file_path"), "why": e["empty_file"]}
+            for node in dag.inputs for key, e in sorted(rd.entries(node).items()) if e.get("empty_file")]
+
+
 def top_reasons(run_dir: str | Path, limit: int = 15) -> list[dict]:
     con = connect(run_dir, views=["rejected"])
     # reasons like minhash_dedup:cluster=123 group by their rule, not by their value
