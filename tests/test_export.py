@@ -113,11 +113,13 @@ def shard_paths(out: Path, suffix: str) -> list[Path]:
 
 
 def need(module: str, package: str):
+    """The other trainer's own reader: a hard requirement of `make test` (it installs them), so an
+    import failure (missing, or a release broken against this torch/numpy) fails the test rather
+    than skipping it green."""
     try:
         return importlib.import_module(module)
-    except Exception as e:  # noqa: BLE001 (any import failure is a reason to skip)
-        pytest.skip(f"{package} cannot be imported here ({type(e).__name__}: {e}); "
-                    "the format is checked against its published layout by the *_spec test; `make setup` "
+    except Exception as e:  # noqa: BLE001 (any import failure is a failure to report)
+        pytest.fail(f"{package} cannot be imported here ({type(e).__name__}: {e}); `make setup-test` "
                     "installs the reader (.[export-test] plus the --no-deps line in the Makefile)")
 
 
@@ -132,12 +134,12 @@ def import_streaming():
         return importlib.import_module("streaming")
     except ModuleNotFoundError as e:
         if e.name != "torchvision":
-            pytest.skip(f"mosaicml-streaming cannot be imported here (ModuleNotFoundError: {e}); "
+            pytest.fail(f"mosaicml-streaming cannot be imported here (ModuleNotFoundError: {e}); "
                         "MDS is checked against its published layout by test_mds_spec; `make setup` installs "
                         "mosaicml-streaming (--no-deps line in the Makefile)")
     except Exception as e:  # noqa: BLE001
         if "torchvision" not in repr(e):
-            pytest.skip(f"mosaicml-streaming cannot be imported here ({type(e).__name__}: {e}); "
+            pytest.fail(f"mosaicml-streaming cannot be imported here ({type(e).__name__}: {e}); "
                         "MDS is checked against its published layout by test_mds_spec; `make setup` installs "
                         "mosaicml-streaming (--no-deps line in the Makefile)")
     saved = {k: v for k, v in sys.modules.items() if k == "torchvision" or k.startswith(("torchvision.", "streaming"))}
@@ -154,7 +156,7 @@ def import_streaming():
     try:
         return importlib.import_module("streaming")
     except Exception as e:  # noqa: BLE001
-        pytest.skip(f"mosaicml-streaming cannot be imported here even with torchvision stubbed "
+        pytest.fail(f"mosaicml-streaming cannot be imported here even with torchvision stubbed "
                     f"({type(e).__name__}: {e}); MDS is checked against its published layout by test_mds_spec; "
                     "a torchvision built for the installed torch would make it run")
     finally:
