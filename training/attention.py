@@ -100,7 +100,7 @@ def _has_triton() -> bool:
 
 
 #: Keywords the trainer passes to each kernel: probed by signature, not only by import.
-VARLEN_KEYWORDS = ("window_size", "enable_gqa")
+VARLEN_KEYWORDS = ("window_size",)  # enable_gqa only where the signature has it (torch 2.11 has not)
 FLASH_KEYWORDS = ("dropout_p", "softmax_scale", "causal", "deterministic")
 
 
@@ -412,10 +412,20 @@ def _attend_torch_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta
     # inside the block's graph. max_seqlen is a power of two (varlen_boundaries), so a block
     # sees at most log2(T) values of it.
     b, t, h, d = q.shape
+    gqa = {}
+    if k.shape[2] != h:
+        if _varlen_takes_gqa(meta.kernel):
+            gqa = {"enable_gqa": True}
+        else:  # torch 2.11's varlen_attn has no enable_gqa: repeat the KV heads instead
+            k, v = (x.repeat_interleave(h // x.shape[2], dim=2) for x in (k, v))
     out = meta.kernel(q.reshape(b * t, h, d), k.reshape(b * t, k.shape[2], d), v.reshape(b * t, v.shape[2], d),
                       meta.cu_seqlens, meta.cu_seqlens, meta.max_seqlen, meta.max_seqlen,
-                      window_size=(-1, 0), enable_gqa=k.shape[2] != h)  # (-1, 0): causal
+                      window_size=(-1, 0), **gqa)  # (-1, 0): causal
     return out.view(b, t, h, d)
+
+
+def _varlen_takes_gqa(kernel) -> bool:
+    return not _missing_keywords(kernel, ("enable_gqa",))
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMeta) -> torch.Tensor:
