@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from curation.experiments.ablate import AblateError, ablate, load_ablate_config, tokens_to_reach, train_run
+from curation.experiments.ablate import AblateError, ablate, load_ablate_config, time_to_quality, tokens_to_reach, train_run
 
 SMOKE = "pipelines/ablate-smoke.yaml"
 
@@ -17,6 +17,18 @@ def test_tokens_to_reach_interpolates():
     assert tokens_to_reach(curve, 4.5) == 150
     assert tokens_to_reach(curve, 5.0) == 100
     assert tokens_to_reach(curve, 2.0) is None
+
+
+def test_time_to_quality_first_eval_at_or_below_target(tmp_path):
+    recs = [{"kind": "train", "step": 0, "time": 100.0, "loss": 9.0},
+            {"kind": "eval", "step": 9, "time": 110.0, "eval_loss": 6.0},
+            {"kind": "eval", "step": 19, "time": 125.5, "eval_loss": 5.0},
+            {"kind": "eval", "step": 19, "time": 126.0, "eval_loss": 4.9},  # a resume rewrote step 19: the last wins
+            {"kind": "eval", "step": 29, "time": 140.0, "eval_loss": 4.5}]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    q = time_to_quality(tmp_path, 100, [5.0, 6.0, 4.0], [1500, 2000, 9000])
+    assert q["targets"] == {"5": {"tokens": 2000, "wall_s": 26.0}, "6": {"tokens": 1000, "wall_s": 10.0}, "4": None}
+    assert q["token_budgets"] == {"1500": 4.9, "2000": 4.9, "9000": None}
 
 
 def test_config_errors(tmp_path):

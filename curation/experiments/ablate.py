@@ -97,6 +97,10 @@ class AblateConfig(_Strict):
     warmup_steps: int = Field(default=10, ge=0)
     seeds: list[int] = Field(default=[0, 1, 2], min_length=1)
     eval_every_tokens: float = Field(gt=0)
+    # time to quality: held-out loss targets (tokens and wall seconds of the first eval at or
+    # below each) and training-token budgets (the eval loss at the first eval at/after each)
+    targets: list[float] = []
+    token_budgets: list[float] = []
     threads: int | None = Field(default=None, gt=0)
     # trainings at once (every arm and seed is its own process); default: the CPUs this process
     # may use divided by ``threads`` (one at a time when ``threads`` is unset: torch takes them all)
@@ -397,6 +401,22 @@ def tokens_to_reach(curve: list[tuple[int, float]], target: float) -> int | None
     return None
 
 
+def time_to_quality(run_dir: Path, tokens_per_step: int, targets: list[float], budgets: list[float]) -> dict:
+    """One run's time to quality from its metrics.jsonl: per target the tokens and wall seconds
+    (since the run's first record) of the first eval at or below it; per budget the eval loss at
+    the first eval whose tokens reach it. None where never reached."""
+    recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    t0 = min((r["time"] for r in recs if "time" in r), default=0.0)
+    evals: dict[int, dict] = {}
+    for r in recs:
+        if r.get("kind") == "eval" and r.get("eval_loss") is not None:
+            evals[int(r["step"])] = r  # last record per step wins (resumes)
+    pts = [((s + 1) * tokens_per_step, float(evals[s]["eval_loss"]), evals[s].get("time", t0) - t0) for s in sorted(evals)]
+    reached = {f"{t:g}": next(({"tokens": n, "wall_s": round(w, 2)} for n, loss, w in pts if loss <= t), None) for t in targets}
+    at_budget = {f"{b:g}": next((loss for n, loss, _ in pts if n >= b), None) for b in budgets}
+    return {"targets": reached, "token_budgets": at_budget}
+
+
 def mean_curve(curves: list[list[tuple[int, float]]]) -> list[tuple[int, float]]:
     common = sorted(set.intersection(*[{t for t, _ in c} for c in curves])) if curves else []
     return [(t, float(np.mean([dict(c)[t] for c in curves]))) for t in common]
@@ -428,6 +448,16 @@ def write_report(cfg: AblateConfig, arms: dict[str, dict], out: Path, extra: dic
                      f"{_fmt_tokens(a['tokens_to_baseline_final'])} | {a['epochs']:.2f} | {a['docs_kept']} | "
                      f"{a['tokens_kept']} | {a['docs_decontaminated']} |")
     lines += ["", "std is over seeds (population std; 0 with one seed). Epochs = training tokens / unique packed tokens of the arm."]
+    if cfg.targets or cfg.token_budgets:
+        heads = [f"eval loss {t:g}: tokens / wall s" for t in cfg.targets] + [f"loss at {_fmt_tokens(b)} tokens" for b in cfg.token_budgets]
+        lines += ["", "Time to quality (mean over seeds; 'not reached' unless every seed reached it):", "",
+                  "| arm | " + " | ".join(heads) + " |", "|---|" + "---|" * len(heads)]
+        for name, a in arms.items():
+            q = a["time_to_quality"]
+            cells = [("not reached" if (h := q["targets"][f"{t:g}"]) is None else f"{_fmt_tokens(h['tokens'])} / {h['wall_s']:.1f}")
+                     for t in cfg.targets]
+            cells += [("not reached" if (v := q["token_budgets"][f"{b:g}"]) is None else f"{v:.4f}") for b in cfg.token_budgets]
+            lines.append(f"| {name} | " + " | ".join(cells) + " |")
     (out / "report.md").write_text("\n".join(lines) + "\n")
 
     import matplotlib
@@ -518,6 +548,17 @@ def ablate(config_path: str, out: str, workers: int = 2) -> dict:
         a["final_loss_mean"] = float(np.mean(finals))
         a["final_loss_std"] = float(np.std(finals))
         a["mean_curve"] = mean_curve(curves)
+        if cfg.targets or cfg.token_budgets:
+            per_seed = [time_to_quality(out_p / "train" / name / f"seed{seed}", cfg.tokens_per_step, cfg.targets, cfg.token_budgets)
+                        for seed in cfg.seeds]
+            ttq: dict[str, Any] = {"per_seed": per_seed, "targets": {}, "token_budgets": {}}
+            for key in per_seed[0]["targets"]:  # mean over seeds; None unless every seed reached it
+                hits = [q["targets"][key] for q in per_seed]
+                ttq["targets"][key] = None if None in hits else {f: float(np.mean([h[f] for h in hits])) for f in ("tokens", "wall_s")}
+            for key in per_seed[0]["token_budgets"]:
+                losses = [q["token_budgets"][key] for q in per_seed]
+                ttq["token_budgets"][key] = None if None in losses else float(np.mean(losses))
+            a["time_to_quality"] = ttq
         _log(f"arm {name}: final eval loss {a['final_loss_mean']:.4f} ± {a['final_loss_std']:.4f}")
     extra = {"tokenizer": tokenizer, "train_tokens": train_tokens, "steps": cfg.steps,
              "eval": {"paths": eval_paths, **eval_st, "pack": str(eval_pack)}}
