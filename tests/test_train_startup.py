@@ -219,3 +219,82 @@ def test_deterministic_mode_is_scoped_to_its_run():
         assert not torch.are_deterministic_algorithms_enabled()
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+def test_deterministic_mode_is_restored_after_a_run(tmp_path, data):
+    """``run()`` restores the process's deterministic switch when it ends."""
+    assert not torch.are_deterministic_algorithms_enabled()
+    assert main(str(config(tmp_path, data, "det", train={"deterministic": True}))) == 0
+    assert not torch.are_deterministic_algorithms_enabled()
+
+
+def test_no_cuda_reason_names_the_driver_and_the_wheel():
+    """An old driver under a CUDA 13 wheel: torch sees no GPU; the reason says which driver,
+    which floor, and which wheel to install. No driver: nothing to explain (a CPU machine)."""
+    from training.cuda_driver import unavailable_reason
+
+    why = unavailable_reason("550.54.15", "13.0", "2.13.0+cu130")
+    assert "driver 550.54.15 < required 580 for this torch build" in why and "CUDA 12 wheel" in why and "cu126" in why
+    assert unavailable_reason("535.104.05", "12.6", "2.6.0+cu126") is not None
+    assert "new enough" in unavailable_reason("580.159", "13.0", "2.11.0+cu130")
+    assert "CPU-only build" in unavailable_reason("580.159", None, "2.13.0+cpu")
+    assert unavailable_reason(None, "13.0", "2.13.0+cu130") is None
+
+
+def test_device_cuda_and_auto_without_a_usable_driver(monkeypatch, capsys):
+    """``device: cuda`` stops with the driver reason; ``device: auto`` trains on CPU but says
+    why, loudly (stderr) and in the run's notes, instead of quietly."""
+    from training import cuda_driver
+    from training.config import ConfigError
+    from training.parallel import init_distributed
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(cuda_driver, "driver_version", lambda: "550.54.15")
+    with pytest.raises(ConfigError, match="driver 550.54.15 < required 580"):
+        init_distributed("cuda")
+    env = init_distributed("auto")
+    assert env.device.type == "cpu" and "driver 550.54.15 < required 580" in env.notes[0]
+    assert "WARNING: train.device auto: training on CPU because NVIDIA driver 550.54.15" in capsys.readouterr().err
+    monkeypatch.setattr(cuda_driver, "driver_version", lambda: None)  # a CPU machine: silent
+    assert init_distributed("auto").notes == []
+
+
+def test_collective_timeouts_reach_every_group_and_checkpoints_get_their_own(tmp_path, data, monkeypatch):
+    """The step timeout is set on the default group and on the groups an HSDP mesh made (they
+    would keep torch's 10-minute default); a checkpoint's save runs under checkpoint.timeout_s."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from training import parallel
+    from training import train as train_mod
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=datetime.timedelta(seconds=99))
+    try:
+        other = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=600))
+        parallel._GROUPS[:] = [other]
+        parallel.set_collective_timeout(ONE, 42)
+        for group in (dist.group.WORLD, other):
+            assert group._get_backend(torch.device("cpu")).options._timeout == datetime.timedelta(seconds=42)
+    finally:
+        parallel.shutdown(ONE)
+    assert parallel._GROUPS == []
+
+    seen = []
+    real = train_mod.set_collective_timeout
+    monkeypatch.setattr(train_mod, "set_collective_timeout", lambda env, s: (seen.append(s), real(env, s)))
+    assert main(str(config(tmp_path, data, "ck")), overrides=["checkpoint.every=2", "checkpoint.timeout_s=777",
+                                                                "parallel.step_timeout_s=55"]) == 0
+    assert seen[:4] == [55, 777, 55, 777], seen  # after step 1; around the save after step 2; ...
+
+
+def test_causal_flops_and_mfu_causal(tmp_path, data):
+    cfg = ModelConfig(vocab_size=VOCAB, **SMALL)
+    full, causal = flops_per_token(cfg, SEQ, 1000), flops_per_token(cfg, SEQ, 1000, causal=True)
+    assert full - causal == 6 * cfg.n_layer * cfg.n_head * cfg.head_dim * SEQ
+    from training.__main__ import cli
+
+    assert cli([str(config(tmp_path, data, "m")), "--peak-flops", "2e11"]) == 0
+    for rec in records(tmp_path / "m"):
+        assert rec["mfu_causal"] < rec["mfu"]

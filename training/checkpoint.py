@@ -25,6 +25,7 @@ until then the checkpoint is invisible, as a synchronous one is until its rename
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import random
@@ -60,7 +61,7 @@ def step_of(path: Path) -> int:
 class Checkpointer:
     """Saves to ``directory/step_XXXXXXXX``, keeps the last ``keep``, maintains ``latest``."""
 
-    def __init__(self, directory: str | Path, keep: int, env: DistEnv, async_save: bool = False):
+    def __init__(self, directory: str | Path, keep: int, env: DistEnv, async_save: bool = False, timeout_s: float = 1800):
         self.dir, self.keep, self.env, self.async_save = Path(directory), keep, env, async_save
         self._pending: tuple | None = None  # an async save still writing: (future, finish args)
         self._group = None
@@ -69,7 +70,8 @@ class Checkpointer:
         # Whenever a process group exists, one rank included: on one GPU the trainer's 1-rank FSDP2
         # group is NCCL only, and dcp.async_save needs a CPU backend (it asserts otherwise).
         if async_save and dist.is_available() and dist.is_initialized():
-            self._group = dist.new_group(backend="gloo")  # collective: every rank builds it here
+            # collective: every rank builds it here; its timeout bounds the background writes' gathers
+            self._group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout_s))
         if env.is_main:
             self.dir.mkdir(parents=True, exist_ok=True)
 

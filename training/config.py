@@ -190,16 +190,26 @@ class AnnealConfig(_Strict):
 
 
 class TrainLoopConfig(_Strict):
-    """Batch geometry and run length. ``global_batch`` is in rows and fixed across world sizes."""
+    """Batch geometry and run length. ``global_batch`` is in rows and fixed across world sizes;
+    ``batch_tokens`` / ``micro_batch_tokens`` give the same in tokens (whole rows of
+    ``data.seq_len``), so a model size can be tuned by tokens per step whatever the row length."""
 
-    global_batch: int = Field(gt=0)
-    micro_batch: int = Field(gt=0)  # rows per rank per forward/backward
+    global_batch: int | None = Field(default=None, gt=0)
+    micro_batch: int | None = Field(default=None, gt=0)  # rows per rank per forward/backward
+    batch_tokens: int | None = Field(default=None, gt=0)  # instead of global_batch: rows = batch_tokens / seq_len
+    micro_batch_tokens: int | None = Field(default=None, gt=0)  # instead of micro_batch
     steps: int | None = Field(default=None, gt=0)  # used when no phases are given
     tokens: int | None = Field(default=None, gt=0)
     stop_at_step: int | None = Field(default=None, gt=0)  # stop early (checkpointing) e.g. for a preemption drill
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int | None = Field(default=None, gt=0)  # torch intra-op threads on CPU
     compile: bool = False  # torch.compile each transformer block (activation checkpointing inside it, FSDP2 hooks outside)
+    # torch.compile mode of each block. reduce-overhead replays each block as a CUDA graph: one
+    # launch instead of hundreds, for small models whose GPU waits on the host. CUDA graphs need
+    # one process without FSDP2/DDP hooks: with strategy auto on one GPU the model is then not
+    # wrapped (bf16 autocast, fp32 weights); another strategy is refused. On CPU, CUDA-graph
+    # modes fall back to "default" with a note in the run's log.
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "default"
     # Deterministic kernels (torch.use_deterministic_algorithms, deterministic flash backward,
     # a fixed cuBLAS workspace): a resumed run then matches the straight run step for step on
     # CUDA too, not only at the first resumed step. Slower (flash backward without atomics).
@@ -254,6 +264,9 @@ class CheckpointConfig(_Strict):
     # dcp.async_save: tensors are staged to host memory and written while training goes on;
     # the checkpoint becomes visible (renamed, `latest`) when the next one starts or the run ends.
     async_save: bool = False
+    # Collective timeout around saving and loading (DCP's plan gathers and the rename barriers wait
+    # for the slowest writer): its own bound, not parallel.step_timeout_s, which is for a step.
+    timeout_s: float = Field(default=1800, gt=0)
 
 
 class MetricsConfig(_Strict):
@@ -276,11 +289,26 @@ class MetricsConfig(_Strict):
 
 class EvalConfig(_Strict):
     """Held-out packed split; ``batches`` counts global batches of ``train.global_batch`` rows,
-    taken evenly spaced over the split."""
+    taken evenly spaced over the split.
+
+    Time to quality: ``targets`` are held-out losses; the run records the training tokens (with
+    loss) and wall seconds at the first eval whose loss is at or below each, and at each of
+    ``token_budgets`` (training tokens) it evaluates once more and records the loss there. Both
+    land in metrics.jsonl (``kind: quality`` events) and RUN_DIR/summary.json."""
 
     path: str
     every: int = Field(default=100, gt=0)
     batches: int = Field(default=4, gt=0)
+    targets: list[float] = []
+    token_budgets: list[float] = []
+
+    @model_validator(mode="after")
+    def _sorted(self) -> EvalConfig:
+        if any(b <= 0 for b in self.token_budgets):
+            raise ValueError(f"token_budgets must be > 0 (got {self.token_budgets})")
+        self.targets = sorted(set(self.targets), reverse=True)  # the easiest target is reached first
+        self.token_budgets = sorted(set(self.token_budgets))
+        return self
 
 
 class InjectErrorConfig(_Strict):
@@ -343,6 +371,18 @@ class TrainConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:
+        t, seq = self.train, self.data.seq_len
+        for rows, tokens in (("global_batch", "batch_tokens"), ("micro_batch", "micro_batch_tokens")):
+            n_rows, n_tokens = getattr(t, rows), getattr(t, tokens)
+            if n_rows is None and n_tokens is None:
+                raise ValueError(f"give one of train.{rows} (rows) / train.{tokens}")
+            if n_tokens is not None:
+                if n_tokens % seq:
+                    raise ValueError(f"train.{tokens} ({n_tokens}) must be a multiple of data.seq_len ({seq}): "
+                                     "a batch holds whole packed rows")
+                if n_rows is not None and n_rows != n_tokens // seq:  # both: a dumped config read back
+                    raise ValueError(f"train.{rows} ({n_rows}) and train.{tokens} ({n_tokens}) disagree at seq_len {seq}")
+                setattr(t, rows, n_tokens // seq)
         if self.train.global_batch % self.train.micro_batch:
             raise ValueError(
                 f"train.global_batch ({self.train.global_batch}) must be a multiple of "

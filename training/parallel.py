@@ -21,7 +21,8 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -42,6 +43,7 @@ class DistEnv:
     world: int
     local_rank: int
     device: torch.device
+    notes: list[str] = field(default_factory=list)  # said at start, logged in the run's metrics
 
     @property
     def is_main(self) -> bool:
@@ -59,8 +61,13 @@ def init_distributed(device: str = "auto", cfg: ParallelConfig | None = None, de
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    notes = []
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+        why = _no_cuda_reason() if device == "cpu" else None
+        if why is not None:  # a GPU node training on its CPU: say so loudly, not quietly
+            notes.append(f"train.device auto: training on CPU because {why}")
+            print(f"WARNING: {notes[-1]}", file=sys.stderr, flush=True)
     if deterministic:
         # cuBLAS needs its workspace fixed before its first call; the rest is torch's switch.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -70,7 +77,9 @@ def init_distributed(device: str = "auto", cfg: ParallelConfig | None = None, de
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = deterministic, False
     if device == "cuda":
         if not torch.cuda.is_available():
-            raise ConfigError("train.device: cuda, but torch sees no CUDA device (set train.device: cpu or auto)")
+            why = _no_cuda_reason()
+            raise ConfigError("train.device: cuda, but torch sees no CUDA device"
+                              + (f": {why}" if why else " (set train.device: cpu or auto)"))
         count = torch.cuda.device_count()
         if local_rank >= count:
             raise ConfigError(
@@ -82,7 +91,7 @@ def init_distributed(device: str = "auto", cfg: ParallelConfig | None = None, de
         dev = torch.device("cuda", local_rank)
     else:
         dev = torch.device("cpu")
-    env = DistEnv(rank, world, local_rank, dev)
+    env = DistEnv(rank, world, local_rank, dev, notes)
     if not dist.is_initialized() and (world > 1 or strategy_for(cfg, env) in ("fsdp", "hsdp")):
         backend = "nccl" if dev.type == "cuda" else "gloo"
         timeout = datetime.timedelta(seconds=cfg.timeout_s)
@@ -93,15 +102,29 @@ def init_distributed(device: str = "auto", cfg: ParallelConfig | None = None, de
     return env
 
 
+def _no_cuda_reason() -> str | None:
+    from training.cuda_driver import driver_version, unavailable_reason
+
+    return unavailable_reason(driver_version(), torch.version.cuda, torch.__version__)
+
+
+#: Process groups made besides the default one (HSDP's shard and replicate groups): their
+#: timeout follows the default group's (they are not created with it).
+_GROUPS: list = []
+
+
 def set_collective_timeout(env: DistEnv, seconds: float) -> None:
-    """Shorten the collectives' timeout once the first step is through (torchtitan does the
-    same): the first step may compile and load checkpoints, later ones take seconds."""
+    """Set the collectives' timeout of the default group and of every group the mesh made
+    (HSDP's would keep torch's 10-minute NCCL default): the first step (compile, checkpoint
+    loading) gets ``timeout_s``, later steps ``step_timeout_s``, checkpoint I/O its own."""
     if not dist.is_initialized():
         return
     setter = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
-    if setter is not None:
+    if setter is None:
+        return
+    for group in [None, *_GROUPS]:
         with contextlib.suppress(Exception):  # not every backend/version can change it live
-            setter(datetime.timedelta(seconds=seconds))
+            setter(datetime.timedelta(seconds=seconds), group)
 
 
 def shutdown(env: DistEnv, clean: bool = True) -> None:
@@ -109,6 +132,7 @@ def shutdown(env: DistEnv, clean: bool = True) -> None:
     mid-collective. After an error: abort without a barrier (the other ranks may sit in a
     collective this rank will never join); their collectives then fail, or torchrun stops
     them, and the job ends with this error instead of hanging until the timeout."""
+    _GROUPS.clear()
     if not dist.is_initialized():
         return
     if clean:
@@ -151,7 +175,7 @@ def hsdp_shape(cfg: ParallelConfig, env: DistEnv) -> tuple[int, int]:
     return env.world // shard, shard
 
 
-def parallelize(model: nn.Module, cfg: ParallelConfig, env: DistEnv, compile: bool = False) -> nn.Module:
+def parallelize(model: nn.Module, cfg: ParallelConfig, env: DistEnv, compile: bool = False, compile_mode: str = "default") -> nn.Module:
     """Wrap ``model`` (a ``training.model.Transformer``): activation checkpointing, compile,
     FSDP2 / HSDP, materialise, DDP.
 
@@ -170,7 +194,7 @@ def parallelize(model: nn.Module, cfg: ParallelConfig, env: DistEnv, compile: bo
         # recompute policy); Module.compile keeps the state-dict keys. Attention paths whose
         # shapes change per batch (segments, flash-attn's Python entry) run eagerly inside.
         for block in model.layers:
-            block.compile()
+            block.compile(mode=None if compile_mode == "default" else compile_mode)
     strategy = strategy_for(cfg, env)
     if strategy in ("fsdp", "hsdp") and env.device.type == "cpu":
         # The floor (2.6) is CUDA's: FSDP2 over gloo came later (checked on 2.6, 2.7, 2.8, 2.13).
@@ -182,6 +206,8 @@ def parallelize(model: nn.Module, cfg: ParallelConfig, env: DistEnv, compile: bo
     if strategy in ("fsdp", "hsdp"):
         if strategy == "hsdp":
             mesh = init_device_mesh(env.device.type, hsdp_shape(cfg, env), mesh_dim_names=("replicate", "shard"))
+            _GROUPS[:] = [mesh.get_group(i) for i in range(mesh.ndim)]
+            set_collective_timeout(env, cfg.timeout_s)
         else:
             mesh = init_device_mesh(env.device.type, (env.world,))
         if env.device.type == "cuda":

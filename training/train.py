@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import json
 import sys
 import time
 from pathlib import Path
@@ -49,7 +50,9 @@ from training.parallel import (
     strategy_for,
     uses_fsdp,
 )
+from training.files import write_text_atomic
 from training.profiling import StepProfiler
+from training.quality import TimeToQuality
 from training.resume import anneal_record, find_resume_point, resolve_plan
 from training.schedule import seq_len_at
 from training.trace import TraceWriter
@@ -121,7 +124,7 @@ class Trainer:
         # Where the run starts and the plan from there. Is the checkpoint's data order still
         # this data's? That is checked first: the answer decides which plan applies.
         self.checkpointer = ckpt.Checkpointer(cfg.checkpoint.dir or self.run_dir / "checkpoints", cfg.checkpoint.keep, env,
-                                            async_save=cfg.checkpoint.async_save)
+                                            async_save=cfg.checkpoint.async_save, timeout_s=cfg.checkpoint.timeout_s)
         point = find_resume_point(self.checkpointer, resume, anneal_from)
         data_changed = point.check_data(self.dataset, cfg, order_settings(dc.order, curriculum, dc.shuffle_blocks, dc.lanes))
         self.plans, self.schedule = resolve_plan(cfg, point, self.dataset.source_rows(), data_changed, mix, self.dataset.source_tokens())
@@ -142,7 +145,10 @@ class Trainer:
             model = Transformer(cfg.model.model_copy(update={"attention": backend}), cfg.data.seq_len, init_seed=cfg.seed)
         self.n_params = model.num_params()
         self.n_matmul = model.num_params(matmul_only=True)
-        self.model = parallelize(model, cfg.parallel, env, compile=cfg.train.compile)
+        self.notes += env.notes
+        self.compile_mode = compile_mode_for(cfg, env, self.notes)
+        self.cudagraphs = cfg.train.compile and self.compile_mode in CUDAGRAPH_MODES
+        self.model = parallelize(model, cfg.parallel, env, compile=cfg.train.compile, compile_mode=self.compile_mode)
         self.optimizer = build_optimizer(self.model, cfg, env.device)
         self.autocast = (
             torch.autocast("cuda", dtype=torch.bfloat16)
@@ -152,14 +158,18 @@ class Trainer:
 
         # The training state besides model and optimizer, by its key in a checkpoint's meta.
         self.guard = Guard(cfg.guard)
+        self.quality = TimeToQuality(cfg.eval.targets, cfg.eval.token_budgets) if cfg.eval else TimeToQuality([], [])
         self.tokens = TokenCounts(self.dataset.sources)  # non-padding tokens, by the row's source
         self.content_tokens = TokenCounts()  # by the documents' own sources (rows' source_tokens)
         self.components = {
             "data": self.order, "plans": self.plans, "schedule": self.schedule, "guard": self.guard,
             "tokens_by_source": self.tokens, "content_tokens_by_source": self.content_tokens,
+            "time_to_quality": self.quality,
         }
         if point.path is not None:
+            set_collective_timeout(env, cfg.checkpoint.timeout_s)  # loading is checkpoint I/O
             ckpt.load(point.path, self.model, self.optimizer, env, point.restored(self.components))
+            set_collective_timeout(env, cfg.parallel.timeout_s)
         self.start_step, self.lineage = point.step, point.lineage(mix)
 
         total = self.order.total_steps
@@ -216,8 +226,11 @@ class Trainer:
         scale = (env.world / n_global.clamp(min=1)).float()
         loss_sum = torch.zeros((), dtype=torch.float32, device=dev)
         last = len(batch.micro) - 1
+        self.n_step = n_global  # the step's global tokens with loss (time to quality counts them)
         for i, mb in enumerate(batch.micro):
             mb = mb.to(dev)
+            if self.cudagraphs:  # a new iteration: the graphs' previous outputs may be overwritten
+                torch.compiler.cudagraph_mark_step_begin()
             with grad_sync(self.model, i == last):
                 ce = self._loss_sum(mb)
                 if step in guard_cfg.inject_nonfinite_steps:
@@ -231,6 +244,7 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             return loss, grad_norm, None
         loss, grad_norm, n = torch.stack([loss, grad_norm.double(), n_global]).tolist()  # the step's one host read
+        self.n_step = n
         reason = "no tokens with loss in the global batch" if n == 0 else self.guard.verdict(loss, grad_norm)
         if reason is None:
             self.optimizer.step()
@@ -258,7 +272,10 @@ class Trainer:
         if (anneal := anneal_record(self.lineage)) is not None:
             info["anneal"] = anneal
         self.trace.flush()  # before the checkpoint: every step it covers is traceable
+        # Checkpoint I/O has its own collective timeout (a large save on slow storage is not a hung step).
+        set_collective_timeout(self.env, self.cfg.checkpoint.timeout_s)
         path = self.checkpointer.save(step, self.model, self.optimizer, self.components, info)
+        set_collective_timeout(self.env, self.cfg.parallel.step_timeout_s)
         # Logged under the last completed step (like train records), so a resume from this
         # checkpoint keeps the event when it trims records of steps it will redo.
         self.metrics.log({"kind": "event", "step": step - 1, "event": "checkpoint", "message": f"checkpoint {path.name} ({reason})"})
@@ -291,14 +308,15 @@ class Trainer:
                 f"steps {self.start_step}->{self.end_step} of {self.order.total_steps}, "
                 f"phases {[(p.name, p.start, p.end) for p in self.plans]}, "
                 f"attention {self.attention} ({self.attention_why})"
-                + (", compiled" if cfg.train.compile else "")
+                + ((f", compiled ({self.compile_mode})" if self.compile_mode != "default" else ", compiled") if cfg.train.compile else "")
                 + (f", activation checkpointing ({cfg.parallel.ac})" if cfg.parallel.ac != "none" else "")
                 + (", deterministic" if cfg.train.deterministic else "")
                 + (f", peak {self.peak / 1e12:g} TFLOP/s per device" if self.peak else "")
             ),
             "lineage": self.lineage, "fingerprint": self.dataset.fingerprint,
             "attention": self.attention, "attention_reason": self.attention_why,
-            "compile": cfg.train.compile, "activation_checkpointing": cfg.parallel.ac, "deterministic": cfg.train.deterministic,
+            "compile": cfg.train.compile, "compile_mode": self.compile_mode if cfg.train.compile else None,
+            "activation_checkpointing": cfg.parallel.ac, "deterministic": cfg.train.deterministic,
             "flops_per_token": flops_per_token(cfg.model, cfg.data.seq_len, self.n_matmul), "peak_flops": self.peak,
         })
         for note in self.notes:
@@ -315,6 +333,8 @@ class Trainer:
         if gc_every:  # collections at step boundaries only (restored when the loop ends)
             gc.disable()
             gc.collect(1)
+        sync = env.device.type == "cuda"
+        self.quality.start()
         try:
             for step in range(self.start_step, self.end_step):
                 t0 = time.perf_counter()
@@ -322,7 +342,12 @@ class Trainer:
                     batch = prefetch.get()
                     t_data = time.perf_counter()
                     loss, grad_norm, reason = self.train_step(step, batch)
+                if sync and ((step + 1) % cfg.metrics.every == 0 or step + 1 == self.end_step):
+                    # A logging window ends here: its time includes the work still queued on the
+                    # device (without this, tokens/s and MFU leave the backlog out).
+                    torch.cuda.synchronize(env.device)
                 t_end = time.perf_counter()
+                self.quality.add(self.n_step)
                 self.profiler.after_step(step)
                 if step == self.start_step:  # compiled and loaded: later steps take seconds
                     set_collective_timeout(env, cfg.parallel.step_timeout_s)
@@ -347,8 +372,18 @@ class Trainer:
                     window = Window(len(self.dataset.sources))
                 else:
                     m.progress(done)
-                if self.eval_data is not None and (done % cfg.eval.every == 0 or done == self.end_step):
-                    m.log({"kind": "eval", "step": step, "eval_loss": self.evaluate()})
+                budget = self.quality.budget_due() if self.eval_data is not None else None
+                if self.eval_data is not None and (done % cfg.eval.every == 0 or done == self.end_step or budget is not None):
+                    self.quality.pause()  # eval time is not training time
+                    loss_eval = self.evaluate()
+                    tokens_seen, wall = self.quality.read()
+                    m.log({"kind": "eval", "step": step, "eval_loss": loss_eval, "tokens": tokens_seen, "wall_s": round(wall, 3)})
+                    for ev in self.quality.on_eval(step, loss_eval, budget):
+                        m.log({"kind": "event", "step": step, **ev})
+                    while (budget := self.quality.budget_due()) is not None:  # several budgets inside one step
+                        for ev in self.quality.on_eval(step, loss_eval, budget):
+                            m.log({"kind": "event", "step": step, **ev})
+                    self.quality.start()
                 if stop:
                     self.save(done, "guard stop")
                     m.log({"kind": "event", "step": step, "event": "stop", "message": (
@@ -361,6 +396,8 @@ class Trainer:
                 if done % cfg.checkpoint.every == 0 or done == self.end_step:
                     self.save(done, "end" if done == self.end_step else "periodic")
             self.checkpointer.wait()  # an async save still writing becomes visible before we exit
+            self.quality.pause()
+            self._write_summary(code)
         finally:
             if gc_every and gc_was_enabled:
                 gc.enable()
@@ -371,6 +408,19 @@ class Trainer:
         if code == 0 and self.env.rank == 0 and self.end_step == self.order.total_steps and self.cfg.metrics.progress != "off":
             print("realised mix (weights are shares of content tokens):\n" + mix_table(self.run_dir, self.plans), flush=True)
         return code
+
+    def _write_summary(self, code: int) -> None:
+        """RUN_DIR/summary.json (rank 0): what the run reached, for reports (``refinery ablate``)."""
+        summary = self.quality.summary()  # every rank: it may read a device count
+        if not self.env.is_main:
+            return
+        evals = [r for r in map(json.loads, (self.run_dir / "metrics.jsonl").read_text().splitlines()) if r.get("kind") == "eval"]
+        out = {"exit": code, "step": self.order.step, "total_steps": self.order.total_steps,
+               "tokens": summary["tokens"], "wall_s": summary["wall_s"],
+               "final_eval_loss": evals[-1]["eval_loss"] if evals else None,
+               "attention": self.attention, "compile": self.cfg.train.compile, "compile_mode": self.compile_mode,
+               "time_to_quality": {"targets": summary["targets"], "token_budgets": summary["token_budgets"]}}
+        write_text_atomic(self.run_dir / "summary.json", json.dumps(out, indent=1) + "\n")
 
     def _log_window(self, step: int, w: Window) -> None:
         env = self.env
@@ -385,6 +435,7 @@ class Trainer:
         tokens = float(stats[:-2].sum())
         tps = tokens / max(step_time, 1e-9)
         fpt = flops_per_token(self.cfg.model, w.seq_len, self.n_matmul)
+        fpt_causal = flops_per_token(self.cfg.model, w.seq_len, self.n_matmul, causal=True)
         phase = self.plans[self.order.phase_index(step)].name
         self.metrics.log({
             "kind": "train", "step": step, "phase": phase,
@@ -393,6 +444,7 @@ class Trainer:
             "seq_len": w.seq_len, "steps": w.steps, "skipped": w.skipped,
             "tokens": tokens, "tokens_per_s": tps,
             "mfu": mfu(fpt, tps, self.peak, env.world),
+            "mfu_causal": mfu(fpt_causal, tps, self.peak, env.world),  # attention FLOPs of the causal half only
             "data_wait_frac": data_time / max(step_time, 1e-9),
             # bytes decoded per byte handed to training so far (this rank's reads)
             "read_amplification": self.dataset.read_stats()["read_amplification"],
@@ -404,6 +456,11 @@ class Trainer:
 
 def run(cfg: TrainConfig, resume: str | None = None, anneal_from: str | None = None, mix: dict[str, float] | None = None) -> int:
     """Train with an already-validated config (in this process / torchrun rank). Returns an exit code."""
+    cfg = cfg.model_copy(update={"parallel": parallel_for_compile(cfg)})
+    # Deterministic mode is process-global: restored after this run (tests, a service training
+    # in-process), so the next run gets what its own config says.
+    saved = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
     env = init_distributed(cfg.train.device, cfg.parallel, cfg.train.deterministic)
     clean = False
     try:
@@ -414,6 +471,40 @@ def run(cfg: TrainConfig, resume: str | None = None, anneal_from: str | None = N
         # After an error: no barrier (the other ranks may be inside a collective this rank
         # will never join); the group is aborted and the error goes on up.
         shutdown(env, clean=clean)
+        torch.use_deterministic_algorithms(saved[0], warn_only=saved[1])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[2], saved[3]
+
+
+#: torch.compile modes that replay CUDA graphs.
+CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
+def parallel_for_compile(cfg: TrainConfig):
+    """CUDA graphs (``compile_mode`` reduce-overhead / max-autotune) cannot capture FSDP2's or
+    DDP's hooks: on one process ``strategy: auto`` then means no wrapper (bf16 autocast)."""
+    import os
+
+    p = cfg.parallel
+    if (cfg.train.compile and cfg.train.compile_mode in CUDAGRAPH_MODES and p.strategy == "auto"
+            and int(os.environ.get("WORLD_SIZE", "1")) == 1):
+        return p.model_copy(update={"strategy": "none"})
+    return p
+
+
+def compile_mode_for(cfg: TrainConfig, env, notes: list[str]) -> str:
+    """The compile mode this run uses: CUDA-graph modes fall back to default on CPU (noted), and
+    are refused with a data-parallel wrapper (its hooks cannot be captured in a graph)."""
+    mode = cfg.train.compile_mode
+    if not cfg.train.compile or mode not in CUDAGRAPH_MODES:
+        return mode
+    if env.device.type != "cuda":
+        notes.append(f"train.compile_mode {mode}: CUDA graphs need a CUDA device; compiling with mode default on {env.device.type}")
+        return "default"
+    strategy = strategy_for(cfg.parallel, env)
+    if strategy != "none":
+        raise ConfigError(f"train.compile_mode {mode} (CUDA graphs) cannot capture {strategy}'s hooks: use it on one "
+                          "process with parallel.strategy none or auto, or compile_mode max-autotune-no-cudagraphs")
+    return mode
 
 
 def main(
