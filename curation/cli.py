@@ -640,20 +640,36 @@ def eval_decontam_cmd(
 def eval_extract_cmd(
     gold: str = typer.Option("aeb,trafilatura,readability", "--gold",
                              help="gold sets, comma-separated: aeb, trafilatura, readability (from $REFINERY_DATA or "
-                                  "../shared/data) or a JSONL of {html, gold} rows"),
-    engines: str = typer.Option("resiliparse,resiliparse:markdown,trafilatura", "--engines",
-                                help="engine specs, comma-separated: ENGINE[+ENGINE][:FORMAT][:POLICY], e.g. "
-                                     "resiliparse:markdown, resiliparse+trafilatura:text:route"),
-    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="at most this many pages of each set"),
-    json_out: Optional[str] = typer.Option(None, "--json", help="write the report here (default eval-extract.json)"),
+                                  "../shared/data) or a JSONL of {html, gold} rows (gold text or gold HTML)"),
+    engines: Optional[str] = typer.Option(None, "--engines",
+                                          help="engine specs, comma-separated: ENGINE[+ENGINE][:FORMAT][:POLICY] or "
+                                               "policy:POLICY[:FORMAT], e.g. resiliparse:markdown, policy:route "
+                                               "(default: resiliparse,resiliparse:markdown,trafilatura; with --ab: "
+                                               "resiliparse,trafilatura)"),
+    ab: Optional[str] = typer.Option(None, "--ab", help="RUN/STAGE of an extract stage: the engines on the run's "
+                                     "own pages (text kept, empty pages, the pages they differ on most)"),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1,
+                                        help="at most this many pages of each gold set (with --ab: documents, "
+                                             "default 1000)"),
+    sample: int = typer.Option(20, "--sample", min=0, help="with --ab: pages written side by side for reading"),
+    workers: int = typer.Option(1, "--workers", min=1, help="processes extracting (docs/s stays per core)"),
+    seed: int = typer.Option(0, "--seed", help="with --ab: which documents are sampled"),
+    json_out: Optional[str] = typer.Option(None, "--out", "--json",
+                                           help="write the report here (gold sets: default eval-extract.json; "
+                                                "--ab: also RUN/STAGE/_eval_extract.json)"),
 ) -> None:
-    """Extraction against gold, engines side by side: word P/R/F1, the trafilatura set's
+    """Extraction engines side by side. Against gold: word P/R/F1, the trafilatura set's
     with/without snippet rates, code lines / table rows / headings / list items kept, per set,
-    page type and language, docs/s on one core."""
-    from curation.pipeline.evaluate import eval_extract
+    page type and language, docs/s per core. With --ab RUN/STAGE: on the run's own pages."""
+    from curation.pipeline.evaluate_extract import eval_extract, eval_extract_ab
 
-    _eval(eval_extract, [g for g in gold.split(",") if g], [e for e in engines.split(",") if e], json_out=json_out,
-          limit=limit)
+    specs = [e for e in (engines or ("resiliparse,trafilatura" if ab else
+                                     "resiliparse,resiliparse:markdown,trafilatura")).split(",") if e.strip()]
+    if ab:
+        _eval(eval_extract_ab, ab, specs, limit=limit or 1000, sample=sample, seed=seed, workers=workers,
+              json_out=json_out)
+    else:
+        _eval(eval_extract, [g for g in gold.split(",") if g], specs, json_out=json_out, limit=limit, workers=workers)
 
 
 @eval_app.command("rules")

@@ -8,13 +8,9 @@ Figures for all 181 pages and for engine options: tests/benchmarks/bench_extract
 
 from __future__ import annotations
 
-import gzip
-import json
 import lzma
-import os
 import re
 import signal
-import tarfile
 import threading
 import time
 from collections import Counter
@@ -28,10 +24,12 @@ from conftest import DATA
 from curation.io.inputs import InputSpec, plan_input
 from curation.io.read import read_shard
 from curation.formats.documents import DOC_SCHEMA, HTML_SCHEMA
+from curation.io import extract_gold
 from curation.stages import extract as ex
+from curation.text.extract_eval import word_prf
 
 EXTRACT = DATA / "extract"
-SHARED = Path(os.environ.get("REFINERY_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+SHARED = extract_gold.shared_data()
 ENGINES = ["resiliparse", "trafilatura"]
 DEFAULT = ex.Extract().engine  # the one-engine shorthand, resolved ("resiliparse")
 
@@ -46,12 +44,9 @@ def _recommended(html: str) -> str:
     return extract_plain_text(html, **RECOMMENDED)
 
 
-def prf(pred: str, gold: str) -> tuple[float, float, float]:
-    p, g = Counter(pred.split()), Counter(gold.split())
-    tp = sum((p & g).values())
-    prec = tp / sum(p.values()) if p else 0.0
-    rec = tp / sum(g.values()) if g else 0.0
-    return prec, rec, (2 * prec * rec / (prec + rec) if prec + rec else 0.0)
+#: per-page bag-of-whitespace-token P/R/F1 (the article-extraction benchmark's scoring as this
+#: project states it; ``refinery eval extract`` reports the same)
+prf = word_prf
 
 
 def mean_prf(fn, htmls: dict[str, str], gold: dict[str, str]) -> tuple[float, float, float]:
@@ -60,16 +55,8 @@ def mean_prf(fn, htmls: dict[str, str], gold: dict[str, str]) -> tuple[float, fl
 
 
 def _load_pages(tar_path: Path, gold_path: Path) -> tuple[dict[str, str], dict[str, str]]:
-    with gzip.open(gold_path, "rt", encoding="utf-8") as f:
-        gold = {k: v["articleBody"] for k, v in json.load(f).items()}
-    htmls = {}
-    with tarfile.open(tar_path) as tf:
-        for m in tf:
-            key = Path(m.name).name.split(".")[0]
-            if m.isfile() and key in gold:
-                htmls[key] = ex.decode_html(tf.extractfile(m).read(), None)
-    assert htmls.keys() == gold.keys()
-    return htmls, gold
+    pages = extract_gold.aeb(tar_path, gold_path)
+    return {p.name: p.html for p in pages}, {p.name: p.text for p in pages}
 
 
 # ---------------------------------------------------------------------------------------------

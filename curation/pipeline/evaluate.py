@@ -21,6 +21,8 @@ a run's stage (the latest one per stage and kind), and wherever ``--json`` says.
   ``partner_check``, collision + exact Jaccard >= threshold - slack: a pair alone is a
   two-document cluster), and, for a run whose rows hold the pairs' documents, the run's own
   clusters (where the partner check splits chained clusters).
+- ``extract``: extraction engines side by side, against gold sets or on a run's own pages
+  (``curation.pipeline.evaluate_extract``).
 """
 
 from __future__ import annotations
@@ -424,6 +426,10 @@ def headline(report: dict) -> list[dict]:
                           _figure(f"{c}: unnatural caught", (every.get(c) or {}).get("unnatural_caught")))]
     if kind == "langid":
         return [_figure("accuracy", report.get("accuracy")), _figure("documents", report.get("documents"), "count")]
+    if kind == "extract":  # --ab on a run: words each engine keeps, pages it leaves empty
+        return [f for e, d in (report.get("engines") or {}).items()
+                for f in (_figure(f"{e}: words/page", d.get("words_per_page"), "count"),
+                          _figure(f"{e}: empty", d.get("empty_share")))]
     if kind == "dedup":
         out = [_figure("pairs", report.get("pairs"), "count")]
         for name, d in (report.get("decisions") or {}).items():
@@ -473,111 +479,3 @@ def run_reports(run: RunDir) -> list[dict]:
                           "headline": headline(report), "tables": report.get("tables") or []})
         out += sorted(found, key=lambda e: -(e["modified"] or 0))
     return out
-
-
-# -- extraction --------------------------------------------------------------------------------
-
-
-def parse_engine_spec(spec: str) -> dict:
-    """``ENGINE[+ENGINE...][:FORMAT][:POLICY]`` -> ``extract_page`` keyword arguments, e.g.
-    ``resiliparse``, ``resiliparse:markdown``, ``trafilatura``,
-    ``resiliparse+trafilatura:markdown:route``."""
-    from curation.text.extraction import ENGINES, FORMATS, POLICIES
-
-    head, *rest = spec.split(":")
-    engines = tuple(e for e in head.split("+") if e)
-    kw: dict = {"engines": engines}
-    for part in rest:
-        if part in FORMATS:
-            kw["format"] = part
-        elif part in POLICIES:
-            kw["policy"] = part
-        else:
-            raise EvalError(f"engine spec {spec!r}: {part!r} is neither a format ({', '.join(FORMATS)}) "
-                            f"nor a policy ({', '.join(POLICIES)})")
-    bad = [e for e in engines if e not in ENGINES]
-    if bad or not engines:
-        raise EvalError(f"engine spec {spec!r}: unknown engine {bad[0] if bad else ''!r} (engines: {', '.join(ENGINES)})")
-    return kw
-
-
-def eval_extract(gold: Sequence[str], engines: Sequence[str], json_out: str | None = None,
-                 limit: int | None = None) -> dict:
-    """Each engine spec over each gold set: word P/R/F1, snippet rates, structure kept (code
-    lines, table rows, headings, list items), per set, page type and language, and docs/s on
-    one core (CPU time of the extraction calls). ``curation.text.extract_eval`` defines each."""
-    import time
-
-    import pyarrow as pa
-
-    from curation.io.extract_gold import load
-    from curation.text import extract_eval as xe
-    from curation.text.extraction import extract_page
-    from curation.text.markdown_plain import plain_view
-
-    specs = {s: parse_engine_spec(s) for s in engines}
-    pages = [p for g in gold for p in load(g)[:limit]]
-    if not pages:
-        raise EvalError("no gold pages")
-    structs = [xe.gold_structure(p.gold_html) if p.gold_html else None for p in pages]
-    kinds = ["docs-like" if st and st.docs_like else "article" if p.set == "aeb" else "other"
-             for p, st in zip(pages, structs)]
-    langs = [xe.page_language(p.html) for p in pages]
-    report: dict = {"kind": "extract", "gold": list(gold), "pages": len(pages), "engines": {}}
-    rows, by_group = [], []
-    for spec, kw in specs.items():
-        t0 = time.process_time()
-        outs = []
-        for p in pages:
-            try:
-                outs.append(extract_page(p.html, **kw))
-            except Exception:  # noqa: BLE001 (a parser failing on one page scores that page empty)
-                outs.append("")
-        cpu = time.process_time() - t0
-        words = plain_view(pa.array(outs, pa.string())).to_pylist() if kw.get("format") == "markdown" else outs
-        per_set: dict[str, dict] = {}
-        groups: dict[tuple[str, str], list[float]] = {}
-        for p, st, out, w, kind, lang in zip(pages, structs, outs, words, kinds, langs):
-            d = per_set.setdefault(p.set, {"pages": 0, "f1": [], "p": [], "r": [], "with": [0, 0], "without": [0, 0],
-                                           "code_lines": [0, 0], "table_rows": [0, 0], "headings": [0, 0],
-                                           "list_items": [0, 0]})
-            d["pages"] += 1
-            gold_text = p.text if p.text is not None else st.text if st else None
-            if gold_text is not None:
-                pr, rc, f = xe.word_prf(w or "", gold_text)
-                d["p"].append(pr), d["r"].append(rc), d["f1"].append(f)
-                groups.setdefault((kind, lang), []).append(f)
-            if p.with_ or p.without:
-                a, b, c, e = xe.snippet_rates(out or "", p.with_, p.without)
-                d["with"][0] += a; d["with"][1] += b; d["without"][0] += c; d["without"][1] += e  # noqa: E702
-            if st:
-                for k, (kept, n) in xe.structure_kept(out or "", st).items():
-                    d[k][0] += kept
-                    d[k][1] += n
-        mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
-        summary = {}
-        for name, d in per_set.items():
-            summary[name] = {"pages": d["pages"], "precision": mean(d["p"]), "recall": mean(d["r"]), "f1": mean(d["f1"]),
-                             **{k: ev.ratio(*d[k]) for k in ("with", "without", "code_lines", "table_rows",
-                                                             "headings", "list_items")}}
-        report["engines"][spec] = {"params": {k: list(v) if isinstance(v, tuple) else v for k, v in kw.items()},
-                                   "docs_per_cpu_s": round(len(pages) / max(cpu, 1e-9), 1), "sets": summary,
-                                   "f1_by_type_language": {f"{k}/{lg}": {"pages": len(v), "f1": mean(v)}
-                                                           for (k, lg), v in sorted(groups.items())}}
-        for name, s in summary.items():
-            rows.append([spec, name, s["pages"], _fmt(s["f1"]), ev.pct(s["with"]), ev.pct(s["without"]),
-                         ev.pct(s["code_lines"]), ev.pct(s["table_rows"]), ev.pct(s["headings"]),
-                         ev.pct(s["list_items"]), f"{len(pages) / max(cpu, 1e-9):.0f}"])
-        for (k, lg), v in sorted(groups.items()):
-            if len(v) >= 5:
-                by_group.append([spec, k, lg, len(v), _fmt(mean(v))])
-    report["tables"] = [ev.table("extraction against gold (docs/s: CPU, one core, all sets)",
-                                 ["engine", "gold", "pages", "word F1", "with", "without", "code lines",
-                                  "table rows", "headings", "list items", "docs/s"], rows),
-                        ev.table("word F1 by page type and language (groups of >= 5 pages)",
-                                 ["engine", "type", "lang", "pages", "word F1"], by_group)]
-    return save(report, json_out or "eval-extract.json", None, "extract")
-
-
-def _fmt(x: float | None) -> str:
-    return "-" if x is None else f"{x:.3f}"

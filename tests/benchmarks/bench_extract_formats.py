@@ -2,10 +2,9 @@
 
 ``--formats``: word F1 (bag of whitespace tokens, as bench_extract.py) on the article-extraction
 benchmark's 181 gold pages and on Mozilla readability's 130 (``expected.html`` text), plus
-structure kept on the Mozilla set: code lines (each gold ``<pre>`` line, with its indentation
-relative to its block, found as a line of the output) and table rows (each gold row of >= 2
-cells whose cells all sit on one output line, in order); docs/s on one core. Markdown is scored
-on its plain view (``markdown_plain.plain_view``) for words, on its own lines for structure.
+structure kept on the Mozilla set: code lines and table rows as ``curation.text.extract_eval``
+defines them (``refinery eval extract`` reports the same, and more); docs/s on one core. Markdown
+is scored on its plain view (``markdown_plain.plain_view``) for words, on its own lines for structure.
 
 ``--agreement``: keep/drop of the filter chain (langid -> gopher_repetition -> gopher_quality ->
 c4_quality -> fineweb_quality, default params) on the bench WARC's real pages
@@ -18,12 +17,7 @@ Run: ``flock /tmp/refinery-bench.lock .venv/bin/python tests/benchmarks/bench_ex
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
-import re
 import sys
-import tarfile
-import textwrap
 import time
 from collections import Counter
 from pathlib import Path
@@ -35,7 +29,9 @@ for p in (str(REPO), str(REPO / "tests" / "benchmarks")):
 
 import pyarrow as pa  # noqa: E402
 
-from bench_scale import SHARED_DATA, load_pages  # noqa: E402
+from bench_scale import load_pages  # noqa: E402
+from curation.io import extract_gold  # noqa: E402
+from curation.text import extract_eval as xe  # noqa: E402
 from curation.text.extraction import decode_html, extract_page  # noqa: E402
 from curation.text.markdown_plain import plain_view  # noqa: E402
 
@@ -51,94 +47,32 @@ CONFIGS = {  # name -> extract_page kwargs
 }
 
 
-def bow(pred: str, gold: str) -> tuple[int, int, int]:
-    p, g = Counter(pred.split()), Counter(gold.split())
-    return sum((p & g).values()), sum(p.values()), sum(g.values())
-
-
-def f1(pred: str, gold: str) -> float:
-    tp, np_, ng = bow(pred, gold)
-    p, r = tp / max(np_, 1), tp / max(ng, 1)
-    return 2 * p * r / (p + r) if p + r else 0.0
-
-
-def aeb_pages() -> list[tuple[str, str]]:
-    gold = json.loads(gzip.decompress((SHARED_DATA / "html" / "article_extraction_benchmark_ground-truth.json.gz").read_bytes()))
-    out = []
-    with tarfile.open(SHARED_DATA / "html" / "article_extraction_benchmark_pages.tar.xz") as tf:
-        for m in tf:
-            key = Path(m.name).name.split(".")[0]
-            if m.isfile() and m.name.endswith(".html") and key in gold:
-                out.append((decode_html(tf.extractfile(m).read(), None), gold[key]["articleBody"]))
-    return out
-
-
-def mozilla_pages() -> list[tuple[str, str]]:
-    src, exp = {}, {}
-    with tarfile.open(SHARED_DATA / "html" / "mozilla_readability_test_pages.tar.xz") as tf:
-        for m in tf:
-            if m.isfile() and m.name.endswith(("/source.html", "/expected.html")):
-                d = src if m.name.endswith("source.html") else exp
-                d[str(Path(m.name).parent)] = decode_html(tf.extractfile(m).read(), None)
-    return [(src[k], exp[k]) for k in sorted(src) if k in exp]
-
-
-def gold_structure(expected_html: str) -> tuple[list[list[str]], list[list[str]], str]:
-    """(code blocks as dedented lines, table rows as cell lists, gold text) of an expected.html."""
-    from resiliparse.extract.html2text import extract_plain_text
-    from resiliparse.parse.html import HTMLTree
-
-    tree = HTMLTree.parse(expected_html)
-    code = []
-    for pre in tree.body.query_selector_all("pre") if tree.body else []:
-        lines = [ln.rstrip() for ln in textwrap.dedent(pre.text).split("\n") if ln.strip()]
-        if lines:
-            code.append(lines)
-    rows = []
-    for tr in tree.body.query_selector_all("tr") if tree.body else []:
-        cells = [" ".join(c.text.split()) for c in tr.child_nodes if c.tag in ("td", "th")]
-        cells = [c for c in cells if c]
-        if len(cells) >= 2:
-            rows.append(cells)
-    return code, rows, extract_plain_text(tree, main_content=False, alt_texts=False)
-
-
-def structure_kept(out: str, code: list[list[str]], rows: list[list[str]]) -> tuple[int, int, int, int]:
-    lines = out.split("\n")
-    dedented = set(textwrap.dedent(out).split("\n")) | {ln.rstrip() for ln in lines}
-    code_n = sum(len(b) for b in code)
-    code_k = sum(ln in dedented for b in code for ln in b)
-    flat = [" ".join(ln.replace("|", " ").split()) for ln in lines]
-    row_k = 0
-    for cells in rows:
-        pat = re.compile(r"(?:^|\s)" + r"\s.*?".join(re.escape(c) for c in cells))
-        row_k += any(pat.search(ln) for ln in flat)
-    return code_k, code_n, row_k, len(rows)
-
-
 def formats(names: list[str]) -> None:
-    aeb, moz = aeb_pages(), mozilla_pages()
-    moz_gold = [gold_structure(e) for _, e in moz]
+    """The gold sets and measures of ``refinery eval extract`` (curation.io.extract_gold,
+    curation.text.extract_eval), in this script's one-line-per-config layout."""
+    aeb, moz = extract_gold.load("aeb"), extract_gold.load("readability")
+    moz_gold = [xe.gold_structure(p.gold_html) for p in moz]
     print(f"{'config':16} {'aeb F1':>7} {'moz F1':>7} {'code':>6} {'rows':>6} {'docs/s':>7} {'tokens':>9}")
     for name in names:
         kw = CONFIGS[name]
         t0 = time.process_time()
-        outs_a = [extract_page(h, **kw) for h, _ in aeb]
-        outs_m = [extract_page(h, **kw) for h, _ in moz]
+        outs_a = [extract_page(p.html, **kw) for p in aeb]
+        outs_m = [extract_page(p.html, **kw) for p in moz]
         cpu = time.process_time() - t0
         md = kw.get("format") == "markdown"
         view = (lambda xs: plain_view(pa.array(xs)).to_pylist()) if md else (lambda xs: xs)
-        fa = sum(f1(o, g) for o, (_, g) in zip(view(outs_a), aeb)) / len(aeb)
-        fm = sum(f1(o, g[2]) for o, g in zip(view(outs_m), moz_gold)) / len(moz)
+        fa = sum(xe.word_prf(o, p.text)[2] for o, p in zip(view(outs_a), aeb)) / len(aeb)
+        fm = sum(xe.word_prf(o, g.text)[2] for o, g in zip(view(outs_m), moz_gold)) / len(moz)
         ck = cn = rk = rn = 0
-        for o, (code, rows, _) in zip(outs_m, moz_gold):
-            a, b, c, d = structure_kept(o, code, rows)
-            ck, cn, rk, rn = ck + a, cn + b, rk + c, rn + d
+        for o, g in zip(outs_m, moz_gold):
+            kept = xe.structure_kept(o, g)
+            ck, cn = ck + kept["code_lines"][0], cn + kept["code_lines"][1]
+            rk, rn = rk + kept["table_rows"][0], rn + kept["table_rows"][1]
         toks = sum(len(o.split()) for o in view(outs_a + outs_m))
         print(f"{name:16} {fa:7.3f} {fm:7.3f} {ck / max(cn, 1):6.3f} {rk / max(rn, 1):6.3f} "
               f"{(len(aeb) + len(moz)) / cpu:7.1f} {toks:9d}", flush=True)
-    print(f"(code lines: {cn} in {sum(bool(c) for c, _, _ in moz_gold)} pages; table rows: {rn} in "
-          f"{sum(bool(r) for _, r, _ in moz_gold)} pages; docs/s: CPU seconds of this process, one core)")
+    print(f"(code lines: {cn} in {sum(bool(g.code) for g in moz_gold)} pages; table rows: {rn} in "
+          f"{sum(bool(g.rows) for g in moz_gold)} pages; docs/s: CPU seconds of this process, one core)")
 
 
 def chain_keep(texts: list[str], plain: bool) -> tuple[list[str | None], float]:
