@@ -244,3 +244,43 @@ def test_peak_memory_of_one_call_at_4096_dense_vs_scaling(capsys):
               f"\n    auto -> {scaling['backend']:<17} {scaling['peak_bytes'] / 2**20:7.1f} MiB  {scaling['seconds'] * 1e3:7.1f} ms")
     assert dense["peak_bytes"] > 4096 * 4096 * 5  # at least the bool mask + its float form (1 + 4 bytes/entry)
     assert scaling["peak_bytes"] < 0.5 * dense["peak_bytes"]
+
+
+def test_the_kernel_check_catches_a_kernel_without_the_document_mask():
+    """Mutation test of the CUDA kernel check (tests/test_train_gpu.py, bench_gpu.py's kernels):
+    on its fixture, the same comparison run with the document mask removed (plain causal
+    attention over the packed row) misses the tolerance by far, while a masked backend passes."""
+    from train_helpers import KERNEL_TOL, kernel_errors, maskless
+
+    bad = kernel_errors(maskless, CPU, torch.float32)
+    assert min(bad.values()) > 10 * KERNEL_TOL, bad  # forward and every gradient far outside
+    for backend in ("segments", "sdpa"):
+        good = kernel_errors(lambda q, k, v, ids, b=backend: attend(q, k, v, AttentionMeta.build(ids, ids.shape[0], ids.shape[1], CPU, b)),
+                             CPU, torch.float32)
+        assert max(good.values()) < 1e-4, (backend, good)
+
+
+def test_varlen_without_enable_gqa_repeats_the_kv_heads(monkeypatch):
+    """torch 2.11's varlen_attn has no ``enable_gqa``: the trainer must not refuse it for that,
+    and passes K/V with the query's head count instead (the keyword only where the signature has it)."""
+    calls = []
+
+    def varlen_211(q, k, v, cu_q, cu_k, max_q, max_k, *, return_aux=None, scale=None, window_size=(-1, -1)):
+        calls.append((k.shape[1], window_size))
+        out, start = [], 0
+        for end in cu_q[1:].tolist():  # per sequence causal attention: what the CUDA kernel computes
+            sl = slice(start, end)
+            out.append(F.scaled_dot_product_attention(q[sl].transpose(0, 1), k[sl].transpose(0, 1), v[sl].transpose(0, 1),
+                                                      is_causal=True).transpose(0, 1))
+            start = end
+        return torch.cat(out)
+
+    monkeypatch.setattr(attention, "_torch_varlen", lambda: varlen_211)
+    assert "enable_gqa" not in attention.VARLEN_KEYWORDS
+    assert attention._missing_keywords(varlen_211, attention.VARLEN_KEYWORDS) == []
+    from train_helpers import kernel_errors
+
+    errs = kernel_errors(lambda q, k, v, ids: attend(q, k, v, AttentionMeta.build(ids, ids.shape[0], ids.shape[1], CPU, "varlen")),
+                         CPU, torch.float32)
+    assert max(errs.values()) < 1e-4, errs
+    assert calls and all(heads == 8 for heads, _ in calls)  # K/V repeated to the 8 query heads

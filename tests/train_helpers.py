@@ -55,3 +55,50 @@ def torchrun(config_path: Path, *overrides: str, nproc: int = 2, check: bool = T
     if check:
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
+
+
+#: A kernel in bf16 against the fp32 dense document mask: max |out| error, and max |grad| error
+#: relative to the reference gradient's largest entry. A kernel that ignores the document mask
+#: misses it by two orders of magnitude on the fixture below (its errors are measured too).
+KERNEL_TOL = 3e-2
+
+
+def mask_sensitive_rows(t: int) -> list[list[int]]:
+    """Packed rows where most positions sit behind a document boundary: a kernel attending
+    across documents changes most outputs (a one-token document, runs of short ones, padding)."""
+    return [[1, t // 3, t // 6, 23, t // 3], [17] * (t // 17), [3, 5, 7, 11, 13] * (t // 39), [t // 10]]
+
+
+def kernel_errors(attend_fn, device, dtype, t: int = 256, heads: tuple[int, int] = (8, 2), d: int = 32, seed: int = 0) -> dict:
+    """Errors of ``attend_fn(q, k, v, doc_ids) -> out`` ((B,T,H,D) layout, GQA) against fp32 SDPA
+    with the dense document-causal mask, forward and the three input gradients."""
+    import torch
+    import torch.nn.functional as F
+
+    from training.attention import doc_ids_from_lens, document_causal_mask
+
+    h, kv = heads
+    lens = mask_sensitive_rows(t)
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    doc_ids = torch.from_numpy(doc_ids_from_lens(lens, t)).to(device)
+    q32, k32, v32 = (torch.randn(len(lens), t, n, d, generator=g).to(device) for n in (h, kv, kv))
+    w = torch.randn(len(lens), t, h, d, generator=g).to(device)
+    qr, kr, vr = (x.clone().requires_grad_() for x in (q32, k32, v32))
+    ref = F.scaled_dot_product_attention(qr.transpose(1, 2), kr.transpose(1, 2), vr.transpose(1, 2),
+                                         attn_mask=document_causal_mask(doc_ids), enable_gqa=True).transpose(1, 2)
+    ref_grads = torch.autograd.grad((ref * w).sum(), (qr, kr, vr))
+    q, k, v = (x.to(dtype).requires_grad_() for x in (q32, k32, v32))
+    out = attend_fn(q, k, v, doc_ids)
+    grads = torch.autograd.grad((out.float() * w).sum(), (q, k, v))
+    errs = {"out": (out.float() - ref).abs().max().item()}
+    for name, a, r in zip(("dq", "dk", "dv"), grads, ref_grads):
+        errs[name] = (a.float() - r).abs().max().item() / max(r.abs().max().item(), 1e-6)
+    return errs
+
+
+def maskless(q, k, v, doc_ids):
+    """Causal attention over the whole packed row: what a kernel that lost the document mask computes."""
+    import torch.nn.functional as F
+
+    return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                                          enable_gqa=True).transpose(1, 2)
