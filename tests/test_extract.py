@@ -213,6 +213,7 @@ def _batch(htmls: list[bytes | None], charsets: list[str | None] | None = None) 
     return pa.Table.from_pydict({
         "id": [f"t#{i}" for i in range(n)], "text": [None] * n, "source": ["web"] * n,
         "url": [f"http://example.com/{i}" for i in range(n)], "meta": [None] * n,
+        "origin_file": [None] * n, "origin_offset": [None] * n, "origin_length": [None] * n,  # hand-made pages
         "html": htmls, "charset": charsets or [None] * n}, schema=HTML_SCHEMA)
 
 

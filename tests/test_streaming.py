@@ -143,10 +143,11 @@ def _threads_of(label: str) -> set[str]:
     return {t for lab, t, _ in SeeThreads.seen if lab == label}
 
 
-def _three_stage_task(tmp: Path, fail: bool = False) -> tuple[list[dict], RunDir, str]:
-    """jsonl -> first -> second -> third (SeeThreads), one task run in this process."""
+def _three_stage_task(tmp: Path, fail: bool = False, src_dir: Path | None = None) -> tuple[list[dict], RunDir, str]:
+    """jsonl -> first -> second -> third (SeeThreads), one task run in this process; the input
+    file in ``src_dir`` (default ``tmp``)."""
     tmp.mkdir(parents=True, exist_ok=True)
-    src = _jsonl(tmp / "in.jsonl", 256 << 10)
+    src = _jsonl((src_dir or tmp) / "in.jsonl", 256 << 10)
     stage = {"type": "test_streaming:SeeThreads"}
     spec = {"name": "threads", "batch_size": 2000, "batch_bytes": 64 << 10,
             "inputs": {"docs": {"format": "jsonl", "paths": [str(src)], "source": "web"}},
@@ -171,7 +172,8 @@ def test_the_stages_after_the_first_run_on_the_chain_thread(tmp_path, monkeypatc
 
     SeeThreads.seen.clear()
     with stage_modules_allowed(["test_streaming"]):
-        entries, _, _ = _three_stage_task(tmp_path / "threaded")
+        # one input file for both runs: rows record the path of their file (origin_file)
+        entries, _, _ = _three_stage_task(tmp_path / "threaded", src_dir=tmp_path)
     here = threading.current_thread().name
     assert _threads_of("first") == {here}
     chain = _threads_of("second") | _threads_of("third")
@@ -183,7 +185,7 @@ def test_the_stages_after_the_first_run_on_the_chain_thread(tmp_path, monkeypatc
     allocator.chain_thread.cache_clear()
     try:
         SeeThreads.seen.clear()
-        entries_off, _, _ = _three_stage_task(tmp_path / "one")
+        entries_off, _, _ = _three_stage_task(tmp_path / "one", src_dir=tmp_path)
         assert {t for _, t, _ in SeeThreads.seen} == {here}
     finally:
         monkeypatch.delenv("REFINERY_CHAIN_THREAD")

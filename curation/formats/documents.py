@@ -11,7 +11,17 @@ DOC_FIELDS = [
     pa.field("source", pa.string()),
     pa.field("url", pa.string()),
     pa.field("meta", pa.string()),  # JSON string
+    # where the document came from, for re-reading it (``reextract``): the file (local paths
+    # absolute, URLs as given), and in it, for a WARC record its gzip member's offset and
+    # compressed length (length null where the record does not own its member: several records
+    # in one member, an uncompressed WARC); for a JSON line its byte offset and length (in the
+    # decompressed stream for a compressed file); for a Parquet row its row index
+    pa.field("origin_file", pa.dictionary(pa.int32(), pa.string())),
+    pa.field("origin_offset", pa.int64()),
+    pa.field("origin_length", pa.int64()),
 ]
+#: the provenance columns of ``DOC_FIELDS``
+ORIGIN_COLUMNS = ("origin_file", "origin_offset", "origin_length")
 DOC_SCHEMA = pa.schema(DOC_FIELDS)
 
 #: the heavy columns of a row: what a signals-only shard and an unsampled rejected row leave out

@@ -97,4 +97,4 @@ def _add_line(res: ReadResult, spec: InputSpec, line_offset: int, raw: bytes) ->
         doc_id = f"{res.shard.input}/{obj[spec.id_field]}"
     url = obj.get(spec.url_field) if spec.url_field else None
     meta = {k: v for k, v in obj.items() if k not in (spec.text_field, spec.url_field, spec.id_field)}
-    res.add(line_offset, text, url if isinstance(url, str) else None, meta or None, doc_id=doc_id)
+    res.add(line_offset, text, url if isinstance(url, str) else None, meta or None, doc_id=doc_id, length=len(raw))

@@ -9,12 +9,17 @@ the decompressed stream for compressed JSONL; the row index for Parquet).
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 
 from curation.io.inputs import InputShard, InputSpec
 from curation.formats.documents import DOC_SCHEMA, HTML_SCHEMA, READ_REJECT_SCHEMA
+
+#: built once per batch (one file per shard), not per document
+_PER_BATCH = ("origin_file",)
 
 PREVIEW_CHARS = 2000
 
@@ -40,7 +45,7 @@ class ReadResult:
 
     def __post_init__(self) -> None:
         schema = HTML_SCHEMA if self.html else DOC_SCHEMA
-        self.docs = {f.name: [] for f in schema}
+        self.docs = {f.name: [] for f in schema if f.name not in _PER_BATCH}
         self.rejects = {f.name: [] for f in READ_REJECT_SCHEMA}
 
     @property
@@ -57,14 +62,26 @@ class ReadResult:
     def doc_id(self, index: int | str) -> str:
         return f"{self.shard.input}/{self.shard.relpath}#{index}"
 
+    @property
+    def origin_file(self) -> str:
+        """The shard's file as documents record it: a local path made absolute (a later run
+        may start elsewhere), a URL as it is."""
+        p = self.shard.path
+        return p if "://" in p else os.path.abspath(p)
+
     def add(self, index: int | str, text: str | None, url: str | None = None, meta: dict | None = None,
-            doc_id: str | None = None, html: bytes | None = None, charset: str | None = None) -> None:
+            doc_id: str | None = None, html: bytes | None = None, charset: str | None = None,
+            offset: int | None = None, length: int | None = None) -> None:
+        """One document; ``offset``/``length``: where it lies in the file (``origin_*``;
+        ``offset`` defaults to an int ``index``)."""
         d = self.docs
         d["id"].append(doc_id or self.doc_id(index))
         d["text"].append(text)
         d["source"].append(self.spec.source)
         d["url"].append(url)
         d["meta"].append(json.dumps(meta, sort_keys=True, ensure_ascii=False) if meta else None)
+        d["origin_offset"].append(index if offset is None and isinstance(index, int) else offset)
+        d["origin_length"].append(length)
         if self.html:
             d["html"].append(html)
             d["charset"].append(charset)
@@ -105,7 +122,17 @@ class ReadResult:
         self.bytes_read, self.bytes_decompressed = other.bytes_read, other.bytes_decompressed
         self.empty = other.empty or self.empty
 
+    def set_length(self, first: int, length: int) -> None:
+        """``origin_length`` of the documents from ``first`` (an index in this batch) on: a WARC
+        record's member length, known once the member was read to its end."""
+        lengths = self.docs["origin_length"]
+        lengths[first:] = [length] * (len(lengths) - first)
+
     def tables(self) -> tuple[pa.Table, pa.Table]:
         schema = HTML_SCHEMA if self.html else DOC_SCHEMA
-        return (pa.Table.from_pydict(self.docs, schema=schema),
+        n = self.num_docs
+        # one file per shard: a dictionary of one value, its indices all 0
+        files = pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([self.origin_file]))
+        cols = {**self.docs, "origin_file": files}
+        return (pa.Table.from_pydict({f.name: cols[f.name] for f in schema}, schema=schema),
                 pa.Table.from_pydict(self.rejects, schema=READ_REJECT_SCHEMA))

@@ -9,6 +9,12 @@ at the next record's member. A record's id offset is its member's offset in the 
 that does not start its member (several records in one member, a file that is one gzip
 stream) is ``MEMBER+OFFSET_IN_MEMBER``. A WARC that is not gzip (uncompressed, zstd) is read
 whole by FastWARC, ids are its ``stream_pos``.
+
+Each document records its ``origin_file``, ``origin_offset`` (the member's offset; the
+``stream_pos`` of a WARC that is not gzip) and ``origin_length``: the member's compressed
+length when the record is the only one of its type in the member and starts it, so that the
+byte range ``[offset, offset + length)`` is a gzip member holding it first (``reextract``
+re-reads it with one ranged read); null otherwise.
 """
 
 from __future__ import annotations
@@ -86,7 +92,7 @@ def _add_record(res: ReadResult, spec: InputSpec, rec, wet: bool, index: int | s
         lang = rec.headers.get("WARC-Identified-Content-Language")
         if lang:
             meta["cc_lang"] = lang
-        res.add(index, text, url, meta)
+        res.add(index, text, url, meta, offset=offset)
         return
     status = rec.http_headers.status_code if rec.http_headers is not None else None
     ctype = (rec.http_content_type or "").lower()
@@ -98,7 +104,7 @@ def _add_record(res: ReadResult, spec: InputSpec, rec, wet: bool, index: int | s
         meta["content_type"] = ctype
         if "chunked" in (rec.http_headers.get("Transfer-Encoding") or "").lower():
             body = dechunk(body)  # wget stores bodies as sent; chunk sizes would leak into text
-        res.add(index, None, url, meta, html=body, charset=rec.http_charset)
+        res.add(index, None, url, meta, html=body, charset=rec.http_charset, offset=offset)
 
 
 def iter_warc(shard: InputShard, spec: InputSpec, res: ReadResult) -> Iterator[None]:
@@ -139,18 +145,27 @@ def _walk_members(shard: InputShard, spec: InputSpec, res: ReadResult, src: Sour
             continue
         m = Member(src, pos)
         n_before = st.records
+        docs_before = res.num_docs
+        within = -1
         try:
             for rec in _records(m, wet):
+                if within >= 0:
+                    yield  # the record before this one: several share this member
                 within = rec.stream_pos
                 _add_record(res, spec, rec, wet, pos if within == 0 else f"{pos}+{within}", pos, st)
                 res.bytes_read, res.bytes_decompressed = src.bytes_read, inflated + m.inflated
-                yield
             parse_error = None
         except Exception as e:  # FastWARC on bytes that are no WARC record
             parse_error = f"{type(e).__name__}: {e}"
         m.drain()
         inflated += m.inflated
         res.bytes_read, res.bytes_decompressed = src.bytes_read, inflated
+        if st.records == n_before + 1 and within == 0 and m.error is None and parse_error is None:
+            # the record owns its member (Common Crawl's layout): [pos, end) re-reads it alone.
+            # Known only now, so this member's yield waits until here (no batch was taken since)
+            res.set_length(docs_before, m.end - pos)
+        if within >= 0:
+            yield
         if m.error is None and parse_error is None:
             pos = m.end
             continue
