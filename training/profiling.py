@@ -11,8 +11,8 @@ step, S-1, which the profiler needs to settle) on the ranks in ``profile.ranks``
 
 and the metrics log gets a ``profile`` event naming both files, the top three ops and the window's
 shape (``window_summary``): how much of it the device was busy and how many host ops a step
-dispatched. A GPU busy a quarter of the step is waiting on the host (the ~125M model on an
-H100, 2026-11-28: 24%, 37,073 host ops a step of 4 micro-batches), not on its kernels. As in
+dispatched. A GPU busy a quarter of the step is waiting on the host (reported for the ~125M model
+on an H100, 24%, no output committed: bench_gpu.py's trace check measures it), not on its kernels. As in
 torchtitan, a window of a few steps after compilation and warm-up is the useful one; the run
 goes on as before around it (the profiler's cost stays inside the window).
 """
