@@ -29,6 +29,13 @@ def test_time_to_quality_first_eval_at_or_below_target(tmp_path):
     q = time_to_quality(tmp_path, 100, [5.0, 6.0, 4.0], [1500, 2000, 9000])
     assert q["targets"] == {"5": {"tokens": 2000, "wall_s": 26.0}, "6": {"tokens": 1000, "wall_s": 10.0}, "4": None}
     assert q["token_budgets"] == {"1500": 4.9, "2000": 4.9, "9000": None}
+    # the trainer's own figures (eval.targets given to it) win: tokens with loss, wall s without evals
+    recs[2:] = [{**recs[2], "tokens": 1890.0, "wall_s": 12.5}, {**recs[3], "tokens": 1890.0, "wall_s": 12.5},
+                {**recs[4], "tokens": 2850.0, "wall_s": 20.0}]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    q = time_to_quality(tmp_path, 100, [5.0, 4.6], [1890, 1900])
+    assert q["targets"] == {"5": {"tokens": 1890.0, "wall_s": 12.5}, "4.6": {"tokens": 2850.0, "wall_s": 20.0}}
+    assert q["token_budgets"] == {"1890": 4.9, "1900": 4.5}
 
 
 def test_config_errors(tmp_path):
@@ -53,6 +60,14 @@ def test_smoke_report_and_determinism(tmp_path, in_repo, ray_session):
         assert a["tokens_kept"] > 0 and a["docs_kept"] > 0 and a["epochs"] > 0
         assert a["docs_decontaminated"] >= 0
         assert f"| {name} |" in (out / "report.md").read_text()
+        # time to quality: the trainer's own record (summary.json) is what the report shows
+        summary = json.loads((out / "train" / name / "seed0" / "summary.json").read_text())["time_to_quality"]
+        for target in cfg.targets:
+            got, own = a["time_to_quality"]["targets"][f"{target:g}"], summary["targets"][f"{target:g}"]
+            assert (got is None) == (own is None), (target, got, own)
+            if own is not None:
+                assert got["tokens"] == own["tokens"] and got["wall_s"] == pytest.approx(own["wall_s"], abs=0.01)
+    assert "Time to quality" in (out / "report.md").read_text()
     # filters keep fewer documents than raw
     assert saved["arms"]["filters"]["docs_curated"] < saved["arms"]["raw"]["docs_curated"]
     assert report["arms"]["raw"]["final_loss_mean"] == saved["arms"]["raw"]["final_loss_mean"]

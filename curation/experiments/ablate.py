@@ -324,7 +324,10 @@ def trainer_config(cfg: AblateConfig, config_dir: Path, tokenizer: str, eval_pac
                   **({"threads": cfg.threads} if cfg.threads else {})},
         "checkpoint": {"every": max(cfg.steps, 1), "keep": 1},
         "metrics": {"every": cfg.eval_every_steps, "tensorboard": False, "progress": "off"},
-        "eval": {"path": str(eval_pack), "every": cfg.eval_every_steps, "batches": batches},
+        # the trainer records time to quality itself: tokens with loss and training seconds at each eval,
+        # an extra eval at each budget's step, and both in the run's summary.json
+        "eval": {"path": str(eval_pack), "every": cfg.eval_every_steps, "batches": batches,
+                 "targets": cfg.targets, "token_budgets": cfg.token_budgets},
     })
     path = out / "train" / "trainer.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -402,16 +405,20 @@ def tokens_to_reach(curve: list[tuple[int, float]], target: float) -> int | None
 
 
 def time_to_quality(run_dir: Path, tokens_per_step: int, targets: list[float], budgets: list[float]) -> dict:
-    """One run's time to quality from its metrics.jsonl: per target the tokens and wall seconds
-    (since the run's first record) of the first eval at or below it; per budget the eval loss at
-    the first eval whose tokens reach it. None where never reached."""
+    """One run's time to quality from its metrics.jsonl: per target the tokens and wall seconds of
+    the first eval at or below it; per budget the eval loss at the first eval whose tokens reach it
+    (the trainer evaluates at the step a budget is reached when given ``eval.token_budgets``). None
+    where never reached. Tokens and seconds are the trainer's own (``tokens``: training tokens with
+    loss, ``wall_s``: training time without evals, over resumes) where its eval records have them;
+    else steps x ``tokens_per_step`` and record times since the run's first record."""
     recs = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
     t0 = min((r["time"] for r in recs if "time" in r), default=0.0)
     evals: dict[int, dict] = {}
     for r in recs:
         if r.get("kind") == "eval" and r.get("eval_loss") is not None:
             evals[int(r["step"])] = r  # last record per step wins (resumes)
-    pts = [((s + 1) * tokens_per_step, float(evals[s]["eval_loss"]), evals[s].get("time", t0) - t0) for s in sorted(evals)]
+    pts = [(e.get("tokens", (s + 1) * tokens_per_step), float(e["eval_loss"]), e.get("wall_s", e.get("time", t0) - t0))
+           for s, e in sorted(evals.items())]
     reached = {f"{t:g}": next(({"tokens": n, "wall_s": round(w, 2)} for n, loss, w in pts if loss <= t), None) for t in targets}
     at_budget = {f"{b:g}": next((loss for n, loss, _ in pts if n >= b), None) for b in budgets}
     return {"targets": reached, "token_budgets": at_budget}
