@@ -16,7 +16,7 @@ from conftest import DATA
 from curation.cli import app
 from curation.io import extract_gold as eg
 from curation.pipeline.evaluate import EvalError
-from curation.pipeline.evaluate_extract import parse_engine_spec
+from curation.pipeline.evaluate_extract import parse_engine_spec, stage_pages
 from curation.text import extract_eval as xe
 
 EXTRACT = DATA / "extract"
@@ -198,6 +198,14 @@ def test_eval_extract_user_jsonl_markdown_is_scored_on_its_words(tmp_path):
     assert md["table_rows"] >= max(0.9, text["table_rows"]) and md["code_lines"] >= 0.98
 
 
+def _origins(run: Path, docs: list[dict]) -> list[dict]:
+    import duckdb
+
+    rows = duckdb.sql(f"select id, origin_file, origin_offset, origin_length from '{run}/extract/*.parquet'").fetchall()
+    by_id = {r[0]: dict(origin_file=r[1], origin_offset=r[2], origin_length=r[3]) for r in rows}
+    return [by_id[d["id"]] for d in docs]
+
+
 def test_eval_extract_ab_on_a_tiny_run(tmp_path, ray_session):
     """--ab re-reads each kept document's WARC record (a ranged read of its gzip member): the
     resiliparse column must equal the text the run's own resiliparse stage kept, page for page."""
@@ -220,6 +228,13 @@ def test_eval_extract_ab_on_a_tiny_run(tmp_path, ray_session):
     assert e["resiliparse"]["words"] == e["as run"]["words"] and e["as run"]["mean_disagreement"] == 0.0
     assert 0 < e["trafilatura"]["words_vs_first"] < 1 and e["trafilatura"]["mean_disagreement"] > 0.05
     assert len(rep["most_different"]) == 3
+    assert rep["reread"]["by_origin"] == rep["documents"] and 0 < rep["reread"]["origin_bytes_read"] < 214006
+    # a run made before documents carried their origin: the same records found by id
+    docs = [{"id": m["id"]} for m in rep["most_different"]]
+    by_origin = [{"id": m["id"], **r} for m, r in zip(rep["most_different"], _origins(run, docs))]
+    assert stage_pages(dag, "crawl", docs)[0] == stage_pages(dag, "crawl", by_origin)[0]
+    assert stage_pages(dag, "crawl", docs)[1] == {"by_origin": 0, "by_id": 3, "files_read_whole": 0,
+                                                  "origin_bytes_read": None}  # each its own member
     sample = (run / "extract" / "_eval_extract_sample.md").read_text()
     assert all(f"## {m['url']}" in sample for m in rep["most_different"])
     listed = [r for r in run_reports(RunDir(run)) if r["kind"] == "extract"]

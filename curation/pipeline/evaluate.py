@@ -427,9 +427,10 @@ def headline(report: dict) -> list[dict]:
     if kind == "langid":
         return [_figure("accuracy", report.get("accuracy")), _figure("documents", report.get("documents"), "count")]
     if kind == "extract":  # --ab on a run: words each engine keeps, pages it leaves empty
-        return [f for e, d in (report.get("engines") or {}).items()
-                for f in (_figure(f"{e}: words/page", d.get("words_per_page"), "count"),
-                          _figure(f"{e}: empty", d.get("empty_share")))]
+        engines = report.get("engines") or {}
+        return [f for e in report.get("engine_order") or list(engines) if isinstance(engines.get(e), dict)
+                for f in (_figure(f"{e}: words/page", engines[e].get("words_per_page"), "count"),
+                          _figure(f"{e}: empty", engines[e].get("empty_share")))]
     if kind == "dedup":
         out = [_figure("pairs", report.get("pairs"), "count")]
         for name, d in (report.get("decisions") or {}).items():

@@ -6,8 +6,9 @@
   word P/R/F1, snippet rates, code lines / table rows / headings / list items kept, the same per
   page type and per language, and docs/s per core (CPU time of the extraction calls alone).
 - On a run (``eval_extract_ab``, ``--ab RUN/STAGE``): the extract stage's kept documents, their
-  HTML re-read from the run's WARC input (the record each id names, a ranged read of its gzip
-  member), each engine spec over them: characters and words kept, empty pages, the pages where
+  HTML re-read from the run's WARC input (by the documents' origin columns, a ranged read of
+  each record; for a run made before documents carried them, the record each id names, a read
+  of its gzip member), each engine spec over them: characters and words kept, empty pages, the pages where
   the first two specs differ most (``_eval_extract_sample.md`` beside the report, for reading).
 
 An engine spec is ``ENGINE[+ENGINE...][:FORMAT][:POLICY]`` (``resiliparse``,
@@ -25,6 +26,7 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from typing import Sequence
 
+from curation.formats.documents import ORIGIN_COLUMNS
 from curation.io import files
 from curation.pipeline.evaluate import EvalError, open_target, save, stage_documents, the_stage
 from curation.quality import evaluate as ev
@@ -214,10 +216,11 @@ def _split_id(doc_id: str, input_name: str) -> tuple[str, int] | None:
     return (rel, int(head)) if head.isdigit() else None
 
 
-def warc_pages(dag, input_name: str, ids: Sequence[str]) -> dict[str, tuple[bytes, str | None]]:
+def warc_pages(dag, input_name: str, ids: Sequence[str]) -> tuple[dict[str, tuple[bytes, str | None]], int]:
     """The HTML (bytes, HTTP charset) of the WARC records ``ids`` name, read again from the
     input's files: the gzip member each id's offset names (a ranged read through the input's
-    own reader, so ids match), a file whose records are not members read whole."""
+    own reader, so ids match), a file whose records are not members read whole; and how many
+    files were read whole."""
     from curation.io.inputs import InputError, plan_input
     from curation.io.read import read_shard
 
@@ -246,10 +249,35 @@ def warc_pages(dag, input_name: str, ids: Sequence[str]) -> dict[str, tuple[byte
         base = by_rel[rel]
         take(dataclasses.replace(base, start=off, end=min(off + 1, base.size), part=0, nparts=1))
     missing_files = {(_split_id(i, input_name) or ("",))[0] for i in want - set(got)}
-    for rel in sorted(missing_files & set(by_rel)):
+    whole = sorted(missing_files & set(by_rel))
+    for rel in whole:
         base = by_rel[rel]
         take(dataclasses.replace(base, start=0, end=base.size, part=0, nparts=1))
-    return got
+    return got, len(whole)
+
+
+def stage_pages(dag, input_name: str, docs: Sequence[dict]) -> tuple[dict[str, tuple[bytes, str | None]], dict]:
+    """The HTML of a stage's documents: by their origin columns (``curation.io.records``: a
+    ranged read of each record) where they have them, else by id (``warc_pages``: runs made
+    before documents carried their origin). Also how many were found each way and the bytes
+    the origin reads took."""
+    from curation.io.records import Wanted, read_records
+
+    got: dict[str, tuple[bytes, str | None]] = {}
+    placed = [d for d in docs if d.get("origin_file") and d.get("origin_offset") is not None]
+    stats = None
+    if placed:
+        pages, stats = read_records([Wanted(d["origin_file"], d["origin_offset"], d.get("origin_length"))
+                                     for d in placed])
+        got = {d["id"]: (p.html, p.charset) for d, p in zip(placed, pages) if p.html is not None}
+    by_origin = len(got)
+    rest = [d["id"] for d in docs if d["id"] not in got]
+    whole = 0
+    if rest:
+        found, whole = warc_pages(dag, input_name, rest)
+        got.update(found)
+    return got, {"by_origin": by_origin, "by_id": len(got) - by_origin, "files_read_whole": whole,
+                 "origin_bytes_read": stats.bytes_read if stats else None}
 
 
 def eval_extract_ab(stage_spec: str, engines: Sequence[str], limit: int = 1000, sample: int = 20, seed: int = 0,
@@ -268,10 +296,12 @@ def eval_extract_ab(stage_spec: str, engines: Sequence[str], limit: int = 1000, 
     if src not in target.dag.inputs or target.dag.inputs[src].format != "warc":
         raise EvalError(f"{target.label}: --ab re-reads the stage's WARC input, but its input {src!r} is not a "
                         "WARC input of the run")
-    docs = stage_documents(target, limit, seed, columns=("id", "url", "text")).to_pylist()
+    have = set(target.run.connect(views=[name]).sql(f'select * from "{name}" limit 0').columns)
+    origin = [c for c in ORIGIN_COLUMNS if c in have]
+    docs = stage_documents(target, limit, seed, columns=("id", "url", "text", *origin)).to_pylist()
     if not docs:
         raise EvalError(f"{target.label}: the stage kept no documents")
-    html = warc_pages(target.dag, src, [d["id"] for d in docs])
+    html, reread = stage_pages(target.dag, src, docs)
     lost = [d["id"] for d in docs if d["id"] not in html]
     docs = [d for d in docs if d["id"] in html]
     if not docs:
@@ -286,7 +316,8 @@ def eval_extract_ab(stage_spec: str, engines: Sequence[str], limit: int = 1000, 
                                   docs_per_cpu_s=_rate(len(docs), sum(ran[s]["cpu"])), errors=ran[s]["errors"])
     report: dict = {"kind": "extract", "ab": True, "target": target.label, "stage": name, "input": src,
                     "stage_params": st.model_dump(mode="json", exclude_defaults=True) if hasattr(st, "model_dump")
-                    else {}, "documents": len(docs), "not_found_again": len(lost), **figs}
+                    else {}, "documents": len(docs), "not_found_again": len(lost), "reread": reread, **figs,
+                    "engine_order": [*names, "as run"]}
     rows = []
     for s, f in figs["engines"].items():
         rows.append([s, figs["pages"], f"{f['chars']:,}", f"{f['words']:,}", f"{f['words_per_page']:.0f}",
