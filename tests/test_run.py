@@ -99,8 +99,10 @@ def test_rerun_skips_everything_and_other_dag_is_refused(demo_run, ray_session):
     run_dag(load_dag(REPO / "pipelines/demo.yaml"), demo_run, workers=2, quiet=True)
     assert before == {p: p.stat().st_mtime_ns for p in demo_run.rglob("*.parquet")}
     other = yaml.safe_load((REPO / "pipelines/demo.yaml").read_text())
-    other["stages"]["gopher"]["min_doc_words"] = 10
-    with pytest.raises(RunDirError, match="different DAG"):
+    # a threshold alone would rerun in place and re-decide (tests/test_rethreshold.py); what is measured may not
+    other["stages"]["gopher_rep"]["dup_line_frac"] = 0.25
+    other["stages"]["extract"]["engine"] = "trafilatura"
+    with pytest.raises(RunDirError, match=r"different DAG.*stages\.extract\.engine"):
         run_dag(parse_dag(other), demo_run, workers=2, quiet=True)
 
 
