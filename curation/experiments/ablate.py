@@ -457,7 +457,9 @@ def write_report(cfg: AblateConfig, arms: dict[str, dict], out: Path, extra: dic
     lines += ["", "std is over seeds (population std; 0 with one seed). Epochs = training tokens / unique packed tokens of the arm."]
     if cfg.targets or cfg.token_budgets:
         heads = [f"eval loss {t:g}: tokens / wall s" for t in cfg.targets] + [f"loss at {_fmt_tokens(b)} tokens" for b in cfg.token_budgets]
-        lines += ["", "Time to quality (mean over seeds; 'not reached' unless every seed reached it):", "",
+        lines += ["", "Time to quality (mean over seeds; 'not reached' unless every seed reached it). Tokens: training "
+                  "tokens with loss, wall s: training time without evals, both as the trainer records them; a budget's "
+                  "loss is the eval at the step that reached it:", "",
                   "| arm | " + " | ".join(heads) + " |", "|---|" + "---|" * len(heads)]
         for name, a in arms.items():
             q = a["time_to_quality"]
