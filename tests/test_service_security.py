@@ -10,6 +10,7 @@ asserted (no timed assertions in tests).
 
 from __future__ import annotations
 
+import contextlib
 import concurrent.futures as cf
 import json
 import os
@@ -312,13 +313,9 @@ def test_slowloris_connections_are_closed(limited):
     time.sleep(3)  # past --header-timeout 2
     closed = 0
     for s in socks:
-        try:
+        with s, contextlib.suppress(ConnectionResetError, TimeoutError, socket.timeout):
             s.settimeout(5)
             closed += s.recv(1024) == b""
-        except (ConnectionResetError, TimeoutError, socket.timeout):
-            pass
-        finally:
-            s.close()
     FIGURES["slowloris"] = {"held": 30, "closed_by_server": closed}
     assert closed == 30
     assert httpx.get(limited.url + "/healthz", timeout=5).status_code == 200

@@ -33,7 +33,7 @@ SHARED_FILES = {
 
 
 class GoldSetError(ValueError):
-    pass
+    """A gold set that cannot be read (a file missing, a row without html and gold)."""
 
 
 @dataclass

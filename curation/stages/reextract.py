@@ -29,28 +29,23 @@ from collections import Counter
 from typing import ClassVar, Literal
 
 import pyarrow as pa
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from curation.formats.documents import ORIGIN_COLUMNS
 from curation.io.records import DEFAULT_MAX_GAP, DEFAULT_MAX_SCAN_BYTES, Wanted, read_records
+from curation.io.shards import blocks
 from curation.stages.base import MapStage, StageResult, registry
-from curation.text.extract_pages import extract_pages, resolve_engines
-from curation.text.extraction import MARKUP_KEY
+from curation.text.extract_pages import ExtractOptions
 
 log = logging.getLogger(__name__)
 
 
 @registry.register("reextract")
-class Reextract(MapStage):
-    """Re-read each document's WARC record by byte range and extract it again into ``text``."""
+class Reextract(MapStage, ExtractOptions):
+    """Re-read each document's WARC record by byte range and extract it again into ``text``.
+    Extraction parameters: ``ExtractOptions``, as ``extract``'s."""
 
     type: Literal["reextract"] = "reextract"
-    engine: Literal["resiliparse", "trafilatura"] | None = None
-    engines: list[Literal["resiliparse", "trafilatura"]] | None = Field(default=None, min_length=1)
-    policy: Literal["first", "longest", "union", "route"] = "first"
-    format: Literal["text", "markdown"] = "text"
-    timeout_s: float = Field(default=5.0, ge=0)
-    min_chars: int = Field(default=1, ge=0)
     #: ranges of one file closer than this are fetched as one read
     max_gap: int = Field(default=DEFAULT_MAX_GAP, ge=0)
     #: compressed record bytes read (and pages held) at a time
@@ -59,14 +54,6 @@ class Reextract(MapStage):
     max_scan_bytes: int = Field(default=DEFAULT_MAX_SCAN_BYTES, gt=0)
 
     rewrites_text: ClassVar[bool] = True
-
-    @model_validator(mode="before")
-    @classmethod
-    def _one_engine_list(cls, data):
-        if not isinstance(data, dict):
-            return data
-        engine, engines = resolve_engines(data.get("engine"), data.get("engines"), "reextract")
-        return {**data, "engine": engine, "engines": engines}
 
     def params(self) -> dict:
         # how the reads are cut (gaps, windows) does not change a document's text
@@ -90,14 +77,13 @@ class Reextract(MapStage):
         reasons: list[str | None] = []
         seen: Counter = Counter()
         bytes_read = reads = 0
-        for lo, hi in self._windows(lengths):
+        # windows of rows holding at most window_bytes of records: the blocks global stages cut shards into
+        for lo, hi in blocks([length or 0 for length in lengths], self.window_bytes, 1):
             wanted = [Wanted(files[i], offsets[i], lengths[i], _record_id(metas[i])) for i in range(lo, hi)]
             pages, stats = read_records(wanted, self.max_gap, self.max_scan_bytes)
             bytes_read, reads = bytes_read + stats.bytes_read, reads + stats.reads
             got = [i for i, p in enumerate(pages) if p.html is not None]
-            new, why = extract_pages([pages[i].html for i in got], [pages[i].charset for i in got],
-                                     engines=self.engines, format=self.format, policy=self.policy,
-                                     timeout_s=self.timeout_s, min_chars=self.min_chars, prefix="reextract")
+            new, why = self.extract([pages[i].html for i in got], [pages[i].charset for i in got], "reextract")
             by_row = dict(zip(got, zip(new, why)))
             for k, page in enumerate(pages):
                 if k in by_row:
@@ -111,27 +97,13 @@ class Reextract(MapStage):
                 reasons.append(reason)
         log.info("reextract: %d documents, %d bytes in %d reads; not re-read: %s", n, bytes_read, reads,
                  dict(seen) or "none")
-        md = None if self.format == "text" else {MARKUP_KEY: self.format.encode()}
-        field = pa.field("text", pa.string(), metadata=md)
+        field = self.text_field()
         arr = pa.array(texts, pa.string())
         if "text" in batch.column_names:
             out = batch.set_column(batch.schema.get_field_index("text"), field, arr)
         else:
             out = batch.append_column(field, arr)
         return StageResult(out, pa.array(reasons, pa.string()))
-
-    def _windows(self, lengths: list[int | None]) -> list[tuple[int, int]]:
-        """Consecutive row ranges holding at most ``window_bytes`` of records (at least one row)."""
-        out, lo, held = [], 0, 0
-        for i, length in enumerate(lengths):
-            size = length or 0
-            if i > lo and held + size > self.window_bytes:
-                out.append((lo, i))
-                lo, held = i, 0
-            held += size
-        if lo < len(lengths):
-            out.append((lo, len(lengths)))
-        return out
 
 
 def _record_id(meta: str | None) -> str | None:

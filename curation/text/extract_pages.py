@@ -13,9 +13,12 @@ import signal
 import threading
 import time
 from contextlib import contextmanager
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Literal, Sequence
 
-from curation.text.extraction import ENGINES, decode_html, extract_page
+import pyarrow as pa
+from pydantic import BaseModel, Field, model_validator
+
+from curation.text.extraction import ENGINES, MARKUP_KEY, decode_html, extract_page
 
 
 class ExtractionTimeout(Exception):
@@ -113,3 +116,40 @@ def resolve_engines(engine: str | None, engines: list[str] | None, stage: str = 
     if engines is None:
         engines = [engine or "resiliparse"]
     return engine or (engines[0] if engines else None), engines
+
+
+class ExtractOptions(BaseModel):
+    """The parameters ``extract`` and ``reextract`` share, and the two things both do with them:
+    extract a batch of pages and name the ``text`` field they write (a stage subclasses this
+    beside ``MapStage``; stages never import each other)."""
+
+    #: one engine (shorthand for ``engines: [engine]``)
+    engine: Literal["resiliparse", "trafilatura"] | None = None
+    #: several engines, combined per page by ``policy`` (``extraction.extract_page``)
+    engines: list[Literal["resiliparse", "trafilatura"]] | None = Field(default=None, min_length=1)
+    policy: Literal["first", "longest", "union", "route"] = "first"
+    format: Literal["text", "markdown"] = "text"
+    timeout_s: float = Field(default=5.0, ge=0)
+    min_chars: int = Field(default=1, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_engine_list(cls, data):
+        # resolved before the (frozen) model is built: engine and engines both always set
+        if not isinstance(data, dict):
+            return data
+        field = cls.model_fields.get("type")
+        engine, engines = resolve_engines(data.get("engine"), data.get("engines"), field.default if field else "extract")
+        return {**data, "engine": engine, "engines": engines}
+
+    def extract(self, htmls: Sequence[bytes | None], charsets: Sequence[str | None],
+                prefix: str) -> tuple[list[str | None], list[str | None]]:
+        """``extract_pages`` with these options: (text or None, reason or None) per page."""
+        return extract_pages(htmls, charsets, engines=self.engines, format=self.format, policy=self.policy,
+                             timeout_s=self.timeout_s, min_chars=self.min_chars, prefix=prefix)
+
+    def text_field(self) -> pa.Field:
+        """The ``text`` field written: Markdown says so in its metadata (``TextState.of`` reads
+        it), so the stages after measure its plain view. In the field, not a handed-on state, so
+        the executor still joins extraction's small batches (a state would keep them apart)."""
+        return pa.field("text", pa.string(), metadata=None if self.format == "text" else {MARKUP_KEY: self.format})

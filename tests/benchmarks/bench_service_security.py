@@ -15,6 +15,7 @@ unbounded server it would burn CPU for minutes).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import concurrent.futures as cf
 import json
 import os
@@ -204,10 +205,8 @@ def main() -> None:
         for meta in (base / "runs").glob("*/service.json"):
             pid = json.loads(meta.read_text()).get("pid")
             if pid:
-                try:
+                with contextlib.suppress(ProcessLookupError, PermissionError):  # already gone
                     os.killpg(pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
     print(json.dumps(out, indent=1))
 
 
