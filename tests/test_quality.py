@@ -261,10 +261,13 @@ def test_keep_top_keeps_the_exact_fraction(trained, tmp_path, ray_session, worke
     from curation.pipeline.dag import parse_dag
     from curation.pipeline.executor import run_dag
 
-    # uncompressed copies: a .jsonl.gz is one shard (not seekable); plain lines split by bytes
+    # uncompressed copies: a .jsonl.gz is one shard (not seekable); plain lines split by bytes.
+    # Both worker counts read the same paths, since shards carry their origin file.
+    inputs = tmp_path.parent / "keep_top_inputs"
+    inputs.mkdir(exist_ok=True)
     plain = []
     for src in (CRAWL, REFERENCE):
-        plain.append(tmp_path / src.name.removesuffix(".gz"))
+        plain.append(inputs / src.name.removesuffix(".gz"))
         plain[-1].write_bytes(gzip.decompress(src.read_bytes()))
     dag = parse_dag({
         "name": "quality-top",
