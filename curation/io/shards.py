@@ -1,6 +1,6 @@
-"""A processed batch split into kept rows and rejected rows (with ``stage`` and ``reason``);
-upstream shards grouped into blocks of bounded bytes (a global stage's map tasks), and a block's
-small shards into shared outputs."""
+"""A processed batch split into kept rows and rejected rows (with ``stage`` and ``reason``); a
+column replaced with its field kept; upstream shards grouped into blocks of bounded bytes (a
+global stage's map tasks), and a block's small shards into shared outputs."""
 
 from __future__ import annotations
 
@@ -20,6 +20,17 @@ def split_kept_rejected(table: pa.Table, reasons: pa.Array | None, stage: str) -
     rejected = rejected.append_column("stage", pa.array([stage] * rejected.num_rows, pa.string()))
     rejected = rejected.append_column("reason", reasons.filter(drop).cast(pa.string()))
     return table.filter(keep), rejected
+
+
+def replace_column(table: pa.Table, name: str, values: pa.Array | pa.ChunkedArray) -> pa.Table:
+    """``table`` with column ``name`` holding ``values`` (appended when it has none), its field
+    kept: nullability and metadata (the ``text`` field's Markdown mark, ``refinery.markup``),
+    typed as ``values``. ``Table.set_column(i, name, ...)`` makes a bare field: every stage that
+    rewrites its text through it wrote shards that forgot they hold Markdown."""
+    i = table.schema.get_field_index(name)
+    if i < 0:
+        return table.append_column(name, values)
+    return table.set_column(i, table.schema.field(i).with_type(values.type), values)
 
 
 #: a block of upstream shards holds about this many bytes on disk (fewer when the whole input

@@ -38,7 +38,7 @@ from curation.pipeline.rundir import RunDir, RunDirError, ShardWriter  # noqa: F
 from curation.pipeline.run_input import FORMAT as RUN_FORMAT, Upstream, check_upstream, iter_run_shard, plan_run_input
 from curation.pipeline.tasks import Resources, TasksFailed, run_bounded
 from curation.formats.documents import PAYLOAD_COLUMNS
-from curation.io.shards import split_kept_rejected
+from curation.io.shards import replace_column, split_kept_rejected
 from curation.stages.base import MapStage, registry
 
 #: manifest field: hash of a stage's signal parameters (see ``MapStage.signals_hash``)
@@ -229,9 +229,8 @@ class _RejectedText:
         mask = pa.array(self._kept_payload(rej.column("reason").combine_chunks()))
         for c in PAYLOAD_COLUMNS:
             if c in rej.column_names:
-                i = rej.schema.get_field_index(c)
                 col = rej.column(c)
-                rej = rej.set_column(i, c, pc.if_else(mask, col, pa.nulls(rej.num_rows, col.type)))
+                rej = replace_column(rej, c, pc.if_else(mask, col, pa.nulls(rej.num_rows, col.type)))
         return rej
 
     def split(self, table: pa.Table, reasons: pa.Array | None, stage: str) -> tuple[pa.Table, pa.Table | None]:

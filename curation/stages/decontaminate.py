@@ -41,6 +41,7 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from curation.io.benchmarks import REGISTRY, benchmark_items, file_items, find_benchmark
 from curation.io.files import cached_file_sha256
+from curation.io.shards import replace_column
 from curation.stages.base import MapStage, StageResult, registry
 from curation.stages.paths import PathStr
 from curation.text.decontam import EvalIndex, EvalItem, byte_to_char, remove_spans, words_of
@@ -172,7 +173,7 @@ class Decontaminate(MapStage):
             for d in by_doc:
                 if leaked[d] and empty[d]:
                     reasons[d] = REASON_EMPTY
-            table = table.set_column(table.schema.get_field_index(self.text_field), self.text_field, fresh)
+            table = replace_column(table, self.text_field, fresh)
         elif self.mode == "remove_spans":
             reasons = [None] * n
         for name, arr in (("decontam_overlaps", pa.array(counts, pa.int32())),

@@ -7,6 +7,10 @@ exact: {type: exact_dedup, input: c4, level: document, against: [runs/cc-2024-10
 A key is two 64-bit hashes of the normalised text (NFKC, casefold, whitespace runs collapsed):
 of the whole document (``level: document``) or of each non-blank line (``level: paragraph``;
 lines are paragraphs in extracted web text, as in cc_net). See ``curation.dedup.exact``.
+Markdown (``extract: {format: markdown}``, said by the text field's metadata) is keyed by its
+plain view (``curation.text.markdown_plain``): two copies of a page that differ only in markup
+are duplicates, as their text extractions are. The view is line for line, so a paragraph key
+names the Markdown line that is removed; the stored text is unchanged.
 
 Phases (``StageContext.phase``: resumable, timed; results never depend on the worker count):
 
@@ -50,14 +54,17 @@ from curation.dedup import keeper as keepers
 from curation.dedup.index import CorpusIndex, ExactPart, exact_matches, is_index
 from curation.dedup.minhash import NORMALIZATION, read_artifact, write_artifact
 from curation.io.artifacts import read_partition, write_partitioned
-from curation.io.shards import block_name, blocks, split_kept_rejected
+from curation.io.shards import block_name, blocks, replace_column, split_kept_rejected
 from curation.stages.base import GlobalStage, Resources, registry
 from curation.stages.paths import PathStr
 from curation.stages.context import GroupedOutputs, StageContext, block_outputs, output_keys
+from curation.text.markdown_plain import markup_of, plain_texts
 
 
 #: Bump when keys or the choice of duplicates change for the same parameters.
-EXACT_VERSION = 4  # 3: key files indexed by partition; 4: one key file per block of shards
+#: 3: key files indexed by partition; 4: one key file per block of shards; 5: Markdown (the text
+#: field's mark) keyed by its plain view
+EXACT_VERSION = 5
 REPORT = "_bloom_report.json"
 #: the run's Bloom filters, one per partition: kept with the stage's output (not in ``_work``)
 #: for a later run's ``against``
@@ -118,9 +125,12 @@ def keys_task(job: KeysJob) -> dict:
         table = location.read_parquet(path, columns=["id", "text"] + ([job.rank_column] if attr else []))
         rows_in += table.num_rows
         values = keepers.attribute(table.column(job.rank_column), job.keep) if attr else None
+        markup = markup_of(table.schema.field("text"))
         for lo in range(0, table.num_rows, _HASH_BATCH):
             batch = table.slice(lo, _HASH_BATCH)
-            rows, para, h, h2 = text_keys(batch.column("text").combine_chunks(), job.level, job.seed)
+            # Markdown is keyed by its plain view (line for line: paragraph numbers are its lines')
+            texts = plain_texts(batch.column("text").combine_chunks(), markup)
+            rows, para, h, h2 = text_keys(texts, job.level, job.seed)
             rows = rows + lo
             cols = {"part": pa.array(key_partition(h, job.partitions), pa.int32()),
                     "id": table.column("id").take(pa.array(rows)),
@@ -286,10 +296,14 @@ def apply_task(stage: str, path: str, dups: pa.Table | None, level: str) -> tupl
             for lo, hi in zip(bounds[:-1], bounds[1:]):
                 r = int(rows[lo])
                 texts[r] = drop_paragraphs(texts[r] or "", paras[lo:hi].tolist())
-                if not texts[r].strip():
+            table = replace_column(table, "text", pa.array(texts, table.schema.field("text").type))
+            # left without text: judged on what was keyed (Markdown left with a fence or a
+            # table's separator row only has no text)
+            changed = rows[bounds[:-1]]
+            left = plain_texts(table.column("text").take(pa.array(changed)), markup_of(table.schema.field("text")))
+            for r, t in zip(changed.tolist(), left.to_pylist()):
+                if not t.strip():
                     reasons[r] = REASON_EMPTY
-            idx = table.schema.get_field_index("text")
-            table = table.set_column(idx, "text", pa.array(texts, table.schema.field("text").type))
         table = table.append_column("dup_paragraphs", pa.array(removed, pa.int32()))
     kept, rejected = split_kept_rejected(table, pa.array(reasons.tolist(), pa.string()), stage)
     return kept, rejected, table.num_rows

@@ -8,7 +8,8 @@ Every document gets a global int64 index: its position in (upstream shard key, r
 Phases, each a set of Ray tasks whose output does not depend on the worker count:
 
 1. signatures (one task per block of upstream shards, ``curation.io.shards.blocks``): MinHash
-   signatures of word n-grams (``curation.dedup.minhash``), cut into ``bands`` x ``rows``
+   signatures of word n-grams (``curation.dedup.minhash``; Markdown's of its plain view,
+   ``curation.text.markdown_plain``, here and in every Jaccard after), cut into ``bands`` x ``rows``
    (chosen for ``threshold`` by minimising the weighted false positive / negative areas, as
    datasketch does). Writes ``buckets/<block>.parquet`` (band, bucket hash, doc) sorted by
    partition = prefix of the bucket hash (and, for ``keep: highest_quality``,
@@ -87,9 +88,12 @@ from curation.dedup.minhash import (
 from curation.stages.base import GlobalStage, Resources, registry
 from curation.stages.paths import PathStr
 from curation.stages.context import GroupedOutputs, StageContext, block_outputs, output_keys
+from curation.text.markdown_plain import markup_of, plain_texts
 
 #: Bump when buckets, edges or the choice of keepers change for the same parameters.
-MINHASH_DEDUP_VERSION = 3  # 2: bucket files indexed by partition; 3: one per block, no signature files
+#: 2: bucket files indexed by partition; 3: one per block, no signature files; 4: Markdown (the text
+#: field's mark) shingled by its plain view
+MINHASH_DEDUP_VERSION = 4
 REPORT = "_minhash_report.json"
 REASON_PREFIX = "minhash_dedup:cluster="
 #: the stage's LSH state kept with its output (``_lsh/<params hash>/``: bucket files and
@@ -145,7 +149,8 @@ def signature_task(job: SignatureJob) -> dict:
         batch = pa.Table.from_batches(pending).combine_chunks()
         pending.clear()
         pending_rows = 0
-        sig, n = job.hasher.signatures(batch.column("text"))
+        # Markdown's shingles are its plain view's words (``markdown_plain``), not its markup
+        sig, n = job.hasher.signatures(plain_texts(batch.column("text"), markup_of(batch.schema.field("text"))))
         doc = np.arange(job.first_doc + lo, job.first_doc + lo + batch.num_rows, dtype=np.int64)
         lo += batch.num_rows
         if job.quality_out is not None:
@@ -161,8 +166,9 @@ def signature_task(job: SignatureJob) -> dict:
     for path in job.paths:
         pf = location.parquet_file(path)
         for batch in pf.iter_batches(batch_size=_SIG_BATCH, columns=cols, use_threads=False):
-            if pending and batch.schema != pending[0].schema:
-                flush()  # shards of a union may type a column differently
+            if pending and (batch.schema != pending[0].schema
+                            or markup_of(batch.schema.field("text")) != markup_of(pending[0].schema.field("text"))):
+                flush()  # shards of a union may type a column differently, or mark their text so
             pending.append(batch)
             pending_rows += batch.num_rows
             if pending_rows >= _SIG_BATCH:
@@ -178,6 +184,12 @@ def signature_task(job: SignatureJob) -> dict:
         write_artifact(quality, job.quality_out, job.header, row_group_size=65536)
     write_partitioned(buckets.take(pa.array(order)), part[order], job.bucket_out, job.header)
     return {"docs": lo, "bucket_rows": buckets.num_rows}
+
+
+def _plain_rows(path: str, rows: np.ndarray) -> pa.Array:
+    """The text of a shard's sorted ``rows`` as the signatures shingled it: a Markdown shard's
+    plain view (its text field's mark), so verified and partner Jaccards are the signatures'."""
+    return plain_texts(take_rows(path, rows, "text"), markup_of(location.read_schema(path).field("text")))
 
 
 @dataclass(frozen=True)
@@ -199,7 +211,7 @@ def _verify(u: np.ndarray, v: np.ndarray, spec: Verify) -> np.ndarray:
     sets: dict[int, np.ndarray] = {}
     for s in np.unique(shard).tolist():
         mine = docs[shard == s]
-        texts = take_rows(spec.paths[s], mine - offsets[s], "text")
+        texts = _plain_rows(spec.paths[s], mine - offsets[s])
         for d, sh in zip(mine.tolist(), shingle_sets(texts, spec.ngram)):
             sets[d] = sh
     return np.array([jaccard(sets[a], sets[b]) >= spec.threshold for a, b in zip(u.tolist(), v.tolist())], dtype=bool)
@@ -367,7 +379,7 @@ def partner_members_task(job: PartnerMembersJob) -> dict:
     for path, lo, hi in zip(job.paths, job.offsets[:-1], job.offsets[1:]):
         mine = nodes[(nodes >= lo) & (nodes < hi)]
         if len(mine):
-            texts.append(take_rows(path, mine - lo, "text").cast(pa.large_string()))
+            texts.append(_plain_rows(path, mine - lo).cast(pa.large_string()))
     text = pa.concat_arrays(texts) if texts else pa.array([], pa.large_string())
     part = bucket_partition(comps.astype(np.uint64) * np.uint64(GOLDEN), job.partitions)
     order = np.lexsort((nodes, comps, part))

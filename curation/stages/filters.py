@@ -70,6 +70,7 @@ import pyarrow.compute as pc
 from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, create_model, field_validator,
                       model_validator)
 
+from curation.io.shards import replace_column
 from curation.stages.base import MapStage, Rule, StageResult, registry
 from curation.stages.paths import PathParam
 from curation.text import lang_rules
@@ -678,7 +679,7 @@ class C4QualityFilter(_LangRules):
         keep = mask(pc.is_null(res.reasons))
         measured = res.table.column("text").combine_chunks()
         out_text = pc.if_else(pa.array(keep), measured, text.texts)
-        table = res.table.set_column(res.table.schema.get_field_index("text"), "text", out_text)
+        table = replace_column(res.table, "text", out_text)
         counts = np.where(keep, res.text.known_word_counts(), text.known_word_counts())
         return StageResult(table, res.reasons, TextState(out_text, word_counts=counts, markup=text.markup))
 
@@ -850,7 +851,7 @@ class C4QualityFilter(_LangRules):
             new_counts[:] = -1
         state = TextState(out_text, word_counts=np.where(has_drop, text.known_word_counts(), new_counts),
                           markup=text.markup)
-        table = batch.set_column(batch.schema.get_field_index("text"), "text", out_text)
+        table = replace_column(batch, "text", out_text)
         table = _with_columns(table, {
             "c4_lines_kept": n_kept,
             "c4_lines_removed": ln.counts - n_kept,

@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from curation.io.files import cached_file_sha256
+from curation.io.shards import replace_column
 from curation.stages.base import MapStage, Resources, Rule, StageResult, registry
 from curation.stages.paths import PathStr
 from curation.text import badwords as bw
@@ -46,8 +47,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def _set_column(table: pa.Table, name: str, values: pa.Array) -> pa.Table:
-    idx = table.schema.get_field_index(name)
-    return table.set_column(idx, name, values) if idx >= 0 else table.append_column(name, values)
+    return replace_column(table, name, values)  # the text field keeps its Markdown mark
 
 
 def _existing_file(p: str) -> str:
@@ -63,14 +63,16 @@ def _file_ids(paths: list[str]) -> list[dict[str, str]]:
     return [{"name": Path(p).name, "sha256": cached_file_sha256(p)} for p in paths]
 
 
-def _rewritten_state(old: pa.Array, new: pa.Array, text: TextState | None) -> TextState:
-    """The state of ``new``: known word counts carried over where the text is unchanged."""
+def _rewritten_state(old: pa.Array, new: pa.Array, text: TextState | None, field: pa.Field) -> TextState:
+    """The state of ``new``: known word counts carried over where the text is unchanged, the
+    markup (Markdown or text) the state or the text ``field`` says."""
+    from curation.text.markdown_plain import markup_of  # noqa: PLC0415
     from curation.text.state import TextState  # noqa: PLC0415 (the text layer loads compiled code)
 
     if text is None:
-        return TextState(new)
+        return TextState(new, markup=markup_of(field))
     same = pc.fill_null(pc.equal(old, new), True).to_numpy(zero_copy_only=False)
-    return TextState(new, word_counts=np.where(same, text.known_word_counts(), -1))
+    return TextState(new, word_counts=np.where(same, text.known_word_counts(), -1), markup=text.markup)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -220,7 +222,8 @@ class PiiScrub(MapStage):
         table = _set_column(batch, "text", new)
         table = _set_column(table, "pii_emails", pa.array(n_email, pa.int32()))
         table = _set_column(table, "pii_ips", pa.array(n_ip, pa.int32()))
-        state = text if new is old and text is not None else _rewritten_state(old, new, text)
+        field = batch.schema.field("text")
+        state = text if new is old and text is not None else _rewritten_state(old, new, text, field)
         return StageResult.keep_all(table, state)
 
 
@@ -365,4 +368,4 @@ class Normalize(MapStage):
         table = _set_column(table, "normalize_fixed", pa.array(fixed, pa.bool_()))
         table = _set_column(table, "normalize_lines_removed", pa.array(removed, pa.int32()))
         table = _set_column(table, "normalize_chars_delta", pa.array(delta, pa.int32()))
-        return StageResult.keep_all(table, _rewritten_state(old, new, text))
+        return StageResult.keep_all(table, _rewritten_state(old, new, text, batch.schema.field("text")))

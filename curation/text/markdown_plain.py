@@ -5,12 +5,18 @@ Line-preserving (one plain line per Markdown line: a markup-only line becomes em
 and paragraph signals count the same lines. Whole-array Arrow regex kernels, no per-document
 Python: heading marks, list bullets and numbers, blockquote marks, code fences, table separator
 rows, table pipes (cells joined by a tab, as resiliparse's text joins them), emphasis marks,
-math dollars and backslash escapes."""
+math dollars and backslash escapes.
+
+What a text column is written in is its field's metadata (``extraction.MARKUP_KEY``, set by
+``extract``; the writers keep the field): ``markup_of`` reads it and ``plain_texts`` gives the
+view to measure or key, so dedup hashes a Markdown page as it hashes its text extraction."""
 
 from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from curation.text.extraction import MARKUP_KEY
 
 # (pattern, replacement), applied in order; (?m): ^ and $ are line starts and ends
 _RULES: tuple[tuple[str, str], ...] = (
@@ -38,3 +44,19 @@ def plain_view(texts: pa.Array | pa.ChunkedArray) -> pa.Array:
     for pattern, repl in _RULES:
         out = pc.replace_substring_regex(out, pattern=pattern, replacement=repl)
     return out
+
+
+def markup_of(field: pa.Field) -> str:
+    """What a text field's values are written in: ``"markdown"`` where its metadata says so
+    (``extract``'s ``format``), else ``"text"``."""
+    return (field.metadata or {}).get(MARKUP_KEY, b"text").decode()
+
+
+def plain_texts(texts: pa.Array | pa.ChunkedArray, markup: str) -> pa.Array | pa.ChunkedArray:
+    """The texts as measured and keyed: their ``plain_view`` when ``markup`` is Markdown, the
+    texts themselves (not copied) when they are plain."""
+    if markup == "text":
+        return texts
+    if markup != "markdown":
+        raise ValueError(f"markup {markup!r}: 'text' or 'markdown'")
+    return plain_view(texts)

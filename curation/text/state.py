@@ -29,7 +29,6 @@ import pyarrow.compute as pc
 from curation.text import segments
 from curation.text import words as text_words
 from curation.text.arrow import text_array, text_bytes, text_column, to_numpy
-from curation.text.extraction import MARKUP_KEY
 
 
 class TextState:
@@ -57,8 +56,9 @@ class TextState:
     @classmethod
     def of(cls, batch: pa.Table, column: str = "text") -> TextState:
         """The state of a table's text column (Markdown where its field's metadata says so)."""
-        meta = batch.schema.field(column).metadata or {}
-        return cls(text_column(batch, column), markup=meta.get(MARKUP_KEY, b"text").decode())
+        from curation.text.markdown_plain import markup_of
+
+        return cls(text_column(batch, column), markup=markup_of(batch.schema.field(column)))
 
     def __len__(self) -> int:
         return len(self.texts)
