@@ -49,8 +49,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-import torch  # noqa: E402
 import yaml  # noqa: E402
+
+# torch is imported where it is used: a check process that only launches trainers (every check
+# but kernels in the dry run) does not pay for it (seconds a process on a busy 2-core machine)
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,8 @@ MFU_1B_TARGET, MFU_SMALL_TARGET = 0.40, 0.35
 
 
 def environment() -> dict:
+    import torch
+
     from training.cuda_driver import driver_version
 
     cuda = torch.cuda.is_available()
@@ -91,11 +95,17 @@ class Ctx:
     def __init__(self, work: Path, dry: bool):
         self.work, self.dry = work, dry
         self.device = "cpu" if dry else "cuda"
-        self.gpus = 2 if dry else torch.cuda.device_count()  # multi: 2 CPU processes in the dry run
+        self.gpus = 2  # multi: 2 CPU processes in the dry run
+        if not dry:
+            import torch
+
+            self.gpus = torch.cuda.device_count()
 
     def best(self) -> str:
         if self.dry:
             return "segments"
+        import torch
+
         from training.attention import unavailable
         return next((b for b in ("flash", "varlen", "flex") if unavailable(b, torch.device("cuda")) is None), "sdpa")
 
@@ -167,6 +177,8 @@ def steady(run: Path, skip: int) -> dict:
 
 
 def check_kernels(c: Ctx) -> dict:
+    import torch
+
     from train_helpers import KERNEL_TOL, kernel_errors, maskless
     from training import attention
     from training.attention import AttentionMeta, attend, unavailable
@@ -276,8 +288,8 @@ def check_small(c: Ctx) -> dict:
     variants = {"eager": {}, "compiled": {"compile": True},
                 "cudagraphs": {"compile": True, "compile_mode": "reduce-overhead", "global_batch": None,
                                "micro_batch": None, "batch_tokens": rows * seq, "micro_batch_tokens": rows * seq // 2}}
-    if c.dry:
-        del variants["compiled"]  # CPU: the compile path is mfu_1b's; here the CUDA-graph fallback
+    if c.dry:  # CPU: the eager path is every other check's, the compile path mfu_1b's; here the CUDA-graph fallback
+        del variants["eager"], variants["compiled"]
     out, ok = {}, True
     for name, tr in variants.items():
         proc = train(c.cfg(f"small-{name}", 6 if c.dry else 20, train=tr))
@@ -399,6 +411,8 @@ def main() -> int:
         ap.error(f"--only: unknown {sorted(only - set(RUN))}; checks: {', '.join(RUN)}")
     if a.dry_run:
         return orchestrate(Path(a.dry_run), True, a.deadline, only)
+    import torch
+
     if not torch.cuda.is_available():
         from training.cuda_driver import driver_version, unavailable_reason
 
