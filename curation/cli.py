@@ -814,4 +814,12 @@ def index_show(index: str = typer.Argument(..., help="the index (local or s3://.
 
 
 if __name__ == "__main__":  # pragma: no cover
+    import atexit
+    import gc
+
+    # Registered first, so it runs last of the exit handlers (after Ray's shutdown): the
+    # interpreter's final collections would walk every object the command left (pyarrow, Ray,
+    # the stages: about a second a process on a busy machine) to find garbage that exiting
+    # frees anyway. Frozen, they are skipped; module teardown runs as usual.
+    atexit.register(gc.freeze)
     sys.exit(app())
