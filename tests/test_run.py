@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -139,20 +140,29 @@ def test_sigkill_mid_run_then_resume_equals_uninterrupted(tmp_path, ray_session)
     dag_file = tmp_path / "resume.yaml"
     dag_file.write_text(SLOW_DAG % {"data": REPO / "tests/data"})
     straight = tmp_path / "straight"
-    run_dag(load_dag(dag_file), straight, workers=2, quiet=True)
-
     killed = tmp_path / "killed"
     proc = subprocess.Popen(REFINERY + ["run", str(dag_file), "--out", str(killed), "--workers", "1", "-q"],
                             start_new_session=True)
     manifest = killed / "math" / "_manifest.jsonl"
-    deadline = time.time() + 120
-    while time.time() < deadline and proc.poll() is None:
-        if manifest.exists() and len(manifest.read_text().splitlines()) >= 3:
-            break
-        time.sleep(0.05)
-    assert proc.poll() is None, "run finished before it could be killed"
-    os.killpg(proc.pid, signal.SIGKILL)  # the driver and the Ray cluster it started
-    proc.wait()
+
+    def kill_mid_run() -> bool:
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None:
+            if manifest.exists() and len(manifest.read_text().splitlines()) >= 3:
+                break
+            time.sleep(0.05)
+        if proc.poll() is not None:
+            return False
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver and the Ray cluster it started
+        proc.wait()
+        return True
+
+    # the uninterrupted run (this process's Ray) runs while a thread waits for the kill point
+    # of the other (its own Ray): they share nothing but the machine
+    with ThreadPoolExecutor(1) as pool:
+        killed_mid_run = pool.submit(kill_mid_run)
+        run_dag(load_dag(dag_file), straight, workers=2, quiet=True)
+        assert killed_mid_run.result(), "run finished before it could be killed"
     n_math = len(manifest.read_text().splitlines())
     assert 3 <= n_math < len((straight / "math" / "_manifest.jsonl").read_text().splitlines())
 
