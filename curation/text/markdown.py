@@ -60,7 +60,14 @@ def _table_opts():
     return _TABLE_OPTS
 
 
-_TABLE_TAG = re.compile(r"<(/?)table\b[^>]*>", re.IGNORECASE)
+#: does the page need a pass: a table (``<table``, ``<TABLE``) or math (MathML and KaTeX's
+#: ``<math``, MathJax's ``<script type="math/tex">``). One regex, tried at each ``<``, costs about
+#: one ``str.find``; the three finds it replaces ("<table", "<TABLE", "math", each a full scan of
+#: most pages) were 6% of a page's extraction.
+_GATE = re.compile(r"<(?:table|TABLE|math|script[^>]*math/tex|SCRIPT[^>]*math/tex)")
+#: the marks themselves, from the gate's first one on: table tags, any case (group 1: "/" on a
+#: closing tag; group 2: set on table tags), and math markers as the gate finds them
+_MARKS = re.compile(r"<(?:(/?)((?i:table))\b[^>]*>|math|script[^>]*math/tex|SCRIPT[^>]*math/tex)")
 _FORM = re.compile(r"<form\b", re.IGNORECASE)
 _TR = re.compile(r"<tr\b", re.IGNORECASE)
 
@@ -82,13 +89,24 @@ def _table_markdown(table_html: str) -> str | None:
 
 def _mark_tables(html: str, out: list[str]) -> str:
     """``html`` with each innermost data table replaced by a placeholder paragraph (its Markdown
-    appended to ``out``). On the string, not the DOM: tables are paired by one regex scan of
-    their tags, where walking resiliparse's node lists made a Python object per node (3x the
-    page's extraction on the bench WARC's table-heavy pages)."""
+    appended to ``out``); ``_mark`` from the start."""
+    return _mark(html, out, 0)[0]
+
+
+def _mark(html: str, out: list[str], begin: int) -> tuple[str, bool]:
+    """``html`` with each innermost data table replaced by a placeholder paragraph (its Markdown
+    appended to ``out``), and whether it has math markers: one scan of ``_MARKS`` from ``begin``.
+    On the string, not the DOM: tables are paired by their tags, where walking resiliparse's node
+    lists made a Python object per node (3x the page's extraction on the bench WARC's table-heavy
+    pages)."""
     pieces: list[str] = []
     pos = 0
+    math = False
     stack: list[tuple[int, bool]] = []  # (start of an open table, whether a table opened inside it)
-    for m in _TABLE_TAG.finditer(html):
+    for m in _MARKS.finditer(html, begin):
+        if m.group(2) is None:  # a math marker
+            math = True
+            continue
         if not m.group(1):
             if stack:
                 stack[-1] = (stack[-1][0], True)
@@ -104,7 +122,7 @@ def _mark_tables(html: str, out: list[str]) -> str:
             out.append(md)
             pieces += [html[pos:start], f"<p>{_OPEN}T{len(out) - 1}{_CLOSE}</p>"]
             pos = m.end()
-    return "".join(pieces) + html[pos:] if pieces else html
+    return ("".join(pieces) + html[pos:] if pieces else html), math
 
 
 def _tex_of_math(node) -> str:
@@ -163,13 +181,13 @@ def resiliparse_markdown(html: str, options: dict) -> str:
 
     parts: list[str] = []
     page = html
-    if "<table" in html or "<TABLE" in html:
-        page = _mark_tables(html, parts)
-    # MathML, MathJax's math/tex and KaTeX's katex-mathml all say "math"; a parse to edit them.
-    # (Each scan of a long non-ASCII page costs ~2% of its extraction: three on every page.)
-    if "math" in html and ("<math" in html or "math/tex" in html):
-        page = HTMLTree.parse(page)
-        _mark_math(page, html, parts)
+    # one scan: most pages have neither table nor math and go straight on
+    first = _GATE.search(html)
+    if first is not None:
+        page, math = _mark(html, parts, first.start())
+        if math:  # MathML, MathJax's math/tex and KaTeX's katex-mathml: a parse to edit them
+            page = HTMLTree.parse(page)
+            _mark_math(page, html, parts)
     minimal = extract_plain_text(page, preserve_formatting="minimal_html", **options)
     md = convert(html=minimal, options=_opts(), visitor=None).content
     if parts:

@@ -6,17 +6,26 @@ structure kept on the Mozilla set: code lines and table rows as ``curation.text.
 defines them (``refinery eval extract`` reports the same, and more); docs/s on one core. Markdown
 is scored on its plain view (``markdown_plain.plain_view``) for words, on its own lines for structure.
 
+``--speed``: ``extract``'s batch call (``extract_pages``: decode + extract, the stage's per-page
+limits) on the real pages of ``shared/data/html`` (``bench_scale.load_pages``), ``format: text``
+against ``format: markdown`` in one process: ``--rounds N`` rounds, each taking the pages in chunks
+of ``--chunk`` with the two formats alternating on every chunk (which goes first alternates too),
+so both see the same core speed (this VM's cores change speed from second to second); CPU seconds
+per format, docs/s and markdown's speed as a fraction of text's, per round and in all.
+
 ``--agreement``: keep/drop of the filter chain (langid -> gopher_repetition -> gopher_quality ->
 c4_quality -> fineweb_quality, default params) on the bench WARC's real pages
 (``bench_scale.load_pages``), ``format: text`` against ``format: markdown`` measured through the
 plain view (``TextState.plain``) and raw; the differing pages listed; the chain's speed on each.
 
 Run: ``flock /tmp/refinery-bench.lock .venv/bin/python tests/benchmarks/bench_extract_formats.py --formats --agreement``
+or ``... bench_extract_formats.py --speed --rounds 3``
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from collections import Counter
@@ -73,6 +82,37 @@ def formats(names: list[str]) -> None:
               f"{(len(aeb) + len(moz)) / cpu:7.1f} {toks:9d}", flush=True)
     print(f"(code lines: {cn} in {sum(bool(g.code) for g in moz_gold)} pages; table rows: {rn} in "
           f"{sum(bool(g.rows) for g in moz_gold)} pages; docs/s: CPU seconds of this process, one core)")
+
+
+def speed(limit: int, rounds: int, chunk: int) -> None:
+    """docs/s of ``extract_pages`` in ``format: text`` and ``format: markdown``, alternating."""
+    from curation.text.extract_pages import extract_pages
+
+    pages = [b for _, b in load_pages()[:limit]]
+    charsets = [None] * len(pages)
+    fmts = ("text", "markdown")
+    for f in fmts:  # warm-up: imports, the converter's options
+        extract_pages(pages[:20], charsets[:20], format=f)
+    print(f"{len(pages)} pages, {rounds} rounds, formats alternating every {chunk} pages")
+    total = dict.fromkeys(fmts, 0.0)
+    ratios = []
+    for r in range(rounds):
+        cpu = dict.fromkeys(fmts, 0.0)
+        for k, i in enumerate(range(0, len(pages), chunk)):
+            for f in (fmts if (r + k) % 2 == 0 else fmts[::-1]):
+                t0 = time.process_time()
+                extract_pages(pages[i:i + chunk], charsets[i:i + chunk], format=f)
+                cpu[f] += time.process_time() - t0
+        ratios.append(cpu["text"] / cpu["markdown"])
+        for f in fmts:
+            total[f] += cpu[f]
+        print(f"round {r + 1}: text {len(pages) / cpu['text']:.1f} docs/s, markdown "
+              f"{len(pages) / cpu['markdown']:.1f} docs/s: markdown x{ratios[-1]:.3f} of text", flush=True)
+    n = rounds * len(pages)
+    print(f"all rounds: text {n / total['text']:.1f} docs/s ({1000 * total['text'] / n:.2f} ms/page), markdown "
+          f"{n / total['markdown']:.1f} docs/s ({1000 * total['markdown'] / n:.2f} ms/page): markdown "
+          f"x{total['text'] / total['markdown']:.3f} of text (rounds x{min(ratios):.3f}-x{max(ratios):.3f}, "
+          f"median x{statistics.median(ratios):.3f})")
 
 
 def chain_keep(texts: list[str], plain: bool) -> tuple[list[str | None], float]:
@@ -141,10 +181,15 @@ def main() -> None:
     ap.add_argument("--formats", action="store_true", help="F1 / code / table rows / speed per config")
     ap.add_argument("--configs", default=",".join(CONFIGS), help=f"of {list(CONFIGS)}")
     ap.add_argument("--agreement", action="store_true", help="filter chain keep/drop, markdown vs text")
-    ap.add_argument("--pages", type=int, default=5000, help="--agreement: at most this many pages")
+    ap.add_argument("--pages", type=int, default=5000, help="--agreement, --speed: at most this many pages")
+    ap.add_argument("--speed", action="store_true", help="extract's docs/s, markdown vs text, alternating")
+    ap.add_argument("--rounds", type=int, default=3, help="--speed: rounds over the pages")
+    ap.add_argument("--chunk", type=int, default=10, help="--speed: pages per turn of one format")
     a = ap.parse_args()
     if a.formats:
         formats(a.configs.split(","))
+    if a.speed:
+        speed(a.pages, a.rounds, a.chunk)
     if a.agreement:
         agreement(a.pages)
 
