@@ -246,13 +246,14 @@ def test_run_on_s3_killed_and_resumed_equals_a_local_run(s3, tmp_path):
     assert proc.poll() is None, f"run ended before it could be killed: {proc.stderr.read().decode()[-2000:]}"
     os.killpg(proc.pid, signal.SIGKILL)  # the driver and the Ray it started
     proc.wait()
-    local_run.result()
     n_math = len(files.read_lines(math_manifest))
+    assert not s3["fs"].exists(f"{BUCKET}/runs/s3/near/_manifest.jsonl")
+    # the resumed run starts at once, beside whatever is left of the local reference
+    resumed = pool.submit(_refinery, s3, "run", str(dag_file), "--out", url, "--workers", "2", "-q")
+    local_run.result()
     n_local = len((local / "math" / "_manifest.jsonl").read_text().splitlines())
     assert 3 <= n_math < n_local
-    assert not s3["fs"].exists(f"{BUCKET}/runs/s3/near/_manifest.jsonl")
-
-    _refinery(s3, "run", str(dag_file), "--out", url, "--workers", "2", "-q")
+    resumed.result()
 
     fs = s3["fs"]
     keys = {k.removeprefix(f"{BUCKET}/runs/s3/") for k in fs.find(f"{BUCKET}/runs/s3")}
