@@ -122,6 +122,23 @@ def test_plain_view_strips_markup_line_for_line():
     assert plain_view(pa.chunked_array([["a"], [None]])).to_pylist() == ["a", None]
 
 
+def test_plain_view_gated_by_marks_equals_every_rule_on_every_text():
+    """``plain_view`` runs each group of rules only on the texts holding its mark bytes: the same
+    output as every rule on every text, whatever the mix (texts with one mark, several, none,
+    empty, null) and on a slice (an array whose offsets do not start at 0)."""
+    from curation.text.markdown_plain import _RULES, _apply
+
+    docs = ["# Title\n\nplain words", "| a | b |\n| --- | --- |\n| 1 | 2 |", "no marks at all", "",
+            None, "```\n  code\n```", "> quote with **bold** and $x$", "a \\* b, c_d, ~~~ 5 * 3",
+            "- item\n1. one\n# not a heading# \n#also not", "x|y and $5 and __u__"] * 3
+    every = pa.array(docs)
+    for _, rules in _RULES:  # the reference: no gate
+        every = _apply(every, rules)
+    assert plain_view(pa.array(docs)).to_pylist() == every.to_pylist()
+    sliced = pa.array(["# skip me"] + docs)[1:]
+    assert plain_view(sliced).to_pylist() == every.to_pylist()
+
+
 def test_text_state_plain():
     md = pa.array(["# Head\n\n- one **two**", "plain"])
     st = TextState(md, markup="markdown")
