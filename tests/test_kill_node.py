@@ -52,7 +52,7 @@ def test_a_node_sigkilled_mid_map_phase_the_run_finishes_byte_identical(tmp_path
         "name": "node-kill",
         "inputs": {"math": {"format": "jsonl", "source": "math", "text_field": "question", "split_bytes": 20_000,
                             "paths": [str(DATA / "jsonl" / "gsm8k_train_head400.jsonl")]}},
-        "stages": {"slow": {"type": "slowstage:Slow", "seconds": 1.0},
+        "stages": {"slow": {"type": "slowstage:Slow", "seconds": 0.5},
                    "g": {"type": "gopher_quality", "min_doc_words": 1}}}))
     env = {**os.environ, "RAY_TMPDIR": str(root)}
     env.pop("RAY_ADDRESS", None)
