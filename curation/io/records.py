@@ -26,7 +26,7 @@ import fsspec
 from fastwarc.warc import ArchiveIterator, WarcRecordType
 
 from curation.io.ranges import CountingRaw, open_raw
-from curation.io.warc import HTML_TYPES, dechunk
+from curation.io.warc import HTML_TYPES, http_body
 
 #: ranges closer than this are fetched as one read (a request costs more than this many bytes)
 DEFAULT_MAX_GAP = 64 << 10
@@ -109,9 +109,7 @@ def _page(rec, record_id: str | None) -> Page:
     ctype = (rec.http_content_type or "").lower()
     if rec.http_headers is None or not ctype.startswith(HTML_TYPES):
         return Page(reason="not_response", detail=f"content type {ctype or 'missing'!r}")
-    if "chunked" in (rec.http_headers.get("Transfer-Encoding") or "").lower():
-        body = dechunk(body)  # as the reader does: chunk sizes would leak into the text
-    return Page(html=body, charset=rec.http_charset)
+    return Page(html=http_body(rec, body), charset=rec.http_charset)  # as the reader gives it
 
 
 def read_records(wanted: Sequence[Wanted], max_gap: int = DEFAULT_MAX_GAP,

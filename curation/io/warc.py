@@ -30,6 +30,13 @@ from curation.io.read_result import ReadResult
 HTML_TYPES = ("text/html", "application/xhtml+xml")
 
 
+def http_body(rec, body: bytes) -> bytes:
+    """A response record's payload as the server meant it: wget stores chunked bodies as sent,
+    and chunk sizes would leak into the text."""
+    chunked = "chunked" in (rec.http_headers.get("Transfer-Encoding") or "").lower()
+    return dechunk(body) if chunked else body
+
+
 def dechunk(body: bytes) -> bytes:
     """Undo HTTP/1.1 chunked transfer encoding; return ``body`` unchanged if it is not chunked."""
     out, pos = [], 0
@@ -102,9 +109,7 @@ def _add_record(res: ReadResult, spec: InputSpec, rec, wet: bool, index: int | s
         res.reject(index, "non_html", offset, f"content type {ctype or 'missing'!r}")
     else:
         meta["content_type"] = ctype
-        if "chunked" in (rec.http_headers.get("Transfer-Encoding") or "").lower():
-            body = dechunk(body)  # wget stores bodies as sent; chunk sizes would leak into text
-        res.add(index, None, url, meta, html=body, charset=rec.http_charset, offset=offset)
+        res.add(index, None, url, meta, html=http_body(rec, body), charset=rec.http_charset, offset=offset)
 
 
 def iter_warc(shard: InputShard, spec: InputSpec, res: ReadResult) -> Iterator[None]:

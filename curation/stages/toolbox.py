@@ -46,10 +46,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from curation.text.state import TextState
 
 
-def _set_column(table: pa.Table, name: str, values: pa.Array) -> pa.Table:
-    return replace_column(table, name, values)  # the text field keeps its Markdown mark
-
-
 def _existing_file(p: str) -> str:
     path = Path(p).expanduser()
     if not path.is_file():
@@ -178,8 +174,8 @@ class UrlFilter(MapStage):
             code = np.full(n, -1, np.int64)
         names = pa.array(self._blocker.names, pa.string())
         listed = names.take(pa.array(code, pa.int64(), mask=code < 0))  # null where not blocked
-        table = _set_column(batch, "url_blocked", pa.array(code >= 0, pa.bool_()))
-        table = _set_column(table, "url_block_list", listed)
+        table = replace_column(batch, "url_blocked", pa.array(code >= 0, pa.bool_()))
+        table = replace_column(table, "url_block_list", listed)
         return table, text
 
 
@@ -219,9 +215,9 @@ class PiiScrub(MapStage):
             text = self.text_state(batch, text)
         old = batch.column("text").combine_chunks()
         new, n_email, n_ip = self._scrubber.scrub_column(old)
-        table = _set_column(batch, "text", new)
-        table = _set_column(table, "pii_emails", pa.array(n_email, pa.int32()))
-        table = _set_column(table, "pii_ips", pa.array(n_ip, pa.int32()))
+        table = replace_column(batch, "text", new)
+        table = replace_column(table, "pii_emails", pa.array(n_email, pa.int32()))
+        table = replace_column(table, "pii_ips", pa.array(n_ip, pa.int32()))
         field = batch.schema.field("text")
         state = text if new is old and text is not None else _rewritten_state(old, new, text, field)
         return StageResult.keep_all(table, state)
@@ -310,8 +306,8 @@ class BadWordsFilter(MapStage):
         if len(hit):
             words = bw.whitespace_words(texts.take(pa.array(hit)))
             frac[hit] = counts[hit] / np.maximum(words, 1)
-        table = _set_column(batch, "badwords_count", pa.array(counts, pa.int32(), mask=~checked))
-        table = _set_column(table, "badwords_frac", pa.array(frac, pa.float32(), mask=~checked))
+        table = replace_column(batch, "badwords_count", pa.array(counts, pa.int32(), mask=~checked))
+        table = replace_column(table, "badwords_frac", pa.array(frac, pa.float32(), mask=~checked))
         return table, text
 
 
@@ -364,8 +360,8 @@ class Normalize(MapStage):
         new, fixed, removed = self.normalizer().normalize(old)
         delta = (pc.fill_null(pc.utf8_length(new), 0).to_numpy(zero_copy_only=False).astype(np.int64)
                  - pc.fill_null(pc.utf8_length(old), 0).to_numpy(zero_copy_only=False).astype(np.int64))
-        table = _set_column(batch, "text", new)
-        table = _set_column(table, "normalize_fixed", pa.array(fixed, pa.bool_()))
-        table = _set_column(table, "normalize_lines_removed", pa.array(removed, pa.int32()))
-        table = _set_column(table, "normalize_chars_delta", pa.array(delta, pa.int32()))
+        table = replace_column(batch, "text", new)
+        table = replace_column(table, "normalize_fixed", pa.array(fixed, pa.bool_()))
+        table = replace_column(table, "normalize_lines_removed", pa.array(removed, pa.int32()))
+        table = replace_column(table, "normalize_chars_delta", pa.array(delta, pa.int32()))
         return StageResult.keep_all(table, _rewritten_state(old, new, text, batch.schema.field("text")))
