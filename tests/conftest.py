@@ -16,7 +16,8 @@ def ray_session():
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+        # address="local": never the cluster a test (or `ray start`) recorded on this machine
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     yield ray
     ray.shutdown()
 

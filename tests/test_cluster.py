@@ -7,6 +7,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -161,3 +162,29 @@ def test_against_an_index_on_two_nodes_is_byte_identical_to_one_worker(tmp_path,
         out, _ = add.communicate(timeout=300)
         assert add.returncode == 0, out
     assert _index_digests(tmp_path / "index-cluster") == _index_digests(tmp_path / "index-local")
+
+
+def test_a_run_without_address_stays_embedded_beside_a_recorded_cluster(two_nodes):
+    """``ray start`` records its address on the machine (``$RAY_TMPDIR/ray/ray_current_cluster``),
+    and a bare ``ray.init`` joins it: ``refinery run --workers 1`` then failed with Ray's "When
+    connecting to an existing cluster, num_cpus and num_gpus must not be provided". Without
+    ``--address`` a run is embedded (the README's promise), whatever cluster is recorded here."""
+    tmp = Path(tempfile.mkdtemp(prefix="re-", dir="/tmp"))  # short: Ray's socket paths are capped
+    try:
+        (tmp / "ray").mkdir()
+        (tmp / "ray" / "ray_current_cluster").write_text(two_nodes)  # as `ray start --head` leaves it
+        dag = tmp / "dag.yaml"
+        dag.write_text(yaml.safe_dump({
+            "name": "embedded",
+            "inputs": {"web": {"format": "jsonl", "source": "web",
+                               "paths": [str(REPO / "tests/data/jsonl/dolma_cc_en_head-0091.jsonl.gz")]}},
+            "stages": {"gopher": {"type": "gopher_quality", "input": "web"}}}))
+        env = {**os.environ, "RAY_TMPDIR": str(tmp), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": TOKEN}
+        env.pop("RAY_ADDRESS", None)
+        res = subprocess.run([*REFINERY, "run", str(dag), "--out", str(tmp / "run"), "-q", "--workers", "1"],
+                             cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+        progress = json.loads((tmp / "run" / "progress.json").read_text())
+        assert len(progress["nodes"]) == 1 and progress["state"] == "done", progress  # one (embedded) node
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -94,9 +94,16 @@ def _docs_in_rows(pack: Path, rows: list[int]) -> tuple[list[str], int]:
 
 
 def _invoke(*args: str):
-    from curation.cli import app
+    from unittest.mock import patch
 
-    res = CliRunner(env={"COLUMNS": "250"}).invoke(app, ["trace", *map(str, args)])
+    from rich.console import Console
+
+    from curation import cli
+
+    # the CLI's console takes its width when curation.cli is first imported (80 where that was
+    # outside a terminal and without COLUMNS): a wide one of its own, whatever the import order
+    with patch.object(cli, "console", Console(width=400)):
+        res = CliRunner().invoke(cli.app, ["trace", *map(str, args)])
     assert res.exit_code == 0, res.output
     return res.stdout
 

@@ -546,7 +546,12 @@ def _ship_user_stages(dag: Dag) -> tuple[tuple[str, type], ...]:
 def init_ray(address: str | None, workers: int | None) -> int:
     """Connect to ``address`` (or start an embedded Ray with ``workers`` CPUs, all local CPUs
     when None). Returns the tasks to keep in flight: ``workers``, or every CPU the cluster
-    reports (on a cluster of 100 nodes, all of them)."""
+    reports (on a cluster of 100 nodes, all of them).
+
+    Embedded is ``address="local"``: a bare ``ray.init`` joins whatever cluster ``ray start``
+    (or ``ray.cluster_utils``) last recorded on this machine, and then refuses ``num_cpus``
+    ("When connecting to an existing cluster, num_cpus ... must not be provided"): a run
+    without ``--address`` failed on any machine where someone had started a cluster."""
     import ray
 
     if not ray.is_initialized():
@@ -554,7 +559,7 @@ def init_ray(address: str | None, workers: int | None) -> int:
         if address:
             ray.init(address=address, logging_level="WARNING", log_to_driver=True)
         else:
-            ray.init(num_cpus=workers, include_dashboard=False, logging_level="WARNING",
+            ray.init(address="local", num_cpus=workers, include_dashboard=False, logging_level="WARNING",
                      configure_logging=True, log_to_driver=True)
     return workers if workers else max(1, int(ray.cluster_resources().get("CPU", 1)))
 

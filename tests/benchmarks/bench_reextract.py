@@ -120,7 +120,7 @@ def main() -> None:
     size = facts["bytes"]
     print(f"WARC {facts['path']}: {size / MiB:,.1f} MiB, {facts['responses']:,} responses, "
           f"{facts['records']:,} records; {args.workers} workers, {args.rounds} rounds")
-    ray.init(num_cpus=args.workers, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    ray.init(address="local", num_cpus=args.workers, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     max_gap = Reextract().max_gap
     ratios: dict[str, list[float]] = {"same": [], "trafilatura": []}
     with tempfile.TemporaryDirectory(dir=bench_root()) as tmp:
