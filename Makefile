@@ -42,14 +42,8 @@ demo: setup
 	$(BIN)/refinery stats runs/demo-pack
 	$(BIN)/refinery train pipelines/train-tiny.yaml
 
-# two pytest workers (pytest-xdist), a test file each at a time: most tests wait on processes
-# (Ray, the trainer, the service), so two files overlap on two cores (~17 -> ~11 min here). Each
-# worker has its own Ray. The short base temp keeps Ray's socket paths (under tests' tmp dirs)
-# within the 107 bytes AF_UNIX allows; one per clone, so two clones can test at once.
-TEST_TMP := /tmp/rt-$(shell printf '%s' "$(CURDIR)" | cksum | cut -c1-6)
-
 test: setup-test
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --basetemp=$(TEST_TMP) tests
+	$(BIN)/python -m pytest -q tests
 
 # a comparison against a commit you choose (--base): run by hand, listed as skipped by `make bench`
 BENCH_NEEDS_ARGS := tests/benchmarks/bench_kernels_vs_commit.py
