@@ -20,6 +20,7 @@ plain view (``TextState.plain``) and raw; the differing pages listed; the chain'
 
 Run: ``flock /tmp/refinery-bench.lock .venv/bin/python tests/benchmarks/bench_extract_formats.py --formats --agreement``
 or ``... bench_extract_formats.py --speed --rounds 3``
+or ``... bench_extract_formats.py --steps [--gold]`` (where Markdown's time goes, step by step)
 """
 
 from __future__ import annotations
@@ -176,6 +177,82 @@ def agreement(limit: int) -> None:
             print(f"   {n:4d}  text: {a or 'kept'}  | markdown: {b or 'kept'}")
 
 
+def _gold_pages() -> list[str]:
+    return [p.html for name in ("aeb", "trafilatura", "readability") for p in extract_gold.load(name)]
+
+
+def steps(limit: int, rounds: int, chunk: int, gold: bool) -> None:
+    """Where ``format: markdown``'s time goes, per page (ms, one core), every step alternating
+    with the others in chunks of ``chunk`` pages: resiliparse's plain text (``format: text``),
+    its ``minimal_html`` (what Markdown starts from), the table/math gate scan, the table pass
+    (gate included), html-to-markdown on the main content, and the whole of ``format: markdown``.
+    Then the two cheaper variants tried, with how many pages' output they change: tables found
+    in resiliparse's DOM (one parse, ``query_selector_all``) instead of the string scan, and
+    html-to-markdown's ``tier1`` byte scanner instead of ``auto`` (which takes tier 2 here)."""
+    import html_to_markdown as h2m
+    from html_to_markdown._html_to_markdown import convert
+    from html_to_markdown.api import _to_rust_conversion_options
+    from resiliparse.extract.html2text import extract_plain_text
+    from resiliparse.parse.html import HTMLTree
+
+    from curation.text import markdown as md
+    from curation.text.extraction import RESILIPARSE_OPTIONS as opts
+
+    pages = _gold_pages() if gold else [decode_html(b, None) for _, b in load_pages()]
+    pages = pages[:limit]
+    mins = [extract_plain_text(h, preserve_formatting="minimal_html", **opts) for h in pages]
+    tier1 = _to_rust_conversion_options(h2m.ConversionOptions(
+        heading_style="atx", bullets="-", code_block_style="backticks", escape_asterisks=False,
+        escape_underscores=False, escape_misc=False, escape_ascii=False, autolinks=False,
+        extract_metadata=False, compact_tables=True, tier_strategy="tier1"))
+
+    def table_pass(h: str) -> None:
+        first = md._GATE.search(h)
+        if first is not None:
+            md._mark(h, [], first.start())
+
+    def dom_markdown(h: str) -> str:  # the DOM variant: tables found and replaced in the parsed tree
+        tree, parts = HTMLTree.parse(h), []
+        if tree.body is not None:
+            for t in tree.body.query_selector_all("table"):
+                if t.query_selector("table") is None and (rows := md._table_markdown(t.html)) is not None:
+                    parts.append(rows)
+                    md._replace(tree, t, "T", len(parts) - 1, True)
+        out = convert(html=extract_plain_text(tree, preserve_formatting="minimal_html", **opts),
+                      options=md._opts(), visitor=None).content
+        return md._PLACEHOLDER.sub(lambda m: parts[int(m.group(2))], out).strip() if parts else out.strip()
+
+    per_page = {  # name -> (function, its input per page)
+        "text (resiliparse plain)": (lambda h: extract_plain_text(h, **opts), pages),
+        "minimal_html extraction": (lambda h: extract_plain_text(h, preserve_formatting="minimal_html", **opts), pages),
+        "gate scan": (md._GATE.search, pages),
+        "table pass (gate included)": (table_pass, pages),
+        "html-to-markdown (auto)": (lambda m: convert(html=m, options=md._opts(), visitor=None), mins),
+        "html-to-markdown (tier1)": (lambda m: convert(html=m, options=tier1, visitor=None), mins),
+        "markdown (the whole step)": (lambda h: md.resiliparse_markdown(h, opts), pages),
+        "markdown, DOM tables": (dom_markdown, pages),
+    }
+    cpu = dict.fromkeys(per_page, 0.0)
+    names = list(per_page)
+    for r in range(rounds):
+        for k, i in enumerate(range(0, len(pages), chunk)):
+            for name in (names if (r + k) % 2 == 0 else names[::-1]):
+                fn, xs = per_page[name]
+                t0 = time.process_time()
+                for x in xs[i:i + chunk]:
+                    fn(x)
+                cpu[name] += time.process_time() - t0
+    n = rounds * len(pages)
+    print(f"{len(pages)} {'gold-set' if gold else 'bench'} pages, {rounds} rounds, steps alternating every {chunk} pages")
+    for name in names:
+        print(f"  {name:28} {1000 * cpu[name] / n:6.3f} ms/page")
+    print(f"  markdown x{cpu['text (resiliparse plain)'] / cpu['markdown (the whole step)']:.3f} of text's speed")
+    same = [md.resiliparse_markdown(h, opts) for h in pages]
+    print(f"  DOM tables change {sum(a != dom_markdown(h) for a, h in zip(same, pages))} of {len(pages)} pages; "
+          f"tier1 changes {sum(convert(html=m, options=md._opts(), visitor=None).content != convert(html=m, options=tier1, visitor=None).content for m in mins)} "
+          f"of {len(pages)} converter outputs")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--formats", action="store_true", help="F1 / code / table rows / speed per config")
@@ -185,6 +262,8 @@ def main() -> None:
     ap.add_argument("--speed", action="store_true", help="extract's docs/s, markdown vs text, alternating")
     ap.add_argument("--rounds", type=int, default=3, help="--speed: rounds over the pages")
     ap.add_argument("--chunk", type=int, default=10, help="--speed: pages per turn of one format")
+    ap.add_argument("--steps", action="store_true", help="markdown's time per step, and two cheaper variants tried")
+    ap.add_argument("--gold", action="store_true", help="--steps on the three gold sets' pages, not the bench pages")
     a = ap.parse_args()
     if a.formats:
         formats(a.configs.split(","))
@@ -192,6 +271,8 @@ def main() -> None:
         speed(a.pages, a.rounds, a.chunk)
     if a.agreement:
         agreement(a.pages)
+    if a.steps:
+        steps(a.pages, a.rounds, a.chunk, a.gold)
 
 
 if __name__ == "__main__":
