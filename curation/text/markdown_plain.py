@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from curation.text.arrow import text_bytes
 from curation.text.extraction import MARKUP_KEY
+from curation.text.segments import replace_regex_where
 
 # (bytes, rules): each group's rules applied in order, only to the texts holding one of its
 # bytes (none of its rules can match elsewhere). A regex pass over every text costs ~40 ms per
@@ -44,12 +44,6 @@ _RULES: tuple[tuple[tuple[bytes, ...], tuple[tuple[str, str], ...]], ...] = (
     )),
     ((b"\\",), ((r"\\([\\|`*_{}\[\]()#+\-.!$])", "\\1"),)),                  # backslash escapes
 )
-
-
-def _apply(texts: pa.Array, rules: tuple[tuple[str, str], ...]) -> pa.Array:
-    for pattern, repl in rules:
-        texts = pc.replace_substring_regex(texts, pattern=pattern, replacement=repl)
-    return texts
 
 
 #: bit of each mark byte in ``_marks_held``'s per-text flags
@@ -80,19 +74,9 @@ def plain_view(texts: pa.Array | pa.ChunkedArray) -> pa.Array:
     if out.type == pa.large_string():
         out = out.cast(pa.string())
     held = _marks_held(out)
+    every = np.ones(len(out), dtype=bool)
     for marks, rules in _RULES:
-        if not marks:
-            out = _apply(out, rules)
-            continue
-        has = (held & sum(_MARK_BITS[m] for m in marks)) != 0
-        n = int(has.sum())
-        if n == 0:
-            continue
-        if n == len(out):
-            out = _apply(out, rules)
-        else:  # only the texts that hold a mark, put back in place
-            mask = pa.array(has)
-            out = pc.replace_with_mask(out, mask, _apply(out.filter(mask), rules))
+        out = replace_regex_where(out, (held & sum(_MARK_BITS[m] for m in marks)) != 0 if marks else every, rules)
     return out
 
 

@@ -180,14 +180,28 @@ def replace_regex_in_some(values: pa.Array, needle: int, pattern: str, replaceme
     if not isinstance(values, pa.Array) or len(values) == 0:
         return pc.replace_substring_regex(values, pattern, replacement)
     b, doff, _, _ = text_bytes(values)
-    at = np.flatnonzero(b == needle)
-    if not len(at):
-        return values
-    idx = np.unique(np.searchsorted(doff, at, side="right") - 1)
     some = np.zeros(len(values), dtype=bool)
-    some[idx] = True
-    fixed = pc.replace_substring_regex(values.take(pa.array(idx)), pattern, replacement)
-    return pc.replace_with_mask(values, pa.array(some), fixed)
+    some[np.searchsorted(doff, np.flatnonzero(b == needle), side="right") - 1] = True
+    return replace_regex_where(values, some, ((pattern, replacement),))
+
+
+def replace_regex_where(values: pa.Array, where: np.ndarray, rules: tuple[tuple[str, str], ...]) -> pa.Array:
+    """``rules`` (``(pattern, replacement)``, applied in order) run on the strings ``where``
+    marks, put back in place; the others are left as they are (for patterns that cannot match
+    them: the caller found the bytes they need)."""
+    n = int(np.count_nonzero(where))
+    if n == 0:
+        return values
+
+    def apply(texts: pa.Array) -> pa.Array:
+        for pattern, replacement in rules:
+            texts = pc.replace_substring_regex(texts, pattern, replacement)
+        return texts
+
+    if n == len(values):
+        return apply(values)
+    keep = pa.array(where)
+    return pc.replace_with_mask(values, keep, apply(values.filter(keep)))
 
 
 def duplicate_stats(seg: Segments, lengths: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
