@@ -123,9 +123,12 @@ def test_plain_view_strips_markup_line_for_line():
 
 
 def test_plain_view_gated_by_marks_equals_every_rule_on_every_text():
-    """``plain_view`` runs each group of rules only on the texts holding its mark bytes: the same
-    output as every rule on every text, whatever the mix (texts with one mark, several, none,
-    empty, null) and on a slice (an array whose offsets do not start at 0)."""
+    """``plain_view`` (the compiled scans, each text-wide rule run only on texts holding its
+    byte) and ``plain_view_by_rules`` (each group of rules only on the texts holding its mark
+    bytes): the same output as every rule on every text, whatever the mix (texts with one mark,
+    several, none, empty, null) and on a slice (an array whose offsets do not start at 0)."""
+    from curation.text.markdown_plain import plain_view_by_rules
+
     import pyarrow.compute as pc
 
     from curation.text.markdown_plain import _RULES
@@ -137,9 +140,49 @@ def test_plain_view_gated_by_marks_equals_every_rule_on_every_text():
     for _, rules in _RULES:  # the reference: no gate
         for pattern, replacement in rules:
             every = pc.replace_substring_regex(every, pattern, replacement)
-    assert plain_view(pa.array(docs)).to_pylist() == every.to_pylist()
-    sliced = pa.array(["# skip me"] + docs)[1:]
-    assert plain_view(sliced).to_pylist() == every.to_pylist()
+    for view in (plain_view, plain_view_by_rules):
+        assert view(pa.array(docs)).to_pylist() == every.to_pylist()
+        sliced = pa.array(["# skip me"] + docs)[1:]
+        assert view(sliced).to_pylist() == every.to_pylist()
+
+
+def _random_markup(n: int, seed: int) -> list[str]:
+    """Texts strung from the rules' marks and their near misses (7 "#", 10 digits, "$5", "\\|"),
+    blanks, line breaks (\r and \f too) and 2-4 byte UTF-8 characters, 0-30 pieces each."""
+    import random
+
+    rng = random.Random(seed)
+    pieces = ["#", "##", "######", "#######", " ", "  ", "\t", "\n", "\n\n", "\r", "\f", "|", " | ", "|---|",
+              "---", ":---:", "-", "*", "**", "***", "_", "__", "+", "1.", "12)", "123456789.", "1234567890.",
+              ">", "> ", " >", "$", "$$", "$5", "\\", "\\|", "\\*", "\\a", "```", "~~~", "``", "`", "a", "word",
+              "é", "中", "😀", ".", ")", ":", "x*y", "$x$", "é$ "]
+    return ["".join(rng.choice(pieces) for _ in range(rng.randint(0, 30))) for _ in range(n)]
+
+
+def test_plain_view_compiled_equals_the_rules_on_random_markup():
+    """The compiled scans against the regex chain they replace (the reference), on 20,000
+    random texts of marks: same bytes, text for text. Leftmost, non-overlapping matches and
+    whole UTF-8 characters where a rule consumes any character are what this pins (a scan that
+    stepped bytewise through "é$ " removed the "$")."""
+    from curation.text.markdown_plain import plain_view_by_rules
+
+    texts = pa.array(_random_markup(20_000, seed=53) + [None, ""])
+    got, want = plain_view(texts).to_pylist(), plain_view_by_rules(texts).to_pylist()
+    bad = [(t, g, w) for t, g, w in zip(texts.to_pylist(), got, want) if g != w]
+    assert not bad, bad[:5]
+
+
+def test_plain_view_compiled_equals_the_rules_on_real_pages():
+    """... and on the Markdown of real pages: the article-extraction benchmark's pages kept in
+    the repo and the two Mozilla pages (tables, code)."""
+    from curation.io import extract_gold
+    from curation.text.markdown_plain import plain_view_by_rules
+
+    pages = [p.html for p in extract_gold.aeb(FIX / "aeb_pages.tar.xz", FIX / "aeb_ground_truth.json.gz")]
+    pages += [_fixture("mozilla_001_source.html.xz"), _fixture("mozilla_keep_tabular_data_source.html.xz")]
+    md = pa.array([extract_page(h, format="markdown") for h in pages])
+    assert sum("|" in t or "#" in t for t in md.to_pylist()) >= 10  # marks to strip
+    assert plain_view(md).equals(plain_view_by_rules(md))
 
 
 def test_text_state_plain():

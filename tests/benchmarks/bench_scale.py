@@ -3,7 +3,7 @@ asserts nothing. Run by hand:
 
     BENCH_TMP=/big/tmp .venv/bin/python tests/benchmarks/bench_scale.py [--size-mb 1024]
         [--workers N] [--split-mb 128] [--only full|extract] [--rounds N] [--pages long] [--warm-mb 16]
-        [--side-by-side]
+        [--side-by-side [--only full --formats text,markdown]]
 
 1. Builds (once; cached under ``$BENCH_TMP/refinery-bench-scale/``) a WARC laid out like a
    Common Crawl file: a warcinfo record, then for every page a request, a response and a
@@ -34,6 +34,9 @@ asserts nothing. Run by hand:
    VM's cores each change speed by up to 1.7x from one second to the next (``bench_cores.py``); run
    one after the other, the two modes saw different luck (extraction's own speed x0.86-x1.19 between
    the runs of a pair), side by side they see the same (x0.96-x0.98).
+   ``--only full --side-by-side --formats text,markdown``: the same, with the two runs being the full
+   DAG in each extract format (issue #53's speed target: format: markdown's throughput against
+   text's), and per round where the difference lies (each map stage's CPU, each global stage's wall).
    Each stage's line also gives its page faults a document (a zeroed page each, ~4 us of system time
    here), and the workers' line their system time and faults: what the allocators cost.
 
@@ -544,9 +547,8 @@ def meet(barrier: str, me: str, parties: int = 2) -> None:
         time.sleep(0.02)
 
 
-def _extract_forever(stop: str, counter) -> None:
+def _extract_forever(stop: str, counter, pages: list[bytes]) -> None:
     """Extract the bench's pages (decode + resiliparse, the extract stage's work) until ``stop`` exists."""
-    pages = [html for _, html in load_pages()]
     i = 0
     while not os.path.exists(stop):
         page_text(pages[i % len(pages)])
@@ -555,17 +557,18 @@ def _extract_forever(stop: str, counter) -> None:
         counter.value += i
 
 
-def keep_busy_until(barrier: str, me: str, workers: int) -> int:
+def keep_busy_until(barrier: str, me: str, workers: int, pages: list[bytes]) -> int:
     """Mark ``me`` done; until the other run is done too, keep ``workers`` cores extracting pages
     (untimed), as this run's workers did: the other run's last minutes then share the machine as its
-    first ones did. Returns the pages extracted meanwhile."""
+    first ones did. ``pages`` are loaded before the timed run: loading them here took seconds, in
+    which the other run had the machine to itself. Returns the pages extracted meanwhile."""
     import multiprocessing as mp
 
     (Path(barrier) / me).touch()
     stop = Path(barrier) / "all.stop"
     ctx = mp.get_context("fork")
     counter = ctx.Value("q", 0)
-    procs = [ctx.Process(target=_extract_forever, args=(str(stop), counter)) for _ in range(workers)]
+    procs = [ctx.Process(target=_extract_forever, args=(str(stop), counter, pages)) for _ in range(workers)]
     for pr in procs:
         pr.start()
     while sum(1 for p in Path(barrier).iterdir() if p.suffix == ".done") < 2:
@@ -584,7 +587,9 @@ def run_one(mode: str, warc_facts: dict, workers: int, split_mb: int, out_json: 
     from curation.pipeline.dag import parse_dag
     from curation.pipeline.executor import run_dag
 
-    res: dict = {"mode": mode, "workers": workers, "split_mb": split_mb, "input_bytes": warc_facts["bytes"],
+    fmt = os.environ.get("BENCH_SCALE_FORMAT", "text")
+    me = f"{mode}-{fmt}"  # this run's name at the side-by-side barrier (two modes, or two formats)
+    res: dict = {"mode": mode, "format": fmt, "workers": workers, "split_mb": split_mb, "input_bytes": warc_facts["bytes"],
                  "inflate": "isal" if fast_inflate() else "zlib",
                  "docs": warc_facts["responses"]}
     with tempfile.TemporaryDirectory(dir=bench_root()) as tmp:
@@ -622,7 +627,8 @@ def run_one(mode: str, warc_facts: dict, workers: int, split_mb: int, out_json: 
                     f.unlink()
         barrier = os.environ.get("BENCH_SCALE_BARRIER")
         if barrier:  # --side-by-side: the two runs' timed parts start together
-            meet(barrier, f"{mode}.ready")
+            filler = [html for _, html in load_pages()]  # what keeps the cores busy after, loaded now
+            meet(barrier, f"{me}.ready")
         t0, c0 = time.perf_counter(), time.process_time()
         state = run_dag(dag, run_dir, workers=workers, quiet=True)
         res["wall_s"] = time.perf_counter() - t0
@@ -632,7 +638,7 @@ def run_one(mode: str, warc_facts: dict, workers: int, split_mb: int, out_json: 
         sampler.stop.set()
         if barrier:  # ... and neither one ever has the machine to itself
             res["side_by_side"] = True
-            res["filler_pages"] = keep_busy_until(barrier, f"{mode}.done", workers)
+            res["filler_pages"] = keep_busy_until(barrier, f"{me}.done", workers, filler)
         res["state"] = state.get("state")
         res["stages_progress"] = state.get("stages", {})
         # what the workers recorded
@@ -728,11 +734,11 @@ def _faults(n: int | None, docs: int, handoff: int | None = None) -> str:
 
 def show(r: dict) -> None:
     w, docs = r["workers"], r["docs"]
-    print(f"\n== {r['mode']}: {docs:,} documents, {r['input_bytes'] / MiB:,.1f} MiB WARC, {w} workers, "
+    print(f"\n== {r['mode']} (format: {r.get('format', 'text')}): {docs:,} documents, {r['input_bytes'] / MiB:,.1f} MiB WARC, {w} workers, "
           f"split {r['split_mb']} MiB -> {r['read']['shards']} shards; state {r['state']}; "
           f"inflate {r.get('inflate', 'zlib')}" + (f"; workers warmed on {r['warm_docs']:,} documents first "
                                                    f"({r['warm_s']:.1f} s, left out)" if "warm_s" in r else "")
-          + (f"; side by side with the other mode (then {r['filler_pages']:,} pages extracted untimed while it "
+          + (f"; side by side with the other run (then {r['filler_pages']:,} pages extracted untimed while it "
              "finished)" if r.get("side_by_side") else ""))
     print(f"end to end   {r['wall_s']:8.1f} s  {docs / r['wall_s']:9,.1f} docs/s  "
           f"{docs / r['wall_s'] / w:9,.1f} docs/s/core")
@@ -818,6 +824,10 @@ def main() -> None:
                          "between the two runs of a pair)")
     ap.add_argument("--format", choices=["text", "markdown"], default="text",
                     help="the extract stage's format (its runs inherit it through BENCH_SCALE_FORMAT)")
+    ap.add_argument("--formats", metavar="A,B",
+                    help="with --only and --side-by-side: the --only mode once per extract format, the two at the "
+                         "same time (e.g. text,markdown: format: markdown's full DAG against text's under the same "
+                         "load, neither ever alone on the machine), and B's throughput as a fraction of A's")
     ap.add_argument("--one", nargs=3, help=argparse.SUPPRESS)  # internal: MODE FACTS_JSON OUT_JSON
     ap.add_argument("--warm-facts", help=argparse.SUPPRESS)  # internal: the warm-up WARC's facts
     a = ap.parse_args()
@@ -840,13 +850,22 @@ def main() -> None:
         warm_json = Path(warm["path"]).with_suffix(".json")
         print(f"warm-up WARC {warm['path']}: {warm['responses']:,} responses, run first in the same workers "
               "and left out of the figures")
-    modes = ["full", "extract"] if a.only is None else [a.only]
+    # the runs of a round ("arms"): the two modes in one format, or (--formats) one mode in two formats
+    if a.formats:
+        fmts = a.formats.split(",")
+        if not (a.only and a.side_by_side and len(fmts) == 2 and set(fmts) <= {"text", "markdown"} and fmts[0] != fmts[1]):
+            ap.error("--formats A,B: two different formats of text,markdown, with --only and --side-by-side")
+        arms = {f"{a.only}/{f}": (a.only, f) for f in fmts}
+    else:
+        arms = {m: (m, a.format) for m in (["full", "extract"] if a.only is None else [a.only])}
+    modes = list(arms)
     walls: dict[str, list[float]] = {m: [] for m in modes}
     results: dict[str, list[dict]] = {m: [] for m in modes}
     if a.side_by_side and (len(modes) != 2 or a.profile):
-        ap.error("--side-by-side runs both modes (no --only) and no --profile")
+        ap.error("--side-by-side runs both modes (no --only, or --only with --formats) and no --profile")
 
-    def start(mode: str, r: int, out: str, env: dict) -> subprocess.Popen:
+    def start(arm: str, r: int, out: str, env: dict) -> subprocess.Popen:
+        mode, env["BENCH_SCALE_FORMAT"] = arms[arm]
         if a.profile:
             env["BENCH_SCALE_PROFILE"] = os.path.join(a.profile, f"{mode}-{r}")
             os.makedirs(env["BENCH_SCALE_PROFILE"], exist_ok=True)
@@ -898,7 +917,21 @@ def main() -> None:
             for out in outs.values():
                 Path(out).unlink(missing_ok=True)
     rates = {m: results[m][0]["docs"] / statistics.median(w) / results[m][0]["workers"] for m, w in walls.items()}
-    if len(walls) == 2:  # same documents in both: the throughput ratio is the inverse wall ratio
+    if a.formats:  # same documents, same DAG: B's throughput over A's is A's wall over B's
+        fa, fb = modes
+        ratios = [wa / wb for wa, wb in zip(walls[fa], walls[fb])]
+        print(f"\n{fb} throughput = x{statistics.median(ratios):.3f} of {fa}'s (median of {len(ratios)} round(s): "
+              f"{', '.join(f'x{x:.3f}' for x in ratios)}; wall {statistics.median(walls[fb]):.1f} s vs "
+              f"{statistics.median(walls[fa]):.1f} s)")
+        for ra, rb in zip(results[fa], results[fb]):  # where the difference lies, from the workers' clocks
+            cpu = {k: (ra["map_stages"].get(k, {}).get("cpu", 0.0), rb["map_stages"].get(k, {}).get("cpu", 0.0))
+                   for k in ra["map_stages"]}
+            print("  map stages' CPU, " + fb + " over " + fa + ": "
+                  + ", ".join(f"{k} x{b / x:.2f}" for k, (x, b) in cpu.items() if x)
+                  + f"; global stages' wall: " + ", ".join(
+                      f"{k} x{rb['global_stages'][k]['seconds'] / v['seconds']:.2f}"
+                      for k, v in ra["global_stages"].items() if v["seconds"] and k in rb["global_stages"]))
+    elif len(walls) == 2:  # same documents in both: the throughput ratio is the inverse wall ratio
         ratios = [e / f for f, e in zip(walls["full"], walls["extract"])]
         print(f"\nfull DAG throughput = {statistics.median(ratios):.1%} of extract-only "
               f"(median of {len(ratios)} round(s): {', '.join(f'{x:.1%}' for x in ratios)}; "
@@ -931,7 +964,7 @@ def main() -> None:
                   f"{e_base:,.1f} s = x{e_base / f_base:.2f} the full run's")
     snapshot_docs = a.snapshot_warcs * a.responses_per_warc
     for mode, rate in rates.items():  # the unit users budget in
-        label = "full DAG" if mode == "full" else "extract-only"
+        label = ("full DAG" if arms[mode][0] == "full" else "extract-only") + f", format: {arms[mode][1]}"
         print(f"cost: a {a.snapshot_warcs:,}-WARC snapshot ({snapshot_docs:,.0f} responses) at {rate:,.1f} docs/s/core "
               f"({label}) = {snapshot_docs / rate / 3600:,.0f} core-hours")
 
