@@ -1,7 +1,8 @@
 """Build the compiled kernels once per machine (``refinery warmup``).
 
-The word splitter, the n-gram repetition counter, langid's text sampling and fastText inference are numba functions
-compiled on first call and cached on disk (``cache=True``). Without a warm cache, every Ray
+The word splitter, the n-gram repetition counter, langid's text sampling, Markdown's plain view
+and fastText inference are numba functions compiled on first call and cached on disk
+(``cache=True``). Without a warm cache, every Ray
 worker of the first run compiles them at once (~3x slower first run). Running each path once
 here, on a tiny batch with the real types, writes the cache where workers read it: next to
 the package when that is writable (a clone, a Docker build), else numba's user-wide cache
@@ -38,6 +39,7 @@ def warm_kernels() -> dict[str, float]:
     from curation.quality.classifier import load_scorer, train_quality_classifier
     from curation.stages.filters import C4QualityFilter, FineWebQualityFilter, GopherQualityFilter, GopherRepetitionFilter
     from curation.stages.langid import LanguageId
+    from curation.text.markdown_plain import plain_view
 
     texts = _sample_texts()
     batch = pa.table({"id": [str(i) for i in range(len(texts))], "text": texts})
@@ -50,6 +52,9 @@ def warm_kernels() -> dict[str, float]:
     t0 = time.perf_counter()
     MinHasher(num_perm=16, ngram=5).signatures(pa.array(texts))
     took["minhash"] = time.perf_counter() - t0
+    t0 = time.perf_counter()  # format: markdown's plain view (what the filters and dedup measure)
+    plain_view(pa.array(["# Head\n\n| a | b |\n| --- | --- |\n- **x** *y* $z$ \\* ```"] + texts))
+    took["markdown_plain"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:  # a throwaway model: only the kernels' types matter
         labels = Path(tmp) / "labels.txt"
