@@ -244,27 +244,38 @@ def _line_cut(a, s, e, rule):
     return j, p
 
 
-# The text-wide rules below go from one byte their patterns need to the next (copying what lies
-# between in one move): ``i`` is where the text not yet consumed by a match starts, so a match
-# never reaches back into the one before it (RE2's non-overlapping global replace).
+# The text-wide rules below go from one byte their patterns need to the next (``_find``), copying
+# what lies between in one move: ``i`` is where the text not yet consumed by a match starts, so a
+# match never reaches back into the one before it (RE2's non-overlapping global replace).
+
+
+@njit(cache=True, nogil=True)
+def _find(a, k, n, x, y):
+    """The first position >= k holding byte x or y (n: none)."""
+    while k < n and a[k] != x and a[k] != y:
+        k += 1
+    return k
+
+
+@njit(cache=True, nogil=True)
+def _drop(a, i, k, e, b, m):
+    """A match [.., e) whose only removed byte is the mark at k: a[i:k] and a[k+1:e] -> b[m:]
+    (the text before it and what it captured); returns the new end in b."""
+    return _copy(a, k + 1, e, b, _copy(a, i, k, b, m))
 
 
 @njit(cache=True, nogil=True)
 def _pairs(a, n, b, x, y):
     """xx|yy -> "" (strong marks: ** and __; display math: $$ with x == y == $)"""
-    m = 0
-    i = 0
-    k = 0
-    while True:
-        while k < n and a[k] != x and a[k] != y:
-            k += 1
-        if k >= n:
-            break
+    m = i = 0
+    k = _find(a, 0, n, x, y)
+    while k < n:
         if k + 1 < n and a[k + 1] == a[k]:
             m = _copy(a, i, k, b, m)
             i = k = k + 2
         else:
             k += 1
+        k = _find(a, k, n, x, y)
     return _copy(a, i, n, b, m)
 
 
@@ -272,24 +283,18 @@ def _pairs(a, n, b, x, y):
 def _emphasis(a, n, b):
     r"""(\w)\*|\*(\w) -> \1\2: at each "*", the word character before it (not consumed), else
     the one after it"""
-    m = 0
-    i = 0
-    k = 0
-    while True:
-        while k < n and a[k] != _STAR:
-            k += 1
-        if k >= n:
-            break
+    m = i = 0
+    k = _find(a, 0, n, _STAR, _STAR)
+    while k < n:
         if k - 1 >= i and _word(a[k - 1]):
-            m = _copy(a, i, k, b, m)
+            m = _drop(a, i, k, k + 1, b, m)
             i = k = k + 1
         elif k + 1 < n and _word(a[k + 1]):
-            m = _copy(a, i, k, b, m)
-            b[m] = a[k + 1]
-            m += 1
+            m = _drop(a, i, k, k + 2, b, m)
             i = k = k + 2
         else:
             k += 1
+        k = _find(a, k, n, _STAR, _STAR)
     return _copy(a, i, n, b, m)
 
 
@@ -298,31 +303,22 @@ def _inline_math(a, n, b):
     r"""(\S)\$(\s|$)|\$([^\s\d$]) -> \1\2\3 (``$`` outside (?m): the text's end): at each "$",
     the character before it (whole, not consumed) and a space or the end after it; else the
     character after it"""
-    m = 0
-    i = 0
-    k = 0
-    while True:
-        while k < n and a[k] != _DOLLAR:
-            k += 1
-        if k >= n:
-            break
+    m = i = 0
+    k = _find(a, 0, n, _DOLLAR, _DOLLAR)
+    while k < n:
         # the character before: its last byte decides (\S; a byte of a longer character is no
         # space) and lies in the text not consumed iff the whole character does (i sits
         # between characters)
-        p = k - 1
-        if p >= i and not _space(a[p]) and (k + 1 == n or _space(a[k + 1])):
-            m = _copy(a, i, k, b, m)
-            if k + 1 < n:
-                b[m] = a[k + 1]
-                m += 1
-            i = k = min(k + 2, n)
+        if k - 1 >= i and not _space(a[k - 1]) and (k + 1 == n or _space(a[k + 1])):
+            e = min(k + 2, n)
         elif k + 1 < n and not _space(a[k + 1]) and not _digit(a[k + 1]) and a[k + 1] != _DOLLAR:
-            m = _copy(a, i, k, b, m)
             e = min(k + 1 + _char_len(a[k + 1]), n)
-            m = _copy(a, k + 1, e, b, m)
-            i = k = e
         else:
-            k += 1
+            k = _find(a, k + 1, n, _DOLLAR, _DOLLAR)
+            continue
+        m = _drop(a, i, k, e, b, m)
+        i = e
+        k = _find(a, e, n, _DOLLAR, _DOLLAR)
     return _copy(a, i, n, b, m)
 
 
@@ -336,21 +332,15 @@ def _escaped(c):  # [\\|`*_{}\[\]()#+\-.!$]
 @njit(cache=True, nogil=True)
 def _escapes(a, n, b):
     r"""\\([\\|`*_{}\[\]()#+\-.!$]) -> \1"""
-    m = 0
-    i = 0
-    k = 0
-    while True:
-        while k < n and a[k] != _BSL:
-            k += 1
-        if k >= n:
-            break
+    m = i = 0
+    k = _find(a, 0, n, _BSL, _BSL)
+    while k < n:
         if k + 1 < n and _escaped(a[k + 1]):
-            m = _copy(a, i, k, b, m)
-            b[m] = a[k + 1]
-            m += 1
+            m = _drop(a, i, k, k + 2, b, m)
             i = k = k + 2
         else:
             k += 1
+        k = _find(a, k, n, _BSL, _BSL)
     return _copy(a, i, n, b, m)
 
 
