@@ -267,6 +267,10 @@ class CheckpointConfig(_Strict):
     # Collective timeout around saving and loading (DCP's plan gathers and the rename barriers wait
     # for the slowest writer): its own bound, not parallel.step_timeout_s, which is for a step.
     timeout_s: float = Field(default=1800, gt=0)
+    # false: no checkpoint at the run's last step, even when it is a multiple of ``every`` (earlier
+    # periodic ones still land). For timed runs (the GPU bench): a save writes 12 bytes per
+    # parameter (fp32 weights and two Adam moments; 13.8 GiB at 1B) before the run can end.
+    final_save: bool = True
 
 
 class MetricsConfig(_Strict):

@@ -1,22 +1,38 @@
 """The trainer's small files written whole or not at all (meta.json, the ``latest`` pointer,
-trimmed metrics and trace logs): a temporary sibling, fsync, rename. Checkpoint directories are
+summary.json, profile tables, trimmed metrics and trace logs; the GPU bench's results): a
+temporary sibling, fsync, rename. ``metrics.jsonl`` itself is an append log (one whole line per
+write, flushed); a line torn by a kill is dropped by ``truncate_jsonl`` when a run resumes. Checkpoint directories are
 renamed into place by ``training.checkpoint`` itself (a directory, not a file)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import tempfile
 from pathlib import Path
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text``: readers see the old content or the new, never a part."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Replace ``path`` with ``text``: readers see the old content or the new, never a part.
+
+    The temporary file is a unique sibling (same directory, so the rename stays on one file
+    system and is atomic; unique, so two writers never share it). A write that fails midway
+    removes it and leaves ``path`` as it was; a process killed midway leaves ``path`` as it
+    was and a hidden ``.NAME.*.tmp`` beside it."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would make results unreadable to others
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def truncate_jsonl(path: Path, before_step: int) -> None:

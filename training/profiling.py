@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from pathlib import Path
 
 import torch
+
+from training.files import write_text_atomic
 
 #: ops listed in the ``_ops.txt`` table
 TOP_OPS = 40
@@ -86,14 +89,16 @@ class StepProfiler:
     def _write(self, prof: torch.profiler.profile) -> None:
         stem = self.out / f"rank{self.rank}_steps{self.first}-{self.last}"
         trace = stem.with_suffix(".json")
-        prof.export_chrome_trace(str(trace))
+        part = trace.with_name(f".{trace.name}.part")  # renamed when whole: a kill never leaves half a trace
+        prof.export_chrome_trace(str(part))
+        os.replace(part, trace)
         key = "self_device_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
         averages = prof.key_averages()
         table = averages.table(sort_by=key, row_limit=TOP_OPS)
         shape = window_summary(json.loads(trace.read_text()))
         ops = Path(f"{stem}_ops.txt")
-        ops.write_text(f"steps {self.first}-{self.last} on rank {self.rank} ({self.device}), ops by {key}\n{table}\n"
-                       f"{shape_line(shape)}\n")
+        write_text_atomic(ops, f"steps {self.first}-{self.last} on rank {self.rank} ({self.device}), ops by {key}\n{table}\n"
+                                f"{shape_line(shape)}\n")
         top = sorted((e for e in averages if not e.key.startswith(("train_step", "ProfilerStep"))),
                      key=lambda e: getattr(e, key), reverse=True)[:3]
         per_step = ", ".join(f"{e.key} {getattr(e, key) / 1e3 / self.cfg.steps:.1f} ms" for e in top)

@@ -75,6 +75,25 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.devi
     )
 
 
+def keeps_grad_buffers(cudagraphs: bool) -> bool:
+    """Whether ``.grad`` buffers are allocated once and zeroed in place, never set to None.
+
+    Under CUDA graphs (compile_mode reduce-overhead) a compiled backward returns weight gradients
+    in the graph pool; with ``.grad`` None, autograd adopts that pool tensor as ``.grad``, and the
+    next micro-batch's graph replay frees or overwrites it (step 0 raises, or the accumulated
+    gradient silently becomes the last micro-batch's: pytorch#169545, trainer-audit-s5 C1).
+    With ``.grad`` already allocated, autograd adds into it in place instead."""
+    return cudagraphs
+
+
+def allocate_grads(optimizer: torch.optim.Optimizer) -> None:
+    """A zero ``.grad`` for every trainable parameter that has none (outside any graph pool)."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
+
+
 def parse_mix(text: str) -> dict[str, float]:
     """``web=0.3,math=0.7`` -> {"web": 0.3, "math": 0.7}."""
     out = {}
@@ -148,6 +167,7 @@ class Trainer:
         self.notes += env.notes
         self.compile_mode = compile_mode_for(cfg, env, self.notes)
         self.cudagraphs = cfg.train.compile and self.compile_mode in CUDAGRAPH_MODES
+        self.static_grads = keeps_grad_buffers(self.cudagraphs)
         self.model = parallelize(model, cfg.parallel, env, compile=cfg.train.compile, compile_mode=self.compile_mode)
         self.optimizer = build_optimizer(self.model, cfg, env.device)
         self.autocast = (
@@ -222,6 +242,10 @@ class Trainer:
             group["lr"] = lr
         if guard_cfg.inject_error is not None and (guard_cfg.inject_error.step, guard_cfg.inject_error.rank) == (step, env.rank):
             raise RuntimeError(f"injected error on rank {env.rank} at step {step} (guard.inject_error)")
+        if self.static_grads:
+            # At the first step, not at build: DCP's optimizer-state init (checkpoint load) runs
+            # only while every .grad is None, and leaves them None. Later steps find them allocated.
+            allocate_grads(self.optimizer)
         n_global = all_reduce_sum(batch.counts.to(dev, non_blocking=True), env)[0]  # stays on the device
         scale = (env.world / n_global.clamp(min=1)).float()
         loss_sum = torch.zeros((), dtype=torch.float32, device=dev)
@@ -241,7 +265,7 @@ class Trainer:
         grad_norm = clip_grad_norm(self.model, self.cfg.optim.grad_clip)
         if not guard_cfg.enabled:
             self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            self.optimizer.zero_grad(set_to_none=not self.static_grads)
             return loss, grad_norm, None
         loss, grad_norm, n = torch.stack([loss, grad_norm.double(), n_global]).tolist()  # the step's one host read
         self.n_step = n
@@ -249,7 +273,7 @@ class Trainer:
         if reason is None:
             self.optimizer.step()
             self.guard.accept(grad_norm)
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=not self.static_grads)
         return loss, grad_norm, reason
 
     @torch.no_grad()
@@ -272,6 +296,10 @@ class Trainer:
         if (anneal := anneal_record(self.lineage)) is not None:
             info["anneal"] = anneal
         self.trace.flush()  # before the checkpoint: every step it covers is traceable
+        if self.static_grads and not self.optimizer.state:
+            # No step taken yet (a guard stop): DCP initialises Adam's state for the checkpoint
+            # only when no .grad exists; the next step allocates them again.
+            self.optimizer.zero_grad(set_to_none=True)
         # Checkpoint I/O has its own collective timeout (a large save on slow storage is not a hung step).
         set_collective_timeout(self.env, self.cfg.checkpoint.timeout_s)
         path = self.checkpointer.save(step, self.model, self.optimizer, self.components, info)
@@ -393,8 +421,10 @@ class Trainer:
                         "or lower the LR before resuming.")})
                     code = EXIT_GUARD_STOP
                     break
-                if done % cfg.checkpoint.every == 0 or done == self.end_step:
-                    self.save(done, "end" if done == self.end_step else "periodic")
+                at_end = done == self.end_step
+                # checkpoint.final_save false: the run ends without a save, even on a periodic step
+                if cfg.checkpoint.final_save if at_end else done % cfg.checkpoint.every == 0:
+                    self.save(done, "end" if at_end else "periodic")
             self.checkpointer.wait()  # an async save still writing becomes visible before we exit
             self.quality.pause()
             self._write_summary(code)

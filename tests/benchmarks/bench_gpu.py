@@ -1,6 +1,6 @@
 """GPU acceptance run for the trainer, sized for one short lease (one command, <= 7 min on one H100/H200).
 
-    python tests/benchmarks/bench_gpu.py --lease OUT_DIR [--deadline 400] [--only kernels,resume]
+    python tests/benchmarks/bench_gpu.py --lease OUT_DIR [--deadline 400] [--only kernels,resume] [--strategy none]
     python tests/benchmarks/bench_gpu.py --dry-run OUT_DIR     # the same control flow on CPU, tiny shapes
 
 Checks, in value order (cheap correctness first, so a slow compile cannot cost them):
@@ -14,7 +14,8 @@ Checks, in value order (cheap correctness first, so a slow compile cannot cost t
              run; tokens/s from the trainer's synchronized window ends, MFU with the PaLM count
              and with causal attention FLOPs; target >= 40% (PaLM count);
   async_save 10 steps, a checkpoint every 5 with checkpoint.async_save (one GPU: the 1-rank NCCL
-             group, whose async save needs the checkpointer's gloo group);
+             group, whose async save needs the checkpointer's gloo group); step 5 read back: resumed
+             for one step, its loss bit-equal to the async run's own;
   trace      a profiled window of the ~125M run: ops table, device-busy share, host ops per step;
   small      ~125M knobs: eager, compiled, CUDA graphs (compile_mode reduce-overhead) with batches
              in tokens: tokens/s and MFU each; target >= 35%;
@@ -23,7 +24,10 @@ Checks, in value order (cheap correctness first, so a slow compile cannot cost t
 Each check runs in its own process group with its own timeout (never past --deadline) and writes
 OUT_DIR/<check>.json (status pass/fail/timeout, figures, seconds, kernel, log tail) as it lands; its
 output is appended to OUT_DIR/bench.log; OUT_DIR/summary.json (torch, CUDA, driver, GPU, every check
-so far, skipped ones with the reason) is rewritten after each. A check whose estimate no longer fits
+so far, skipped ones with the reason) is rewritten after each; every JSON is written whole or not at
+all (temporary file, rename), and one that cannot be read fails its check only. Runs that only
+measure end without a checkpoint (checkpoint.final_save false). --strategy none reruns the checks
+without the 1-rank NCCL group (no FSDP2 on one GPU). A check whose estimate no longer fits
 before --deadline is skipped (summary only: a lease returns at most 8 files). This layout is what
 gets committed under tests/artifacts/gpu/<date>-<gpu>/.
 Without --lease/--dry-run and without CUDA it says it needs a GPU and exits 0 (``make bench`` runs on).
@@ -51,6 +55,8 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 import yaml  # noqa: E402
 
+from training.files import write_text_atomic  # noqa: E402  (stdlib only: no torch import)
+
 # torch is imported where it is used: a check process that only launches trainers (every check
 # but kernels in the dry run) does not pay for it (seconds a process on a busy 2-core machine)
 
@@ -62,12 +68,16 @@ class Check:
     estimate_s: int  # on one H100/H200 from a bare machine: the lease plan (README)
 
 
-#: Value order. Estimates: torch 2.11/2.13 on one H200, Inductor compiles cold (trainer-audit-s4 §5).
+#: Value order. Estimates: torch 2.11/2.13 on one H200, Inductor compiles cold (trainer-audit-s4 §5),
+#: checkpoint writes included (trainer-audit-s5 K1; 1.13 GiB per ~125M save, at ~0.5 GB/s assumed for
+#: the lease's disk). Only resume and async_save save: every other run sets checkpoint.final_save false
+#: (mfu_1b's final save alone was 13.8 GiB). resume: 2 saves + 2 loads; async_save: 2 background saves,
+#: then one step resumed from the first (a load and a start-up).
 CHECKS = [
     Check("kernels", 120, 50),
-    Check("resume", 200, 100),
+    Check("resume", 200, 110),
     Check("mfu_1b", 270, 190),
-    Check("async_save", 90, 30),
+    Check("async_save", 120, 60),
     Check("trace", 90, 45),
     Check("small", 300, 170),
     Check("multi", 240, 120),
@@ -92,8 +102,9 @@ def environment() -> dict:
 class Ctx:
     """Shapes and paths of one check: a lease's, or the dry run's tiny ones on CPU."""
 
-    def __init__(self, work: Path, dry: bool):
+    def __init__(self, work: Path, dry: bool, strategy: str | None = None):
         self.work, self.dry = work, dry
+        self.strategy = strategy  # --strategy: parallel.strategy of every one-process run (None: each check's own)
         self.device = "cpu" if dry else "cuda"
         self.gpus = 2  # multi: 2 CPU processes in the dry run
         if not dry:
@@ -126,6 +137,10 @@ class Ctx:
             return {"n_layer": 2, "d_model": 64, "n_head": 4, "n_kv_head": 2, "ffn_hidden": 192}
         return {"preset": "125m"}
 
+    def pin_strategy(self, raw: dict) -> None:
+        if self.strategy:
+            raw["parallel"] = {**raw.get("parallel", {}), "strategy": self.strategy}
+
     def cfg(self, name: str, steps: int, model: dict | None = None, train: dict | None = None, **extra) -> Path:
         pack, seq, vocab = self.small_pack()
         raw = {
@@ -135,11 +150,12 @@ class Ctx:
             "train": {"global_batch": 8 if self.dry else 32, "micro_batch": 4 if self.dry else 8, "steps": steps,
                       "device": self.device, **({"threads": 1} if self.dry else {}), **(train or {})},
             "optim": {"lr": 6e-4}, "schedule": {"warmup_steps": 2 if self.dry else 10},
-            "checkpoint": {"every": 10**6, **extra.pop("checkpoint", {})},
+            "checkpoint": {"every": 10**6, "final_save": False, **extra.pop("checkpoint", {})},
             "metrics": {"every": 5, "progress": "off", "tensorboard": False,
                         **({"peak_flops": 1e12} if self.dry else {}), **extra.pop("metrics", {})},
             **extra,
         }
+        self.pin_strategy(raw)
         path = self.work / f"{name}.yaml"
         path.write_text(yaml.safe_dump(raw))
         return path
@@ -163,7 +179,20 @@ def train(cfg: Path, *sets: str, resume: str | None = None, nproc: int = 1, env:
 
 
 def recs(run: Path, kind: str = "train") -> list[dict]:
-    return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]
+    out = []
+    for line in (run / "metrics.jsonl").read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:  # a line torn by a killed trainer: the records before it still count
+            continue
+        if rec["kind"] == kind:
+            out.append(rec)
+    return out
+
+
+def write_json(path: Path, obj: dict) -> None:
+    """Whole or not at all: a kill mid-write leaves the previous file (or none), never half a JSON."""
+    write_text_atomic(path, json.dumps(obj, indent=1, default=str))
 
 
 def steady(run: Path, skip: int) -> dict:
@@ -241,8 +270,10 @@ def check_mfu_1b(c: Ctx) -> dict:
            "train": {"global_batch": gb, "micro_batch": micro, "steps": steps, "device": c.device, "compile": True,
                      **({"threads": 1} if c.dry else {})},
            "parallel": {"ac": "selective"}, "guard": {"enabled": False},
-           "optim": {"lr": 3e-4}, "schedule": {"warmup_steps": 2}, "checkpoint": {"every": 10**6},
+           "optim": {"lr": 3e-4}, "schedule": {"warmup_steps": 2},
+           "checkpoint": {"every": 10**6, "final_save": False},  # the figures, not 13.8 GiB of 1B state
            "metrics": {"every": 2, "progress": "off", "tensorboard": False, **({"peak_flops": 1e12} if c.dry else {})}}
+    c.pin_strategy(raw)
     cfg = c.work / "1b.yaml"
     cfg.write_text(yaml.safe_dump(raw))
     proc = train(cfg, env={"TORCH_LOGS": "recompiles"})
@@ -261,13 +292,28 @@ def check_mfu_1b(c: Ctx) -> dict:
 
 
 def check_async_save(c: Ctx) -> dict:
+    """Two background saves, then the first read back: resumed in a new run dir for one step, whose
+    loss must be bit-equal to the async run's own step 5 (the weights, Adam moments, data position
+    and RNG all came back as they were)."""
     # strategy fsdp: what auto is on one GPU (a 1-rank NCCL group there; gloo in the dry run)
-    proc = train(c.cfg("async", 10, checkpoint={"every": 5, "async_save": True}, parallel={"strategy": "fsdp"}))
+    kw = dict(checkpoint={"every": 5, "async_save": True, "final_save": True}, parallel={"strategy": "fsdp"},
+              metrics={"every": 1})
+    proc = train(c.cfg("async", 10, **kw))
     ckdir = c.work / "async" / "checkpoints"
     ckpts = sorted(p.name for p in ckdir.glob("step_*") if (p / "meta.json").exists()) if ckdir.exists() else []
     start = recs(c.work / "async", "event")[0]["message"] if (c.work / "async" / "metrics.jsonl").exists() else ""
-    return {"status": "pass" if proc.returncode == 0 and len(ckpts) >= 2 else "fail", "kernel": c.best(),
-            "checkpoints": ckpts, "exit": proc.returncode, "start": start}
+    out = {"kernel": c.best(), "checkpoints": ckpts, "exit": proc.returncode, "start": start}
+    if proc.returncode or len(ckpts) < 2:
+        return {**out, "status": "fail", "reason": "async run failed or its checkpoints did not land"}
+    back = train(c.cfg("async-read", 10, **{**kw, "checkpoint": {"every": 10**6}}, train={"stop_at_step": 6}),
+                 resume=str(ckdir / "step_00000005"))
+    if back.returncode:
+        return {**out, "status": "fail", "reason": "resuming the async step_00000005 failed"}
+    wrote = {r["step"]: r["loss_step"] for r in recs(c.work / "async")}
+    read = {r["step"]: r["loss_step"] for r in recs(c.work / "async-read")}
+    equal = sorted(read) == [5] and read[5] == wrote.get(5)
+    return {**out, "read_back": {"step": 5, "loss_written_run": wrote.get(5), "loss_resumed": read.get(5), "bit_equal": equal},
+            "status": "pass" if equal else "fail", **({} if equal else {"reason": "the resumed step's loss differs"})}
 
 
 def check_trace(c: Ctx) -> dict:
@@ -288,11 +334,14 @@ def check_small(c: Ctx) -> dict:
     variants = {"eager": {}, "compiled": {"compile": True},
                 "cudagraphs": {"compile": True, "compile_mode": "reduce-overhead", "global_batch": None,
                                "micro_batch": None, "batch_tokens": rows * seq, "micro_batch_tokens": rows * seq // 2}}
+    # Like for like (trainer-audit-s5 C3): no wrapper (CUDA graphs cannot capture FSDP2's hooks) and no
+    # per-step host read of the guard, in all three.
+    same = dict(parallel={"strategy": "none"}, guard={"enabled": False})
     if c.dry:  # CPU: the eager path is every other check's, the compile path mfu_1b's; here the CUDA-graph fallback
         del variants["eager"], variants["compiled"]
     out, ok = {}, True
     for name, tr in variants.items():
-        proc = train(c.cfg(f"small-{name}", 6 if c.dry else 20, train=tr))
+        proc = train(c.cfg(f"small-{name}", 6 if c.dry else 20, train=tr, **same))
         if proc.returncode:
             out[name], ok = {"status": "fail"}, False
             continue
@@ -325,9 +374,10 @@ RUN = {"kernels": check_kernels, "resume": check_resume, "mfu_1b": check_mfu_1b,
 
 # ---------------------------------------------------------------- the orchestrator
 
-def run_check(name: str, work: Path, out: Path, dry: bool, timeout: float) -> tuple[int | None, str]:
+def run_check(name: str, work: Path, out: Path, dry: bool, timeout: float, strategy: str | None = None) -> tuple[int | None, str]:
     """The check in its own process group (its trainers with it): killed whole at the timeout."""
     cmd = [sys.executable, __file__, "--check", name, "--work", str(work), "--out", str(out)] + (["--dry"] if dry else [])
+    cmd += ["--strategy", strategy] if strategy else []
     log_path = work / f"{name}.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -341,13 +391,23 @@ def run_check(name: str, work: Path, out: Path, dry: bool, timeout: float) -> tu
     return code, log_path.read_text(errors="replace")
 
 
-def orchestrate(out: Path, dry: bool, deadline: float, only: set[str]) -> int:
+def load_result(path: Path, code: int | None) -> dict:
+    """A check's landed JSON; one that cannot be read is a failure of that check, not of the run."""
+    if not path.exists():
+        return {"status": "fail", "reason": f"check process exited {code} without a result"}
+    try:
+        return json.loads(path.read_text())
+    except ValueError as err:
+        return {"status": "fail", "reason": f"unreadable result ({err})"}
+
+
+def orchestrate(out: Path, dry: bool, deadline: float, only: set[str], strategy: str | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     for stale in [out / f"{c.name}.json" for c in CHECKS] + [out / "summary.json", out / "bench.log"]:
         stale.unlink(missing_ok=True)
     work = Path(tempfile.mkdtemp(prefix="bench-gpu-"))  # packs and run dirs: big, not results
     summary = {"mode": "dry-run" if dry else "lease", **environment(), "deadline_s": deadline,
-               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+               "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "strategy": strategy or "per check",
                "plan": [{"check": c.name, "estimate_s": c.estimate_s, "timeout_s": c.timeout_s} for c in CHECKS], "checks": {}}
     t_start = time.time()
     print(f"bench_gpu {summary['mode']}: torch {summary['torch']}, CUDA {summary['cuda']}, driver {summary['driver']}, "
@@ -363,23 +423,21 @@ def orchestrate(out: Path, dry: bool, deadline: float, only: set[str]) -> int:
                 res = {"status": "skipped", "reason": f"deadline: estimate {check.estimate_s} s, {left:.0f} s left (run it with --only)"}
             else:
                 limit = DRY_TIMEOUT if dry else min(check.timeout_s, left)
-                code, log = run_check(check.name, work, out, dry, limit)
+                code, log = run_check(check.name, work, out, dry, limit, strategy)
                 with open(out / "bench.log", "a") as f:
                     f.write(f"===== {check.name} (exit {code}, {time.time() - t0:.0f} s)\n{log}\n")
                 landed = out / f"{check.name}.json"
                 if code is None:
                     res = {"status": "timeout", "reason": f"over {limit:.0f} s"}
-                elif landed.exists():
-                    res = json.loads(landed.read_text())
                 else:
-                    res = {"status": "fail", "reason": f"check process exited {code} without a result"}
+                    res = load_result(landed, code)
                 res["log_tail"] = log[-1500:]
             res["seconds"] = round(time.time() - t0, 1)
             if res["status"] != "skipped":  # skipped: summary only (a lease returns at most 8 files)
-                (out / f"{check.name}.json").write_text(json.dumps(res, indent=1, default=str))
+                write_json(out / f"{check.name}.json", res)
             summary["checks"][check.name] = {k: v for k, v in res.items() if k not in ("log_tail", "records", "ops_table_head")}
             summary["elapsed_s"] = round(time.time() - t_start, 1)
-            (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+            write_json(out / "summary.json", summary)
             print(f"[{res['status'].upper()}] {check.name} ({res['seconds']} s) {res.get('reason', '')}", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -395,6 +453,9 @@ def main() -> int:
     ap.add_argument("--deadline", type=float, default=400, help="seconds: no check starts that its estimate says cannot end by then, "
                                                                 "and none runs past it")
     ap.add_argument("--only", default=",".join(c.name for c in CHECKS), help="comma-separated checks")
+    ap.add_argument("--strategy", choices=["none", "fsdp"], help="parallel.strategy of every one-process trainer run "
+                    "(none: no 1-rank NCCL group, bf16 autocast; to rerun the checks if that group misbehaves); "
+                    "default: each check's own (auto = FSDP2 on one GPU)")
     ap.add_argument("--check", help=argparse.SUPPRESS)  # internal: one check in this process
     ap.add_argument("--work", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -402,15 +463,15 @@ def main() -> int:
     a = ap.parse_args()
     if a.check:
         t0 = time.time()
-        res = RUN[a.check](Ctx(Path(a.work), a.dry))
+        res = RUN[a.check](Ctx(Path(a.work), a.dry, a.strategy))
         res["seconds"] = round(time.time() - t0, 1)
-        Path(a.out, f"{a.check}.json").write_text(json.dumps(res, indent=1, default=str))
+        write_json(Path(a.out, f"{a.check}.json"), res)
         return 0
     only = set(a.only.split(","))
     if only - set(RUN):
         ap.error(f"--only: unknown {sorted(only - set(RUN))}; checks: {', '.join(RUN)}")
     if a.dry_run:
-        return orchestrate(Path(a.dry_run), True, a.deadline, only)
+        return orchestrate(Path(a.dry_run), True, a.deadline, only, a.strategy)
     import torch
 
     if not torch.cuda.is_available():
@@ -426,7 +487,7 @@ def main() -> int:
         return 0
     if not a.lease:
         ap.error("give --lease OUT_DIR (results land there check by check)")
-    return orchestrate(Path(a.lease), False, a.deadline, only)
+    return orchestrate(Path(a.lease), False, a.deadline, only, a.strategy)
 
 
 if __name__ == "__main__":
