@@ -213,6 +213,80 @@ def test_sql_answer_is_bounded_in_bytes_and_server_memory(svc, client):
     assert len(r.content) <= SQL_MAX_BYTES + 20_000
 
 
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _sql_sampled(svc, client, q: str) -> tuple[httpx.Response, float, float]:
+    """The /sql answer to ``q``, its seconds, and the server's largest RSS (MB) sampled every
+    50 ms meanwhile (VmHWM would keep an earlier test's peak)."""
+    peak = [_rss_mb(svc.proc.pid)]
+    with cf.ThreadPoolExecutor(1) as pool:
+        t0 = time.perf_counter()
+        fut = pool.submit(client.get, "/runs/browse/sql", params={"q": q})
+        while not fut.done():
+            peak.append(_rss_mb(svc.proc.pid))
+            time.sleep(0.05)
+        r = fut.result()
+    return r, time.perf_counter() - t0, max(peak)
+
+
+# security review s5 #1 (one GET took the server from 290 MB to 1.96 GB), #4 (a one-row query
+# answered after 67 s against a 10 s limit), #10 (/sql showed absolute paths)
+SQL_BLOWUPS = {
+    "repeat_8x100MB": "select length(repeat(repeat('x', 100000000), 8)) as n",
+    "list_sort_1e8": "select len(list_sort(range(100000000))) as n",
+    "unnest_2e8": "select count(*) from (select unnest(range(200000000)))",
+}
+
+
+def _regexp_chain(levels: int = 30) -> str:
+    e = "repeat('ab', 10000000)"
+    for i in range(levels):
+        e = f"regexp_replace({e}, '{'bc'[i % 2]}', '{'cb'[i % 2]}', 'g')"
+    return "select length(" + e + ") as n"
+
+
+def test_sql_memory_is_capped_by_the_kernel(svc, client):
+    base = _rss_mb(svc.proc.pid)
+    out = {}
+    for name, q in SQL_BLOWUPS.items():
+        r, secs, peak = _sql_sampled(svc, client, q)
+        out[name] = {"status": r.status_code, "seconds": round(secs, 2), "server_rss_mb": round(base),
+                     "server_rss_peak_mb": round(peak), "detail": r.json().get("detail")}
+        assert r.status_code == 413, r.text[:300]
+        assert "MiB of memory" in r.json()["detail"] and "\n" not in r.json()["detail"]
+        assert peak - base < 150, out[name]  # the query's memory is the child's, never the server's
+    FIGURES["sql_memory"] = out
+    r = client.get("/runs/browse/sql", params={"q": "select count(*) as n from quality"})
+    assert r.status_code == 200 and r.json()["rows"][0][0] > 0, r.text[:300]
+
+
+def test_sql_one_row_query_is_killed_at_its_deadline(svc, client):
+    r, secs, peak = _sql_sampled(svc, client, _regexp_chain())
+    FIGURES["sql_regexp_chain"] = {"status": r.status_code, "seconds": round(secs, 2),
+                                   "server_rss_peak_mb": round(peak), "detail": r.json().get("detail")}
+    assert r.status_code == 408, r.text[:300]
+    assert "time limit" in r.json()["detail"]
+    assert secs < 30  # the service's limit is 10 s, the child is killed a second later (67 s before)
+    r = client.get("/runs/browse/sql", params={"q": "select count(*) as n from quality"})
+    assert r.status_code == 200 and r.json()["rows"][0][0] > 0, r.text[:300]
+
+
+def test_sql_answers_show_no_absolute_path(svc, client):
+    q = ("select current_setting('allowed_directories') as dirs, current_setting('secret_directory') as s, "
+         "(select string_agg(filename, ',') from read_parquet('quality/*.parquet', filename=true)) as f")
+    r = client.get("/runs/browse/sql", params={"q": q})
+    assert r.status_code == 200, r.text[:300]
+    assert str(svc.root) not in r.text and sys.prefix not in r.text and os.path.expanduser("~") + "/" not in r.text
+    assert "RUN/" in r.text
+    r = client.get("/runs/browse/sql", params={"q": f"select * from read_text('{svc.root}/secret.txt')"})
+    assert r.status_code == 403 and str(svc.root) not in r.text, r.text[:300]
+
+
 def test_concurrent_submissions_get_no_500(svc):
     late_422 = _dag({"a": {"type": "select", "input": "docs", "where": "length(text) > 1"},
                      "b": {"type": "select", "input": "a", "where": "lower(url) LIKE '%page%'"},

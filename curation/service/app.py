@@ -14,6 +14,7 @@ import logging
 import os
 import re
 import sys
+import threading
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Iterable
@@ -28,6 +29,7 @@ from curation.service.auth import PathPolicy, TokenAuth, load_token
 from curation.service.middleware import GuardMiddleware, StageModulesMiddleware
 from curation.service.routes import browse as browse_routes, evals, inspect, pages, runs as runs_routes
 from curation.service.runs import QueueFull, RunConflict, RunManager, RunMissing, SubmitError, public_message
+from curation.service.sql_box import FORK_SERVER
 from curation.service.sql_guard import SqlRejected
 from curation.service.state import ServiceState
 
@@ -73,6 +75,15 @@ def _error_answers(app: FastAPI, base_dir: str) -> None:
         return JSONResponse({"detail": str(e)}, status_code=e.status)
 
 
+def _warm_sql_box() -> None:
+    from curation.service.sql_box import warm_up
+
+    try:
+        warm_up()
+    except Exception as e:  # noqa: BLE001 - the first query starts it instead
+        print(f"[refinery serve] /sql fork server: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+
+
 def _bearer_openapi(app: FastAPI):
     """The OpenAPI document with the bearer scheme on every route but ``/healthz``."""
 
@@ -95,11 +106,12 @@ def create_app(runs_dir: str | Path, token: str, address: str | None = None,
                max_concurrent: int = 2, max_body_bytes: int = MiB, sql_timeout_s: float = 10.0,
                sql_max_rows: int = 1000, sql_max_concurrent: int = 4, sql_max_bytes: int = 4 * MiB,
                stage_modules: Iterable[str] | str = (), max_queued: int | None = None,
-               max_run_seconds: float | None = None) -> FastAPI:
+               max_run_seconds: float | None = None, sql_memory_bytes: int = 1024 * MiB) -> FastAPI:
     """The FastAPI application. Starting it (lifespan) starts the run scheduler; stopping it
     leaves runs running. ``base_dir`` (default: the CWD) anchors relative input paths.
     ``stage_modules``: module prefixes ``type: module:Class`` stages may come from (default:
-    none; the service imports no module a client names)."""
+    none; the service imports no module a client names). ``sql_memory_bytes``: what one /sql
+    query may add to its boxed process's memory (``curation.service.sql_box``)."""
     from curation.pipeline.dag import parse_stage_modules
 
     auth = TokenAuth(token)
@@ -109,17 +121,21 @@ def create_app(runs_dir: str | Path, token: str, address: str | None = None,
                       max_queued=max_queued, max_run_seconds=max_run_seconds)
     state = ServiceState(runs=runs, auth=auth, policy=policy, stage_modules=stage_modules,
                          sql_timeout_s=sql_timeout_s, sql_max_rows=sql_max_rows,
-                         sql_max_concurrent=sql_max_concurrent, sql_max_bytes=sql_max_bytes)
+                         sql_max_concurrent=sql_max_concurrent, sql_max_bytes=sql_max_bytes,
+                         sql_memory_bytes=sql_memory_bytes)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         runs.start()
+        # the /sql fork server starts in the background: the first query need not wait for it
+        threading.Thread(target=_warm_sql_box, daemon=True, name="refinery-sql-warmup").start()
         try:
             yield
         finally:
             # submissions still waiting for validation are dropped: stopping must not wait on them
             state.admission_pool.shutdown(wait=False, cancel_futures=True)
             runs.stop()
+            FORK_SERVER.stop()
 
     app = FastAPI(title="refinery", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None,
@@ -200,7 +216,8 @@ def serve(runs_dir: str | Path, address: str | None = "auto", token_file: str | 
           max_concurrent: int = 2, base_dir: str | Path | None = None,
           stage_modules: Iterable[str] | str = (), max_queued: int | None = 100,
           max_run_seconds: float | None = None, sql_max_bytes: int = 4 * MiB, max_connections: int = 200,
-          header_timeout_s: float = 10.0, behind_tls_proxy: bool = False) -> None:
+          header_timeout_s: float = 10.0, behind_tls_proxy: bool = False,
+          sql_memory_bytes: int = 1024 * MiB) -> None:
     """Run the service until interrupted. Runs it started keep running after it stops.
 
     ``address``: the Ray cluster each run connects to (``auto``, ``ray://head:10001``), or
@@ -212,7 +229,8 @@ def serve(runs_dir: str | Path, address: str | None = "auto", token_file: str | 
     stages may be loaded from (default: none).
 
     Limits: ``max_queued`` runs waiting (429 past it), ``max_run_seconds`` per run (then it is
-    cancelled and marked timed out), ``sql_max_bytes`` per /sql answer, ``max_connections``
+    cancelled and marked timed out), ``sql_max_bytes`` per /sql answer, ``sql_memory_bytes`` per
+    /sql query (its boxed process; 413 past it), ``max_connections``
     open at once (503 past it), ``header_timeout_s`` to send a request head. The service speaks
     plain HTTP: a non-loopback ``host`` needs ``behind_tls_proxy`` (a TLS proxy in front).
     """
@@ -234,7 +252,8 @@ def serve(runs_dir: str | Path, address: str | None = "auto", token_file: str | 
         address = None
     app = create_app(runs_dir, token, address=address, allowed_roots=roots, base_dir=base,
                      max_concurrent=max_concurrent, stage_modules=stage_modules, max_queued=max_queued,
-                     max_run_seconds=max_run_seconds, sql_max_bytes=sql_max_bytes)
+                     max_run_seconds=max_run_seconds, sql_max_bytes=sql_max_bytes,
+                     sql_memory_bytes=sql_memory_bytes)
     # timeout_graceful_shutdown: SIGTERM stops the server within seconds even with requests in flight
     config = uvicorn.Config(app, host=host, port=port, log_level="info", proxy_headers=False,
                             timeout_keep_alive=5, server_header=False, limit_concurrency=max_connections,

@@ -14,6 +14,11 @@ Three layers, each sufficient against a different mistake in the others:
    the query (``left(CAST(x AS VARCHAR), N)``, so a 10 MB string never reaches Python), rows
    fetched in small batches up to a byte budget, and a wall-clock limit enforced by
    interrupting the connection from a timer.
+
+DuckDB's ``memory_limit`` covers its buffer manager only (a string or list built by a scalar
+function is outside it) and its interrupt is checked between chunks only (one row of scalar
+work runs on): the service therefore runs each query in a child process the kernel holds to
+a memory cap and the service kills at its deadline (``curation.service.sql_box``).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import duckdb
 
@@ -64,6 +69,7 @@ def locked_connection(run_dir: str | Path, memory_limit: str = "512MB",
     run_dir = Path(run_dir).resolve()
     con = connect(run_dir, query=query)
     con.execute("set threads = 1")
+    con.execute("set enable_progress_bar = false")  # it would print to the service's log
     con.execute(f"set memory_limit = '{memory_limit}'")
     con.execute("set temp_directory = ''")  # a temp dir would otherwise be readable too
     con.execute("set autoinstall_known_extensions = false")
@@ -139,11 +145,15 @@ def _approx_bytes(v: Any) -> int:
 
 def run_select(run_dir: str | Path, query: str, max_rows: int = 1000, timeout_s: float = 10.0,
                max_cell_chars: int = 10_000, memory_limit: str = "512MB",
-               max_bytes: int = 4 << 20) -> QueryResult:
+               max_bytes: int = 4 << 20, before_query: Callable[[], None] | None = None) -> QueryResult:
     """Run one checked SELECT over the run, at most ``max_rows`` rows and about ``max_bytes``
-    of cell text, within ``timeout_s``. Either limit sets ``truncated``."""
+    of cell text, within ``timeout_s``. Either limit sets ``truncated``. ``before_query``: called
+    once the run's views exist, just before the client's query runs (the box caps the process's
+    memory there)."""
     check_select(query)
     con = locked_connection(run_dir, memory_limit, query)
+    if before_query is not None:
+        before_query()
     timed_out = threading.Event()
 
     def interrupt() -> None:
@@ -175,6 +185,8 @@ def run_select(run_dir: str | Path, query: str, max_rows: int = 1000, timeout_s:
                 rows.append(r)
     except duckdb.InterruptException:
         raise SqlRejected(f"q: query exceeded the {timeout_s:g} s time limit", 408) from None
+    except (duckdb.OutOfMemoryException, MemoryError):
+        raise SqlRejected(f"q: query needed more memory than a /sql query may use ({memory_limit})", 413) from None
     except duckdb.PermissionException as e:
         raise SqlRejected(f"q: {str(e).splitlines()[0]} (only the run's own files can be read)", 403) from None
     except duckdb.Error as e:

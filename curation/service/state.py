@@ -15,6 +15,7 @@ from fastapi import HTTPException
 from curation.pipeline.rundir import RunDir
 from curation.service.auth import PathPolicy, TokenAuth
 from curation.service.runs import RunManager
+from curation.service.sql_box import SqlBox, server_paths
 from curation.service.stats import RunCache, StatsCache, stats_payload
 
 
@@ -28,6 +29,7 @@ class ServiceState:
     sql_max_rows: int = 1000
     sql_max_concurrent: int = 4
     sql_max_bytes: int = 4 << 20
+    sql_memory_bytes: int = 1 << 30
     admission_workers: int = 2
     admission_waiting: int = 30
     admission_timeout_s: float = 20.0
@@ -35,11 +37,14 @@ class ServiceState:
     stats_cache: StatsCache = field(default_factory=lambda: StatsCache(lambda d: json.dumps(stats_payload(d)).encode()))
     browse_cache: RunCache = field(default_factory=RunCache)
     sql_slots: threading.BoundedSemaphore = field(init=False)
+    sql_box: SqlBox = field(init=False)
     admission_pool: ThreadPoolExecutor = field(init=False)
     admission_slots: threading.BoundedSemaphore = field(init=False)
 
     def __post_init__(self) -> None:
         self.sql_slots = threading.BoundedSemaphore(self.sql_max_concurrent)
+        self.sql_box = SqlBox(timeout_s=self.sql_timeout_s, memory_bytes=self.sql_memory_bytes,
+                              stage_modules=tuple(self.stage_modules), hide=server_paths(self.policy.base_dir))
         self.admission_pool = ThreadPoolExecutor(self.admission_workers, thread_name_prefix="refinery-admit")
         self.admission_slots = threading.BoundedSemaphore(self.admission_workers + self.admission_waiting)
 

@@ -6,7 +6,6 @@ from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import Response
 
 from curation.service.models import RunStats, SqlAnswer
-from curation.service.sql_guard import run_select
 from curation.service.state import ServiceState
 
 
@@ -30,14 +29,15 @@ def add_routes(r: APIRouter, state: ServiceState) -> None:
                 limit: int = Query(100, ge=1, le=state.sql_max_rows)):
         """A read-only DuckDB query over the run's shards: one SELECT, the run's files only,
         at most ``limit`` rows and the service's byte budget (``truncated`` when either cut it),
-        cells cut to 10,000 characters, within the time limit (408 when exceeded)."""
+        cells cut to 10,000 characters. It runs in a child process held to the service's memory
+        cap (413 when a query needs more) and killed at the time limit (408)."""
         from curation.pipeline.stats import RunNotFound
 
         d = runs.run_dir(run_id)
         if not sql_slots.acquire(timeout=2):
             raise HTTPException(429, "too many queries running; retry shortly")
         try:
-            res = run_select(d, q, max_rows=limit, timeout_s=state.sql_timeout_s, max_bytes=state.sql_max_bytes)
+            res = state.sql_box.run(d, q, max_rows=limit, max_bytes=state.sql_max_bytes)
         except RunNotFound as e:
             raise HTTPException(404, str(e)) from None
         finally:
