@@ -304,6 +304,54 @@ def test_concurrent_submissions_get_no_500(svc):
 
 
 # ---------------------------------------------------------------------------------------------
+# security review s5 #8: "422, never 500" for values YAML cannot build, NUL bytes, histograms
+
+
+_BODY = ("inputs:\n  docs: {format: jsonl, paths: [data/docs.jsonl], source: web}\n"
+         "stages:\n  s: {type: select, input: docs, where: 'true'}\n")
+_RUN_NUL = {"prev": {"format": "run", "run": "data/\0x", "stage": "sel"}}
+_PATH_NUL = {"docs": {"format": "jsonl", "paths": ["data/docs.jsonl\0../token"], "source": "web"}}
+_SELECT = {"s": {"type": "select", "input": "docs", "where": "true"}}
+
+
+@pytest.mark.parametrize("text, expect", [
+    ("name: 2024-13-45\n" + _BODY, "month must be in 1..12"),
+    ("name: 0000-01-01\n" + _BODY, "year 0 is out of range"),
+    ("name: x\nz: " + "1" * 5000 + "\n" + _BODY, "4300 digits"),
+    ("name: x\nz: !!int abc\n" + _BODY, "invalid YAML value"),
+    ("name: x\nz: !!float abc\n" + _BODY, "invalid YAML value"),
+    ("name: x\nz: !!timestamp xyz\n" + _BODY, "invalid YAML value"),
+    (_dag({"s": {"type": "select", "input": "prev", "where": "true"}}, _RUN_NUL), "NUL"),
+    (_dag(_SELECT, _PATH_NUL), "NUL"),
+    (_dag({"q": {"type": "quality", "input": "docs", "model": "data/\0x.bin"}}), "null"),
+], ids=["date", "year0", "5000_digits", "int_abc", "float_abc", "timestamp_xyz", "run_nul", "paths_nul",
+        "stage_param_nul"])
+def test_values_yaml_cannot_build_and_nul_paths_are_422(svc, client, text, expect):
+    r = _post(client, text)
+    assert r.status_code == 422, r.text[:300]
+    detail = r.json()["detail"]
+    assert expect in detail and "\n" not in detail and "Traceback" not in detail, detail
+    FIGURES.setdefault("422_not_500", {})[expect[:20]] = r.status_code
+
+
+@pytest.mark.parametrize("params, status", [
+    ({"column": "quality", "lo": -1.7e308, "hi": 1.7e308}, 422),  # hi - lo overflows: was a 500
+    ({"column": "gopher_n_words", "lo": -1.7e308, "hi": 1.7e308}, 422),
+    ({"column": "gopher_n_words", "lo": -1e300, "hi": 1e300}, 200),  # clamped to whole numbers a double holds
+    ({"column": "gopher_n_words", "lo": 1e300, "hi": 1.5e300}, 200),
+    ({"column": "quality", "lo": -1e307, "hi": 1e307}, 200),
+])
+def test_histogram_bounds_near_the_double_range_are_not_500(client, params, status):
+    r = client.get("/runs/browse/stages/quality/histogram", params=params)
+    assert r.status_code == status, r.text[:300]
+    if status == 200:
+        h = r.json()
+        assert sum(b["docs"] for b in h["bins"]) + h["below"] + h["above"] + h["nulls"] == h["rows"]
+    else:
+        assert "finite" in r.json()["detail"]
+
+
+# ---------------------------------------------------------------------------------------------
 # 6: code only from allowed modules, in the run process too
 
 

@@ -46,6 +46,8 @@ MAX_TEXT_CHARS = 200_000
 MAX_CELL_CHARS = 2_000
 MAX_LIST_ITEMS = 32
 MAX_REASONS = 500
+MAX_SPAN = 1.7976931348623157e308  # hi - lo of a histogram: a double
+MAX_WHOLE = 1 << 53  # integer histograms: whole-number bounds a double holds exactly
 TEXT = "text"
 REASON = "reason"
 #: comparisons whose threshold is a point on the signal's axis: which side of it drops
@@ -411,7 +413,7 @@ def _run_bounded(con, timeout_s: float, fn):
     except duckdb.Error as e:
         if timed_out.is_set():
             raise BrowseError(f"histogram exceeded the {timeout_s:g} s time limit", 408) from None
-        raise BrowseError(f"histogram: {str(e).splitlines()[0]}", 500) from None
+        raise BrowseError(f"histogram: {str(e).splitlines()[0]}", 422) from None
     finally:
         timer.cancel()
 
@@ -435,6 +437,8 @@ def histogram(rd: RunDir, node: str, column: str, bins: int = 30, clip: float = 
         raise BrowseError("lo, hi: finite numbers")
     if lo is not None and hi is not None and not lo < hi:
         raise BrowseError("lo, hi: lo must be below hi")
+    if lo is not None and hi is not None and not math.isfinite(hi - lo):
+        raise BrowseError(f"lo, hi: hi - lo must be a finite number (at most {MAX_SPAN:.3g})")
     dag = rd.load_dag()
     shards = stage_shards(rd, dag, node)
     cols = stage_columns(shards)
@@ -494,8 +498,13 @@ def histogram(rd: RunDir, node: str, column: str, bins: int = 30, clip: float = 
                 a = v
             if hi is None and v > b and v - b <= 0.5 * max(b - a, 0.0):
                 b = v
+        if not math.isfinite(b - a):  # values (or one bound) near ±1.8e308: no bin width fits
+            raise BrowseError(f"column {column!r}: its range is wider than {MAX_SPAN:.3g}; pass lo and hi closer "
+                              "together")
         if integer:  # whole numbers a..b: bin i holds [a + i*w, a + (i+1)*w), the last one up to b
-            a, b = math.floor(a), math.floor(b)
+            # whole-number bounds past 2**53 mean nothing to a double (and make SQL literals of
+            # 300 digits): clamped there, as the values (int64 read as doubles) are
+            a, b = (min(max(math.floor(x), -MAX_WHOLE), MAX_WHOLE) for x in (a, b))
             width = max(1, math.ceil((b - a + 1) / bins))
             nb = max(1, math.ceil((b - a + 1) / width))
             top = b + 1

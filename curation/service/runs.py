@@ -169,6 +169,34 @@ def admit_dag(text: str, policy: PathPolicy, where: str = "submitted.yaml", stag
             raise SubmitError(str(e) if str(e).startswith(where) else f"{where}: {e}", 403) from None
         except RecursionError:  # a structure deeper than the validators handle: the client's input
             raise SubmitError(f"{where}: the DAG is nested too deeply to validate") from None
+        except (SubmitError, QueueFull):
+            raise
+        except Exception as e:  # noqa: BLE001 - a client's DAG: 422 with one line, never a 500
+            import traceback
+
+            print(f"[refinery serve] admission of {where}: unexpected {type(e).__name__}\n{traceback.format_exc()}",
+                  file=sys.stderr, flush=True)
+            raise SubmitError(f"{where}: the DAG could not be validated ({type(e).__name__}: {_first_line(e)})") from None
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return (text.splitlines()[0] if text else "")[:MAX_ECHO]
+
+
+def load_yaml(text: str, where: str) -> Any:
+    """The YAML's data; every parser failure is the client's (422 with one line): a syntax
+    error, and a value that YAML's resolver reads as something it cannot build (``2024-13-45``
+    as a date, a 5,000-digit integer, ``!!timestamp xyz``, ``!!float abc``)."""
+    try:
+        return yaml.load(text, Loader=_YamlLoader)
+    except yaml.YAMLError as e:
+        raise SubmitError(f"{where}: invalid YAML: {e}".replace("\n", " ")) from None
+    except RecursionError:
+        raise SubmitError(f"{where}: the DAG is nested too deeply to validate") from None
+    except Exception as e:  # noqa: BLE001 - ValueError, AttributeError, OverflowError from a constructor
+        raise SubmitError(f"{where}: invalid YAML value ({_first_line(e)}); quote a value that YAML reads as a "
+                          "date, number or tagged value but is meant as text") from None
 
 
 def _admit_dag(text: str, policy: PathPolicy, where: str, stage_modules: tuple[str, ...]):
@@ -177,10 +205,7 @@ def _admit_dag(text: str, policy: PathPolicy, where: str, stage_modules: tuple[s
 
     prescan(text, where)
     _refuse_aliases(text, where)
-    try:
-        data = yaml.load(text, Loader=_YamlLoader)
-    except yaml.YAMLError as e:
-        raise SubmitError(f"{where}: invalid YAML: {e}".replace("\n", " ")) from None
+    data = load_yaml(text, where)
     if not isinstance(data, dict):
         raise SubmitError(f"{where}: a DAG is a YAML mapping with name, inputs, stages, output")
     for part in ("inputs", "stages"):
@@ -193,6 +218,8 @@ def _admit_dag(text: str, policy: PathPolicy, where: str, stage_modules: tuple[s
     if isinstance(inputs, dict):
         for name, spec in inputs.items():
             run = spec.get("run") if isinstance(spec, dict) else None
+            if isinstance(run, str) and "\0" in run:
+                raise SubmitError(f"{where}: inputs.{name}.run: a path with a NUL character")
             if isinstance(run, str):  # format: run reads another run directory: under a root too
                 try:
                     policy.check_pattern(run, f"inputs.{name}.run")
@@ -200,6 +227,8 @@ def _admit_dag(text: str, policy: PathPolicy, where: str, stage_modules: tuple[s
                     raise SubmitError(f"{where}: {e}", 403) from None
             paths = spec.get("paths") if isinstance(spec, dict) else None
             for i, p in enumerate(paths if isinstance(paths, list) else []):
+                if isinstance(p, str) and "\0" in p:
+                    raise SubmitError(f"{where}: inputs.{name}.paths[{i}]: a path with a NUL character")
                 if isinstance(p, str):
                     try:
                         policy.check_pattern(p, f"inputs.{name}.paths[{i}]")
@@ -224,6 +253,8 @@ def _admit_dag(text: str, policy: PathPolicy, where: str, stage_modules: tuple[s
         pinned: list[str] = []
         for i, pattern in enumerate(spec.paths):
             loc = f"inputs.{name}.paths[{i}]"
+            if "\0" in pattern:
+                raise SubmitError(f"{where}: {loc}: a path with a NUL character")
             if policy.is_url(pattern):
                 pinned.append(pattern)  # checked against the URL roots above; listed at run time
                 continue
