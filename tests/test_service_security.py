@@ -443,6 +443,65 @@ def test_slowloris_connections_are_closed(limited):
     assert httpx.get(limited.url + "/healthz", timeout=5).status_code == 200
 
 
+def _slow_login(port: int, length: int) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+              b"Content-Length: %d\r\n\r\ntoken=" % length)
+    return s
+
+
+def _closed_by_server(s: socket.socket, wait_s: float) -> bool:
+    s.settimeout(wait_s)
+    try:
+        while True:
+            if not s.recv(65536):
+                return True
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except (TimeoutError, socket.timeout):
+        return False
+
+
+def test_slow_public_bodies_hold_no_slot(limited):
+    """Review s5 #6: 199 unauthenticated slow-body ``POST /`` took every connection slot, so
+    /healthz and every route answered 503. Now the public routes take 4 KiB of body at most
+    (413), a stranger's body must be in within --header-timeout, and strangers hold at most
+    half the slots (the oldest is closed past that)."""
+    socks: list[socket.socket] = []
+    health: list[int] = []
+    authed: list[int] = []
+    t0 = time.perf_counter()
+    with limited.client() as c, httpx.Client(base_url=limited.url, timeout=10) as anon:
+        def probe() -> None:
+            with httpx.Client(base_url=limited.url, timeout=10) as h:  # a new connection each time
+                health.append(h.get("/healthz").status_code)
+            authed.append(c.get("/runs").status_code)
+
+        for i in range(200):
+            socks.append(_slow_login(limited.port, 100_000 if i % 2 else 4000))  # over and under the cap
+            time.sleep(0.01)
+            if i % 25 == 24:
+                probe()
+        for _ in range(6):  # a byte per socket every half second, the probes meanwhile
+            for s in socks:
+                with contextlib.suppress(OSError):
+                    s.send(b"x")
+            probe()
+            time.sleep(0.5)
+        login = anon.post("/", data={"token": TOKEN}, follow_redirects=False)
+        big = anon.post("/", content=b"token=" + b"x" * 10_000,
+                        headers={"Content-Type": "application/x-www-form-urlencoded"})
+    closed = sum(_closed_by_server(s, 5) for s in socks)
+    for s in socks:
+        s.close()
+    FIGURES["slow_login_bodies"] = {"sockets": len(socks), "closed_by_server": closed,
+                                    "healthz": sorted(set(health)), "authed_get_runs": sorted(set(authed)),
+                                    "probes": len(health), "seconds": round(time.perf_counter() - t0, 1)}
+    assert set(health) == {200} and set(authed) == {200}, FIGURES["slow_login_bodies"]
+    assert closed == len(socks), FIGURES["slow_login_bodies"]
+    assert login.status_code == 303 and big.status_code == 413, (login.status_code, big.text[:200])
+
+
 def test_sigterm_stops_the_server_with_admissions_in_flight(limited):
     big = _dag({f"s{i}": {"type": "select", "input": f"s{i - 1}" if i else "docs", "where": "length(text) > 1"}
                 for i in range(150)})

@@ -178,17 +178,42 @@ class ServeRefused(RuntimeError):
     """``serve`` options that would expose the service unsafely."""
 
 
-def header_timeout_protocol(seconds: float):
-    """uvicorn's h11 protocol with a header timeout, which uvicorn lacks: a connection that has
-    not sent a whole request head ``seconds`` after connecting (or after its last response) is
-    closed. Stops slowloris clients from holding connections (and ``limit_concurrency`` slots)."""
+def header_timeout_protocol(seconds: float, body_timeout_s: float = 60.0, public_body_timeout_s: float | None = None,
+                            auth: TokenAuth | None = None, max_pending: int | None = None):
+    """uvicorn's h11 protocol with the deadlines uvicorn lacks, so that no client can hold a
+    connection (and a ``limit_concurrency`` slot) by sending slowly:
+
+    - a connection that has not sent a whole request head ``seconds`` after connecting (or
+      after its last response) is closed (slowloris on the head);
+    - a request whose body is not all in ``body_timeout_s`` after its head is closed; on a
+      connection that has not shown the token (the public login ``POST /``, or any request
+      answered 401 while its body still trickles in) the deadline is ``public_body_timeout_s``
+      (default ``seconds``);
+    - at most ``max_pending`` connections may be open without having shown the token (``auth``)
+      in a request head: past that, the oldest of them is closed. So connections that do show
+      it, and ``/healthz``, always find a slot, however many strangers open sockets.
+    """
     import h11
+    from starlette.requests import HTTPConnection
     from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    public_body_timeout_s = seconds if public_body_timeout_s is None else public_body_timeout_s
+    pending: dict = {}  # connections that have not shown the token, oldest first (per server)
 
     class HeaderTimeoutH11(H11Protocol):
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
+            self._trusted = False
+            self._seen_cycle = None
+            self._body_timer = None
             self._arm_header_timer()
+            pending[self] = None
+            if max_pending is not None:
+                while len(pending) > max_pending:  # evict the oldest stranger
+                    oldest = next(iter(pending))
+                    pending.pop(oldest, None)
+                    if not oldest.transport.is_closing():
+                        oldest.transport.close()
 
         def _arm_header_timer(self) -> None:
             self._header_timer = self.loop.call_later(seconds, self._header_deadline)
@@ -199,6 +224,27 @@ def header_timeout_protocol(seconds: float):
             if idle and self.conn.their_state is h11.IDLE and not self.transport.is_closing():
                 self.transport.close()
 
+        def handle_events(self) -> None:
+            super().handle_events()
+            cycle = self.cycle
+            if cycle is None or cycle is self._seen_cycle or self.transport.is_closing():
+                return
+            self._seen_cycle = cycle  # a new request head
+            if not self._trusted and auth is not None:
+                conn = HTTPConnection({"type": "http", "headers": cycle.scope["headers"]})
+                if auth.check(conn, cycle.scope["method"])[0]:
+                    self._trusted = True
+                    pending.pop(self, None)
+            if self._body_timer is not None:
+                self._body_timer.cancel()
+            if self.conn.their_state is h11.SEND_BODY:  # a body follows the head
+                limit = body_timeout_s if self._trusted else public_body_timeout_s
+                self._body_timer = self.loop.call_later(limit, self._body_deadline, cycle)
+
+        def _body_deadline(self, cycle) -> None:
+            if cycle is self.cycle and self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
+                self.transport.close()
+
         def on_response_complete(self) -> None:
             super().on_response_complete()
             self._header_timer.cancel()
@@ -206,6 +252,9 @@ def header_timeout_protocol(seconds: float):
 
         def connection_lost(self, exc) -> None:
             self._header_timer.cancel()
+            if self._body_timer is not None:
+                self._body_timer.cancel()
+            pending.pop(self, None)
             super().connection_lost(exc)
 
     return HeaderTimeoutH11
@@ -217,7 +266,8 @@ def serve(runs_dir: str | Path, address: str | None = "auto", token_file: str | 
           stage_modules: Iterable[str] | str = (), max_queued: int | None = 100,
           max_run_seconds: float | None = None, sql_max_bytes: int = 4 * MiB, max_connections: int = 200,
           header_timeout_s: float = 10.0, behind_tls_proxy: bool = False,
-          sql_memory_bytes: int = 1024 * MiB) -> None:
+          sql_memory_bytes: int = 1024 * MiB, body_timeout_s: float = 60.0,
+          max_strangers: int | None = None) -> None:
     """Run the service until interrupted. Runs it started keep running after it stops.
 
     ``address``: the Ray cluster each run connects to (``auto``, ``ray://head:10001``), or
@@ -231,7 +281,10 @@ def serve(runs_dir: str | Path, address: str | None = "auto", token_file: str | 
     Limits: ``max_queued`` runs waiting (429 past it), ``max_run_seconds`` per run (then it is
     cancelled and marked timed out), ``sql_max_bytes`` per /sql answer, ``sql_memory_bytes`` per
     /sql query (its boxed process; 413 past it), ``max_connections``
-    open at once (503 past it), ``header_timeout_s`` to send a request head. The service speaks
+    open at once (503 past it), ``header_timeout_s`` to send a request head (and the body of a
+    request without the token: the login form), ``body_timeout_s`` for a body otherwise,
+    ``max_strangers`` connections open without having shown the token (default half of
+    ``max_connections``; past it the oldest is closed). The service speaks
     plain HTTP: a non-loopback ``host`` needs ``behind_tls_proxy`` (a TLS proxy in front).
     """
     import uvicorn
@@ -254,11 +307,13 @@ def serve(runs_dir: str | Path, address: str | None = "auto", token_file: str | 
                      max_concurrent=max_concurrent, stage_modules=stage_modules, max_queued=max_queued,
                      max_run_seconds=max_run_seconds, sql_max_bytes=sql_max_bytes,
                      sql_memory_bytes=sql_memory_bytes)
+    strangers = max(1, max_connections // 2) if max_strangers is None else max_strangers
     # timeout_graceful_shutdown: SIGTERM stops the server within seconds even with requests in flight
     config = uvicorn.Config(app, host=host, port=port, log_level="info", proxy_headers=False,
                             timeout_keep_alive=5, server_header=False, limit_concurrency=max_connections,
                             h11_max_incomplete_event_size=64 * 1024, timeout_graceful_shutdown=3,
-                            http=header_timeout_protocol(header_timeout_s))
+                            http=header_timeout_protocol(header_timeout_s, body_timeout_s, header_timeout_s,
+                                                         auth=app.state.auth, max_pending=strangers))
     server = uvicorn.Server(config)
     logging.getLogger("uvicorn.access").addFilter(_RedactToken())
     app.state.runs.start()  # here rather than only in the lifespan: a busy runs dir fails loudly

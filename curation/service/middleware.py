@@ -8,26 +8,31 @@ from typing import Iterable
 
 from fastapi import HTTPException
 from fastapi.responses import JSONResponse
-from starlette.requests import HTTPConnection
+from starlette.requests import ClientDisconnect, HTTPConnection
 
 from curation.service.auth import TokenAuth
 
 PUBLIC = {"/healthz", "/"}  # "/" checks the token itself, to answer with the login form
+#: the body a route anyone may call can send: the login form is ``token=`` and a token
+PUBLIC_MAX_BODY = 4096
 BASE_HEADERS = [(b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"no-referrer"),
                 (b"x-frame-options", b"DENY")]
 
 
 class GuardMiddleware:
-    """Request size limit, token check and security headers, in front of every route.
+    """Request size limit, token check and security headers, in front of every route. The
+    public routes (``/healthz``, the login form) take a body of ``public_max_body_bytes`` at most.
 
     Written as plain ASGI so it runs before any body is read: an oversized upload is refused
     from its Content-Length, and a body without one is cut off as it streams in.
     """
 
-    def __init__(self, app, auth: TokenAuth, max_body_bytes: int, public: Iterable[str] = PUBLIC):
+    def __init__(self, app, auth: TokenAuth, max_body_bytes: int, public: Iterable[str] = PUBLIC,
+                 public_max_body_bytes: int = PUBLIC_MAX_BODY):
         self.app = app
         self.auth = auth
         self.max_body_bytes = max_body_bytes
+        self.public_max_body_bytes = public_max_body_bytes
         self.public = set(public)
 
     async def __call__(self, scope, receive, send):
@@ -45,7 +50,7 @@ class GuardMiddleware:
             await send(message)
 
         conn = HTTPConnection(scope)
-        limit = self.max_body_bytes
+        limit = self.public_max_body_bytes if scope["path"] in self.public else self.max_body_bytes
         length = conn.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > limit):
             resp = JSONResponse({"detail": f"request body larger than {limit} bytes"}, status_code=413)
@@ -66,7 +71,12 @@ class GuardMiddleware:
                     raise HTTPException(413, f"request body larger than {limit} bytes")
             return message
 
-        await self.app(scope, limited_receive, send_secure)
+        try:
+            await self.app(scope, limited_receive, send_secure)
+        except ClientDisconnect:
+            # the client went away mid-body, or the server cut it off at the body deadline
+            # (``app.header_timeout_protocol``): nobody is left to answer
+            return
 
 
 class StageModulesMiddleware:
