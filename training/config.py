@@ -224,15 +224,27 @@ class TrainLoopConfig(_Strict):
 
 
 class ParallelConfig(_Strict):
-    """Data parallelism. ``auto``: FSDP2 on CUDA at every world size (one GPU: a 1-rank mesh,
-    so one precision recipe whatever the world size); on CPU none for one process, DDP above.
+    """How the world's ranks split the work: one device mesh ``(dp_replicate, dp_shard, tp)``.
 
-    ``hsdp``: a 2-D mesh, parameters sharded inside groups of ``shard_size`` ranks (default:
-    one node, torchrun's LOCAL_WORLD_SIZE) and replicated across groups: all-gathers stay on
-    the node's links, only the gradient all-reduce crosses nodes."""
+    ``tp``: tensor-parallel degree. Each block's attention (q/k/v column-wise, o row-wise: each
+    rank holds ``n_head / tp`` heads) and MLP (w1/w3 column-wise, w2 row-wise) are split over
+    ``tp`` neighbouring ranks, which read the same rows; embeddings, norms and the LM head stay
+    whole on each of them (tied embeddings stay tied). The data-parallel degree is world / tp.
+
+    ``strategy`` is the data-parallel one, over the world / tp data-parallel ranks. ``auto``:
+    FSDP2 on CUDA at every world size (one GPU: a 1-rank mesh, so one precision recipe whatever
+    the world size); on CPU none for one data-parallel rank, DDP above (FSDP2 with tp > 1).
+
+    ``hsdp``: parameters sharded inside groups of ``dp_shard`` data-parallel ranks (default: one
+    node, torchrun's LOCAL_WORLD_SIZE / tp) and replicated across ``dp_replicate`` groups:
+    all-gathers stay on the node's links, only the gradient all-reduce crosses nodes. (fsdp:
+    dp_shard is every data-parallel rank, dp_replicate 1.)"""
 
     strategy: Literal["auto", "none", "ddp", "fsdp", "hsdp"] = "auto"
-    shard_size: int | None = Field(default=None, gt=0)  # hsdp: ranks per shard group
+    tp: int = Field(default=1, gt=0)
+    dp_shard: int | None = Field(default=None, gt=0)  # ranks sharding parameters (FSDP2)
+    dp_replicate: int | None = Field(default=None, gt=0)  # shard groups holding replicas (HSDP)
+    shard_size: int | None = Field(default=None, gt=0)  # older name of dp_shard
     # Activation checkpointing per block: full recomputes the block in backward; selective
     # keeps attention outputs and every other matmul (torchtitan's op rule) and recomputes the rest.
     ac: Literal["none", "full", "selective"] = "none"
@@ -254,6 +266,10 @@ class ParallelConfig(_Strict):
     def _legacy_ac(self) -> ParallelConfig:
         if self.activation_checkpointing and self.ac == "none":
             self.ac = "full"
+        if self.shard_size is not None:
+            if self.dp_shard is not None and self.dp_shard != self.shard_size:
+                raise ValueError(f"shard_size ({self.shard_size}) and dp_shard ({self.dp_shard}) disagree: give dp_shard only")
+            self.dp_shard = self.shard_size
         return self
 
 

@@ -2,10 +2,11 @@
 
 Llama-style blocks: RMSNorm pre-norm, rotary position embeddings (positions restart at
 each packed document), grouped-query attention, SwiGLU MLP. Embeddings are tied or not.
-Nothing here knows about parallelism: DDP/FSDP2, activation checkpointing and compilation are
-applied from the outside by ``training.parallel`` (torchtitan style). The one concession is
-that weight init can fill just this rank's rows of a sharded weight (``seeded_normal_``), so
-a model built on the meta device is initialised shard by shard.
+Nothing here knows about parallelism: DDP/FSDP2, tensor parallelism, activation checkpointing and
+compilation are applied from the outside by ``training.parallel`` (torchtitan style). The two
+concessions: weight init can fill just this rank's block of a sharded weight (``seeded_normal_``),
+so a model built on the meta device is initialised shard by shard; attention takes its head
+count from its projections' output (a tensor-parallel rank holds only some heads).
 """
 
 from __future__ import annotations
@@ -65,12 +66,14 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMeta) -> torch.Tensor:
         b, t, _ = x.shape
-        q = self.wq(x).view(b, t, self.n_head, self.head_dim)
-        k = self.wk(x).view(b, t, self.n_kv_head, self.head_dim)
-        v = self.wv(x).view(b, t, self.n_kv_head, self.head_dim)
+        # Heads from the projections' width, not the config: under tensor parallelism each rank's
+        # wq/wk/wv produce only its n_head / tp and n_kv_head / tp heads (training/tensor_parallel.py).
+        q = self.wq(x).view(b, t, -1, self.head_dim)
+        k = self.wk(x).view(b, t, -1, self.head_dim)
+        v = self.wv(x).view(b, t, -1, self.head_dim)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         y = attend(q, k, v, meta)
-        return self.wo(y.reshape(b, t, self.n_head * self.head_dim))
+        return self.wo(y.reshape(b, t, -1))
 
 
 class FeedForward(nn.Module):
@@ -106,26 +109,31 @@ class Block(nn.Module):
 INIT_CHUNK_ROWS = 256
 
 
-def _local_rows(p: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """The rows of ``p`` this process holds, and the index of the first: a plain tensor is
-    all of itself; a DTensor (FSDP2 shards dim 0) is this rank's shard."""
+def _local_block(p: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """The block of ``p`` this process holds, and its offset in every dim: a plain tensor is
+    all of itself; a DTensor is this rank's shard (FSDP2 shards dim 0, tensor parallelism dim
+    0 or 1, or both on a 2-D mesh)."""
     if not hasattr(p, "to_local"):
-        return p, 0
+        return p, (0,) * p.ndim
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+    if any(type(pl).__name__ == "_StridedShard" for pl in p.placements):
+        # A strided shard is not one block of the full tensor: drawing it needs its own index map.
+        raise NotImplementedError(f"seeded init of a strided shard ({p.placements}) is not supported")
     _, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
-    assert all(o == 0 for o in offset[1:]), "only dim-0 sharding is supported"
-    return p.to_local(), offset[0]
+    return p.to_local(), tuple(offset)
 
 
 def seeded_normal_(p: torch.Tensor, std: float, seed: int, name: str) -> None:
-    """Fill ``p`` (or this rank's rows of it) with N(0, std^2). Rows come in chunks of
+    """Fill ``p`` (or this rank's block of it) with N(0, std^2). Rows come in chunks of
     ``INIT_CHUNK_ROWS``, each from a generator seeded by (seed, name, chunk): any rank can
-    draw any rows without drawing the rest, and the full tensor is the same on every layout."""
-    local, row0 = _local_rows(p)
+    draw any rows without drawing the rest, and the full tensor is the same on every layout
+    (a block that is narrower than the full rows draws them whole and keeps its columns)."""
+    local, offset = _local_block(p)
     if local.numel() == 0:
         return
-    n = local.shape[0]
+    row0, n = offset[0], local.shape[0]
+    cols = tuple(slice(o, o + k) for o, k in zip(offset[1:], local.shape[1:]))
     key = int.from_bytes(hashlib.blake2b(f"{seed}/{name}".encode(), digest_size=5).digest(), "little")
     gen = torch.Generator(device=local.device)
     for chunk in range(row0 // INIT_CHUNK_ROWS, (row0 + n - 1) // INIT_CHUNK_ROWS + 1):
@@ -134,7 +142,7 @@ def seeded_normal_(p: torch.Tensor, std: float, seed: int, name: str) -> None:
         gen.manual_seed((key << 22) + chunk)
         values = torch.randn((rows, *p.shape[1:]), generator=gen, device=local.device, dtype=local.dtype)
         lo, hi = max(first, row0), min(first + rows, row0 + n)
-        local[lo - row0 : hi - row0] = values[lo - first : hi - first] * std
+        local[lo - row0 : hi - row0] = values[(slice(lo - first, hi - first), *cols)] * std
 
 
 class Transformer(nn.Module):

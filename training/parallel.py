@@ -1,17 +1,23 @@
-"""Data parallelism, applied from outside the model (torchtitan style).
+"""Data and tensor parallelism, applied from outside the model (torchtitan style).
+
+One device mesh ``(dp_replicate, dp_shard, tp)`` over the world (``mesh_shape``): ranks
+``r * tp .. r * tp + tp - 1`` form the tensor-parallel group of data-parallel rank ``r`` (TP's
+collectives stay between neighbours: one node). With ``tp`` 1 the mesh has only its
+data-parallel dimensions, as before.
 
 - ``init_distributed``: one process, or a torchrun process group (gloo on CPU, nccl on CUDA);
   a 1-rank group where FSDP2 runs on one process (CUDA ``auto``), so one GPU and many train
   with the same precision recipe.
-- ``parallelize``: activation checkpointing per block (full or selective), ``torch.compile``
-  per block (over the checkpointed block), then FSDP2 (``fully_shard`` on every block, then
+- ``parallelize``: tensor parallelism (``training.tensor_parallel``), activation checkpointing
+  per block (full or selective), ``torch.compile`` per block (over the checkpointed block), then FSDP2 (``fully_shard`` on every block, then
   on the root) over a 1-D mesh, or HSDP over a 2-D (replicate x shard) mesh; a model built on
   the meta device is then materialised and initialised (each rank only its own shards: no
   rank ever holds the whole model); DDP last.
 - ``grad_sync``: DDP skips the all-reduce on all but the last micro-batch; FSDP2
   reduce-scatters every micro-batch (``reshard_grads_every_microbatch``, so a rank keeps only
   its gradient shard) or only the last.
-- ``clip_grad_norm``: global-norm clipping; the norm stays a device tensor.
+- ``clip_grad_norm``: global-norm clipping; the norm stays a device tensor (with tensor
+  parallelism each gradient element counted once over the mesh).
 - ``shutdown``: a barrier only after success; after an error the group is aborted at once,
   so one rank's exception ends the job instead of hanging the others in a collective.
 """
@@ -44,10 +50,24 @@ class DistEnv:
     local_rank: int
     device: torch.device
     notes: list[str] = field(default_factory=list)  # said at start, logged in the run's metrics
+    tp: int = 1  # tensor-parallel degree: neighbouring ranks that share every row of data
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def dp_rank(self) -> int:
+        """Which rows this rank reads: the same as its tensor-parallel peers'."""
+        return self.rank // self.tp
+
+    @property
+    def dp_world(self) -> int:
+        return self.world // self.tp
+
+    @property
+    def tp_rank(self) -> int:
+        return self.rank % self.tp
 
     @property
     def distributed(self) -> bool:
@@ -91,7 +111,9 @@ def init_distributed(device: str = "auto", cfg: ParallelConfig | None = None, de
         dev = torch.device("cuda", local_rank)
     else:
         dev = torch.device("cpu")
-    env = DistEnv(rank, world, local_rank, dev, notes)
+    if world % cfg.tp:
+        raise ConfigError(f"parallel.tp ({cfg.tp}) must divide the world size ({world})")
+    env = DistEnv(rank, world, local_rank, dev, notes, tp=cfg.tp)
     if not dist.is_initialized() and (world > 1 or strategy_for(cfg, env) in ("fsdp", "hsdp")):
         backend = "nccl" if dev.type == "cuda" else "gloo"
         timeout = datetime.timedelta(seconds=cfg.timeout_s)
@@ -149,30 +171,63 @@ def shutdown(env: DistEnv, clean: bool = True) -> None:
 
 
 def strategy_for(cfg: ParallelConfig, env: DistEnv) -> str:
-    """The data-parallel strategy actually used.
+    """The data-parallel strategy actually used, over the world / tp data-parallel ranks.
 
     auto: FSDP2 on CUDA at any world size (one GPU included: one precision recipe), on CPU
-    'none' for one process and DDP above. DDP on one process is 'none'; HSDP on one process
-    is FSDP2 over one rank."""
-    s = cfg.strategy
+    'none' for one data-parallel rank and DDP above (FSDP2 with tp > 1). DDP on one
+    data-parallel rank is 'none'; HSDP on one is FSDP2 over one rank."""
+    s, dp = cfg.strategy, env.dp_world
     if s == "auto":
         if env.device.type == "cuda":
             return "fsdp"
-        s = "ddp" if env.distributed else "none"
-    if not env.distributed:
+        s = ("fsdp" if env.tp > 1 else "ddp") if dp > 1 else "none"
+    if dp == 1:
         return {"ddp": "none", "hsdp": "fsdp"}.get(s, s)
     if s == "none":
         # Ranks would each train their own copy on a slice of the batch and drift apart.
-        raise ConfigError(f"parallel.strategy: 'none' cannot run on {env.world} processes; use ddp, fsdp, hsdp or auto")
+        where = f"{env.world} processes" if env.tp == 1 else f"{dp} data-parallel ranks (world {env.world} / tp {env.tp})"
+        raise ConfigError(f"parallel.strategy: 'none' cannot run on {where}; use ddp, fsdp, hsdp or auto")
+    if s == "ddp" and env.tp > 1:
+        raise ConfigError("parallel.strategy ddp cannot run with parallel.tp > 1 (DDP does not take the tensor-parallel "
+                          "DTensor parameters): use fsdp or hsdp, which shard over the data-parallel ranks")
     return s
 
 
 def hsdp_shape(cfg: ParallelConfig, env: DistEnv) -> tuple[int, int]:
-    """(replicas, shard group size) of the HSDP mesh: shard inside a node by default."""
-    shard = cfg.shard_size or int(os.environ.get("LOCAL_WORLD_SIZE", env.world))
-    if shard > env.world or env.world % shard:
-        raise ConfigError(f"parallel.shard_size ({shard}) must divide the world size ({env.world})")
-    return env.world // shard, shard
+    """(replicas, shard group size) of the HSDP mesh over the data-parallel ranks: shard inside
+    a node by default."""
+    dp = env.dp_world
+    if cfg.dp_shard:
+        shard = cfg.dp_shard
+    elif cfg.dp_replicate:
+        shard = dp // cfg.dp_replicate if dp % cfg.dp_replicate == 0 else 0
+    else:
+        shard = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", env.world)) // env.tp)
+    if not shard or shard > dp or dp % shard or (cfg.dp_replicate and cfg.dp_replicate * shard != dp):
+        raise ConfigError(f"parallel: dp_replicate ({cfg.dp_replicate}) x dp_shard ({cfg.dp_shard or shard}) must be "
+                          f"the {dp} data-parallel ranks (world {env.world} / tp {env.tp})")
+    return dp // shard, shard
+
+
+#: Names of the mesh's dimensions, outermost first.
+MESH_DIMS = ("dp_replicate", "dp_shard", "tp")
+
+
+def mesh_shape(cfg: ParallelConfig, env: DistEnv) -> tuple[int, int, int]:
+    """(dp_replicate, dp_shard, tp): how the world is laid out (checked at start, errors name
+    the fields). ddp and none: every data-parallel rank a replica (dp_shard 1)."""
+    strategy, dp = strategy_for(cfg, env), env.dp_world
+    if strategy == "hsdp":
+        shape = (*hsdp_shape(cfg, env), env.tp)
+    elif strategy == "fsdp":
+        shape = (1, dp, env.tp)
+    else:
+        shape = (dp, 1, env.tp)
+    for name, given, got in (("dp_shard", cfg.dp_shard, shape[1]), ("dp_replicate", cfg.dp_replicate, shape[0])):
+        if given is not None and given != got:
+            raise ConfigError(f"parallel.{name} ({given}): strategy {strategy} over {dp} data-parallel ranks "
+                              f"(world {env.world} / tp {env.tp}) has {name} {got}")
+    return shape
 
 
 def parallelize(model: nn.Module, cfg: ParallelConfig, env: DistEnv, compile: bool = False, compile_mode: str = "default") -> nn.Module:
@@ -184,6 +239,19 @@ def parallelize(model: nn.Module, cfg: ParallelConfig, env: DistEnv, compile: bo
     ``init_weights()``, so under FSDP2 each rank allocates and draws only its shards (the
     init is per row chunk, so the weights are the same on any world size). A model with real
     tensors is moved to ``env.device`` (FSDP2: ``fully_shard`` moves each module's shards)."""
+    strategy = strategy_for(cfg, env)
+    shape = mesh_shape(cfg, env)
+    mesh = None
+    if env.tp > 1:
+        # One mesh for every dimension (FSDP2 over TP needs both from the same parent), TP first:
+        # its plans address the blocks' own submodules, before any wrapper renames them.
+        from training.tensor_parallel import apply_tp
+
+        mesh = init_device_mesh(env.device.type, shape, mesh_dim_names=MESH_DIMS)
+        _GROUPS[:] = [mesh.get_group(i) for i in range(mesh.ndim)]
+        set_collective_timeout(env, cfg.timeout_s)
+        apply_tp(model, mesh["tp"])
+        model.tensor_parallel = env.tp
     if cfg.ac != "none":
         # Recompute each block's activations in backward; the wrapper keeps state-dict keys.
         context = {"context_fn": selective_ac_context} if cfg.ac == "selective" else {}
@@ -195,7 +263,6 @@ def parallelize(model: nn.Module, cfg: ParallelConfig, env: DistEnv, compile: bo
         # shapes change per batch (segments, flash-attn's Python entry) run eagerly inside.
         for block in model.layers:
             block.compile(mode=None if compile_mode == "default" else compile_mode)
-    strategy = strategy_for(cfg, env)
     if strategy in ("fsdp", "hsdp") and env.device.type == "cpu":
         # The floor (2.6) is CUDA's: FSDP2 over gloo came later (checked on 2.6, 2.7, 2.8, 2.13).
         need = (2, 8) if strategy == "hsdp" else (2, 7)
@@ -204,12 +271,14 @@ def parallelize(model: nn.Module, cfg: ParallelConfig, env: DistEnv, compile: bo
             raise ConfigError(f"parallel.strategy {strategy} on CPU needs torch >= {need[0]}.{need[1]} "
                               f"(this is {torch.__version__}); use ddp on CPU, or a GPU")
     if strategy in ("fsdp", "hsdp"):
-        if strategy == "hsdp":
-            mesh = init_device_mesh(env.device.type, hsdp_shape(cfg, env), mesh_dim_names=("replicate", "shard"))
-            _GROUPS[:] = [mesh.get_group(i) for i in range(mesh.ndim)]
+        if mesh is not None:  # the tensor-parallel mesh's data-parallel dimensions
+            dp_mesh = mesh["dp_replicate", "dp_shard"] if strategy == "hsdp" else mesh["dp_shard"]
+        elif strategy == "hsdp":
+            dp_mesh = init_device_mesh(env.device.type, shape[:2], mesh_dim_names=MESH_DIMS[:2])
+            _GROUPS[:] = [dp_mesh.get_group(i) for i in range(dp_mesh.ndim)]
             set_collective_timeout(env, cfg.timeout_s)
         else:
-            mesh = init_device_mesh(env.device.type, (env.world,))
+            dp_mesh = init_device_mesh(env.device.type, (env.world,), mesh_dim_names=MESH_DIMS[1:2])
         if env.device.type == "cuda":
             mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         else:
@@ -218,10 +287,10 @@ def parallelize(model: nn.Module, cfg: ParallelConfig, env: DistEnv, compile: bo
         # the fp32 RoPE tables must stay fp32.
         block_mp = MixedPrecisionPolicy(mp.param_dtype, mp.reduce_dtype, cast_forward_inputs=False)
         for block in model.layers:
-            fully_shard(block, mesh=mesh, mp_policy=block_mp, reshard_after_forward=cfg.reshard_after_forward)
+            fully_shard(block, mesh=dp_mesh, mp_policy=block_mp, reshard_after_forward=cfg.reshard_after_forward)
         # The root (embeddings, final norm, LM head) is used again right at the start of
         # backward: keep it gathered after forward (torchtitan does the same for the head).
-        fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
+        fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=False)
     if any(t.is_meta for t in [*model.parameters(), *model.buffers()]):
         tied = _tied_parameters(model)
         model.to_empty(device=env.device)  # gives each module its own tensor: unties shared weights
@@ -301,9 +370,43 @@ def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
     """Clip to a global L2 norm; returns the norm before clipping as a device tensor (no
     host read: the caller reads it when it needs the number)."""
     params = [p for p in model.parameters() if p.grad is not None]
+    if getattr(model, "tensor_parallel", 1) > 1:
+        return _clip_over_mesh(params, max_norm)
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
     if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor
         norm = norm.full_tensor()
+    return norm
+
+
+@torch.no_grad()
+def _clip_over_mesh(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Global-norm clipping for a model whose gradients mix whole tensors (held alike by every
+    rank of a tensor-parallel group) and DTensors on different meshes (TP's, FSDP2's), which
+    torch's clip_grad_norm_ cannot combine. Each local block's squared norm is summed over the
+    mesh dimensions it is sharded on, and only those: every gradient element counts once.
+    One all-reduce per (mesh, sharded dims) group: at most three."""
+    groups: dict[tuple, tuple] = {}
+    for p in params:
+        g = p.grad
+        if hasattr(g, "to_local"):
+            if any(pl.is_partial() for pl in g.placements):
+                raise RuntimeError(f"a partial gradient ({g.placements}) cannot be clipped before its reduction")
+            dims = tuple(i for i, pl in enumerate(g.placements) if not pl.is_replicate())
+            key, mesh, local = (id(g.device_mesh), dims), g.device_mesh, g.to_local()
+        else:
+            key, mesh, dims, local = (None, ()), None, (), g
+        groups.setdefault(key, (mesh, dims, []))[2].append(local)
+    total = None
+    for mesh, dims, locals_ in groups.values():
+        sq = torch.stack([t.float().pow(2).sum() for t in locals_]).sum()
+        for d in dims:
+            dist.all_reduce(sq, group=mesh.get_group(d))
+        total = sq if total is None else total + sq
+    norm = total.sqrt()
+    coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+    for _, _, locals_ in groups.values():
+        for t in locals_:
+            t.mul_(coef.to(t.dtype))
     return norm
 
 

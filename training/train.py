@@ -44,6 +44,7 @@ from training.parallel import (
     grad_sync,
     hsdp_shape,
     init_distributed,
+    mesh_shape,
     parallelize,
     set_collective_timeout,
     shutdown,
@@ -52,6 +53,7 @@ from training.parallel import (
 )
 from training.files import write_text_atomic
 from training.profiling import StepProfiler
+from training.tensor_parallel import check_tp
 from training.quality import TimeToQuality
 from training.resume import anneal_record, find_resume_point, resolve_plan
 from training.schedule import seq_len_at
@@ -121,16 +123,19 @@ class Trainer:
             torch.set_num_threads(cfg.train.threads)
         self.run_dir = Path(cfg.run_dir)
         gb, micro = cfg.train.global_batch, cfg.train.micro_batch
-        if gb % (micro * env.world):
-            raise ConfigError(
-                f"train.global_batch ({gb}) must be a multiple of train.micro_batch ({micro}) x world size ({env.world})"
-            )
-        self.accum = gb // (micro * env.world)
+        # Rows are split over the data-parallel ranks: tensor-parallel peers read the same rows.
+        dp = env.dp_world
+        if gb % (micro * dp):
+            where = f"world size ({dp})" if env.tp == 1 else f"data-parallel ranks ({dp} = world {env.world} / tp {env.tp})"
+            raise ConfigError(f"train.global_batch ({gb}) must be a multiple of train.micro_batch ({micro}) x {where}")
+        self.accum = gb // (micro * dp)
+        check_tp(cfg.model, env.tp)
+        mesh_shape(cfg.parallel, env)  # layout errors now, before any data is read
 
         curriculum, dc = cfg.data.curriculum.order, cfg.data
         # Decoded blocks kept: at least three shuffle windows per lane this rank reads (sources
         # walk a lane's windows at their own pace, and wrap their epochs at different steps).
-        cache = max(dc.row_group_cache, 3 * dc.shuffle_blocks * -(-dc.lanes // env.world))
+        cache = max(dc.row_group_cache, 3 * dc.shuffle_blocks * -(-dc.lanes // dp))
         self.dataset = PackedDataset(dc.path, dc.tokenizer, cache, need_quality=curriculum != "none")
         self.notes: list[str] = []
         if curriculum != "none" and not self.dataset.has_quality:
@@ -202,7 +207,7 @@ class Trainer:
         self.eval_data = None
         if cfg.eval is not None:
             self.eval_data = EvalData(
-                cfg.eval.path, cfg.eval.batches, gb, micro, env.rank, env.world, cfg.data.seq_len,
+                cfg.eval.path, cfg.eval.batches, gb, micro, env.dp_rank, env.dp_world, cfg.data.seq_len,
                 cfg.data.document_mask, cfg.data.pad_id, cfg.model.vocab_size,
             )
         self.peak = peak_flops(env.device, cfg.metrics.peak_flops)
@@ -216,11 +221,12 @@ class Trainer:
         cfg, env = self.cfg, self.env
         rows = self.order.step_rows(step)
         batch = build_step(
-            self.dataset, rows[env.rank :: env.world], step, cfg.data.seq_len, seq_len_at(cfg, step), cfg.train.micro_batch,
+            self.dataset, rows[env.dp_rank :: env.dp_world], step, cfg.data.seq_len, seq_len_at(cfg, step), cfg.train.micro_batch,
             cfg.data.document_mask, cfg.data.pad_id, cfg.model.vocab_size,
         )
         batch.global_rows = rows
-        batch.counts = torch.tensor([batch.n_tokens], dtype=torch.float64)
+        # Summed over every rank: one rank of each tensor-parallel group counts its rows.
+        batch.counts = torch.tensor([batch.n_tokens if env.tp_rank == 0 else 0], dtype=torch.float64)
         if self.pin:  # page-locked here, so the loop's copies to the GPU are asynchronous
             batch.micro = [mb.pin() for mb in batch.micro]
             batch.counts = batch.counts.pin_memory()
@@ -247,7 +253,7 @@ class Trainer:
             # only while every .grad is None, and leaves them None. Later steps find them allocated.
             allocate_grads(self.optimizer)
         n_global = all_reduce_sum(batch.counts.to(dev, non_blocking=True), env)[0]  # stays on the device
-        scale = (env.world / n_global.clamp(min=1)).float()
+        scale = (env.dp_world / n_global.clamp(min=1)).float()
         loss_sum = torch.zeros((), dtype=torch.float32, device=dev)
         last = len(batch.micro) - 1
         self.n_step = n_global  # the step's global tokens with loss (time to quality counts them)
@@ -261,6 +267,8 @@ class Trainer:
                     ce = ce * float("nan")  # fault injection: a poisoned batch
                 (ce * scale).backward()
             loss_sum += ce.detach()
+        if env.tp_rank:  # tensor-parallel peers computed the same loss: one of them counts it
+            loss_sum.zero_()
         loss = all_reduce_sum(loss_sum.double(), env) / n_global
         grad_norm = clip_grad_norm(self.model, self.cfg.optim.grad_clip)
         if not guard_cfg.enabled:
@@ -328,6 +336,8 @@ class Trainer:
         strategy = strategy_for(cfg.parallel, env)
         if strategy == "hsdp":
             strategy += " {}x{}".format(*hsdp_shape(cfg.parallel, env))
+        if env.tp > 1:
+            strategy += f", tp {env.tp}"
         m.log({
             "kind": "event", "step": self.start_step, "event": "start",
             "message": (
@@ -455,11 +465,13 @@ class Trainer:
     def _log_window(self, step: int, w: Window) -> None:
         env = self.env
         # One collective for every per-interval counter: tokens by source, then wall times.
-        stats = torch.tensor(list(w.by_source) + [w.data_time, w.step_time], dtype=torch.float64, device=env.device)
+        counted = env.tp_rank == 0  # tensor-parallel peers read the same rows: one of them counts them
+        stats = torch.tensor([n if counted else 0 for n in w.by_source] + [w.data_time, w.step_time], dtype=torch.float64,
+                             device=env.device)
         stats = all_reduce_sum(stats, env).cpu().numpy()
         by_source = {s: float(n) for s, n in zip(self.dataset.sources, stats[:-2])}
         self.tokens.add(by_source)
-        content = self._gather_content(w.content)
+        content = self._gather_content(w.content if counted else {})
         self.content_tokens.add(content)
         data_time, step_time = stats[-2] / env.world, stats[-1] / env.world
         tokens = float(stats[:-2].sum())
@@ -534,6 +546,9 @@ def compile_mode_for(cfg: TrainConfig, env, notes: list[str]) -> str:
     if strategy != "none":
         raise ConfigError(f"train.compile_mode {mode} (CUDA graphs) cannot capture {strategy}'s hooks: use it on one "
                           "process with parallel.strategy none or auto, or compile_mode max-autotune-no-cudagraphs")
+    if env.tp > 1:  # not tried: TP's collectives inside captured graphs
+        raise ConfigError(f"train.compile_mode {mode} (CUDA graphs) with parallel.tp > 1 is not supported: "
+                          "use compile_mode default or max-autotune-no-cudagraphs")
     return mode
 
 

@@ -1,0 +1,205 @@
+"""Tensor parallelism (``parallel.tp``) on CPU over gloo, against one process.
+
+- the trainer under torchrun with tp 2 (one data-parallel rank) trains like one process: the loss
+  and the grad norm of every step agree to ~1e-6 (float32; TP only changes the order of the sums
+  in the row-wise layers); the two ranks read the same rows, the single process's;
+- its checkpoint (DTensor shards) resumes on one process with the same loss;
+- the model itself, split by ``parallelize`` over two spawned processes: the seeded init gives
+  the one-process weights (row-wise shards draw columns of the same rows), tied embeddings stay
+  tied, and after optimizer steps the whole-held parameters are bit-equal on both ranks;
+- start-up errors: heads, KV heads and the MLP width divisible by tp, tp dividing the world,
+  no DDP with tp, layout fields that contradict the strategy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+
+from train_helpers import SMALL, records, torchrun, write_config
+from training.config import ConfigError, ModelConfig, ParallelConfig
+from training.parallel import DistEnv, init_distributed, mesh_shape, strategy_for
+from training.synthetic import write_packed
+from training.tensor_parallel import check_tp
+from training.train import main
+
+SEQ, VOCAB, STEPS = 32, 256, 12
+
+pytestmark = pytest.mark.slow
+
+
+def config(tmp_path: Path, data: Path, name: str, **sections) -> Path:
+    return write_config(tmp_path, name, {
+        "seed": 0,
+        "model": {"vocab_size": VOCAB, **SMALL, "attention": "segments"},
+        "data": {"path": str(data), "seq_len": SEQ},
+        "train": {"global_batch": 8, "micro_batch": 2, "steps": STEPS, "threads": 1},
+        "optim": {"lr": 3e-3},
+        "schedule": {"warmup_steps": 3},
+        "checkpoint": {"every": 6, "final_save": False},
+        "metrics": {"every": 1, "progress": "off", "tensorboard": False, "log_row_ids": True},
+    }, **sections)
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("tp")
+    data = write_packed(tmp / "pack", {"web": 200, "math": 80}, SEQ, vocab=VOCAB)
+    assert main(str(config(tmp, data, "single"))) == 0
+    return tmp, data
+
+
+def rows(run: Path) -> dict[tuple[int, int], list[int]]:
+    out = {}
+    for f in (run / "row_ids").glob("rank*.jsonl"):
+        for r in map(json.loads, f.read_text().splitlines()):
+            out[r["step"], r["rank"]] = r["rows"]
+    return out
+
+
+def per_step_diffs(a: list[dict], b: list[dict]) -> list[tuple[int, float, float]]:
+    assert [r["step"] for r in a] == [r["step"] for r in b]
+    return [(x["step"], abs(x["loss_step"] - y["loss_step"]), abs(x["grad_norm"] - y["grad_norm"])) for x, y in zip(a, b)]
+
+
+def test_tp2_trains_like_one_process(single):
+    tmp, data = single
+    torchrun(config(tmp, data, "tp2"), "parallel.tp=2")
+    start = records(tmp / "tp2", "event")[0]
+    assert "world 2 (none, tp 2)" in start["message"], start["message"]
+    one, two = records(tmp / "single"), records(tmp / "tp2")
+    diffs = per_step_diffs(one, two)
+    print("\nTP=2 vs 1 process, per step: |loss diff|, |grad-norm diff|")
+    for step, dl, dg in diffs:
+        print(f"  step {step:2d}  loss {one[step]['loss_step']:.6f}  {dl:.2e}  grad norm {one[step]['grad_norm']:.4f}  {dg:.2e}")
+    print(f"  max: loss {max(d[1] for d in diffs):.2e}, grad norm {max(d[2] for d in diffs):.2e}")
+    for (step, dl, dg), r in zip(diffs, one):
+        assert dl <= 1e-5 * max(1.0, abs(r["loss_step"])), f"step {step}: loss differs by {dl}"
+        assert dg <= 1e-5 * max(1.0, abs(r["grad_norm"])), f"step {step}: grad norm differs by {dg}"
+    assert one[-1]["loss_step"] < one[0]["loss_step"] - 0.5  # it trained: matching is not trivial
+    # Tokens are counted once per data-parallel rank, not once per tensor-parallel rank.
+    assert [r["tokens"] for r in two] == [r["tokens"] for r in one]
+    # Both tensor-parallel ranks read the single process's rows.
+    split, whole = rows(tmp / "tp2"), rows(tmp / "single")
+    for step in range(STEPS):
+        assert split[step, 0] == split[step, 1] == whole[step, 0]
+
+
+def test_a_tp2_checkpoint_resumes_on_one_process(single):
+    tmp, data = single
+    ckpt = tmp / "tp2" / "checkpoints" / "step_00000006"
+    if not ckpt.exists():
+        torchrun(config(tmp, data, "tp2"), "parallel.tp=2", "train.stop_at_step=6")
+    assert main(str(config(tmp, data, "tp2-on-1")), resume=str(ckpt)) == 0
+    one, resumed = records(tmp / "single"), records(tmp / "tp2-on-1")
+    assert resumed[0]["step"] == 6
+    for step, dl, dg in per_step_diffs(one[6:], resumed):
+        assert dl <= 1e-5 * abs(one[step]["loss_step"]), (step, dl)
+
+
+# ---------------------------------------------------------------- the model split by hand
+
+MODEL = dict(vocab_size=VOCAB, **SMALL, attention="segments")
+
+
+def _worker(rank: int, world: int, init_file: str, out: str) -> None:
+    import torch.distributed as dist
+
+    from training.model import Transformer
+    from training.parallel import clip_grad_norm, parallelize, shutdown
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    cfg, par = ModelConfig(**MODEL), ParallelConfig(tp=world)
+    env = init_distributed("cpu", par)
+    with torch.device("meta"):
+        model = Transformer(cfg, SEQ, init_seed=5)
+    model = parallelize(model, par, env)
+    ref = Transformer(cfg, SEQ, init_seed=5)  # the whole model, on this process alone
+    res = {"tied": model.output.weight is model.tok_embeddings.weight,
+           "sharded": sorted(n for n, p in model.named_parameters() if hasattr(p, "to_local")),
+           "init_equal": all(torch.equal(p.full_tensor() if hasattr(p, "full_tensor") else p, q)
+                             for p, q in zip(model.parameters(), ref.parameters()))}
+    opts = [torch.optim.AdamW(m.parameters(), lr=3e-3) for m in (model, ref)]
+    g = torch.Generator().manual_seed(1)
+    res["grad_diff"], res["norm_diff"] = [], []
+    for _ in range(3):
+        tokens, targets = (torch.randint(0, VOCAB, (2, SEQ), generator=g) for _ in range(2))
+        doc_ids = torch.zeros(2, SEQ, dtype=torch.long)
+        doc_ids[:, SEQ // 3:] = 1
+        for m in (model, ref):
+            (m(tokens, doc_ids, targets=targets) / tokens.numel()).backward()  # mean CE, as the trainer's scale
+        # largest gradient difference, relative to the largest gradient entry
+        res["grad_diff"].append(max((p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).sub(q.grad).abs().max().item()
+                                    for p, q in zip(model.parameters(), ref.parameters()))
+                                / max(q.grad.abs().max().item() for q in ref.parameters()))
+        norms = clip_grad_norm(model, 1.0), torch.nn.utils.clip_grad_norm_(ref.parameters(), 1.0)
+        res["norm_diff"].append(abs(norms[0].item() - norms[1].item()))
+        for opt in opts:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    # The parameters each rank holds whole, after three steps: the same bits on both ranks.
+    whole = torch.cat([p.detach().flatten() for p in model.parameters() if not hasattr(p, "to_local")])
+    gathered = [torch.empty_like(whole) for _ in range(world)]
+    dist.all_gather(gathered, whole)
+    res["whole_bit_equal"] = all(torch.equal(gathered[0], t) for t in gathered)
+    res["param_diff"] = max((p.full_tensor() if hasattr(p, "full_tensor") else p).sub(q).abs().max().item()
+                            for p, q in zip(model.parameters(), ref.parameters()))
+    Path(out, f"rank{rank}.json").write_text(json.dumps(res))
+    shutdown(env)
+
+
+def test_the_model_split_over_two_processes(tmp_path):
+    import torch.multiprocessing as mp
+
+    init_file = tempfile.mktemp(dir=tmp_path)
+    mp.spawn(_worker, args=(2, init_file, str(tmp_path)), nprocs=2, join=True)
+    for rank in range(2):
+        res = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert res["tied"] and res["init_equal"] and res["whole_bit_equal"], res
+        assert res["sharded"] == sorted(f"layers.{i}.{m}.weight" for i in range(SMALL["n_layer"]) for m in
+                                        ("attention.wq", "attention.wk", "attention.wv", "attention.wo",
+                                         "feed_forward.w1", "feed_forward.w2", "feed_forward.w3"))
+        print(f"\nrank {rank}: max |grad diff| / max |grad| per step {['%.1e' % d for d in res['grad_diff']]}, "
+              f"|grad-norm diff| {['%.1e' % d for d in res['norm_diff']]}, max |param diff| after 3 steps {res['param_diff']:.1e}")
+        # Adam divides by sqrt(v): where a gradient entry is near 0, float32 noise moves a weight by up to
+        # lr (3e-3); a wrong split moves every weight by about that much
+        assert max(res["grad_diff"]) < 1e-5 and max(res["norm_diff"]) < 1e-5 and res["param_diff"] < 1e-4
+
+
+# ---------------------------------------------------------------- start-up errors
+
+def test_heads_kv_heads_and_mlp_width_must_split_evenly():
+    cfg = ModelConfig(**MODEL)  # 4 heads, 2 KV heads, ffn 192
+    check_tp(cfg, 2)
+    with pytest.raises(ConfigError, match=r"model.n_kv_head \(2\) must be divisible by tp"):
+        check_tp(cfg, 4)
+    with pytest.raises(ConfigError, match=r"model.n_head \(4\) must be divisible by tp"):
+        check_tp(cfg, 3)
+    with pytest.raises(ConfigError, match=r"model.ffn_hidden \(201\) must be divisible by tp"):
+        check_tp(ModelConfig(**{**MODEL, "ffn_hidden": 201}), 2)
+
+
+def test_layout_errors(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(ConfigError, match=r"parallel.tp \(2\) must divide the world size \(3\)"):
+        init_distributed("cpu", ParallelConfig(tp=2))
+    cpu = torch.device("cpu")
+    env = DistEnv(0, 4, 0, cpu, tp=2)
+    assert (env.dp_rank, env.dp_world, env.tp_rank) == (0, 2, 0)
+    assert strategy_for(ParallelConfig(tp=2), env) == "fsdp"  # auto with tp on CPU: FSDP2, not DDP
+    assert mesh_shape(ParallelConfig(tp=2), env) == (1, 2, 2)
+    assert mesh_shape(ParallelConfig(tp=2, strategy="hsdp", dp_shard=1), env) == (2, 1, 2)
+    assert mesh_shape(ParallelConfig(tp=2), DistEnv(1, 2, 1, cpu, tp=2)) == (1, 1, 2)  # TP only
+    with pytest.raises(ConfigError, match="ddp cannot run with parallel.tp"):
+        strategy_for(ParallelConfig(tp=2, strategy="ddp"), env)
+    with pytest.raises(ConfigError, match=r"parallel.dp_shard \(4\)"):
+        mesh_shape(ParallelConfig(tp=2, strategy="fsdp", dp_shard=4), env)
+    with pytest.raises(ConfigError, match=r"'none' cannot run on 2 data-parallel ranks"):
+        strategy_for(ParallelConfig(tp=2, strategy="none"), env)
