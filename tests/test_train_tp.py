@@ -3,7 +3,9 @@
 - the trainer under torchrun with tp 2 (one data-parallel rank) trains like one process: the loss
   and the grad norm of every step agree to ~1e-6 (float32; TP only changes the order of the sums
   in the row-wise layers); the two ranks read the same rows, the single process's;
-- its checkpoint (DTensor shards) resumes on one process with the same loss;
+- with FSDP2 over the other dimension (TP=2 x FSDP=2, 4 processes) too;
+- a checkpoint saved on one layout resumes on another (TP=2 -> 1, TP=2 x FSDP=2 -> 1, 1 -> TP=2)
+  with the straight run's losses;
 - the model itself, split by ``parallelize`` over two spawned processes: the seeded init gives
   the one-process weights (row-wise shards draw columns of the same rows), tied embeddings stay
   tied, and after optimizer steps the whole-held parameters are bit-equal on both ranks;
@@ -67,21 +69,28 @@ def per_step_diffs(a: list[dict], b: list[dict]) -> list[tuple[int, float, float
     return [(x["step"], abs(x["loss_step"] - y["loss_step"]), abs(x["grad_norm"] - y["grad_norm"])) for x, y in zip(a, b)]
 
 
+def compare(tmp: Path, run: str, label: str, tol: float = 1e-5) -> None:
+    """Print the per-step differences of ``run`` against the single process; each within ``tol``
+    (relative, at least 1)."""
+    one, other = records(tmp / "single"), records(tmp / run)
+    diffs = per_step_diffs(one, other)
+    print(f"\n{label} vs 1 process, per step: |loss diff|, |grad-norm diff|")
+    for step, dl, dg in diffs:
+        print(f"  step {step:2d}  loss {one[step]['loss_step']:.6f}  {dl:.2e}  grad norm {one[step]['grad_norm']:.4f}  {dg:.2e}")
+    print(f"  max: loss {max(d[1] for d in diffs):.2e}, grad norm {max(d[2] for d in diffs):.2e}")
+    for (step, dl, dg), r in zip(diffs, one):
+        assert dl <= tol * max(1.0, abs(r["loss_step"])), f"step {step}: loss differs by {dl}"
+        assert dg <= tol * max(1.0, abs(r["grad_norm"])), f"step {step}: grad norm differs by {dg}"
+    assert one[-1]["loss_step"] < one[0]["loss_step"] - 0.5  # it trained: matching is not trivial
+
+
 def test_tp2_trains_like_one_process(single):
     tmp, data = single
     torchrun(config(tmp, data, "tp2"), "parallel.tp=2")
     start = records(tmp / "tp2", "event")[0]
     assert "world 2 (none, tp 2)" in start["message"], start["message"]
+    compare(tmp, "tp2", "TP=2")
     one, two = records(tmp / "single"), records(tmp / "tp2")
-    diffs = per_step_diffs(one, two)
-    print("\nTP=2 vs 1 process, per step: |loss diff|, |grad-norm diff|")
-    for step, dl, dg in diffs:
-        print(f"  step {step:2d}  loss {one[step]['loss_step']:.6f}  {dl:.2e}  grad norm {one[step]['grad_norm']:.4f}  {dg:.2e}")
-    print(f"  max: loss {max(d[1] for d in diffs):.2e}, grad norm {max(d[2] for d in diffs):.2e}")
-    for (step, dl, dg), r in zip(diffs, one):
-        assert dl <= 1e-5 * max(1.0, abs(r["loss_step"])), f"step {step}: loss differs by {dl}"
-        assert dg <= 1e-5 * max(1.0, abs(r["grad_norm"])), f"step {step}: grad norm differs by {dg}"
-    assert one[-1]["loss_step"] < one[0]["loss_step"] - 0.5  # it trained: matching is not trivial
     # Tokens are counted once per data-parallel rank, not once per tensor-parallel rank.
     assert [r["tokens"] for r in two] == [r["tokens"] for r in one]
     # Both tensor-parallel ranks read the single process's rows.
@@ -90,15 +99,45 @@ def test_tp2_trains_like_one_process(single):
         assert split[step, 0] == split[step, 1] == whole[step, 0]
 
 
-def test_a_tp2_checkpoint_resumes_on_one_process(single):
+def test_tp2_with_fsdp2_trains_like_one_process(single):
+    """4 processes: 2 data-parallel ranks (FSDP2 over dp_shard) x 2 tensor-parallel ranks."""
     tmp, data = single
-    ckpt = tmp / "tp2" / "checkpoints" / "step_00000006"
-    if not ckpt.exists():
-        torchrun(config(tmp, data, "tp2"), "parallel.tp=2", "train.stop_at_step=6")
-    assert main(str(config(tmp, data, "tp2-on-1")), resume=str(ckpt)) == 0
-    one, resumed = records(tmp / "single"), records(tmp / "tp2-on-1")
-    assert resumed[0]["step"] == 6
-    for step, dl, dg in per_step_diffs(one[6:], resumed):
+    torchrun(config(tmp, data, "tp2-fsdp2"), "parallel.tp=2", "parallel.strategy=fsdp", nproc=4, timeout=600)
+    start = records(tmp / "tp2-fsdp2", "event")[0]
+    assert "world 4 (fsdp, tp 2)" in start["message"], start["message"]
+    compare(tmp, "tp2-fsdp2", "TP=2 x FSDP=2")
+    split, whole = rows(tmp / "tp2-fsdp2"), rows(tmp / "single")
+    for step in range(STEPS):
+        assert split[step, 0] == split[step, 1] and split[step, 2] == split[step, 3]  # TP peers: the same rows
+        assert not set(split[step, 0]) & set(split[step, 2])  # data-parallel ranks: different rows
+        assert sorted(split[step, 0] + split[step, 2]) == sorted(whole[step, 0])
+
+
+#: (saved by, resumed on): run name, its torchrun overrides and process count
+MESHES = {"1 process": ("single", (), 1), "TP=2": ("tp2", ("parallel.tp=2",), 2),
+          "TP=2 x FSDP=2": ("tp2-fsdp2", ("parallel.tp=2", "parallel.strategy=fsdp"), 4)}
+
+
+@pytest.mark.parametrize("saved, resumed", [("TP=2", "1 process"), ("TP=2 x FSDP=2", "1 process"), ("1 process", "TP=2")])
+def test_a_checkpoint_resumes_on_another_mesh(single, saved, resumed):
+    """The step-6 checkpoint of one layout, resumed on another: the steps after it as the straight run's."""
+    tmp, data = single
+    src, src_sets, src_n = MESHES[saved]
+    ckpt = tmp / src / "checkpoints" / "step_00000006"
+    if not ckpt.exists():  # its own test did not run (-k): make the checkpoint
+        torchrun(config(tmp, data, src), *src_sets, "train.stop_at_step=6", nproc=src_n, timeout=600)
+    _, sets, n = MESHES[resumed]
+    name = f"{src}-on-{MESHES[resumed][0]}"
+    if n == 1:
+        assert main(str(config(tmp, data, name)), resume=str(ckpt)) == 0
+    else:
+        torchrun(config(tmp, data, name), *sets, nproc=n, resume=str(ckpt), timeout=600)
+    one, after = records(tmp / "single"), records(tmp / name)
+    assert after[0]["step"] == 6
+    diffs = per_step_diffs(one[6:], after)
+    print(f"\nsaved on {saved}, resumed on {resumed}: max |loss diff| over steps 6-{STEPS - 1} "
+          f"{max(d[1] for d in diffs):.2e} (first resumed step {diffs[0][1]:.2e})")
+    for step, dl, dg in diffs:
         assert dl <= 1e-5 * abs(one[step]["loss_step"]), (step, dl)
 
 

@@ -117,9 +117,8 @@ def _local_block(p: torch.Tensor) -> tuple[torch.Tensor, tuple[int, ...]]:
         return p, (0,) * p.ndim
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-    if any(type(pl).__name__ == "_StridedShard" for pl in p.placements):
-        # A strided shard is not one block of the full tensor: drawing it needs its own index map.
-        raise NotImplementedError(f"seeded init of a strided shard ({p.placements}) is not supported")
+    # FSDP2 over a tensor-parallel Shard(0) gives (_StridedShard(0), Shard(0)): still one block of
+    # rows (FSDP splits this rank's TP rows), found at its first offset.
     _, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
     return p.to_local(), tuple(offset)
 
