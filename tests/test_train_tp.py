@@ -3,7 +3,8 @@
 - the trainer under torchrun with tp 2 (one data-parallel rank) trains like one process: the loss
   and the grad norm of every step agree to ~1e-6 (float32; TP only changes the order of the sums
   in the row-wise layers); the two ranks read the same rows, the single process's;
-- with FSDP2 over the other dimension (TP=2 x FSDP=2, 4 processes) too;
+- with FSDP2 over the other dimension (TP=2 x FSDP=2, 4 processes) too, and under selective
+  activation checkpointing and torch.compile;
 - a checkpoint saved on one layout resumes on another (TP=2 -> 1, TP=2 x FSDP=2 -> 1, 1 -> TP=2)
   with the straight run's losses;
 - the model itself, split by ``parallelize`` over two spawned processes: the seeded init gives
@@ -111,6 +112,21 @@ def test_tp2_with_fsdp2_trains_like_one_process(single):
         assert split[step, 0] == split[step, 1] and split[step, 2] == split[step, 3]  # TP peers: the same rows
         assert not set(split[step, 0]) & set(split[step, 2])  # data-parallel ranks: different rows
         assert sorted(split[step, 0] + split[step, 2]) == sorted(whole[step, 0])
+
+
+def test_tp2_under_selective_ac_and_compile_trains_like_one_process(single):
+    """TP is applied before activation checkpointing and torch.compile wrap the blocks."""
+    tmp, data = single
+    torchrun(config(tmp, data, "tp2-ac-compile"), "parallel.tp=2", "parallel.ac=selective", "train.compile=true",
+             "train.stop_at_step=4", timeout=600)
+    start = records(tmp / "tp2-ac-compile", "event")[0]
+    assert start["compile"] and start["activation_checkpointing"] == "selective"
+    one, got = records(tmp / "single")[:4], records(tmp / "tp2-ac-compile")
+    diffs = per_step_diffs(one, got)
+    print(f"\nTP=2 + selective AC + compile vs 1 process: max |loss diff| {max(d[1] for d in diffs):.2e}, "
+          f"max |grad-norm diff| {max(d[2] for d in diffs):.2e}")
+    for step, dl, dg in diffs:
+        assert dl <= 1e-5 * one[step]["loss_step"] and dg <= 1e-5 * max(1.0, one[step]["grad_norm"]), (step, dl, dg)
 
 
 #: (saved by, resumed on): run name, its torchrun overrides and process count

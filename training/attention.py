@@ -287,7 +287,9 @@ def document_block_mask(doc_ids: torch.Tensor | None, batch: int, length: int, d
     _, BlockMask = _flex()
     runs = torch.zeros(batch, length, dtype=torch.int32, device=device) if doc_ids is None else run_ids(doc_ids.to(device))
     nb = -(-length // block)
-    padded = F.pad(runs, (0, nb * block - length), mode="replicate") if nb * block > length else runs
+    # The last run repeated: F.pad(mode="replicate") has no int32 kernel on CUDA (CPU has one).
+    pad = nb * block - length
+    padded = torch.cat([runs, runs[:, -1:].expand(-1, pad)], dim=1) if pad else runs
     blocks = padded.view(batch, nb, block)
     first, last = blocks[..., 0], blocks[..., -1]  # runs are sorted: min and max of each block
     qb = torch.arange(nb, device=device)

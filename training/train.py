@@ -435,7 +435,10 @@ class Trainer:
                 # checkpoint.final_save false: the run ends without a save, even on a periodic step
                 if cfg.checkpoint.final_save if at_end else done % cfg.checkpoint.every == 0:
                     self.save(done, "end" if at_end else "periodic")
-            self.checkpointer.wait()  # an async save still writing becomes visible before we exit
+            # An async save still writing becomes visible before we exit; its barrier waits for the
+            # slowest writer, so under the checkpoint's timeout, not a step's.
+            set_collective_timeout(env, cfg.checkpoint.timeout_s)
+            self.checkpointer.wait()
             self.quality.pause()
             self._write_summary(code)
         finally:
