@@ -196,6 +196,79 @@ def test_deep_or_huge_dags_are_422_not_500(client, make, expect):
     assert expect in r.json()["detail"]
 
 
+def test_list_form_stages_count_against_the_cap(client):
+    """Review s5 #9: 1000 list-form stages with an escaped ``type`` key slipped past the
+    200-stage cap (the raw-text count missed them, the dict check skipped lists)."""
+    text = ("name: t\ninputs:\n  docs: {format: jsonl, paths: [data/docs.jsonl], source: web}\nstages:\n"
+            + "".join(f'  - s{i}: {{"\\x74ype": select, input: docs, where: "true"}}\n' for i in range(1000)))
+    r = _post(client, text)
+    assert r.status_code == 422, r.text[:300]
+    assert "stages: 1000 entries" in r.json()["detail"]
+
+
+CRAWL_FILES = 90_000
+
+
+@pytest.fixture(scope="module")
+def crawl(tmp_path_factory, request):
+    """A server whose allowed root holds a 90,000-file crawl folder (empty files)."""
+    root = _make_base(tmp_path_factory.mktemp("seccrawl"))
+    d = root / "data" / "crawl"
+    d.mkdir()
+    for i in range(CRAWL_FILES):
+        os.close(os.open(d / f"crawl-segment-{i:06d}.jsonl", os.O_CREAT | os.O_WRONLY, 0o644))
+    s = ServiceProcess(root, [root / "data"], max_concurrent=1, extra_args=["--base-dir", str(root)],
+                       env={"RAY_TMPDIR": str(tmp_path_factory.mktemp("secray3"))})
+    s.start()
+    request.addfinalizer(s.stop)
+    return s
+
+
+def _jsonl(paths: list[str]) -> dict:
+    return {"format": "jsonl", "paths": paths, "source": "web"}
+
+
+def _timed_post(c: httpx.Client, text: str) -> tuple[int, float, str]:
+    t0 = time.perf_counter()
+    r = _post(c, text)
+    return r.status_code, round(time.perf_counter() - t0, 2), r.text
+
+
+def test_crawl_folder_is_admitted_while_hostile_globs_are_refused(crawl):
+    """Review s5 #2: repeated globs over a crawl folder kept admission busy (pinning was
+    quadratic), two such DAGs made everyone else's submission 503, and a real glob over >= 60k
+    files could never be admitted. Now each distinct pattern is listed once, the caps on
+    distinct patterns and matched files are checked from counts before any full listing, and a
+    pattern matching nothing ends the DAG before the others are listed."""
+    sel = {"s": {"type": "select", "input": "a", "where": "true"}}
+    every = ["data/crawl/crawl-segment-*.jsonl", "data/crawl/crawl-*.jsonl", "data/crawl/c*.jsonl",
+             "data/crawl/*.jsonl", "data/crawl/*-*.jsonl", "data/crawl/*l"]
+    hostile = {
+        "globrep_late": (_dag(sel, {"a": _jsonl(["data/crawl/crawl-segment-0[0-1]*.jsonl"] * 6),
+                                    "b": _jsonl(["data/nomatch-*"])}), "no file matches"),
+        "variants_90k": (_dag(sel, {"a": _jsonl(every)}), "max_input_files"),
+        "many_patterns": (_dag(sel, {"a": _jsonl([f"data/crawl/crawl-segment-{i:06d}.jsonl" for i in range(300)])}),
+                          "max_patterns"),
+    }
+    legit = _dag(sel, {"a": _jsonl(["data/crawl/*.jsonl"] * 3)})
+    with crawl.client() as c, cf.ThreadPoolExecutor(8) as pool:
+        futures = {(k, n): pool.submit(_timed_post, c, text) for k, (text, _) in hostile.items() for n in range(2)}
+        time.sleep(0.5)
+        code, secs, body = _timed_post(c, legit)
+        answers = {k: f.result() for k, f in futures.items()}
+        if code == 201:
+            rid = json.loads(body)["id"]
+            c.post(f"/runs/{rid}/cancel")  # 90,000 empty files: admitted is what this test wanted
+            wait_state(c, rid, TERMINAL, timeout=60)
+            pinned = yaml.safe_load(c.get(f"/runs/{rid}/dag").json()["resolved"])["inputs"]["a"]["paths"]
+    FIGURES["admission_crawl_90k"] = {"legit": {"status": code, "seconds": secs},
+                                      **{f"{k}#{n}": {"status": a[0], "seconds": a[1]} for (k, n), a in answers.items()}}
+    assert code == 201, body[:300]
+    assert len(pinned) == CRAWL_FILES and len(set(pinned)) == CRAWL_FILES
+    for (k, _), (status, _, text) in answers.items():
+        assert status == 422 and hostile[k][1] in text, (k, status, text[:300])
+
+
 # ---------------------------------------------------------------------------------------------
 # 4, 5: bounded answers, concurrency
 

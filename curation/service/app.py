@@ -28,7 +28,8 @@ from curation.service import browse
 from curation.service.auth import PathPolicy, TokenAuth, load_token
 from curation.service.middleware import GuardMiddleware, StageModulesMiddleware
 from curation.service.routes import browse as browse_routes, evals, inspect, pages, runs as runs_routes
-from curation.service.runs import QueueFull, RunConflict, RunManager, RunMissing, SubmitError, public_message
+from curation.service.runs import (MAX_INPUT_FILES, MAX_PATTERNS, QueueFull, RunConflict, RunManager, RunMissing,
+                                   SubmitError, public_message)
 from curation.service.sql_box import FORK_SERVER
 from curation.service.sql_guard import SqlRejected
 from curation.service.state import ServiceState
@@ -106,19 +107,23 @@ def create_app(runs_dir: str | Path, token: str, address: str | None = None,
                max_concurrent: int = 2, max_body_bytes: int = MiB, sql_timeout_s: float = 10.0,
                sql_max_rows: int = 1000, sql_max_concurrent: int = 4, sql_max_bytes: int = 4 * MiB,
                stage_modules: Iterable[str] | str = (), max_queued: int | None = None,
-               max_run_seconds: float | None = None, sql_memory_bytes: int = 1024 * MiB) -> FastAPI:
+               max_run_seconds: float | None = None, sql_memory_bytes: int = 1024 * MiB,
+               max_patterns: int = MAX_PATTERNS, max_input_files: int = MAX_INPUT_FILES) -> FastAPI:
     """The FastAPI application. Starting it (lifespan) starts the run scheduler; stopping it
     leaves runs running. ``base_dir`` (default: the CWD) anchors relative input paths.
     ``stage_modules``: module prefixes ``type: module:Class`` stages may come from (default:
     none; the service imports no module a client names). ``sql_memory_bytes``: what one /sql
-    query may add to its boxed process's memory (``curation.service.sql_box``)."""
+    query may add to its boxed process's memory (``curation.service.sql_box``). ``max_patterns``,
+    ``max_input_files``: admission's caps on a DAG's distinct input patterns and the files they
+    match (``runs.AdmissionLimits``; 422 names them)."""
     from curation.pipeline.dag import parse_stage_modules
 
     auth = TokenAuth(token)
     policy = PathPolicy(list(allowed_roots), base_dir or os.getcwd())
     stage_modules = parse_stage_modules(stage_modules)
     runs = RunManager(runs_dir, policy, address=address, max_concurrent=max_concurrent, stage_modules=stage_modules,
-                      max_queued=max_queued, max_run_seconds=max_run_seconds)
+                      max_queued=max_queued, max_run_seconds=max_run_seconds, max_patterns=max_patterns,
+                      max_input_files=max_input_files)
     state = ServiceState(runs=runs, auth=auth, policy=policy, stage_modules=stage_modules,
                          sql_timeout_s=sql_timeout_s, sql_max_rows=sql_max_rows,
                          sql_max_concurrent=sql_max_concurrent, sql_max_bytes=sql_max_bytes,
@@ -267,7 +272,8 @@ def serve(runs_dir: str | Path, address: str | None = "auto", token_file: str | 
           max_run_seconds: float | None = None, sql_max_bytes: int = 4 * MiB, max_connections: int = 200,
           header_timeout_s: float = 10.0, behind_tls_proxy: bool = False,
           sql_memory_bytes: int = 1024 * MiB, body_timeout_s: float = 60.0,
-          max_strangers: int | None = None) -> None:
+          max_strangers: int | None = None, max_patterns: int = MAX_PATTERNS,
+          max_input_files: int = MAX_INPUT_FILES) -> None:
     """Run the service until interrupted. Runs it started keep running after it stops.
 
     ``address``: the Ray cluster each run connects to (``auto``, ``ray://head:10001``), or
@@ -284,7 +290,8 @@ def serve(runs_dir: str | Path, address: str | None = "auto", token_file: str | 
     open at once (503 past it), ``header_timeout_s`` to send a request head (and the body of a
     request without the token: the login form), ``body_timeout_s`` for a body otherwise,
     ``max_strangers`` connections open without having shown the token (default half of
-    ``max_connections``; past it the oldest is closed). The service speaks
+    ``max_connections``; past it the oldest is closed); ``max_patterns`` distinct input patterns
+    and ``max_input_files`` files they match per submitted DAG. The service speaks
     plain HTTP: a non-loopback ``host`` needs ``behind_tls_proxy`` (a TLS proxy in front).
     """
     import uvicorn
@@ -306,7 +313,7 @@ def serve(runs_dir: str | Path, address: str | None = "auto", token_file: str | 
     app = create_app(runs_dir, token, address=address, allowed_roots=roots, base_dir=base,
                      max_concurrent=max_concurrent, stage_modules=stage_modules, max_queued=max_queued,
                      max_run_seconds=max_run_seconds, sql_max_bytes=sql_max_bytes,
-                     sql_memory_bytes=sql_memory_bytes)
+                     sql_memory_bytes=sql_memory_bytes, max_patterns=max_patterns, max_input_files=max_input_files)
     strangers = max(1, max_connections // 2) if max_strangers is None else max_strangers
     # timeout_graceful_shutdown: SIGTERM stops the server within seconds even with requests in flight
     config = uvicorn.Config(app, host=host, port=port, log_level="info", proxy_headers=False,

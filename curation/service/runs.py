@@ -31,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,12 @@ LOG_FILE = "service.log"
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 ACTIVE_STATES = ("queued", "running")
 _YamlLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_YamlDumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+def dump_yaml(data: Any) -> str:
+    """``yaml.safe_dump(data, sort_keys=False)``, with LibYAML when it is there."""
+    return yaml.dump(data, Dumper=_YamlDumper, sort_keys=False, allow_unicode=False)
 
 
 class SubmitError(ValueError):
@@ -100,6 +107,8 @@ MAX_DAG_CHARS = 1 << 20
 MAX_FLOW_DEPTH = 32       # nested ``[`` / ``{``
 MAX_INDENT = 160          # leading spaces, ``- `` and ``? `` of one line: block nesting
 MAX_STAGES = 200          # stages (and inputs) of one DAG
+MAX_PATTERNS = 256        # distinct input path patterns (globs or files) of one DAG
+MAX_INPUT_FILES = 100_000  # files the input patterns of one DAG list (a 90,000-file crawl folder fits)
 MAX_ECHO = 200            # characters of a client's value echoed back in an error
 
 
@@ -150,13 +159,32 @@ def check_stage_modules(data: Any, stage_modules: tuple[str, ...], where: str) -
         raise SubmitError(f"{where}: stages.{name}.type: {stage_module_refusal(stype, tuple(stage_modules))}", 403)
 
 
-def admit_dag(text: str, policy: PathPolicy, where: str = "submitted.yaml", stage_modules: tuple[str, ...] = ()):
+@dataclass(frozen=True)
+class AdmissionLimits:
+    """What admitting one DAG may cost: ``max_patterns`` distinct input path patterns (each is
+    listed on disk once, however often the DAG repeats it), ``max_input_files`` files they
+    match, summed over the inputs (a 90,000-file crawl folder fits), and ``deadline``
+    (``time.monotonic()``) past which the work stops (503), checked between patterns and every
+    thousand files."""
+
+    max_patterns: int = MAX_PATTERNS
+    max_input_files: int = MAX_INPUT_FILES
+    deadline: float | None = None
+
+    def check_time(self, where: str) -> None:
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise SubmitError(f"{where}: validation took too long; stopped, and no run was created", 503)
+
+
+def admit_dag(text: str, policy: PathPolicy, where: str = "submitted.yaml", stage_modules: tuple[str, ...] = (),
+              limits: AdmissionLimits | None = None):
     """Validate a submitted DAG and pin its inputs: every glob is expanded now, every match
     resolved (symlinks followed) and checked against the allowed roots, and the DAG to run
     lists those resolved files. A file swapped for a symlink later is then not picked up by a
     resume, and what was checked is exactly what runs. Returns the resolved ``Dag``.
 
-    ``module:Class`` stages load only from modules under ``stage_modules`` (default: none)."""
+    ``module:Class`` stages load only from modules under ``stage_modules`` (default: none).
+    ``limits``: the admission's caps and deadline (``AdmissionLimits``; 422 past a cap)."""
     from curation.pipeline.dag import stage_modules_allowed
     from curation.stages.paths import PathRefused, path_guard
 
@@ -164,7 +192,7 @@ def admit_dag(text: str, policy: PathPolicy, where: str = "submitted.yaml", stag
     # before any validator opens them; every other string is data
     with stage_modules_allowed(stage_modules), path_guard(policy.guard):
         try:
-            return _admit_dag(text, policy, where, tuple(stage_modules))
+            return _admit_dag(text, policy, where, tuple(stage_modules), limits or AdmissionLimits())
         except PathRefused as e:
             raise SubmitError(str(e) if str(e).startswith(where) else f"{where}: {e}", 403) from None
         except RecursionError:  # a structure deeper than the validators handle: the client's input
@@ -199,7 +227,61 @@ def load_yaml(text: str, where: str) -> Any:
                           "date, number or tagged value but is meant as text") from None
 
 
-def _admit_dag(text: str, policy: PathPolicy, where: str, stage_modules: tuple[str, ...]):
+def _count_matches(pattern: str, stop: int) -> int:
+    """Paths a local pattern matches, counted up to ``stop + 1`` by a plain directory scan (no
+    stat of each match): ``glob`` without ``recursive`` never finds more than the input
+    reader's glob does but for folders, which are few where files are many."""
+    import glob
+
+    if not any(c in pattern for c in "*?["):
+        return int(os.path.lexists(pattern))
+    n = 0
+    for _ in glob.iglob(pattern):
+        n += 1
+        if n > stop:
+            break
+    return n
+
+
+def _check_input_caps(dag, policy: PathPolicy, where: str, limits: AdmissionLimits) -> None:
+    """The admission caps, from counts alone, before any pattern is listed in full (the input
+    reader stats every match): ``max_patterns`` distinct local patterns, ``max_input_files``
+    matches summed over them. A pattern that matches nothing is refused here too (422, the
+    reader's own message), so a DAG whose last input is empty costs no listing of its first."""
+    from curation.io.inputs import InputError, expand_paths
+
+    distinct: dict[str, tuple[str, Any, str]] = {}
+    for name, spec in dag.inputs.items():
+        if spec.run is not None:
+            continue
+        for i, pattern in enumerate(spec.paths):
+            loc = f"inputs.{name}.paths[{i}]"
+            if "\0" in pattern:
+                raise SubmitError(f"{where}: {loc}: a path with a NUL character")
+            if policy.is_url(pattern):
+                continue
+            key = policy.absolute(pattern)
+            if key not in distinct:
+                if len(distinct) >= limits.max_patterns:
+                    raise SubmitError(f"{where}: {loc}: more than {limits.max_patterns} distinct input path patterns "
+                                      "in one DAG (the service's max_patterns); use a glob")
+                distinct[key] = (name, spec, loc)
+    counted = 0
+    for key, (name, spec, loc) in distinct.items():
+        limits.check_time(where)
+        n = _count_matches(key, limits.max_input_files - counted)
+        if n == 0:
+            try:  # the reader's verdict (and its message): it may see what a plain scan does not
+                expand_paths(name, spec.model_copy(update={"paths": [key]}))
+            except InputError as e:
+                raise SubmitError(f"{where}: {e}") from None
+        counted += n
+        if counted > limits.max_input_files:
+            raise SubmitError(f"{where}: {loc}: the DAG's input patterns match more than {limits.max_input_files} "
+                              "files or folders (the service's max_input_files); split the input over several runs")
+
+
+def _admit_dag(text: str, policy: PathPolicy, where: str, stage_modules: tuple[str, ...], limits: AdmissionLimits):
     from curation.pipeline.dag import DagError, StageModuleRefused, parse_dag
     from curation.io.inputs import InputError, expand_paths
 
@@ -208,8 +290,8 @@ def _admit_dag(text: str, policy: PathPolicy, where: str, stage_modules: tuple[s
     data = load_yaml(text, where)
     if not isinstance(data, dict):
         raise SubmitError(f"{where}: a DAG is a YAML mapping with name, inputs, stages, output")
-    for part in ("inputs", "stages"):
-        if isinstance(data.get(part), dict) and len(data[part]) > MAX_STAGES:
+    for part in ("inputs", "stages"):  # a mapping, or for stages a list of one-entry mappings
+        if isinstance(data.get(part), (dict, list)) and len(data[part]) > MAX_STAGES:
             raise SubmitError(f"{where}: {part}: {len(data[part])} entries; at most {MAX_STAGES} are accepted")
     check_stage_modules(data, stage_modules, where)
     # Input locations first, on the raw text; stage parameters that are paths are checked by
@@ -240,7 +322,15 @@ def _admit_dag(text: str, policy: PathPolicy, where: str, stage_modules: tuple[s
         raise SubmitError(str(e), 403) from None
     except DagError as e:
         raise SubmitError(str(e)) from None
+    for part, nodes in (("inputs", dag.inputs), ("stages", dag.stages)):  # what was parsed decides
+        if len(nodes) > MAX_STAGES:
+            raise SubmitError(f"{where}: {part}: {len(nodes)} entries; at most {MAX_STAGES} are accepted")
     resolved = dag.to_dict()
+    _check_input_caps(dag, policy, where, limits)
+    # Each distinct pattern is listed and its matches checked once; an input's pinned files
+    # keep their first-seen order (a dict: linear, where `sorted(set(l), key=l.index)` was not)
+    expanded: dict[str, list[str]] = {}
+    listed = files_total = 0  # files the patterns listed (the work); files pinned (dag.yaml's size)
     for name, spec in dag.inputs.items():
         if spec.run is not None:  # format: run: the run directory resolved (symlinks followed) and pinned
             if policy.is_url(spec.run):
@@ -250,32 +340,53 @@ def _admit_dag(text: str, policy: PathPolicy, where: str, stage_modules: tuple[s
             except PathDenied as e:
                 raise SubmitError(f"{where}: {e}", 403) from None
             continue
-        pinned: list[str] = []
+        pinned: dict[str, None] = {}
+        merged: set[str] = set()
         for i, pattern in enumerate(spec.paths):
             loc = f"inputs.{name}.paths[{i}]"
-            if "\0" in pattern:
-                raise SubmitError(f"{where}: {loc}: a path with a NUL character")
             if policy.is_url(pattern):
-                pinned.append(pattern)  # checked against the URL roots above; listed at run time
+                pinned[pattern] = None  # checked against the URL roots above; listed at run time
                 continue
-            try:
-                found = expand_paths(name, spec.model_copy(update={"paths": [policy.absolute(pattern)]}))
-            except InputError as e:
-                raise SubmitError(f"{where}: {e}") from None
-            for path, _size in found:
+            key = policy.absolute(pattern)
+            if key in merged:
+                continue
+            if key not in expanded:
+                limits.check_time(where)
                 try:
-                    pinned.append(policy.check_local(path, loc))
-                except PathDenied as e:
-                    raise SubmitError(f"{where}: {e}", 403) from None
-        resolved["inputs"][name]["paths"] = sorted(set(pinned), key=pinned.index)
+                    found = expand_paths(name, spec.model_copy(update={"paths": [key]}))
+                except InputError as e:
+                    raise SubmitError(f"{where}: {e}") from None
+                listed += len(found)
+                if listed > limits.max_input_files:
+                    raise SubmitError(f"{where}: {loc}: the DAG's input patterns list more than "
+                                      f"{limits.max_input_files} files (a file counts once per pattern matching it; "
+                                      "the service's max_input_files); split the input over several runs")
+                checked = []
+                for j, (path, _size) in enumerate(found):
+                    if j % 1000 == 999:
+                        limits.check_time(where)
+                    try:
+                        checked.append(policy.check_local(path, loc))
+                    except PathDenied as e:
+                        raise SubmitError(f"{where}: {e}", 403) from None
+                expanded[key] = checked
+            merged.add(key)
+            before = len(pinned)
+            pinned.update(dict.fromkeys(expanded[key]))
+            files_total += len(pinned) - before
+            if files_total > limits.max_input_files:
+                raise SubmitError(f"{where}: {loc}: the DAG's inputs pin more than {limits.max_input_files} "
+                                  "files (the service's max_input_files); split the input over several runs")
+        resolved["inputs"][name]["paths"] = list(pinned)
+    limits.check_time(where)
     try:
         pinned_dag = parse_dag(resolved, where, policy.base_dir)
     except DagError as e:
         raise SubmitError(str(e)) from None
     # `refinery run` refuses a run directory whose dag.yaml differs from the DAG it loads; the
     # file we write must read back to the same DAG.
-    if parse_dag(yaml.safe_load(yaml.safe_dump(pinned_dag.to_dict(), sort_keys=False)), where).to_dict() \
-            != pinned_dag.to_dict():
+    # LibYAML both ways: the Python emitter and parser take ~30 s over 90,000 pinned paths
+    if parse_dag(load_yaml(dump_yaml(pinned_dag.to_dict()), where), where).to_dict() != pinned_dag.to_dict():
         raise SubmitError(f"{where}: the DAG does not survive a YAML round trip; simplify its parameters")
     return pinned_dag
 
@@ -363,8 +474,11 @@ class RunManager:
     def __init__(self, runs_dir: str | Path, policy: PathPolicy, address: str | None = None,
                  max_concurrent: int = 2, poll_s: float = 0.5, cancel_grace_s: float = 10.0,
                  python: str = sys.executable, stage_modules: tuple[str, ...] = (),
-                 max_queued: int | None = None, max_run_seconds: float | None = None):
+                 max_queued: int | None = None, max_run_seconds: float | None = None,
+                 max_patterns: int = MAX_PATTERNS, max_input_files: int = MAX_INPUT_FILES):
         self.runs_dir = Path(runs_dir).resolve()
+        self.max_patterns = max_patterns  # admission's caps (AdmissionLimits)
+        self.max_input_files = max_input_files
         self.max_queued = max_queued  # None: no cap
         self.max_run_seconds = max_run_seconds  # None: runs take as long as they take
         self.policy = policy
@@ -607,7 +721,8 @@ class RunManager:
         if deadline is not None and time.monotonic() > deadline:
             raise SubmitError(f"{where}: waited too long for validation; no run was created", 503)
         self._check_queue()  # before the admission work too: a full queue costs nothing to refuse
-        dag = admit_dag(text, self.policy, where, self.stage_modules)
+        limits = AdmissionLimits(self.max_patterns, self.max_input_files, deadline)
+        dag = admit_dag(text, self.policy, where, self.stage_modules, limits)
         if deadline is not None and time.monotonic() > deadline:
             raise SubmitError(f"{where}: validation took too long; no run was created", 503)
         rid = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
@@ -616,8 +731,9 @@ class RunManager:
         with self._lock:
             self._check_queue()
             d.mkdir(parents=True)
-            # dag.yaml as `refinery run` itself would write it, so the run accepts this directory
-            RunDir(d).write_dag(dag)
+            # dag.yaml as `refinery run` itself would write it (the same data, which is what it
+            # compares), so the run accepts this directory; LibYAML: 90,000 pinned paths in ~1 s
+            files.write_text(RunDir(d).dag_file, dump_yaml(dag.to_dict()))
             (d / SUBMITTED_FILE).write_text(text)
             self._write_meta(rid, {"id": rid, "name": dag.name, "state": "queued", "submitted": now,
                                    "queued_at": now, "attempt": 1})
