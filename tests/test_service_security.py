@@ -425,6 +425,53 @@ def test_histogram_bounds_near_the_double_range_are_not_500(client, params, stat
 
 
 # ---------------------------------------------------------------------------------------------
+# security review s5 #3: run parameters that size disk or shards are priced before the run
+
+
+@pytest.mark.parametrize("stages, inputs, expect", [
+    ({"ex": {"type": "exact_dedup", "bloom": {"expected_items": 1_000_000_000}}}, None, "max_bloom_bytes"),
+    ({"ex": {"type": "exact_dedup", "bloom": {"expected_items": 100_000_000, "false_positive_rate": 1e-300}}}, None,
+     "max_bloom_bytes"),
+    ({"ex": {"type": "exact_dedup", "bloom": {"expected_items": 10**13}}}, None, "less than or equal"),
+    ({"s": {"type": "select", "where": "true"}},
+     {"docs": {"format": "jsonl", "paths": ["data/docs.jsonl"], "source": "web", "split_bytes": 1}}, "min_split_bytes"),
+], ids=["bloom_1e9", "bloom_rate_1e-300", "bloom_1e13", "split_bytes_1"])
+def test_run_parameters_past_the_quotas_are_refused(svc, client, stages, inputs, expect):
+    before = {p.name for p in svc.runs_dir.iterdir()}
+    r = _post(client, _dag(stages, inputs))
+    assert r.status_code == 422, r.text[:300]
+    assert expect in r.json()["detail"], r.json()["detail"]
+    assert {p.name for p in svc.runs_dir.iterdir()} == before  # no run directory was made
+    FIGURES.setdefault("run_quotas", {})[expect + "/" + json.dumps(stages)[:60]] = r.json()["detail"][:160]
+
+
+def test_shards_are_priced_from_the_input_sizes(svc, client):
+    """Review s5 #3: ``split_bytes: 1000`` on a 1 GiB file planned 1,073,742 shards in the run."""
+    big = svc.root / "data" / "big_sparse.jsonl"
+    with open(big, "wb") as f:
+        f.truncate(300 << 20)  # sparse: no disk
+    try:
+        spec = {"format": "jsonl", "paths": ["data/big_sparse.jsonl"], "source": "web", "split_bytes": 1024}
+        r = _post(client, _dag({"s": {"type": "select", "where": "true"}}, {"docs": spec}))
+        assert r.status_code == 422 and "max_shards" in r.json()["detail"], r.text[:300]
+        FIGURES.setdefault("run_quotas", {})["max_shards"] = r.json()["detail"][:160]
+    finally:
+        big.unlink()
+
+
+def test_a_priced_bloom_filter_within_the_quota_runs(svc, client):
+    r = _post(client, _dag({"ex": {"type": "exact_dedup", "bloom": {"expected_items": 1_000_000}}}, output="ex"))
+    assert r.status_code == 201, r.text[:300]
+    with svc.client() as c:
+        info = wait_state(c, r.json()["id"], TERMINAL, timeout=180)
+    assert info["state"] == "done", info
+    blooms = list((svc.runs_dir / info["id"] / "ex" / "_bloom").glob("*.bloom"))
+    size = sum(p.stat().st_size for p in blooms)
+    assert len(blooms) == 16 and 3_000_000 < size < 4_000_000, size  # priced at 3.4 MiB for 1e6 keys at 1e-6
+    FIGURES["bloom_1e6_run"] = {"state": info["state"], "bloom_bytes": size, "elapsed_s": info.get("elapsed_s")}
+
+
+# ---------------------------------------------------------------------------------------------
 # 6: code only from allowed modules, in the run process too
 
 
@@ -497,6 +544,69 @@ def test_queue_cap_and_run_time_limit(limited):
         info = wait_state(c, first.json()["id"], TERMINAL, timeout=60)
         assert info["state"] == "cancelled" and info["timed_out"] and "timed out" in info["error"], info
         c.post(f"/runs/{second.json()['id']}/cancel")
+
+
+def _delete_when_stopped(c: httpx.Client, rid: str, timeout: float = 30) -> httpx.Response:
+    deadline = time.time() + timeout
+    while True:
+        r = c.delete(f"/runs/{rid}")
+        if r.status_code != 409 or "still stopping" not in r.text or time.time() > deadline:
+            return r
+        time.sleep(0.3)
+
+
+def _dir_bytes(d: Path) -> int:
+    return sum(p.stat().st_size for p in d.rglob("*") if p.is_file())
+
+
+def test_cancelled_runs_count_against_the_queue_until_deleted(limited):
+    """Review s5 #7: 30 x (submit a 1 MB DAG, cancel it) wrote 30 MB of run directories in 2 s
+    past the queue cap, and nothing could delete them. Cancelled runs now count against
+    --max-queued until DELETE /runs/{id} removes them."""
+    ok = _dag({"s": {"type": "select", "input": "docs", "where": "true"}})
+    padded = ok + "# " + "x" * 500_000 + "\n"
+    with limited.client() as c:
+        for run in c.get("/runs").json():  # what earlier tests left: cancel, then delete it
+            if run["state"] in ("queued", "running"):
+                c.post(f"/runs/{run['id']}/cancel")
+            assert _delete_when_stopped(c, run["id"]).status_code == 200
+        before = _dir_bytes(limited.runs_dir)
+        t0 = time.perf_counter()
+        codes, ids = [], []
+        for _ in range(30):
+            r = _post(c, padded)
+            codes.append(r.status_code)
+            if r.status_code == 201:
+                ids.append(r.json()["id"])
+                assert c.post(f"/runs/{ids[-1]}/cancel").status_code == 200
+        churn_s = time.perf_counter() - t0
+        written = _dir_bytes(limited.runs_dir) - before
+        assert codes[0] == 201 and set(codes[1:]) == {429}, codes
+        last = _post(c, ok)
+        assert last.status_code == 429 and "cancelled runs are kept" in last.json()["detail"], last.text
+        # the lifecycle: a running or queued run cannot be deleted; a cancelled one can, and goes
+        assert c.delete("/runs/browse-nope").status_code == 404
+        r = _delete_when_stopped(c, ids[0])
+        assert r.status_code == 200 and r.json()["deleted"], r.text
+        assert c.get(f"/runs/{ids[0]}").status_code == 404
+        assert ids[0] not in [x["id"] for x in c.get("/runs").json()]
+        again = _post(c, ok)
+        assert again.status_code == 201, again.text  # the slot is free again
+        rid = again.json()["id"]
+        wait_state(c, rid, ("running",) + TERMINAL, timeout=30)
+        if c.get(f"/runs/{rid}").json()["state"] in ("queued", "running"):
+            refused = c.delete(f"/runs/{rid}")
+            assert refused.status_code == 409 and "cancel it first" in refused.text, refused.text
+            c.post(f"/runs/{rid}/cancel")
+        assert _delete_when_stopped(c, rid).status_code == 200
+        deadline = time.time() + 10  # the directories are removed in the background
+        while time.time() < deadline and any(p.name.startswith(".deleting-") for p in limited.runs_dir.iterdir()):
+            time.sleep(0.2)
+        left = [p.name for p in limited.runs_dir.iterdir() if p.is_dir()]
+    FIGURES["submit_cancel_churn"] = {"codes": {str(k): codes.count(k) for k in sorted(set(codes))},
+                                      "bytes_written": written, "seconds": round(churn_s, 2), "dirs_left": left}
+    assert written < 2_000_000, written  # one padded run (0.5 MB DAG + its dag.yaml), not thirty
+    assert left == [], left
 
 
 def test_slowloris_connections_are_closed(limited):

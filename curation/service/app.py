@@ -28,8 +28,8 @@ from curation.service import browse
 from curation.service.auth import PathPolicy, TokenAuth, load_token
 from curation.service.middleware import GuardMiddleware, StageModulesMiddleware
 from curation.service.routes import browse as browse_routes, evals, inspect, pages, runs as runs_routes
-from curation.service.runs import (MAX_INPUT_FILES, MAX_PATTERNS, QueueFull, RunConflict, RunManager, RunMissing,
-                                   SubmitError, public_message)
+from curation.service.runs import (MAX_BLOOM_BYTES, MAX_INPUT_FILES, MAX_PATTERNS, MAX_SHARDS, MIN_SPLIT_BYTES,
+                                   QueueFull, RunConflict, RunManager, RunMissing, SubmitError, public_message)
 from curation.service.sql_box import FORK_SERVER
 from curation.service.sql_guard import SqlRejected
 from curation.service.state import ServiceState
@@ -108,14 +108,17 @@ def create_app(runs_dir: str | Path, token: str, address: str | None = None,
                sql_max_rows: int = 1000, sql_max_concurrent: int = 4, sql_max_bytes: int = 4 * MiB,
                stage_modules: Iterable[str] | str = (), max_queued: int | None = None,
                max_run_seconds: float | None = None, sql_memory_bytes: int = 1024 * MiB,
-               max_patterns: int = MAX_PATTERNS, max_input_files: int = MAX_INPUT_FILES) -> FastAPI:
+               max_patterns: int = MAX_PATTERNS, max_input_files: int = MAX_INPUT_FILES,
+               max_bloom_bytes: int = MAX_BLOOM_BYTES, min_split_bytes: int = MIN_SPLIT_BYTES,
+               max_shards: int = MAX_SHARDS) -> FastAPI:
     """The FastAPI application. Starting it (lifespan) starts the run scheduler; stopping it
     leaves runs running. ``base_dir`` (default: the CWD) anchors relative input paths.
     ``stage_modules``: module prefixes ``type: module:Class`` stages may come from (default:
     none; the service imports no module a client names). ``sql_memory_bytes``: what one /sql
     query may add to its boxed process's memory (``curation.service.sql_box``). ``max_patterns``,
     ``max_input_files``: admission's caps on a DAG's distinct input patterns and the files they
-    match (``runs.AdmissionLimits``; 422 names them)."""
+    match, ``max_bloom_bytes`` for a stage's Bloom filters, ``min_split_bytes`` for an input's
+    ``split_bytes``, ``max_shards`` it cuts the files into (``runs.AdmissionLimits``; 422 names them)."""
     from curation.pipeline.dag import parse_stage_modules
 
     auth = TokenAuth(token)
@@ -123,7 +126,8 @@ def create_app(runs_dir: str | Path, token: str, address: str | None = None,
     stage_modules = parse_stage_modules(stage_modules)
     runs = RunManager(runs_dir, policy, address=address, max_concurrent=max_concurrent, stage_modules=stage_modules,
                       max_queued=max_queued, max_run_seconds=max_run_seconds, max_patterns=max_patterns,
-                      max_input_files=max_input_files)
+                      max_input_files=max_input_files, max_bloom_bytes=max_bloom_bytes,
+                      min_split_bytes=min_split_bytes, max_shards=max_shards)
     state = ServiceState(runs=runs, auth=auth, policy=policy, stage_modules=stage_modules,
                          sql_timeout_s=sql_timeout_s, sql_max_rows=sql_max_rows,
                          sql_max_concurrent=sql_max_concurrent, sql_max_bytes=sql_max_bytes,
@@ -273,7 +277,8 @@ def serve(runs_dir: str | Path, address: str | None = "auto", token_file: str | 
           header_timeout_s: float = 10.0, behind_tls_proxy: bool = False,
           sql_memory_bytes: int = 1024 * MiB, body_timeout_s: float = 60.0,
           max_strangers: int | None = None, max_patterns: int = MAX_PATTERNS,
-          max_input_files: int = MAX_INPUT_FILES) -> None:
+          max_input_files: int = MAX_INPUT_FILES, max_bloom_bytes: int = MAX_BLOOM_BYTES,
+          min_split_bytes: int = MIN_SPLIT_BYTES, max_shards: int = MAX_SHARDS) -> None:
     """Run the service until interrupted. Runs it started keep running after it stops.
 
     ``address``: the Ray cluster each run connects to (``auto``, ``ray://head:10001``), or
@@ -291,7 +296,10 @@ def serve(runs_dir: str | Path, address: str | None = "auto", token_file: str | 
     request without the token: the login form), ``body_timeout_s`` for a body otherwise,
     ``max_strangers`` connections open without having shown the token (default half of
     ``max_connections``; past it the oldest is closed); ``max_patterns`` distinct input patterns
-    and ``max_input_files`` files they match per submitted DAG. The service speaks
+    and ``max_input_files`` files they match per submitted DAG, ``max_bloom_bytes`` of Bloom
+    filters per stage, ``min_split_bytes`` per input shard and ``max_shards`` per DAG;
+    ``max_queued`` counts cancelled runs
+    until they are deleted. The service speaks
     plain HTTP: a non-loopback ``host`` needs ``behind_tls_proxy`` (a TLS proxy in front).
     """
     import uvicorn
@@ -313,7 +321,8 @@ def serve(runs_dir: str | Path, address: str | None = "auto", token_file: str | 
     app = create_app(runs_dir, token, address=address, allowed_roots=roots, base_dir=base,
                      max_concurrent=max_concurrent, stage_modules=stage_modules, max_queued=max_queued,
                      max_run_seconds=max_run_seconds, sql_max_bytes=sql_max_bytes,
-                     sql_memory_bytes=sql_memory_bytes, max_patterns=max_patterns, max_input_files=max_input_files)
+                     sql_memory_bytes=sql_memory_bytes, max_patterns=max_patterns, max_input_files=max_input_files,
+                     max_bloom_bytes=max_bloom_bytes, min_split_bytes=min_split_bytes, max_shards=max_shards)
     strangers = max(1, max_connections // 2) if max_strangers is None else max_strangers
     # timeout_graceful_shutdown: SIGTERM stops the server within seconds even with requests in flight
     config = uvicorn.Config(app, host=host, port=port, log_level="info", proxy_headers=False,

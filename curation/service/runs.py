@@ -26,6 +26,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -109,6 +110,9 @@ MAX_INDENT = 160          # leading spaces, ``- `` and ``? `` of one line: block
 MAX_STAGES = 200          # stages (and inputs) of one DAG
 MAX_PATTERNS = 256        # distinct input path patterns (globs or files) of one DAG
 MAX_INPUT_FILES = 100_000  # files the input patterns of one DAG list (a 90,000-file crawl folder fits)
+MAX_BLOOM_BYTES = 1 << 30  # an exact_dedup stage's Bloom filters at their configured size (1e8 keys: 343 MiB)
+MIN_SPLIT_BYTES = 1024     # an input's split_bytes (``max_shards`` prices it against the input's size)
+MAX_SHARDS = 200_000       # input shards of one DAG, from its files' sizes and split_bytes (90,000 files: 1 each)
 MAX_ECHO = 200            # characters of a client's value echoed back in an error
 
 
@@ -165,11 +169,17 @@ class AdmissionLimits:
     listed on disk once, however often the DAG repeats it), ``max_input_files`` files they
     match, summed over the inputs (a 90,000-file crawl folder fits), and ``deadline``
     (``time.monotonic()``) past which the work stops (503), checked between patterns and every
-    thousand files."""
+    thousand files. Run parameters that size disk or shards are priced before the run:
+    ``max_bloom_bytes`` for a stage's Bloom filters (from ``expected_items`` and the
+    false-positive rate), ``min_split_bytes`` for an input's ``split_bytes`` and ``max_shards``
+    for the input shards it makes of the pinned files' sizes."""
 
     max_patterns: int = MAX_PATTERNS
     max_input_files: int = MAX_INPUT_FILES
     deadline: float | None = None
+    max_bloom_bytes: int = MAX_BLOOM_BYTES
+    min_split_bytes: int = MIN_SPLIT_BYTES
+    max_shards: int = MAX_SHARDS
 
     def check_time(self, where: str) -> None:
         if self.deadline is not None and time.monotonic() > self.deadline:
@@ -281,6 +291,37 @@ def _check_input_caps(dag, policy: PathPolicy, where: str, limits: AdmissionLimi
                               "files or folders (the service's max_input_files); split the input over several runs")
 
 
+def bloom_bytes(stage: Any) -> int:
+    """The bytes a stage's Bloom filters take at their configured size: one filter per
+    partition, each for ``expected_items / partitions`` keys at ``false_positive_rate`` (a
+    partition with more distinct keys than that gets a larger one, sized by the data)."""
+    from curation.dedup.bloom import bloom_size
+
+    bloom = stage.bloom
+    parts = max(1, int(getattr(stage, "partitions", 1)))
+    m, _ = bloom_size(max(1, -(-int(bloom.expected_items) // parts)), float(bloom.false_positive_rate))
+    return parts * -(-m // 8)
+
+
+def _price_run(dag, where: str, limits: AdmissionLimits) -> None:
+    """Refuse (422) run parameters whose disk or shard count is out of the service's bounds,
+    from the parameters alone, before anything runs."""
+    MiB = 1 << 20
+    for name, spec in dag.inputs.items():
+        if spec.split_bytes < limits.min_split_bytes:
+            raise SubmitError(f"{where}: inputs.{name}.split_bytes: {spec.split_bytes} is below the service's "
+                              f"min_split_bytes of {limits.min_split_bytes}")
+    for name, st in dag.stages.items():
+        if not hasattr(getattr(st, "bloom", None), "expected_items"):
+            continue
+        size = bloom_bytes(st)
+        if size > limits.max_bloom_bytes:
+            raise SubmitError(f"{where}: stages.{name}.bloom: expected_items {st.bloom.expected_items} at "
+                              f"false_positive_rate {st.bloom.false_positive_rate:g} makes Bloom filters of "
+                              f"{size / MiB:,.0f} MiB; the service's max_bloom_bytes is "
+                              f"{limits.max_bloom_bytes / MiB:,.0f} MiB")
+
+
 def _admit_dag(text: str, policy: PathPolicy, where: str, stage_modules: tuple[str, ...], limits: AdmissionLimits):
     from curation.pipeline.dag import DagError, StageModuleRefused, parse_dag
     from curation.io.inputs import InputError, expand_paths
@@ -325,12 +366,13 @@ def _admit_dag(text: str, policy: PathPolicy, where: str, stage_modules: tuple[s
     for part, nodes in (("inputs", dag.inputs), ("stages", dag.stages)):  # what was parsed decides
         if len(nodes) > MAX_STAGES:
             raise SubmitError(f"{where}: {part}: {len(nodes)} entries; at most {MAX_STAGES} are accepted")
+    _price_run(dag, where, limits)
     resolved = dag.to_dict()
     _check_input_caps(dag, policy, where, limits)
     # Each distinct pattern is listed and its matches checked once; an input's pinned files
     # keep their first-seen order (a dict: linear, where `sorted(set(l), key=l.index)` was not)
     expanded: dict[str, list[str]] = {}
-    listed = files_total = 0  # files the patterns listed (the work); files pinned (dag.yaml's size)
+    listed = files_total = shards = 0  # files the patterns listed (the work); pinned (dag.yaml's size); shards
     for name, spec in dag.inputs.items():
         if spec.run is not None:  # format: run: the run directory resolved (symlinks followed) and pinned
             if policy.is_url(spec.run):
@@ -340,7 +382,7 @@ def _admit_dag(text: str, policy: PathPolicy, where: str, stage_modules: tuple[s
             except PathDenied as e:
                 raise SubmitError(f"{where}: {e}", 403) from None
             continue
-        pinned: dict[str, None] = {}
+        pinned: dict[str, int | None] = {}  # resolved path -> size (None: a URL, listed at run time)
         merged: set[str] = set()
         for i, pattern in enumerate(spec.paths):
             loc = f"inputs.{name}.paths[{i}]"
@@ -362,22 +404,28 @@ def _admit_dag(text: str, policy: PathPolicy, where: str, stage_modules: tuple[s
                                       f"{limits.max_input_files} files (a file counts once per pattern matching it; "
                                       "the service's max_input_files); split the input over several runs")
                 checked = []
-                for j, (path, _size) in enumerate(found):
+                for j, (path, size) in enumerate(found):
                     if j % 1000 == 999:
                         limits.check_time(where)
                     try:
-                        checked.append(policy.check_local(path, loc))
+                        checked.append((policy.check_local(path, loc), size))
                     except PathDenied as e:
                         raise SubmitError(f"{where}: {e}", 403) from None
                 expanded[key] = checked
             merged.add(key)
             before = len(pinned)
-            pinned.update(dict.fromkeys(expanded[key]))
+            pinned.update(expanded[key])
             files_total += len(pinned) - before
             if files_total > limits.max_input_files:
                 raise SubmitError(f"{where}: {loc}: the DAG's inputs pin more than {limits.max_input_files} "
                                   "files (the service's max_input_files); split the input over several runs")
         resolved["inputs"][name]["paths"] = list(pinned)
+        # the shards `refinery run` will cut these files into (an upper bound: a compressed file is one)
+        shards += sum(max(1, -(-size // spec.split_bytes)) for size in pinned.values() if size is not None)
+        if shards > limits.max_shards:
+            raise SubmitError(f"{where}: inputs.{name}.split_bytes: {spec.split_bytes} cuts the DAG's input files into "
+                              f"more than {limits.max_shards} shards (the service's max_shards); use a larger "
+                              "split_bytes")
     limits.check_time(where)
     try:
         pinned_dag = parse_dag(resolved, where, policy.base_dir)
@@ -444,6 +492,13 @@ def _read_json(p: Path) -> dict | None:
         return None
 
 
+def _read_text(p: Path) -> str:
+    try:
+        return p.read_text()
+    except OSError:
+        return ""
+
+
 def _fresh(meta: dict, progress: dict | None) -> bool:
     """Whether progress.json belongs to the current attempt (a resumed run keeps the old file
     until its new process gets going)."""
@@ -475,10 +530,14 @@ class RunManager:
                  max_concurrent: int = 2, poll_s: float = 0.5, cancel_grace_s: float = 10.0,
                  python: str = sys.executable, stage_modules: tuple[str, ...] = (),
                  max_queued: int | None = None, max_run_seconds: float | None = None,
-                 max_patterns: int = MAX_PATTERNS, max_input_files: int = MAX_INPUT_FILES):
+                 max_patterns: int = MAX_PATTERNS, max_input_files: int = MAX_INPUT_FILES,
+                 max_bloom_bytes: int = MAX_BLOOM_BYTES, min_split_bytes: int = MIN_SPLIT_BYTES,
+                 max_shards: int = MAX_SHARDS):
         self.runs_dir = Path(runs_dir).resolve()
-        self.max_patterns = max_patterns  # admission's caps (AdmissionLimits)
-        self.max_input_files = max_input_files
+        # admission's caps (AdmissionLimits)
+        self.max_patterns, self.max_input_files = max_patterns, max_input_files
+        self.max_bloom_bytes, self.min_split_bytes, self.max_shards = max_bloom_bytes, min_split_bytes, max_shards
+        self._cancelled: set[str] = set()  # cancelled runs still on disk: they count against max_queued
         self.max_queued = max_queued  # None: no cap
         self.max_run_seconds = max_run_seconds  # None: runs take as long as they take
         self.policy = policy
@@ -512,6 +571,8 @@ class RunManager:
             os.close(fd)
             raise RunsDirBusy(f"{self.runs_dir}: another `refinery serve` manages this runs directory") from None
         self._lock_fd = fd
+        for trash in self.runs_dir.glob(".deleting-*"):  # deletions a stop interrupted
+            threading.Thread(target=shutil.rmtree, args=(trash,), kwargs={"ignore_errors": True}, daemon=True).start()
         with self._lock:
             for rid in self.run_ids():
                 meta = self._meta(rid)
@@ -524,6 +585,8 @@ class RunManager:
                     self._write_meta(rid, meta)
                 if meta.get("state") in ("queued", "started", "cancelled"):
                     self._active.add(rid)
+                if meta.get("state") == "cancelled":
+                    self._cancelled.add(rid)
                 if meta.get("state") == "cancelled" and self._alive(rid, meta):
                     # cancelled just before a restart: finish stopping it (SIGKILL after the grace)
                     threading.Thread(target=self._finish_cancel, args=(rid,), daemon=True,
@@ -721,7 +784,8 @@ class RunManager:
         if deadline is not None and time.monotonic() > deadline:
             raise SubmitError(f"{where}: waited too long for validation; no run was created", 503)
         self._check_queue()  # before the admission work too: a full queue costs nothing to refuse
-        limits = AdmissionLimits(self.max_patterns, self.max_input_files, deadline)
+        limits = AdmissionLimits(self.max_patterns, self.max_input_files, deadline, self.max_bloom_bytes,
+                                 self.min_split_bytes, self.max_shards)
         dag = admit_dag(text, self.policy, where, self.stage_modules, limits)
         if deadline is not None and time.monotonic() > deadline:
             raise SubmitError(f"{where}: validation took too long; no run was created", 503)
@@ -746,7 +810,12 @@ class RunManager:
             return
         with self._lock:
             queued = sum(1 for rid in self._active if self._meta(rid).get("state") == "queued")
-        if queued >= self.max_queued:
+            kept = len(self._cancelled)
+        if queued + kept >= self.max_queued:
+            if kept:
+                raise QueueFull(f"{queued} runs are queued and {kept} cancelled runs are kept (the service's limit is "
+                                f"{self.max_queued} together); delete cancelled runs (DELETE /runs/ID) or retry when "
+                                "some have started")
             raise QueueFull(f"{queued} runs are already queued (the service's limit is {self.max_queued}); "
                             "retry when some have started")
 
@@ -763,6 +832,7 @@ class RunManager:
                 raise RunConflict(f"run {run_id} is {state}; only queued or running runs can be cancelled")
             meta.update(state="cancelled", cancelled_at=time.time())
             self._write_meta(run_id, meta)
+            self._cancelled.add(run_id)
             if state == "running":
                 self._signal(meta, signal.SIGTERM)
                 threading.Thread(target=self._finish_cancel, args=(run_id,), daemon=True,
@@ -798,6 +868,35 @@ class RunManager:
                 if run_id in self._children:
                     self._reap(run_id, code)
 
+    def delete(self, run_id: str) -> dict[str, Any]:
+        """Delete a finished (done, failed) or cancelled run the service started: its directory
+        leaves the listing at once (renamed under the lock) and is removed in the background.
+        409 for a queued or running run (cancel it first), one still stopping, one another
+        active run reads (``format: run``), or one the service did not start."""
+        d = self.run_dir(run_id)
+        with self._lock:
+            meta = self._meta(run_id)
+            if not meta:
+                raise RunConflict(f"run {run_id} was not started by the service; delete its directory where it lives")
+            state, _ = self._derive(run_id, meta, _read_json(Path(RunDir(d).progress_file)))
+            if state not in ("done", "failed", "cancelled"):
+                raise RunConflict(f"run {run_id} is {state}; only done, failed or cancelled runs can be deleted "
+                                  "(cancel it first)")
+            if self._alive(run_id, meta):
+                raise RunConflict(f"run {run_id} is still stopping; retry in a few seconds")
+            for other in self._active:
+                if other != run_id and str(d) in _read_text(Path(RunDir(self.runs_dir / other).dag_file)):
+                    raise RunConflict(f"run {run_id} is an input of run {other} (format: run), which has not "
+                                      "ended; delete it when that one has")
+            trash = self.runs_dir / f".deleting-{run_id}-{secrets.token_hex(4)}"
+            os.rename(d, trash)
+            self._active.discard(run_id)
+            self._cancelled.discard(run_id)
+            self._children.pop(run_id, None)
+        threading.Thread(target=shutil.rmtree, args=(trash,), kwargs={"ignore_errors": True}, daemon=True,
+                         name=f"refinery-delete-{run_id}").start()
+        return {"id": run_id, "deleted": True, "state": state}
+
     def resume(self, run_id: str) -> dict[str, Any]:
         """Queue a failed or cancelled run again; it re-launches the same command, and the run
         skips every shard already committed."""
@@ -822,6 +921,7 @@ class RunManager:
             meta.update(state="queued", queued_at=time.time(), attempt=int(meta.get("attempt") or 1) + 1)
             self._write_meta(run_id, meta)
             self._active.add(run_id)
+            self._cancelled.discard(run_id)
         self._wake.set()
         return self.describe(run_id)
 
@@ -854,6 +954,7 @@ class RunManager:
             return
         meta.update(state="cancelled", cancelled_at=time.time(), timed_out=self.max_run_seconds)
         self._write_meta(rid, meta)
+        self._cancelled.add(rid)
         self._signal(meta, signal.SIGTERM)
         threading.Thread(target=self._finish_cancel, args=(rid,), daemon=True, name=f"refinery-cancel-{rid}").start()
 

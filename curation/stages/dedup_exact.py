@@ -92,7 +92,8 @@ class BloomConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    expected_items: int = Field(default=10_000_000, ge=1)
+    # at most 10**12 keys (~3.6 TB of filters at 1e-6): past that a value is a typo, not a corpus
+    expected_items: int = Field(default=10_000_000, ge=1, le=10**12)
     false_positive_rate: float = Field(default=1e-6, gt=0, lt=1)
 
 

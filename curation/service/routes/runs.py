@@ -1,5 +1,5 @@
 """Runs: submit a DAG, list and describe runs, their progress (also as Prometheus gauges), their
-DAG as submitted and as run, cancel and resume."""
+DAG as submitted and as run, cancel, resume and delete."""
 
 from __future__ import annotations
 
@@ -131,6 +131,12 @@ def add_routes(r: APIRouter, state: ServiceState) -> None:
     def cancel_run(run_id: str):
         """Cancel a queued or running run (its whole process group is stopped)."""
         return runs.cancel(run_id)
+
+    @r.delete("/runs/{run_id}", tags=["runs"])
+    def delete_run(run_id: str) -> dict:
+        """Delete a done, failed or cancelled run and its directory (409 for a queued or running
+        run: cancel it first). Cancelled runs count against the queue cap until deleted."""
+        return runs.delete(run_id)
 
     @r.post("/runs/{run_id}/resume", response_model=RunDetail, tags=["runs"])
     def resume_run(run_id: str):
