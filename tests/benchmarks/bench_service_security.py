@@ -10,6 +10,12 @@ worst latency while 40 deep-YAML submissions are admitted, the server's peak RSS
 ``select repeat('x', 10000000) from range(100)`` on /sql, and the codes of 100 submissions sent
 10 at a time. The deep-YAML flood goes last and the server is SIGKILLed after it (on an
 unbounded server it would burn CPU for minutes).
+
+``--s5`` runs the availability review's (s5) attacks instead, one row each: the HTTP code, the
+seconds, the server's RSS peak (VmRSS sampled every 50 ms) and bytes written where they apply:
+/sql memory and time, the 500s, 199 slow-body logins against /healthz, a 90,000-file crawl
+folder admitted while hostile glob DAGs are sent, Bloom and split_bytes quotas (a 1e8-key
+Bloom filter is run to the end), submit-then-cancel churn, list-form stages.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import signal
 import socket
 import subprocess
 import sys
+import shutil
 import tempfile
 import time
 from collections import Counter
@@ -63,11 +70,181 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024)
+    return float("nan")
+
+
+def sampled(pid: int, fn) -> tuple[object, float, float]:
+    """fn()'s result, its seconds, and the server's RSS peak (MB) while it ran."""
+    peak = [rss_mb(pid)]
+    with cf.ThreadPoolExecutor(1) as pool:
+        t0 = time.perf_counter()
+        fut = pool.submit(fn)
+        while not fut.done():
+            peak.append(rss_mb(pid))
+            time.sleep(0.05)
+        return fut.result(), round(time.perf_counter() - t0, 2), max(peak)
+
+
+def dir_bytes(d: Path) -> int:
+    return sum(p.stat().st_size for p in d.rglob("*") if p.is_file())
+
+
+def s5(base: Path, url: str, proc: subprocess.Popen, c: httpx.Client, run_wait: float) -> dict:
+    """The availability review's rows against a running server (see the module's docstring)."""
+    out: dict = {}
+    pid = proc.pid
+
+    def submit(text: str, timeout: float = 60) -> httpx.Response:
+        try:
+            return c.post("/runs", content=text.encode(), timeout=timeout)
+        except httpx.HTTPError as e:
+            return httpx.Response(599, json={"detail": f"{type(e).__name__}"})
+
+    def sql(q: str) -> httpx.Response:
+        try:
+            return c.get("/runs/browse/sql", params={"q": q}, timeout=120)
+        except httpx.HTTPError as e:
+            return httpx.Response(599, json={"detail": f"{type(e).__name__}"})
+
+    def row(r: httpx.Response, secs: float, peak: float | None = None, **more) -> dict:
+        try:
+            detail = r.json().get("detail") if isinstance(r.json(), dict) else None
+        except ValueError:
+            detail = r.text[:120]
+        d = {"code": r.status_code, "seconds": secs, **({"server_rss_peak_mb": peak} if peak is not None else {}),
+             **more}
+        if detail:
+            d["detail"] = str(detail)[:140]
+        return d
+
+    def wait_end(rid: str) -> dict:
+        deadline = time.time() + run_wait
+        info: dict = {}
+        while time.time() < deadline:
+            info = c.get(f"/runs/{rid}").json()
+            if info.get("state") in ("done", "failed", "cancelled"):
+                break
+            time.sleep(0.5)
+        return info
+
+    # 1 and 4: /sql memory and time
+    out["server_rss_idle_mb"] = rss_mb(pid)
+    r, secs, peak = sampled(pid, lambda: sql("select length(repeat(repeat('x', 100000000), 8)) as n"))
+    out["1_sql_repeat_8x100MB"] = row(r, secs, peak)
+    e = "repeat('ab', 10000000)"
+    for i in range(30):
+        e = f"regexp_replace({e}, '{'bc'[i % 2]}', '{'cb'[i % 2]}', 'g')"
+    r, secs, peak = sampled(pid, lambda: sql("select length(" + e + ") as n"))
+    out["4_sql_regexp_chain_30"] = row(r, secs, peak)
+    # 8: the 500s
+    body = ("inputs:\n  docs: {format: jsonl, paths: [data/docs.jsonl], source: web}\n"
+            "stages:\n  s: {type: select, where: 'true'}\n")
+    out["8_500s"] = {name: submit(text).status_code for name, text in {
+        "date_2024-13-45": "name: 2024-13-45\n" + body, "int_5000_digits": "name: x\nz: " + "1" * 5000 + "\n" + body,
+        "timestamp_xyz": "name: x\nz: !!timestamp xyz\n" + body,
+        "nul_in_path": dag({"s": {"type": "select", "where": "true"}},
+                           {"docs": {"format": "jsonl", "paths": ["data/docs.jsonl\0../token"], "source": "web"}}),
+    }.items()}
+    out["8_500s"]["histogram_1.7e308"] = c.get("/runs/browse/stages/quality/histogram", params={
+        "column": "quality", "lo": -1.7e308, "hi": 1.7e308}).status_code
+    # 9: list-form stages past the cap
+    text = ("name: t\ninputs:\n  docs: {format: jsonl, paths: [data/docs.jsonl], source: web}\nstages:\n"
+            + "".join(f'  - s{i}: {{"\\x74ype": select, input: docs, where: "true"}}\n' for i in range(1000))
+            + "  - z: {type: select, input: docs, where: 'nosuchcol > 0'}\n")
+    r, secs, _ = sampled(pid, lambda: submit(text))
+    out["9_list_form_1000_stages"] = row(r, secs)
+    # 6: 199 unauthenticated slow-body logins, then /healthz
+    socks = []
+    for _ in range(199):
+        try:
+            s = socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=5)
+            s.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+                      b"Content-Length: 100000\r\n\r\ntoken=")
+            socks.append(s)
+        except OSError:
+            pass
+        time.sleep(0.01)
+    time.sleep(2)
+    codes = []
+    for _ in range(3):
+        for s in socks:
+            with contextlib.suppress(OSError):
+                s.send(b"x")
+        try:
+            codes.append(httpx.get(url + "/healthz", timeout=5).status_code)
+        except httpx.HTTPError as e:
+            codes.append(type(e).__name__)
+        time.sleep(1)
+    out["6_slow_login_bodies_199"] = {"healthz": codes, "sockets": len(socks)}
+    for s in socks:
+        s.close()
+    time.sleep(1)
+    # 2: a 90,000-file crawl folder, with hostile glob DAGs sent just before it
+    crawl = base / "data" / "crawl"
+    crawl.mkdir()
+    for i in range(90_000):
+        os.close(os.open(crawl / f"crawl-segment-{i:06d}.jsonl", os.O_CREAT | os.O_WRONLY, 0o644))
+    j = lambda paths: {"format": "jsonl", "paths": paths, "source": "web"}  # noqa: E731
+    sel = {"s": {"type": "select", "input": "a", "where": "true"}}
+    hostile = dag(sel, {"a": j(["data/crawl/crawl-segment-0[0-1]*.jsonl"] * 6), "b": j(["data/nomatch-*"])})
+    with cf.ThreadPoolExecutor(2) as pool:
+        fh = [pool.submit(lambda: sampled(pid, lambda: submit(hostile, 120))) for _ in range(2)]
+        time.sleep(2)
+        r, secs, peak = sampled(pid, lambda: submit(dag(sel, {"a": j(["data/crawl/*.jsonl"])}), 120))
+        hs = [f.result() for f in fh]
+    out["2_crawl_90k_admitted"] = row(r, secs, peak)
+    out["2_hostile_globrep_x2"] = [row(h[0], h[1], h[2]) for h in hs]
+    if r.status_code == 201:
+        c.post(f"/runs/{r.json()['id']}/cancel")
+    shutil.rmtree(crawl)
+    # 3: run parameters
+    bloom = lambda n: dag({"ex": {"type": "exact_dedup", "bloom": {"expected_items": n}}})  # noqa: E731
+    r = submit(bloom(1_000_000_000))
+    out["3_bloom_1e9"] = row(r, 0)
+    if r.status_code == 201:  # an unbounded server admits it: stop it before it writes GBs
+        c.post(f"/runs/{r.json()['id']}/cancel")
+    r = submit(dag({"s": {"type": "select", "where": "true"}},
+                   {"docs": {"format": "jsonl", "paths": ["data/docs.jsonl"], "source": "web", "split_bytes": 1}}))
+    out["3_split_bytes_1"] = row(r, 0)
+    if r.status_code == 201:
+        c.post(f"/runs/{r.json()['id']}/cancel")
+    r = submit(bloom(100_000_000))
+    if r.status_code == 201:
+        info = wait_end(r.json()["id"])
+        out["3_bloom_1e8_run"] = {"code": 201, "state": info.get("state"), "elapsed_s": info.get("elapsed_s"),
+                                  "bytes_written": dir_bytes(base / "runs" / r.json()["id"])}
+    else:
+        out["3_bloom_1e8_run"] = row(r, 0)
+    # 7: submit-then-cancel churn (0.5 MB DAGs), past the default --max-queued of 100
+    for run in c.get("/runs").json():
+        if run["state"] in ("queued", "running"):
+            c.post(f"/runs/{run['id']}/cancel")
+    time.sleep(2)
+    before = dir_bytes(base / "runs")
+    padded = dag({"s": {"type": "select", "where": "true"}}) + "# " + "x" * 500_000 + "\n"
+    codes = Counter()
+    t0 = time.perf_counter()
+    for _ in range(120):
+        r = submit(padded)
+        codes[r.status_code] += 1
+        if r.status_code == 201:
+            c.post(f"/runs/{r.json()['id']}/cancel")
+    out["7_submit_cancel_x120"] = {"codes": dict(codes), "seconds": round(time.perf_counter() - t0, 2),
+                                  "bytes_written": dir_bytes(base / "runs") - before}
+    out["server_rss_peak_mb_whole_bench"] = peak_rss_mb(pid)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repo", default=str(HERE.parents[1]))
     ap.add_argument("--serve-arg", action="append", default=[])
     ap.add_argument("--run-wait", type=float, default=90, help="seconds to wait for an admitted attack run to end")
+    ap.add_argument("--s5", action="store_true", help="the availability review's (s5) attacks instead")
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="refinery-secbench-"))
     (base / "data").mkdir()
@@ -98,6 +275,9 @@ def main() -> None:
                 time.sleep(0.2)
         c = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}",
                                                 "Content-Type": "application/yaml"}, timeout=60)
+        if args.s5:
+            out.update(s5(base, url, proc, c, args.run_wait))
+            return
         before = files_outside_runs(base)
 
         def submit(text: str) -> httpx.Response:
@@ -207,7 +387,9 @@ def main() -> None:
             if pid:
                 with contextlib.suppress(ProcessLookupError, PermissionError):  # already gone
                     os.killpg(pid, signal.SIGKILL)
-    print(json.dumps(out, indent=1))
+        if args.s5:  # the 1e8-key run's 343 MB of filters, the crawl folder
+            shutil.rmtree(base, ignore_errors=True)
+        print(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":
