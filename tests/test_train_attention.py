@@ -192,7 +192,7 @@ def test_auto_never_builds_a_dense_mask_for_long_rows(monkeypatch, length):
     monkeypatch.setattr(attention, "document_causal_mask", no_dense_mask)
     logits = model(tokens, doc_ids, positions)
     logits.float().square().mean().backward()
-    grad = model.layers[0].attention.wq.weight.grad.clone()
+    grad = model.layers["0"].attention.wq.weight.grad.clone()
     monkeypatch.undo()
     # The same model on the dense path (explicit sdpa) gives the same numbers.
     model.zero_grad()
@@ -200,7 +200,7 @@ def test_auto_never_builds_a_dense_mask_for_long_rows(monkeypatch, length):
     dense = model(tokens, doc_ids, positions)
     dense.float().square().mean().backward()
     torch.testing.assert_close(logits, dense, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(grad, model.layers[0].attention.wq.weight.grad, rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(grad, model.layers["0"].attention.wq.weight.grad, rtol=1e-4, atol=1e-6)
 
 
 def test_auto_choices_and_the_message_when_nothing_scales(monkeypatch):

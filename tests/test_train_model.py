@@ -51,8 +51,8 @@ def test_scaled_init():
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=512, n_layer=8, d_model=256, n_head=4)
     m = Transformer(cfg, 32)
-    std_q = m.layers[0].attention.wq.weight.std().item()
-    std_o = m.layers[0].attention.wo.weight.std().item()
+    std_q = m.layers["0"].attention.wq.weight.std().item()
+    std_o = m.layers["0"].attention.wo.weight.std().item()
     assert abs(std_q - 0.02) < 0.002
     assert abs(std_o - 0.02 / 4) < 0.0005  # 1/sqrt(2 * 8 layers)
 

@@ -63,7 +63,7 @@ def test_meta_init_equals_host_init():
         assert torch.equal(a[k], b[k]), k
     assert torch.equal(host.rope_cos, meta.rope_cos) and torch.equal(host.rope_sin, meta.rope_sin)
     other = Transformer(ModelConfig(vocab_size=VOCAB, **SMALL), SEQ, init_seed=4)
-    assert not torch.equal(other.layers[0].attention.wq.weight, host.layers[0].attention.wq.weight)
+    assert not torch.equal(other.layers["0"].attention.wq.weight, host.layers["0"].attention.wq.weight)
 
 
 @pytest.mark.slow
@@ -92,7 +92,7 @@ def test_activation_checkpointing_gives_equal_gradients():
     tokens, targets, doc_ids, positions = batch()
     plain = loss_and_grads(built(ParallelConfig()), tokens, targets, doc_ids, positions)
     ac_model = built(ParallelConfig(activation_checkpointing=True))
-    assert "CheckpointWrapper" in type(ac_model.layers[0]).__name__
+    assert "CheckpointWrapper" in type(ac_model.layers["0"]).__name__
     ac = loss_and_grads(ac_model, tokens, targets, doc_ids, positions)
     assert plain[0] == ac[0]
     assert plain[1].keys() == ac[1].keys()

@@ -249,9 +249,9 @@ def test_layout_errors(monkeypatch):
     env = DistEnv(0, 4, 0, cpu, tp=2)
     assert (env.dp_rank, env.dp_world, env.tp_rank) == (0, 2, 0)
     assert strategy_for(ParallelConfig(tp=2), env) == "fsdp"  # auto with tp on CPU: FSDP2, not DDP
-    assert mesh_shape(ParallelConfig(tp=2), env) == (1, 2, 2)
-    assert mesh_shape(ParallelConfig(tp=2, strategy="hsdp", dp_shard=1), env) == (2, 1, 2)
-    assert mesh_shape(ParallelConfig(tp=2), DistEnv(1, 2, 1, cpu, tp=2)) == (1, 1, 2)  # TP only
+    assert mesh_shape(ParallelConfig(tp=2), env) == (1, 1, 2, 2)  # (pp, dp_replicate, dp_shard, tp)
+    assert mesh_shape(ParallelConfig(tp=2, strategy="hsdp", dp_shard=1), env) == (1, 2, 1, 2)
+    assert mesh_shape(ParallelConfig(tp=2), DistEnv(1, 2, 1, cpu, tp=2)) == (1, 1, 1, 2)  # TP only
     with pytest.raises(ConfigError, match="ddp cannot run with parallel.tp"):
         strategy_for(ParallelConfig(tp=2, strategy="ddp"), env)
     with pytest.raises(ConfigError, match=r"parallel.dp_shard \(4\)"):

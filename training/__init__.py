@@ -9,10 +9,11 @@ Modules, in reading order:
 - ``schedule``   LR (cosine / WSD / per-phase segments), sequence-length warm-up, mixture arithmetic
 - ``data``       packed shards -> per-step batches (``shards``, ``order``, ``batches``, ``eval``);
                  the row order is arithmetic, so resume is arithmetic
-- ``parallel``   process groups, the device mesh (dp_replicate x dp_shard x tp), activation
+- ``parallel``   process groups, the device mesh (pp x dp_replicate x dp_shard x tp), activation
                  checkpointing, compile, FSDP2 (meta-device init shard by shard), DDP, gradient
                  sync and clipping helpers
 - ``tensor_parallel`` the DTensor plan that splits each block's attention heads and MLP over tp ranks
+- ``pipeline_parallel`` blocks cut into stages, run by torch.distributed.pipelining's schedules
 - ``guard``      skipping non-finite / spiking steps, stopping a run that keeps skipping
 - ``counters``   per-interval and whole-run token counters
 - ``checkpoint`` atomic, world-size independent checkpoints (torch.distributed.checkpoint) of

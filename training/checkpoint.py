@@ -38,12 +38,21 @@ import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
 import torch.nn as nn
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from training.files import write_text_atomic
 from training.parallel import DistEnv, barrier, broadcast_object
 
 LATEST = "latest"
+
+#: The optimizer's state stored by parameter name, its hyperparameters too ("flat"): a pipeline
+#: stage holds only some parameters, so per-group lists of names would not match on another
+#: pipeline degree. Checkpoints written before this say nothing in meta.json and load as they were.
+OPTIM_LAYOUT = "flat"
+
+
+def _options(layout: str | None) -> StateDictOptions:
+    return StateDictOptions(flatten_optimizer_state_dict=layout == OPTIM_LAYOUT)
 
 
 class Stateful(Protocol):
@@ -89,7 +98,7 @@ class Checkpointer:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         barrier(self.env)
-        model_sd, optim_sd = get_state_dict(model, optimizer)
+        model_sd, optim_sd = get_state_dict(model, optimizer, options=_options(OPTIM_LAYOUT))
         # What rank 0 writes beside the tensors, taken now (the loop moves on under an async save).
         extra = None
         if self.env.is_main:
@@ -97,7 +106,7 @@ class Checkpointer:
             if torch.cuda.is_available():
                 rng["cuda"] = torch.cuda.get_rng_state_all()
             meta = {**(info or {}), **{key: c.state_dict() for key, c in components.items()}}
-            meta.update(step=step, world_size=self.env.world)
+            meta.update(step=step, world_size=self.env.world, optimizer_layout=OPTIM_LAYOUT)
             extra = (rng, json.dumps(meta, indent=1, sort_keys=True))
         state, where = {"model": model_sd, "optim": optim_sd}, str(tmp / "state")
         with warnings.catch_warnings():  # single process: DCP warns that it is not distributed
@@ -183,22 +192,24 @@ def load(path: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | 
     Collective. Works whatever the world size was when the checkpoint was written.
     """
     path = resolve(path)
+    meta = json.loads((path / "meta.json").read_text())
+    options = _options(meta.get("optimizer_layout"))
     optimizers = [optimizer] if optimizer is not None else []
-    model_sd, optim_sd = get_state_dict(model, optimizers)
+    model_sd, optim_sd = get_state_dict(model, optimizers, options=options)
     state = {"model": model_sd}
     if optimizer is not None:
         state["optim"] = optim_sd
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
         dcp.load(state, checkpoint_id=str(path / "state"))
-    set_state_dict(model, optimizers, model_state_dict=state["model"], optim_state_dict=state.get("optim", {}))
+    set_state_dict(model, optimizers, model_state_dict=state["model"], optim_state_dict=state.get("optim", {}), options=options)
     rng = torch.load(path / "rng.pt", weights_only=False)
     torch.set_rng_state(rng["torch"])
     np.random.set_state(rng["numpy"])
     random.setstate(rng["python"])
     if "cuda" in rng and torch.cuda.is_available() and len(rng["cuda"]) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(rng["cuda"])
-    meta = broadcast_object(json.loads((path / "meta.json").read_text()), env)
+    meta = broadcast_object(meta, env)
     for name, component in (components or {}).items():
         if name in meta:
             component.load_state_dict(meta[name])

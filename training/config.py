@@ -224,7 +224,16 @@ class TrainLoopConfig(_Strict):
 
 
 class ParallelConfig(_Strict):
-    """How the world's ranks split the work: one device mesh ``(dp_replicate, dp_shard, tp)``.
+    """How the world's ranks split the work: one device mesh ``(pp, dp_replicate, dp_shard, tp)``.
+
+    ``pp``: pipeline-parallel degree (outermost: the only dimension whose traffic, one activation
+    per micro-batch between neighbouring stages, may cross nodes cheaply). The blocks are cut into
+    ``pp`` stages of equal counts (``interleaved_1f1b``: ``pp_stages_per_rank`` stages per rank,
+    stage ``s`` on rank ``s % pp``); the first stage holds the embedding, the last the norm, the
+    head and the loss. ``pp_schedule``: gpipe (every forward, then every backward), 1f1b (one
+    forward, one backward: at most ``pp`` micro-batches' activations alive), interleaved_1f1b
+    (smaller bubble, more sends). ``pp_microbatches``: the pipeline's micro-batches per step, which
+    are the trainer's (global_batch / (micro_batch x data-parallel ranks)); given, it must agree.
 
     ``tp``: tensor-parallel degree. Each block's attention (q/k/v column-wise, o row-wise: each
     rank holds ``n_head / tp`` heads) and MLP (w1/w3 column-wise, w2 row-wise) are split over
@@ -242,6 +251,10 @@ class ParallelConfig(_Strict):
 
     strategy: Literal["auto", "none", "ddp", "fsdp", "hsdp"] = "auto"
     tp: int = Field(default=1, gt=0)
+    pp: int = Field(default=1, gt=0)
+    pp_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = "1f1b"
+    pp_microbatches: int | None = Field(default=None, gt=0)
+    pp_stages_per_rank: int = Field(default=2, gt=0)  # interleaved_1f1b only (others: 1)
     dp_shard: int | None = Field(default=None, gt=0)  # ranks sharding parameters (FSDP2)
     dp_replicate: int | None = Field(default=None, gt=0)  # shard groups holding replicas (HSDP)
     shard_size: int | None = Field(default=None, gt=0)  # older name of dp_shard

@@ -2,11 +2,13 @@
 
 Llama-style blocks: RMSNorm pre-norm, rotary position embeddings (positions restart at
 each packed document), grouped-query attention, SwiGLU MLP. Embeddings are tied or not.
-Nothing here knows about parallelism: DDP/FSDP2, tensor parallelism, activation checkpointing and
-compilation are applied from the outside by ``training.parallel`` (torchtitan style). The two
-concessions: weight init can fill just this rank's block of a sharded weight (``seeded_normal_``),
-so a model built on the meta device is initialised shard by shard; attention takes its head
-count from its projections' output (a tensor-parallel rank holds only some heads).
+Nothing here knows about parallelism: DDP/FSDP2, tensor and pipeline parallelism, activation
+checkpointing and compilation are applied from the outside by ``training.parallel`` (torchtitan
+style). The concessions: weight init can fill just this rank's block of a sharded weight
+(``seeded_normal_``), so a model built on the meta device is initialised shard by shard;
+attention takes its head count from its projections' output (a tensor-parallel rank holds only
+some heads); the blocks sit in a dict keyed by their index, and a pipeline stage is this same
+module with the other stages' blocks (and the embedding, or the norm and head) removed.
 """
 
 from __future__ import annotations
@@ -160,7 +162,9 @@ class Transformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        # Keyed by the block's index in the whole model, not by position: a pipeline stage keeps
+        # only some blocks, and their parameter names (checkpoints, the seeded init) stay the same.
+        self.layers = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.n_layer)})
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.output = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
@@ -213,17 +217,22 @@ class Transformer(nn.Module):
         """Logits (B, T, V); with ``targets`` instead the summed cross-entropy (fp32 scalar)
         over targets that are not -100, through the fused chunked head (training/loss.py).
         ``cu_seqlens``/``max_seqlen``: the varlen boundaries, computed on the data thread
-        (no device-to-host read here); derived from ``doc_ids`` when not given."""
-        b, t = tokens.shape
+        (no device-to-host read here); derived from ``doc_ids`` when not given.
+
+        A pipeline stage without the embedding takes the previous stage's hidden states
+        (B, T, d) as ``tokens``; one without the final norm and head returns its hidden states."""
+        b, t = tokens.shape[:2]
         if positions is None:
             cos, sin = self.rope_cos[:t][None, :, None], self.rope_sin[:t][None, :, None]
         else:
             cos, sin = self.rope_cos[positions][:, :, None], self.rope_sin[positions][:, :, None]
         backend = select_backend(self.cfg.attention, tokens.device, t, doc_ids is not None)
         meta = AttentionMeta.build(doc_ids, b, t, tokens.device, backend, cu_seqlens, max_seqlen)
-        h = self.tok_embeddings(tokens)
-        for layer in self.layers:
+        h = tokens if self.tok_embeddings is None else self.tok_embeddings(tokens)
+        for layer in self.layers.values():
             h = layer(h, cos, sin, meta)
+        if self.norm is None:
+            return h
         h = self.norm(h)
         if targets is None:
             return self.output(h)

@@ -1,14 +1,16 @@
-"""Data and tensor parallelism, applied from outside the model (torchtitan style).
+"""Data, tensor and pipeline parallelism, applied from outside the model (torchtitan style).
 
-One device mesh ``(dp_replicate, dp_shard, tp)`` over the world (``mesh_shape``): ranks
-``r * tp .. r * tp + tp - 1`` form the tensor-parallel group of data-parallel rank ``r`` (TP's
-collectives stay between neighbours: one node). With ``tp`` 1 the mesh has only its
-data-parallel dimensions, as before.
+One device mesh ``(pp, dp_replicate, dp_shard, tp)`` over the world (``mesh_shape``), outermost
+first: ranks ``r * tp .. r * tp + tp - 1`` form the tensor-parallel group of data-parallel rank
+``r`` (TP's collectives stay between neighbours: one node); pipeline stages are ``world / pp``
+ranks apart (the only traffic between them, one activation per micro-batch, may cross nodes).
+With ``tp`` and ``pp`` 1 the mesh is only made where FSDP2/HSDP need one, as before.
 
 - ``init_distributed``: one process, or a torchrun process group (gloo on CPU, nccl on CUDA);
   a 1-rank group where FSDP2 runs on one process (CUDA ``auto``), so one GPU and many train
   with the same precision recipe.
-- ``parallelize``: tensor parallelism (``training.tensor_parallel``), activation checkpointing
+- ``parallelize``: the pipeline split (``training.pipeline_parallel``: this rank keeps only its
+  stages' blocks), tensor parallelism (``training.tensor_parallel``), activation checkpointing
   per block (full or selective), ``torch.compile`` per block (over the checkpointed block), then FSDP2 (``fully_shard`` on every block, then
   on the root) over a 1-D mesh, or HSDP over a 2-D (replicate x shard) mesh; a model built on
   the meta device is then materialised and initialised (each rank only its own shards: no
@@ -51,6 +53,7 @@ class DistEnv:
     device: torch.device
     notes: list[str] = field(default_factory=list)  # said at start, logged in the run's metrics
     tp: int = 1  # tensor-parallel degree: neighbouring ranks that share every row of data
+    pp: int = 1  # pipeline-parallel degree: the outermost dimension (stages also share rows)
 
     @property
     def is_main(self) -> bool:
@@ -58,16 +61,25 @@ class DistEnv:
 
     @property
     def dp_rank(self) -> int:
-        """Which rows this rank reads: the same as its tensor-parallel peers'."""
-        return self.rank // self.tp
+        """Which rows this rank reads: the same as its tensor-parallel peers' and pipeline stages'."""
+        return (self.rank % (self.world // self.pp)) // self.tp
 
     @property
     def dp_world(self) -> int:
-        return self.world // self.tp
+        return self.world // (self.tp * self.pp)
 
     @property
     def tp_rank(self) -> int:
         return self.rank % self.tp
+
+    @property
+    def pp_rank(self) -> int:
+        return self.rank // (self.world // self.pp)
+
+    @property
+    def counts_rows(self) -> bool:
+        """One rank of each data-parallel rank's (pp x tp) group counts its rows and tokens."""
+        return self.tp_rank == 0 and self.pp_rank == 0
 
     @property
     def distributed(self) -> bool:
@@ -113,7 +125,9 @@ def init_distributed(device: str = "auto", cfg: ParallelConfig | None = None, de
         dev = torch.device("cpu")
     if world % cfg.tp:
         raise ConfigError(f"parallel.tp ({cfg.tp}) must divide the world size ({world})")
-    env = DistEnv(rank, world, local_rank, dev, notes, tp=cfg.tp)
+    if world % (cfg.tp * cfg.pp):
+        raise ConfigError(f"parallel.pp ({cfg.pp}) x tp ({cfg.tp}) must divide the world size ({world})")
+    env = DistEnv(rank, world, local_rank, dev, notes, tp=cfg.tp, pp=cfg.pp)
     if not dist.is_initialized() and (world > 1 or strategy_for(cfg, env) in ("fsdp", "hsdp")):
         backend = "nccl" if dev.type == "cuda" else "gloo"
         timeout = datetime.timedelta(seconds=cfg.timeout_s)
@@ -180,16 +194,20 @@ def strategy_for(cfg: ParallelConfig, env: DistEnv) -> str:
     if s == "auto":
         if env.device.type == "cuda":
             return "fsdp"
-        s = ("fsdp" if env.tp > 1 else "ddp") if dp > 1 else "none"
+        s = ("fsdp" if env.tp > 1 or env.pp > 1 else "ddp") if dp > 1 else "none"
     if dp == 1:
         return {"ddp": "none", "hsdp": "fsdp"}.get(s, s)
     if s == "none":
         # Ranks would each train their own copy on a slice of the batch and drift apart.
-        where = f"{env.world} processes" if env.tp == 1 else f"{dp} data-parallel ranks (world {env.world} / tp {env.tp})"
+        where = (f"{env.world} processes" if env.tp == env.pp == 1
+                 else f"{dp} data-parallel ranks (world {env.world} / (tp {env.tp} x pp {env.pp}))")
         raise ConfigError(f"parallel.strategy: 'none' cannot run on {where}; use ddp, fsdp, hsdp or auto")
     if s == "ddp" and env.tp > 1:
         raise ConfigError("parallel.strategy ddp cannot run with parallel.tp > 1 (DDP does not take the tensor-parallel "
                           "DTensor parameters): use fsdp or hsdp, which shard over the data-parallel ranks")
+    if s == "ddp" and env.pp > 1:
+        raise ConfigError("parallel.strategy ddp cannot run with parallel.pp > 1 (the pipeline schedule drives each "
+                          "stage's backward, not DDP's hooks): use fsdp or hsdp over the data-parallel ranks")
     return s
 
 
@@ -202,31 +220,31 @@ def hsdp_shape(cfg: ParallelConfig, env: DistEnv) -> tuple[int, int]:
     elif cfg.dp_replicate:
         shard = dp // cfg.dp_replicate if dp % cfg.dp_replicate == 0 else 0
     else:
-        shard = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", env.world)) // env.tp)
+        shard = min(dp, max(1, int(os.environ.get("LOCAL_WORLD_SIZE", env.world)) // env.tp))
     if not shard or shard > dp or dp % shard or (cfg.dp_replicate and cfg.dp_replicate * shard != dp):
         raise ConfigError(f"parallel: dp_replicate ({cfg.dp_replicate}) x dp_shard ({cfg.dp_shard or shard}) must be "
-                          f"the {dp} data-parallel ranks (world {env.world} / tp {env.tp})")
+                          f"the {dp} data-parallel ranks (world {env.world} / (tp {env.tp} x pp {env.pp}))")
     return dp // shard, shard
 
 
 #: Names of the mesh's dimensions, outermost first.
-MESH_DIMS = ("dp_replicate", "dp_shard", "tp")
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "tp")
 
 
-def mesh_shape(cfg: ParallelConfig, env: DistEnv) -> tuple[int, int, int]:
-    """(dp_replicate, dp_shard, tp): how the world is laid out (checked at start, errors name
+def mesh_shape(cfg: ParallelConfig, env: DistEnv) -> tuple[int, int, int, int]:
+    """(pp, dp_replicate, dp_shard, tp): how the world is laid out (checked at start, errors name
     the fields). ddp and none: every data-parallel rank a replica (dp_shard 1)."""
     strategy, dp = strategy_for(cfg, env), env.dp_world
     if strategy == "hsdp":
-        shape = (*hsdp_shape(cfg, env), env.tp)
+        shape = (env.pp, *hsdp_shape(cfg, env), env.tp)
     elif strategy == "fsdp":
-        shape = (1, dp, env.tp)
+        shape = (env.pp, 1, dp, env.tp)
     else:
-        shape = (dp, 1, env.tp)
-    for name, given, got in (("dp_shard", cfg.dp_shard, shape[1]), ("dp_replicate", cfg.dp_replicate, shape[0])):
+        shape = (env.pp, dp, 1, env.tp)
+    for name, given, got in (("dp_shard", cfg.dp_shard, shape[2]), ("dp_replicate", cfg.dp_replicate, shape[1])):
         if given is not None and given != got:
             raise ConfigError(f"parallel.{name} ({given}): strategy {strategy} over {dp} data-parallel ranks "
-                              f"(world {env.world} / tp {env.tp}) has {name} {got}")
+                              f"(world {env.world} / (tp {env.tp} x pp {env.pp})) has {name} {got}")
     return shape
 
 
@@ -241,27 +259,34 @@ def parallelize(model: nn.Module, cfg: ParallelConfig, env: DistEnv, compile: bo
     tensors is moved to ``env.device`` (FSDP2: ``fully_shard`` moves each module's shards)."""
     strategy = strategy_for(cfg, env)
     shape = mesh_shape(cfg, env)
-    mesh = None
-    if env.tp > 1:
-        # One mesh for every dimension (FSDP2 over TP needs both from the same parent), TP first:
-        # its plans address the blocks' own submodules, before any wrapper renames them.
-        from training.tensor_parallel import apply_tp
-
+    mesh = stages = None
+    if env.tp > 1 or env.pp > 1:
+        # One mesh for every dimension (FSDP2 over TP needs both from the same parent).
         mesh = init_device_mesh(env.device.type, shape, mesh_dim_names=MESH_DIMS)
         _GROUPS[:] = [mesh.get_group(i) for i in range(mesh.ndim)]
         set_collective_timeout(env, cfg.timeout_s)
+    if env.pp > 1:
+        # First: this rank keeps only its stages' blocks (and the embedding / the head), so
+        # everything below touches only what this rank holds.
+        from training.pipeline_parallel import split_model
+
+        stages = split_model(model, cfg, env.pp_rank)
+    if env.tp > 1:
+        # TP before any wrapper: its plans address the blocks' own submodules.
+        from training.tensor_parallel import apply_tp
+
         apply_tp(model, mesh["tp"])
         model.tensor_parallel = env.tp
     if cfg.ac != "none":
         # Recompute each block's activations in backward; the wrapper keeps state-dict keys.
         context = {"context_fn": selective_ac_context} if cfg.ac == "selective" else {}
-        for i, block in enumerate(model.layers):
-            model.layers[i] = checkpoint_wrapper(block, **context)
+        for key, block in model.layers.items():
+            model.layers[key] = checkpoint_wrapper(block, **context)
     if compile:
         # Each block, over its checkpoint wrapper (torchtitan's order: the compiler sees the
         # recompute policy); Module.compile keeps the state-dict keys. Attention paths whose
         # shapes change per batch (segments, flash-attn's Python entry) run eagerly inside.
-        for block in model.layers:
+        for block in model.layers.values():
             block.compile(mode=None if compile_mode == "default" else compile_mode)
     if strategy in ("fsdp", "hsdp") and env.device.type == "cpu":
         # The floor (2.6) is CUDA's: FSDP2 over gloo came later (checked on 2.6, 2.7, 2.8, 2.13).
@@ -270,15 +295,16 @@ def parallelize(model: nn.Module, cfg: ParallelConfig, env: DistEnv, compile: bo
         if have < need:
             raise ConfigError(f"parallel.strategy {strategy} on CPU needs torch >= {need[0]}.{need[1]} "
                               f"(this is {torch.__version__}); use ddp on CPU, or a GPU")
+    fsdp = None
     if strategy in ("fsdp", "hsdp"):
-        if mesh is not None:  # the tensor-parallel mesh's data-parallel dimensions
+        if mesh is not None:  # the whole mesh's data-parallel dimensions
             dp_mesh = mesh["dp_replicate", "dp_shard"] if strategy == "hsdp" else mesh["dp_shard"]
         elif strategy == "hsdp":
-            dp_mesh = init_device_mesh(env.device.type, shape[:2], mesh_dim_names=MESH_DIMS[:2])
+            dp_mesh = init_device_mesh(env.device.type, shape[1:3], mesh_dim_names=MESH_DIMS[1:3])
             _GROUPS[:] = [dp_mesh.get_group(i) for i in range(dp_mesh.ndim)]
             set_collective_timeout(env, cfg.timeout_s)
         else:
-            dp_mesh = init_device_mesh(env.device.type, (env.world,), mesh_dim_names=MESH_DIMS[1:2])
+            dp_mesh = init_device_mesh(env.device.type, (env.world,), mesh_dim_names=MESH_DIMS[2:3])
         if env.device.type == "cuda":
             mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         else:
@@ -286,11 +312,21 @@ def parallelize(model: nn.Module, cfg: ParallelConfig, env: DistEnv, compile: bo
         # Blocks don't cast their inputs: the activations already have the compute dtype and
         # the fp32 RoPE tables must stay fp32.
         block_mp = MixedPrecisionPolicy(mp.param_dtype, mp.reduce_dtype, cast_forward_inputs=False)
-        for block in model.layers:
-            fully_shard(block, mesh=dp_mesh, mp_policy=block_mp, reshard_after_forward=cfg.reshard_after_forward)
-        # The root (embeddings, final norm, LM head) is used again right at the start of
-        # backward: keep it gathered after forward (torchtitan does the same for the head).
-        fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=False)
+        # Under a pipeline schedule every micro-batch's forward runs before its backward (GPipe) or
+        # interleaves with others': resharding after forward would gather each block again per
+        # micro-batch in backward (torchtitan keeps them too).
+        reshard = cfg.reshard_after_forward and env.pp == 1
+        for block in model.layers.values():
+            fully_shard(block, mesh=dp_mesh, mp_policy=block_mp, reshard_after_forward=reshard)
+        if env.pp == 1:
+            # The root (embeddings, final norm, LM head) is used again right at the start of
+            # backward: keep it gathered after forward (torchtitan does the same for the head).
+            fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=False)
+        else:
+            # Each pipeline stage becomes the root over its blocks, its embedding or head (below:
+            # a rank may run two stages). Those three are materialised whole on their stage's
+            # ranks first, then sharded: a transient copy, never the whole model.
+            fsdp = (dp_mesh, mp)
     if any(t.is_meta for t in [*model.parameters(), *model.buffers()]):
         tied = _tied_parameters(model)
         model.to_empty(device=env.device)  # gives each module its own tensor: unties shared weights
@@ -304,6 +340,10 @@ def parallelize(model: nn.Module, cfg: ParallelConfig, env: DistEnv, compile: bo
         # RoPE tables are derived buffers, equal on every rank: nothing to broadcast per forward.
         return DDP(model, device_ids=[env.local_rank] if env.device.type == "cuda" else None, broadcast_buffers=False)
     model.reshard_grads_every_microbatch = cfg.reshard_grads_every_microbatch
+    if stages is not None:
+        from training.pipeline_parallel import Pipeline
+
+        model.pipeline = Pipeline(model, stages, cfg, env, mesh.get_group("pp"), fsdp)
     return model
 
 
@@ -350,7 +390,8 @@ def _tied_parameters(model: nn.Module) -> list[list[tuple[nn.Module, str]]]:
 
 
 def uses_fsdp(model: nn.Module) -> bool:
-    return isinstance(model, FSDPModule)
+    """FSDP2 on the model (or, under pipeline parallelism, on its stages' blocks)."""
+    return isinstance(model, FSDPModule) or (hasattr(model, "pipeline") and any(isinstance(m, FSDPModule) for m in model.modules()))
 
 
 @contextlib.contextmanager
@@ -370,8 +411,9 @@ def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
     """Clip to a global L2 norm; returns the norm before clipping as a device tensor (no
     host read: the caller reads it when it needs the number)."""
     params = [p for p in model.parameters() if p.grad is not None]
-    if getattr(model, "tensor_parallel", 1) > 1:
-        return _clip_over_mesh(params, max_norm)
+    pipeline = getattr(model, "pipeline", None)
+    if getattr(model, "tensor_parallel", 1) > 1 or pipeline is not None:
+        return _clip_over_mesh(params, max_norm, pipeline.group if pipeline is not None else None)
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
     if hasattr(norm, "full_tensor"):  # FSDP2: a DTensor
         norm = norm.full_tensor()
@@ -379,12 +421,14 @@ def clip_grad_norm(model: nn.Module, max_norm: float) -> torch.Tensor:
 
 
 @torch.no_grad()
-def _clip_over_mesh(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
+def _clip_over_mesh(params: list[nn.Parameter], max_norm: float, pp_group=None) -> torch.Tensor:
     """Global-norm clipping for a model whose gradients mix whole tensors (held alike by every
     rank of a tensor-parallel group) and DTensors on different meshes (TP's, FSDP2's), which
     torch's clip_grad_norm_ cannot combine. Each local block's squared norm is summed over the
     mesh dimensions it is sharded on, and only those: every gradient element counts once.
-    One all-reduce per (mesh, sharded dims) group: at most three."""
+    One all-reduce per (mesh, sharded dims) group: at most three. With pipeline stages
+    (``pp_group``) the stages' squared norms are summed too: every rank clips by the whole
+    model's norm."""
     groups: dict[tuple, tuple] = {}
     for p in params:
         g = p.grad
@@ -402,6 +446,8 @@ def _clip_over_mesh(params: list[nn.Parameter], max_norm: float) -> torch.Tensor
         for d in dims:
             dist.all_reduce(sq, group=mesh.get_group(d))
         total = sq if total is None else total + sq
+    if pp_group is not None:
+        dist.all_reduce(total, group=pp_group)
     norm = total.sqrt()
     coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
     for _, _, locals_ in groups.values():

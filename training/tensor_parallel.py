@@ -55,5 +55,5 @@ def apply_tp(model: nn.Module, tp_mesh) -> None:
     from torch.distributed.tensor.parallel import parallelize_module
 
     plan = block_plan()
-    for block in model.layers:
+    for block in model.layers.values():
         parallelize_module(block, tp_mesh, plan)

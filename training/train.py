@@ -9,7 +9,9 @@ rails, step, log, evaluate, checkpoint.
 The loss of a step is the mean over every token that carries loss in the whole global
 batch: each micro-batch contributes ``sum(CE) * world / global_token_count`` (DDP and FSDP2
 average gradients over ranks, the ``world`` factor undoes that), so the update does not
-depend on the world size or on how rows are split into micro-batches.
+depend on the world size or on how rows are split into micro-batches. Under pipeline
+parallelism (``parallel.pp``) the schedule runs the micro-batches' forwards and backwards
+(``training.pipeline_parallel``) with the same scale; the last stage's ranks hold the loss.
 
 Host syncs: none per micro-batch (document boundaries and token counts come from the data
 thread, pinned; the global token count, the loss and the grad norm stay on the device). The
@@ -53,6 +55,7 @@ from training.parallel import (
 )
 from training.files import write_text_atomic
 from training.profiling import StepProfiler
+from training.pipeline_parallel import check_pp
 from training.tensor_parallel import check_tp
 from training.quality import TimeToQuality
 from training.resume import anneal_record, find_resume_point, resolve_plan
@@ -126,10 +129,12 @@ class Trainer:
         # Rows are split over the data-parallel ranks: tensor-parallel peers read the same rows.
         dp = env.dp_world
         if gb % (micro * dp):
-            where = f"world size ({dp})" if env.tp == 1 else f"data-parallel ranks ({dp} = world {env.world} / tp {env.tp})"
+            where = (f"world size ({dp})" if env.tp == env.pp == 1
+                     else f"data-parallel ranks ({dp} = world {env.world} / (tp {env.tp} x pp {env.pp}))")
             raise ConfigError(f"train.global_batch ({gb}) must be a multiple of train.micro_batch ({micro}) x {where}")
         self.accum = gb // (micro * dp)
         check_tp(cfg.model, env.tp)
+        check_pp(cfg.model, cfg.parallel, self.accum, cfg.train.compile_mode if cfg.train.compile else None)
         mesh_shape(cfg.parallel, env)  # layout errors now, before any data is read
 
         curriculum, dc = cfg.data.curriculum.order, cfg.data
@@ -225,8 +230,8 @@ class Trainer:
             cfg.data.document_mask, cfg.data.pad_id, cfg.model.vocab_size,
         )
         batch.global_rows = rows
-        # Summed over every rank: one rank of each tensor-parallel group counts its rows.
-        batch.counts = torch.tensor([batch.n_tokens if env.tp_rank == 0 else 0], dtype=torch.float64)
+        # Summed over every rank: one rank of each data-parallel rank's (pp x tp) group counts its rows.
+        batch.counts = torch.tensor([batch.n_tokens if env.counts_rows else 0], dtype=torch.float64)
         if self.pin:  # page-locked here, so the loop's copies to the GPU are asynchronous
             batch.micro = [mb.pin() for mb in batch.micro]
             batch.counts = batch.counts.pin_memory()
@@ -257,7 +262,12 @@ class Trainer:
         loss_sum = torch.zeros((), dtype=torch.float32, device=dev)
         last = len(batch.micro) - 1
         self.n_step = n_global  # the step's global tokens with loss (time to quality counts them)
-        for i, mb in enumerate(batch.micro):
+        pipeline = getattr(self.model, "pipeline", None)
+        if pipeline is not None:  # the schedule runs every micro-batch's forward and backward
+            pipeline.poison = step in guard_cfg.inject_nonfinite_steps
+            with self.autocast:
+                loss_sum += pipeline.step([mb.to(dev) for mb in batch.micro], scale, self.cfg.train.loss_chunk_tokens)
+        for i, mb in enumerate(batch.micro if pipeline is None else []):
             mb = mb.to(dev)
             if self.cudagraphs:  # a new iteration: the graphs' previous outputs may be overwritten
                 torch.compiler.cudagraph_mark_step_begin()
@@ -269,6 +279,7 @@ class Trainer:
             loss_sum += ce.detach()
         if env.tp_rank:  # tensor-parallel peers computed the same loss: one of them counts it
             loss_sum.zero_()
+        # (pipeline: only the last stage's ranks have a loss, the others' is 0)
         loss = all_reduce_sum(loss_sum.double(), env) / n_global
         grad_norm = clip_grad_norm(self.model, self.cfg.optim.grad_clip)
         if not guard_cfg.enabled:
@@ -290,10 +301,17 @@ class Trainer:
         self.model.eval()
         dev = self.env.device
         acc = torch.zeros(2, dtype=torch.float64, device=dev)
+        pipeline = getattr(self.model, "pipeline", None)
         for mb in self.eval_data.micro:
             mb = mb.to(dev)
-            acc[0] += self._loss_sum(mb).double()
+            if pipeline is None:
+                acc[0] += self._loss_sum(mb).double()
+            else:
+                with self.autocast:
+                    acc[0] += pipeline.eval(mb, self.cfg.train.loss_chunk_tokens).double()
             acc[1] += (mb.targets != IGNORE).sum()
+        if pipeline is not None and not pipeline.has_last:  # the loss and its tokens from the last stage only
+            acc.zero_()
         self.model.train()
         acc = all_reduce_sum(acc, self.env)
         return float(acc[0] / acc[1].clamp(min=1))
@@ -338,6 +356,8 @@ class Trainer:
             strategy += " {}x{}".format(*hsdp_shape(cfg.parallel, env))
         if env.tp > 1:
             strategy += f", tp {env.tp}"
+        if env.pp > 1:
+            strategy += f", pp {env.pp} {cfg.parallel.pp_schedule}"
         m.log({
             "kind": "event", "step": self.start_step, "event": "start",
             "message": (
@@ -468,7 +488,7 @@ class Trainer:
     def _log_window(self, step: int, w: Window) -> None:
         env = self.env
         # One collective for every per-interval counter: tokens by source, then wall times.
-        counted = env.tp_rank == 0  # tensor-parallel peers read the same rows: one of them counts them
+        counted = env.counts_rows  # tensor-parallel peers and pipeline stages read the same rows: one counts them
         stats = torch.tensor([n if counted else 0 for n in w.by_source] + [w.data_time, w.step_time], dtype=torch.float64,
                              device=env.device)
         stats = all_reduce_sum(stats, env).cpu().numpy()
@@ -549,6 +569,9 @@ def compile_mode_for(cfg: TrainConfig, env, notes: list[str]) -> str:
     if strategy != "none":
         raise ConfigError(f"train.compile_mode {mode} (CUDA graphs) cannot capture {strategy}'s hooks: use it on one "
                           "process with parallel.strategy none or auto, or compile_mode max-autotune-no-cudagraphs")
+    if env.pp > 1:
+        raise ConfigError(f"train.compile_mode {mode} (CUDA graphs) with parallel.pp > 1 is not supported: the "
+                          "schedule's sends and receives run between the graphs; use compile_mode default")
     if env.tp > 1:  # not tried: TP's collectives inside captured graphs
         raise ConfigError(f"train.compile_mode {mode} (CUDA graphs) with parallel.tp > 1 is not supported: "
                           "use compile_mode default or max-autotune-no-cudagraphs")
