@@ -672,6 +672,35 @@ def eval_extract_cmd(
         _eval(eval_extract, [g for g in gold.split(",") if g], specs, json_out=json_out, limit=limit, workers=workers)
 
 
+extract_app = typer.Typer(no_args_is_help=True, help="The main-content block model: train it on gold pages.")
+app.add_typer(extract_app, name="extract")
+
+
+@extract_app.command("train")
+def extract_train_cmd(
+    gold: str = typer.Option("wcxb", "--gold", help="gold sets, comma-separated: wcxb, aeb, readability (from "
+                             "$REFINERY_DATA or ../shared/data) or JSONL files of {html, gold} rows"),
+    out: Path = typer.Option(..., "--out", "-o", help="model file (.json); use it with extract's block_model:"),
+    folds: int = typer.Option(5, "--folds", min=2, help="site-grouped folds (pass two learns from out-of-fold "
+                              "scores)"),
+    cv: bool = typer.Option(False, "--cv", help="first report out-of-fold word F1 per gold set and page type"),
+    limit: Optional[int] = typer.Option(None, "--limit", min=1, help="at most this many pages of each gold set"),
+    seed: int = typer.Option(0, "--seed"),
+) -> None:
+    """Train the block model `extract`'s `engine: blocks` decides main content with, on your own
+    pages with their gold main text (the shipped model: `--gold wcxb`)."""
+    from curation.extract.train import train_from_gold
+    from curation.io.extract_gold import GoldSetError
+
+    try:
+        card = train_from_gold([g for g in gold.split(",") if g], str(out), folds=folds, cv=cv, seed=seed,
+                               limit=limit, log=lambda m: console.print(m))
+    except (ValueError, GoldSetError, ImportError) as e:
+        _fail(str(e))
+    console.print({k: card[k] for k in ("gold", "pages", "blocks", "cv_word_f1") if k in card})
+    console.print(f"model: {out}")
+
+
 @eval_app.command("rules")
 def eval_rules_cmd(
     labelled: str = typer.Argument(..., help="JSONL/Parquet: text, lang, label (natural|unnatural or 1|0), form"),

@@ -4,6 +4,9 @@
 - ``trafilatura``: trafilatura's eval set (990 pages, ``with``/``without`` snippets);
 - ``readability``: Mozilla readability's test pages (130, gold ``expected.html`` with its
   structure, ``lang`` from ``expected-metadata.json``);
+- ``wcxb``: WCXB's development split (1,497 pages of 7 labelled types: article, forum, product,
+  collection, listing, documentation, service; gold ``main_content``, ``with``/``without``
+  snippets), scored the benchmark's way (``GoldPage.scoring``: lowercased ``\w+`` words);
 
 read from the shared data folder (``$REFINERY_DATA``, else ``../shared/data`` beside the
 checkout; its ``html/`` files, ``SHARED_FILES``), from any files laid out the same way (the
@@ -23,13 +26,16 @@ from pathlib import Path
 from curation.io.evalsets import open_text
 from curation.text.extraction import decode_html
 
-GOLD_SETS = ("aeb", "trafilatura", "readability")
+GOLD_SETS = ("aeb", "trafilatura", "readability", "wcxb")
 #: the files each named set is read from, under the data folder
 SHARED_FILES = {
     "aeb": ("html/article_extraction_benchmark_pages.tar.xz", "html/article_extraction_benchmark_ground-truth.json.gz"),
     "trafilatura": ("html/trafilatura_eval_and_cache_pages.tar.xz", "html/trafilatura_evaldata.json.gz"),
     "readability": ("html/mozilla_readability_test_pages.tar.xz",),
+    "wcxb": ("html/wcxb_dev.tar",),
 }
+#: WCXB's page types (its metadata says ``category`` for a collection)
+WCXB_TYPES = ("article", "forum", "product", "collection", "listing", "documentation", "service")
 
 
 class GoldSetError(ValueError):
@@ -47,6 +53,9 @@ class GoldPage:
     without: list[str] = field(default_factory=list)
     lang: str | None = None  # from the gold's metadata, when it has one
     url: str | None = None
+    page_type: str | None = None  # the set's own label (WCXB), else derived by the eval
+    scoring: str = "whitespace"  # word F1's tokens: "whitespace" (AEB's way) or "wcxb" (lowercased \w+)
+    gold_markdown: str | None = None  # the gold main content as Markdown (WCXB)
 
 
 def shared_data() -> Path:
@@ -120,6 +129,36 @@ def readability(pages_tar: Path) -> list[GoldPage]:
             for k in sorted(src) if k in exp]
 
 
+def wcxb(tar_path: Path) -> list[GoldPage]:
+    """WCXB's dev split: ``*/dev/html/ID.html.gz`` with ``*/dev/ground-truth/ID.json`` (``url``,
+    ``ground_truth.main_content`` / ``main_content_markdown`` / ``with`` / ``without``,
+    ``_internal.page_type.primary``) in one plain tar; every gold file must have its page."""
+    html: dict[str, bytes] = {}
+    gold: dict[str, dict] = {}
+    with tarfile.open(_need(tar_path)) as tf:
+        for m in tf:
+            if not m.isfile():
+                continue
+            parts = Path(m.name).parts
+            if "html" in parts and m.name.endswith(".html.gz"):
+                html[Path(m.name).name.split(".")[0]] = gzip.decompress(tf.extractfile(m).read())
+            elif "ground-truth" in parts and m.name.endswith(".json"):
+                gold[Path(m.name).stem] = json.loads(tf.extractfile(m).read())
+    missing = sorted(set(gold) - set(html))
+    if missing or not gold:
+        raise GoldSetError(f"{tar_path}: " + (f"no page for {len(missing)} gold files (e.g. {missing[0]})" if missing
+                                              else "no WCXB ground-truth files in it"))
+    out = []
+    for key in sorted(gold):
+        g, meta = gold[key].get("ground_truth") or {}, gold[key].get("_internal") or {}
+        kind = ((meta.get("page_type") or {}).get("primary") or "?").lower()
+        out.append(GoldPage("wcxb", key, decode_html(html[key], None), text=g.get("main_content") or "",
+                            with_=list(g.get("with") or []), without=list(g.get("without") or []),
+                            url=gold[key].get("url"), page_type="collection" if kind == "category" else kind,
+                            scoring="wcxb", gold_markdown=g.get("main_content_markdown")))
+    return out
+
+
 def user_jsonl(path: str | Path) -> list[GoldPage]:
     """A user's ``{"html", "gold"}`` rows (see module docstring); a bad row is an error naming it."""
     p = Path(path)
@@ -137,7 +176,8 @@ def user_jsonl(path: str | Path) -> list[GoldPage]:
             gold = r["gold"]
             html_gold = gold.lstrip().startswith("<")
             out.append(GoldPage(p.name, str(r.get("id", i)), r["html"], text=None if html_gold else gold,
-                                gold_html=gold if html_gold else None, lang=r.get("lang"), url=r.get("url")))
+                                gold_html=gold if html_gold else None, lang=r.get("lang"), url=r.get("url"),
+                                page_type=r.get("page_type") if isinstance(r.get("page_type"), str) else None))
     if not out:
         raise GoldSetError(f"{path}: no gold rows")
     return out
@@ -150,7 +190,7 @@ def load(name: str, root: Path | None = None) -> list[GoldPage]:
         if not base.is_dir():
             raise GoldSetError(f"gold set {name!r}: data folder {base} not found "
                                "(set REFINERY_DATA to the shared data folder, the one holding html/)")
-        return {"aeb": aeb, "trafilatura": trafilatura, "readability": readability}[name](
+        return {"aeb": aeb, "trafilatura": trafilatura, "readability": readability, "wcxb": wcxb}[name](
             *(base / f for f in SHARED_FILES[name]))
     if Path(name).is_file():
         return user_jsonl(name)

@@ -12,8 +12,8 @@
   the first two specs differ most (``_eval_extract_sample.md`` beside the report, for reading).
 
 An engine spec is ``ENGINE[+ENGINE...][:FORMAT][:POLICY]`` (``resiliparse``,
-``resiliparse:markdown``, ``resiliparse+trafilatura:route``) or ``policy:POLICY[:FORMAT]`` (every
-engine of ``curation.text.extraction.ENGINES`` in its order, combined by the policy): keyword
+``resiliparse:markdown``, ``resiliparse+trafilatura:route``, ``blocks``) or ``policy:POLICY[:FORMAT]``
+(resiliparse and trafilatura, ``extraction.POLICY_ENGINES``, combined by the policy): keyword
 arguments of ``extract_page``.
 """
 
@@ -38,11 +38,11 @@ SAMPLE = "_eval_extract_sample.md"
 def parse_engine_spec(spec: str) -> dict:
     """``ENGINE[+ENGINE...][:FORMAT][:POLICY]`` or ``policy:POLICY[:FORMAT]`` -> ``extract_page``
     keyword arguments (see module docstring); ``EvalError`` naming what is wrong."""
-    from curation.text.extraction import ENGINES, FORMATS, POLICIES
+    from curation.text.extraction import ENGINES, FORMATS, POLICIES, POLICY_ENGINES
 
     head, *rest = spec.strip().split(":")
     if head == "policy":
-        engines = tuple(ENGINES)
+        engines = POLICY_ENGINES
         if not any(p in POLICIES for p in rest):
             raise EvalError(f"engine spec {spec!r}: policy:POLICY needs one of {', '.join(POLICIES)}")
     else:
@@ -147,14 +147,17 @@ def eval_extract(gold: Sequence[str], engines: Sequence[str], json_out: str | No
     if not pages:
         raise EvalError("no gold pages")
     structs = [xe.gold_structure(p.gold_html) if p.gold_html else None for p in pages]
-    kinds = [xe.page_kind(p.set, st) for p, st in zip(pages, structs)]
+    # a set's own labels are named with the set (``wcxb:forum``): its "article" is not AEB's
+    kinds = [f"{p.set}:{p.page_type}" if p.page_type else xe.page_kind(p.set, st) for p, st in zip(pages, structs)]
+    kind_order = sorted(set(kinds), key=lambda k: (xe.PAGE_KINDS.index(k.split(":")[-1])
+                                                   if k.split(":")[-1] in xe.PAGE_KINDS else len(xe.PAGE_KINDS), k))
     langs = [xe.page_language(p.html, p.lang) for p in pages]
     gold_texts = [p.text if p.text is not None else st.text if st else None for p, st in zip(pages, structs)]
     sets = list(dict.fromkeys(p.set for p in pages))
     ran = run_engines([p.html for p in pages], specs, workers)
     report: dict = {"kind": "extract", "gold": list(gold), "pages": len(pages),
                     "sets": {s: sum(p.set == s for p in pages) for s in sets},
-                    "page_types": {k: kinds.count(k) for k in xe.PAGE_KINDS if k in kinds}, "engines": {}}
+                    "page_types": {k: kinds.count(k) for k in kind_order}, "engines": {}}
     t_sets, t_struct, t_types, t_langs = [], [], [], []
     lang_n = defaultdict(int)
     for lg in langs:
@@ -163,42 +166,52 @@ def eval_extract(gold: Sequence[str], engines: Sequence[str], json_out: str | No
         r = ran[spec]
         by_set, by_type, by_lang = defaultdict(xe.Tally), defaultdict(xe.Tally), defaultdict(xe.Tally)
         cpu_set: dict[str, float] = defaultdict(float)
-        worst = []
+        worst, empty = [], []
         for i, p in enumerate(pages):
-            s = xe.score_page(r["out"][i] or "", r["words"][i] or "", gold_texts[i], structs[i], p.with_, p.without)
+            s = xe.score_page(r["out"][i] or "", r["words"][i] or "", gold_texts[i], structs[i], p.with_, p.without,
+                              p.scoring)
+            if s.empty:
+                empty.append({"set": p.set, "page": p.name, "type": kinds[i], "url": p.url})
             by_set[p.set].add(s)
             by_type[kinds[i]].add(s)
             by_lang[langs[i]].add(s)
             cpu_set[p.set] += r["cpu"][i]
             if s.prf is not None:
-                worst.append((s.prf[2], p.set, p.name, p.url))
+                worst.append((s.prf[2], p.set, p.name, p.url, kinds[i], s.prf[0], s.prf[1]))
         cpu = sum(r["cpu"])
         sets_sum = {name: {**by_set[name].summary(), "docs_per_cpu_s": _rate(by_set[name].pages, cpu_set[name])}
                     for name in sets}
         report["engines"][spec] = {
             "params": _params(kw), "cpu_s": round(cpu, 3), "docs_per_cpu_s": _rate(len(pages), cpu),
             "errors": r["errors"], "sets": sets_sum,
-            "page_types": {k: by_type[k].summary() for k in xe.PAGE_KINDS if k in by_type},
+            "page_types": {k: by_type[k].summary() for k in kind_order},
             "languages": {lg: by_lang[lg].summary() for lg in sorted(by_lang, key=lambda x: -lang_n[x])},
-            "worst_f1": [{"f1": round(f, 3), "set": s, "page": n, "url": u} for f, s, n, u in sorted(worst)[:10]],
+            "worst_f1": [{"f1": round(f, 3), "precision": round(pr, 3), "recall": round(rc, 3), "set": s, "page": n,
+                          "type": k, "url": u} for f, s, n, u, k, pr, rc in sorted(worst, key=lambda w: w[:3])[:10]],
+            "empty_pages": empty,
         }
         for name, d in sets_sum.items():
             t_sets.append([spec, name, d["pages"], _f(d["precision"]), _f(d["recall"]), _f(d["f1"]), ev.pct(d["with"]),
-                           ev.pct(d["without"]), "-" if d["docs_per_cpu_s"] is None else f"{d['docs_per_cpu_s']:.0f}"])
+                           ev.pct(d["without"]), _f(d["seg_f1"]), d["empty"],
+                           "-" if d["docs_per_cpu_s"] is None else f"{d['docs_per_cpu_s']:.0f}"])
             if any(d["counts"][k][1] for k in xe.STRUCTURE_KINDS):
                 t_struct.append([spec, name, d["pages"], *(ev.pct(d[k]) for k in xe.STRUCTURE_KINDS)])
         for k, t in report["engines"][spec]["page_types"].items():
-            t_types.append([spec, k, t["pages"], _f(t["f1"]), *(ev.pct(t[k2]) for k2 in xe.STRUCTURE_KINDS)])
+            t_types.append([spec, k, t["pages"], _f(t["precision"]), _f(t["recall"]), _f(t["f1"]), t["empty"],
+                            *(ev.pct(t[k2]) for k2 in xe.STRUCTURE_KINDS)])
         for lg, t in report["engines"][spec]["languages"].items():
             if lang_n[lg] >= 5:
                 t_langs.append([spec, lg, t["pages"], _f(t["f1"]), ev.pct(t["with"]), ev.pct(t["without"])])
     report["tables"] = [
-        ev.table("extraction against gold: words and snippets (docs/s: per CPU-second of the extraction calls)",
-                 ["engine", "gold", "pages", "P", "R", "word F1", "with", "without", "docs/s"], t_sets),
+        ev.table("extraction against gold: words and snippets (seg F1: trafilatura's benchmark score over the "
+                 "snippets; empty: pages with gold words and none out; docs/s: per CPU-second of the extraction calls)",
+                 ["engine", "gold", "pages", "P", "R", "word F1", "with", "without", "seg F1", "empty", "docs/s"],
+                 t_sets),
         ev.table("structure kept (gold with HTML structure)",
                  ["engine", "gold", "pages", "code lines", "table rows", "headings", "list items"], t_struct),
-        ev.table("by page type (docs-like: the gold has <pre> or table rows)",
-                 ["engine", "type", "pages", "word F1", "code lines", "table rows", "headings", "list items"], t_types),
+        ev.table("by page type (the set's label where it has one, WCXB's; else docs-like: the gold has <pre> or "
+                 "table rows)", ["engine", "type", "pages", "P", "R", "word F1", "empty", "code lines", "table rows",
+                                 "headings", "list items"], t_types),
         ev.table("by language (languages with >= 5 pages)", ["engine", "lang", "pages", "word F1", "with", "without"],
                  t_langs)]
     return save(report, json_out or "eval-extract.json", None, "extract")

@@ -7,12 +7,17 @@ a page type, a language.
 - **Word P/R/F1** (``word_prf``): bags of whitespace tokens of the output and of the gold text,
   multiset intersection ``tp``; P = tp / |output|, R = tp / |gold|, F1 their harmonic mean (0 when
   both are 0); per page, then averaged over the pages (the article-extraction benchmark's scoring
-  as ``tests/test_extract.py`` states it). Markdown output is scored on its plain view (markup
+  as ``tests/test_extract.py`` states it). WCXB's pages are scored its way (``scoring="wcxb"``):
+  the words are lowercased ``\w+`` tokens, and a page with no gold words scores 1 only when
+  nothing is extracted (its ``evaluate.py``; 21 of the 1,497 dev pages). Markdown output is scored on its plain view (markup
   stripped, ``curation.text.markdown_plain``), so ``#``, ``|`` and ``-`` are not counted as words.
   The gold text: the set's gold body, or the text of the gold HTML (``Structure.text``).
 - **Snippets** (``snippet_rates``, the trafilatura set): ``with`` = share of the must-have
   snippets found in the output, ``without`` = share of the boilerplate snippets absent from it;
   both whitespace-normalised substring tests, summed over the pages (snippets, not pages, count).
+  **Segment P/R/F1** is trafilatura's own benchmark score over the same counts: a must-have
+  snippet found is a true positive, one missing a false negative, a boilerplate snippet found a
+  false positive (its ``tests/comparison.py``).
 - **Structure** (``structure_kept``; gold with HTML structure, e.g. Mozilla readability's
   ``expected.html``), each a share of the gold's items kept, summed over the pages:
 
@@ -32,7 +37,7 @@ a page type, a language.
   - *list items*: each gold ``<li>`` without nested lists or block children (``p``, ``div``,
     ``pre``, ``table``, ``br``), non-empty and under 300 characters, kept when it is a whole
     output line (bullets or numbers ignored).
-- **Page type** (``page_kind``): ``docs-like`` when the gold main content has a ``<pre>`` or a
+- **Page type** (``page_kind``): the set's own label where it has one (WCXB's seven), else ``docs-like`` when the gold main content has a ``<pre>`` or a
   ``<table>`` row as above; ``article`` for the article sets (the article-extraction benchmark,
   Mozilla readability's pages otherwise); ``other`` for the rest (sets without gold HTML).
 - **Language** (``page_language``): the gold's metadata ``lang`` when the set has one, else the
@@ -53,7 +58,8 @@ from typing import Sequence
 #: the structure kinds ``structure_kept`` counts, in report order
 STRUCTURE_KINDS = ("code_lines", "table_rows", "headings", "list_items")
 #: page types (``page_kind``)
-PAGE_KINDS = ("article", "docs-like", "other")
+PAGE_KINDS = ("article", "forum", "product", "collection", "listing", "documentation", "service", "docs-like",
+              "other")
 #: sets whose pages are articles (``page_kind``)
 ARTICLE_SETS = ("aeb", "readability")
 
@@ -63,9 +69,20 @@ _ESCAPE = re.compile(r"\\([\\`*_{}\[\]()#+\-.!|$])")
 _EMPH = re.compile(r"\*\*|__|`")
 
 
-def word_prf(pred: str, gold: str) -> tuple[float, float, float]:
-    """Bag-of-whitespace-tokens precision, recall, F1 of one page (see module docstring)."""
-    p, g = Counter(pred.split()), Counter(gold.split())
+_WCXB_WORD = re.compile(r"\w+")
+
+
+def tokens(text: str, scoring: str = "whitespace") -> list[str]:
+    """The words word F1 counts: whitespace tokens, or WCXB's lowercased ``\\w+``."""
+    return _WCXB_WORD.findall(text.lower()) if scoring == "wcxb" else text.split()
+
+
+def word_prf(pred: str, gold: str, scoring: str = "whitespace") -> tuple[float, float, float]:
+    """Bag-of-words precision, recall, F1 of one page (see module docstring). WCXB scores a page
+    whose gold has no words 1 when the output has none either, else 0 (its ``evaluate.py``)."""
+    p, g = Counter(tokens(pred, scoring)), Counter(tokens(gold, scoring))
+    if scoring == "wcxb" and not g:
+        return (1.0, 1.0, 1.0) if not p else (0.0, 0.0, 0.0)
     tp = sum((p & g).values())
     prec, rec = tp / max(sum(p.values()), 1), tp / max(sum(g.values()), 1)
     return prec, rec, (2 * prec * rec / (prec + rec) if prec + rec else 0.0)
@@ -214,8 +231,10 @@ def page_language(html: str, gold_lang: str | None = None) -> str:
     return m.group(1).lower() if m else "?"
 
 
-def page_kind(gold_set: str, st: Structure | None) -> str:
-    """``docs-like``, ``article`` or ``other`` (module docstring)."""
+def page_kind(gold_set: str, st: Structure | None, label: str | None = None) -> str:
+    """The set's label, else ``docs-like``, ``article`` or ``other`` (module docstring)."""
+    if label:
+        return label
     if st is not None and st.docs_like:
         return "docs-like"
     return "article" if gold_set in ARTICLE_SETS else "other"
@@ -229,17 +248,29 @@ class PageScore:
     """One page's measures for one engine (``None``: not measurable on this page's gold)."""
 
     prf: tuple[float, float, float] | None = None
+    empty: bool = False  # no output word on a page whose gold has words
     snippets: tuple[int, int, int, int] | None = None
     structure: dict[str, tuple[int, int]] | None = None
 
 
 def score_page(out: str, words: str, gold_text: str | None, st: Structure | None,
-               with_: Sequence[str] = (), without: Sequence[str] = ()) -> PageScore:
+               with_: Sequence[str] = (), without: Sequence[str] = (), scoring: str = "whitespace") -> PageScore:
     """Score one output: ``out`` as extracted (structure), ``words`` its plain view (words,
     snippets)."""
-    return PageScore(prf=word_prf(words, gold_text) if gold_text is not None else None,
+    return PageScore(prf=word_prf(words, gold_text, scoring) if gold_text is not None else None,
+                     empty=gold_text is not None and not tokens(words, scoring) and bool(tokens(gold_text, scoring)),
                      snippets=snippet_rates(words, with_, without) if (with_ or without) else None,
                      structure=structure_kept(out, st) if st is not None else None)
+
+
+def segment_prf(with_found: int, with_total: int, without_absent: int, without_total: int) -> dict:
+    """trafilatura's benchmark score over snippets (module docstring): ``seg_p``, ``seg_r``,
+    ``seg_f1`` (None where the pages have no snippets)."""
+    tp, fn, fp = with_found, with_total - with_found, without_total - without_absent
+    if not with_total and not without_total:
+        return {"seg_p": None, "seg_r": None, "seg_f1": None}
+    p, r = tp / max(tp + fp, 1), tp / max(tp + fn, 1)
+    return {"seg_p": p, "seg_r": r, "seg_f1": 2 * p * r / (p + r) if p + r else 0.0}
 
 
 def share(kept: int, total: int) -> float | None:
@@ -252,6 +283,7 @@ class Tally:
 
     pages: int = 0
     scored: int = 0  # pages with a gold text
+    empty: int = 0  # scored pages whose output has no word (and whose gold has some)
     p: float = 0.0
     r: float = 0.0
     f1: float = 0.0
@@ -262,6 +294,7 @@ class Tally:
         self.pages += 1
         if s.prf is not None:
             self.scored += 1
+            self.empty += s.empty
             self.p, self.r, self.f1 = self.p + s.prf[0], self.r + s.prf[1], self.f1 + s.prf[2]
         if s.snippets is not None:
             a, b, c, d = s.snippets
@@ -276,6 +309,7 @@ class Tally:
     def summary(self) -> dict:
         mean = (lambda x: x / self.scored) if self.scored else (lambda x: None)
         return {"pages": self.pages, "precision": mean(self.p), "recall": mean(self.r), "f1": mean(self.f1),
+                "empty": self.empty, **segment_prf(*self.counts["with"], *self.counts["without"]),
                 **{k: share(*v) for k, v in self.counts.items()}, "counts": {k: list(v) for k, v in self.counts.items()}}
 
 

@@ -124,9 +124,9 @@ class ExtractOptions(BaseModel):
     beside ``MapStage``; stages never import each other)."""
 
     #: one engine (shorthand for ``engines: [engine]``)
-    engine: Literal["resiliparse", "trafilatura"] | None = None
+    engine: Literal["resiliparse", "trafilatura", "blocks"] | None = None
     #: several engines, combined per page by ``policy`` (``extraction.extract_page``)
-    engines: list[Literal["resiliparse", "trafilatura"]] | None = Field(default=None, min_length=1)
+    engines: list[Literal["resiliparse", "trafilatura", "blocks"]] | None = Field(default=None, min_length=1)
     policy: Literal["first", "longest", "union", "route"] = "first"
     format: Literal["text", "markdown"] = "text"
     timeout_s: float = Field(default=5.0, ge=0)

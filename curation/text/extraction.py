@@ -64,10 +64,26 @@ def _trafilatura_markdown(html: str) -> str:
                                include_formatting=True, favor_precision=False, deduplicate=False) or ""
 
 
-#: engine -> page -> plain main text (``format: text``)
-ENGINES = {"resiliparse": _resiliparse, "trafilatura": _trafilatura}
+def _blocks(html: str) -> str:
+    from curation.extract.main_content import extract_blocks
+
+    return extract_blocks(html, "text")
+
+
+def _blocks_markdown(html: str) -> str:
+    from curation.extract.main_content import extract_blocks
+
+    return extract_blocks(html, "markdown")
+
+
+#: engine -> page -> plain main text (``format: text``); ``blocks``: the project's learned
+#: main-content decision (``curation.extract.main_content``)
+ENGINES = {"resiliparse": _resiliparse, "trafilatura": _trafilatura, "blocks": _blocks}
 #: engine -> page -> Markdown main text (``format: markdown``)
-MARKDOWN_ENGINES = {"resiliparse": _resiliparse_markdown, "trafilatura": _trafilatura_markdown}
+MARKDOWN_ENGINES = {"resiliparse": _resiliparse_markdown, "trafilatura": _trafilatura_markdown,
+                    "blocks": _blocks_markdown}
+#: the engines ``policy:POLICY`` eval specs combine (the two third-party engines)
+POLICY_ENGINES = ("resiliparse", "trafilatura")
 
 
 def engine_fn(engine: str, format: str = "text"):

@@ -1,0 +1,199 @@
+"""Training the block model on gold pages (``refinery extract train``).
+
+Labels come from the gold text (``block_labels``): a block is main content when its words occur,
+in order, in the gold's words; a short block (under 5 words) only together with a neighbour's
+words, since alone "Home" or "Price" occurs in most gold texts. A long block mostly (80%) in
+the gold counts too (the gold was cleaned of a stray word or two).
+
+Pass one is fitted on every page; pass two on pass one's out-of-fold scores (``folds`` groups of
+pages by site, so a site's look-alike pages never score each other), the way it will see
+scores of pages it was not trained on. Sample weights: the square root of a block's words
+(word F1 is what is measured; a long paragraph should count more than a link, not 300x more).
+
+``fit(..., cv=True)`` gives the honest figure: per page word F1 of out-of-fold decisions (pass
+one and pass two both out of fold, with one leak: pass two's training scores come from pass-one
+models that saw the held-out fold's pages).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable, Sequence
+from urllib.parse import urlparse
+
+import numpy as np
+
+from curation.extract.blocks import page_blocks
+from curation.extract.main_content import BlockModel, second_pass_features
+from curation.extract.trees import export
+
+_WORD = re.compile(r"\w+")
+#: scikit-learn's settings for both passes (measured on WCXB dev, 5-fold by site)
+PARAMS = dict(max_iter=150, learning_rate=0.1, max_leaf_nodes=31, min_samples_leaf=40, l2_regularization=1.0)
+
+
+def block_labels(texts: Sequence[str], gold: str) -> np.ndarray:
+    """1.0 per block that is main content by ``gold`` (module docstring), else 0.0."""
+    gold_words = _WORD.findall(gold.lower())
+    gk = " " + " ".join(gold_words) + " "
+    gc = Counter(gold_words)
+    toks = [_WORD.findall(t.lower()) for t in texts]
+    out = np.zeros(len(texts), np.float32)
+    if not gold_words:
+        return out
+    idx = [i for i, t in enumerate(toks) if t]
+    for j, i in enumerate(idx):
+        t = toks[i]
+        key = " " + " ".join(t) + " "
+        if len(t) >= 5:
+            if key in gk:
+                out[i] = 1.0
+            elif len(t) >= 8 and sum((Counter(t) & gc).values()) >= 0.8 * len(t):
+                out[i] = 1.0
+            continue
+        if key not in gk:
+            continue
+        prev = toks[idx[j - 1]] if j > 0 else None
+        nxt = toks[idx[j + 1]] if j + 1 < len(idx) else None
+        if (prev is not None and " " + " ".join(prev[-4:] + t) + " " in gk) or \
+                (nxt is not None and " " + " ".join(t + nxt[:4]) + " " in gk):
+            out[i] = 1.0
+    return out
+
+
+@dataclass
+class Dataset:
+    """Every gold page's blocks: features, labels, grouping ids, texts; which page each is."""
+
+    x: list[np.ndarray]
+    y: list[np.ndarray]
+    groups: list[np.ndarray]
+    texts: list[list[str]]
+    sites: np.ndarray  # a site id per page (folds keep a site together)
+
+
+def dataset(pages: Sequence, progress: Callable[[int], None] | None = None) -> Dataset:
+    """Blocks and labels of gold pages (``curation.io.extract_gold.GoldPage`` with a gold text)."""
+    xs, ys, gs, ts, sites = [], [], [], [], []
+    site_ids: dict[str, int] = {}
+    for k, p in enumerate(pages):
+        gold = p.text if p.text is not None else None
+        if gold is None:
+            continue
+        pg = page_blocks(p.html)
+        xs.append(pg.features)
+        ys.append(block_labels(pg.texts, gold))
+        gs.append(pg.groups)
+        ts.append(pg.texts)
+        host = urlparse(p.url or "").netloc.removeprefix("www.") or f"{p.set}/{p.name}"
+        sites.append(site_ids.setdefault(host, len(site_ids)))
+        if progress and k % 100 == 0:
+            progress(k)
+    return Dataset(xs, ys, gs, ts, np.asarray(sites))
+
+
+def _fit(x: np.ndarray, y: np.ndarray, w: np.ndarray, seed: int):
+    from sklearn.ensemble import HistGradientBoostingClassifier
+
+    if len(np.unique(y)) < 2:
+        raise ValueError("extract train: the gold pages' blocks are all one class (no main content found in "
+                         "their HTML, or nothing else); give pages whose gold text occurs in their HTML")
+    return HistGradientBoostingClassifier(**PARAMS, random_state=seed).fit(x, y, sample_weight=np.sqrt(w))
+
+
+def _folds(ds: Dataset, k: int, seed: int) -> list[np.ndarray]:
+    """Pages split into ``k`` folds by site (a page index array per fold)."""
+    rng = np.random.default_rng(seed)
+    site_fold = rng.permutation(ds.sites.max() + 1) % k
+    fold = site_fold[ds.sites]
+    return [np.flatnonzero(fold == f) for f in range(k)]
+
+
+def _stack(parts: list[np.ndarray], pages: np.ndarray) -> np.ndarray:
+    return np.concatenate([parts[i] for i in pages]) if len(pages) else np.zeros((0,))
+
+
+def _out_of_fold_first(ds: Dataset, folds: list[np.ndarray], seed: int) -> list[np.ndarray]:
+    """Pass one's score of every block from a model that did not see its page's fold."""
+    scores: list[np.ndarray] = [np.zeros(0)] * len(ds.x)
+    everything = np.arange(len(ds.x))
+    for test in folds:
+        train = np.setdiff1d(everything, test)
+        m = export(_fit(_stack(ds.x, train), _stack(ds.y, train), _stack([x[:, 0] for x in ds.x], train), seed))
+        for i in test:
+            scores[i] = m.predict(ds.x[i]) if len(ds.x[i]) else np.zeros(0)
+    return scores
+
+
+def fit(ds: Dataset, folds: int = 5, seed: int = 0, threshold: float = 0.5,
+        cv: bool = False) -> tuple[BlockModel, list[np.ndarray] | None]:
+    """The two passes on every page of ``ds`` (module docstring), and with ``cv`` pass two's
+    out-of-fold score of every block (the same folds: pass one's out-of-fold scores serve both)."""
+    split = _folds(ds, folds, seed)
+    everything = np.arange(len(ds.x))
+    words = [x[:, 0] for x in ds.x]
+    p1 = _out_of_fold_first(ds, split, seed)
+    x2 = [second_pass_features(x, p, g) if len(x) else np.zeros((0, 0), np.float32)
+          for x, p, g in zip(ds.x, p1, ds.groups)]
+    texted = np.array([i for i in everything if len(ds.x[i])])
+    oof = None
+    if cv:
+        oof = [np.zeros(0)] * len(ds.x)
+        for test in split:
+            train = np.intersect1d(np.setdiff1d(everything, test), texted)
+            m = export(_fit(_stack(x2, train), _stack(ds.y, train), _stack(words, train), seed))
+            for i in test:
+                oof[i] = m.predict(x2[i]) if len(ds.x[i]) else np.zeros(0)
+    first = export(_fit(_stack(ds.x, texted), _stack(ds.y, texted), _stack(words, texted), seed))
+    second = export(_fit(_stack(x2, texted), _stack(ds.y, texted), _stack(words, texted), seed))
+    return BlockModel(first, second, threshold), oof
+
+
+def decide(texts: Sequence[str], scores: np.ndarray, threshold: float) -> str:
+    """The text ``extract_blocks`` writes for these block scores (kept blocks, one a line)."""
+    return "\n".join(t for t, s in zip(texts, scores) if s >= threshold)
+
+
+def train_from_gold(gold: Sequence[str], out: str, folds: int = 5, cv: bool = False, seed: int = 0,
+                    limit: int | None = None, log: Callable[[str], None] = print) -> dict:
+    """``refinery extract train``: the block model fitted on gold sets (names of
+    ``curation.io.extract_gold`` or ``{html, gold}`` JSONL files), written to ``out``; with ``cv``
+    the out-of-fold word F1 per gold set and page type first (the honest figure). Returns the
+    model card (also stored in the model file as ``trained_on``)."""
+    from curation.io.extract_gold import load
+    from curation.text.extract_eval import word_prf
+
+    pages = [p for g in gold for p in load(g)[:limit] if p.text is not None or p.gold_html is not None]
+    for p in pages:
+        if p.text is None:  # gold HTML: its text
+            from curation.text.extract_eval import gold_structure
+
+            p.text = gold_structure(p.gold_html).text
+    if len(pages) < max(folds, 2):
+        raise ValueError(f"extract train: {len(pages)} gold pages with a gold text; need at least {max(folds, 2)}")
+    log(f"blocks of {len(pages)} gold pages ...")
+    ds = dataset(pages)
+    card: dict = {"gold": list(gold), "pages": len(pages), "blocks": int(sum(len(y) for y in ds.y)),
+                  "content_share": float(np.concatenate(ds.y).mean()), "folds": folds, "seed": seed,
+                  "params": PARAMS}
+    log(f"fitting both passes ({folds}-fold out-of-fold scores for pass two"
+        f"{', and its cross-validation' if cv else ''}) ...")
+    model, oof = fit(ds, folds, seed, cv=cv)
+    if oof is not None:
+        by: dict[str, list[float]] = {}
+        empty: dict[str, int] = {}
+        for p, texts, s in zip(pages, ds.texts, oof):
+            text = decide(texts, s, model.threshold) if texts else ""
+            f1 = word_prf(text, p.text, p.scoring)[2]
+            for key in (p.set, f"{p.set}:{p.page_type}" if p.page_type else None):
+                if key:
+                    by.setdefault(key, []).append(f1)
+                    empty[key] = empty.get(key, 0) + (not text.split() and bool(p.text.split()))
+        card["cv_word_f1"] = {k: round(float(np.mean(v)), 4) for k, v in by.items()}
+        card["cv_pages"] = {k: len(v) for k, v in by.items()}
+        card["cv_empty"] = empty
+    model.trained_on = card
+    model.save(out)
+    return card
