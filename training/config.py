@@ -237,8 +237,9 @@ class ParallelConfig(_Strict):
 
     ``tp``: tensor-parallel degree. Each block's attention (q/k/v column-wise, o row-wise: each
     rank holds ``n_head / tp`` heads) and MLP (w1/w3 column-wise, w2 row-wise) are split over
-    ``tp`` neighbouring ranks, which read the same rows; embeddings, norms and the LM head stay
-    whole on each of them (tied embeddings stay tied). The data-parallel degree is world / tp.
+    ``tp`` neighbouring ranks, which read the same rows; the embedding and the LM head are split
+    over the vocabulary (tied embeddings stay one tensor; the loss never gathers the logits), the
+    norms stay whole. The data-parallel degree is world / (tp x pp).
 
     ``strategy`` is the data-parallel one, over the world / tp data-parallel ranks. ``auto``:
     FSDP2 on CUDA at every world size (one GPU: a 1-rank mesh, so one precision recipe whatever

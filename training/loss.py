@@ -67,16 +67,100 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, targets: to
                          ignore_index: int = -100) -> torch.Tensor:
     """``sum(cross_entropy(hidden @ weight.T, targets))`` over tokens whose target is not
     ``ignore_index``, in fp32 (fp64 for fp64 inputs). hidden: (N, d); weight: (V, d); targets: (N,).
-    ``chunk_tokens`` <= 0: one chunk."""
+    ``chunk_tokens`` <= 0: one chunk. A ``weight`` split over the vocabulary (a DTensor sharded
+    on dim 0: tensor parallelism) takes the vocabulary-parallel path below."""
     hidden, targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
     chunk = chunk_tokens if chunk_tokens > 0 else max(1, hidden.shape[0])
+    if hasattr(weight, "device_mesh"):
+        return vocab_parallel_cross_entropy(hidden, weight, targets, chunk, ignore_index)
     if not torch.is_grad_enabled():  # eval: no gradient to keep
         return _LinearCrossEntropy.forward(_NoGrad, hidden, weight, targets, chunk, ignore_index)
     return _LinearCrossEntropy.apply(hidden, weight, targets, chunk, ignore_index)
 
 
 class _NoGrad:
-    needs_input_grad = (False, False, False, False, False)
+    needs_input_grad = (False,) * 7
+
+
+# ---------------------------------------------------------------------------------------
+# The head split over the vocabulary (tensor parallelism)
+
+
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    """The fused loss with this rank's rows of the head only (vocabulary ids ``start ..
+    start + V_local - 1``); ``hidden`` is whole on every rank. Per chunk: local logits (c, V_local),
+    never the full (c, V); the log-sum-exp over the whole vocabulary from two all-reduces (the max,
+    then the sum of exps together with the target logit, which only its owner contributes). The
+    gradient ``softmax - one_hot`` of the local columns stays local; backward all-reduces
+    ``grad_hidden`` (each rank's columns contribute a partial sum), ``grad_weight`` is local."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, chunk: int, ignore_index: int, start: int, group):
+        import torch.distributed as dist
+
+        n, v_local = hidden.shape[0], weight.shape[0]
+        total = torch.zeros((), dtype=torch.float32 if hidden.element_size() < 4 else hidden.dtype, device=hidden.device)
+        need_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+        grads = None
+        for a in range(0, n, chunk):
+            h, t = hidden[a : a + chunk], targets[a : a + chunk]
+            logits = h @ weight.t()
+            if need_grad and grads is None:
+                grads = logits.new_empty((n, v_local))
+            if logits.element_size() < 4:
+                logits = logits.float()
+            top = logits.max(dim=-1).values
+            dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
+            valid = t != ignore_index
+            local = t - start
+            mine = valid & (local >= 0) & (local < v_local)  # this rank holds the target's logit
+            safe = torch.where(mine, local, 0)
+            picked = torch.where(mine, logits.gather(1, safe[:, None]).squeeze(1), 0.0)
+            sums = torch.stack([(logits - top[:, None]).exp().sum(dim=-1), picked])
+            dist.all_reduce(sums, group=group)
+            lse = top + sums[0].log()
+            total += torch.where(valid, lse - sums[1], 0.0).sum()
+            if need_grad:
+                g = logits.sub_(lse[:, None]).exp_()  # this rank's columns of the softmax
+                g[torch.arange(len(t), device=t.device), safe] -= mine.to(g.dtype)
+                g.mul_(valid[:, None])
+                grads[a : a + chunk] = g
+        if need_grad:
+            ctx.group = group
+            ctx.save_for_backward(hidden, weight, grads)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        import torch.distributed as dist
+
+        hidden, weight, g = ctx.saved_tensors
+        g.mul_(grad_out.to(g.dtype))
+        grad_h = grad_w = None
+        if ctx.needs_input_grad[0]:
+            grad_h = g @ weight.to(g.dtype)
+            dist.all_reduce(grad_h, group=ctx.group)  # every rank's columns of d(loss)/d(logits) contribute
+            grad_h = grad_h.to(hidden.dtype)
+        if ctx.needs_input_grad[1]:
+            grad_w = (g.t() @ hidden.to(g.dtype)).to(weight.dtype)
+        return grad_h, grad_w, None, None, None, None, None
+
+
+def vocab_parallel_cross_entropy(hidden: torch.Tensor, weight, targets: torch.Tensor, chunk: int,
+                                 ignore_index: int = -100) -> torch.Tensor:
+    """``linear_cross_entropy`` for a head ``weight`` that is a DTensor sharded over the vocabulary
+    (dim 0) on one mesh dimension and whole on any other: every rank returns the whole sum."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    dims = [i for i, pl in enumerate(weight.placements) if pl.is_shard(0)]
+    if len(dims) != 1 or any(not (pl.is_replicate() or i in dims) for i, pl in enumerate(weight.placements)):
+        raise ValueError(f"a vocabulary-parallel head is sharded on dim 0 over one mesh dimension, not {weight.placements}")
+    group = weight.device_mesh.get_group(dims[0])
+    _, offset = compute_local_shape_and_global_offset(weight.shape, weight.device_mesh, weight.placements)
+    local = weight.to_local()  # differentiable: its gradient comes back as a DTensor shard
+    if not torch.is_grad_enabled():
+        return _VocabParallelCrossEntropy.forward(_NoGrad, hidden, local, targets, chunk, ignore_index, offset[0], group)
+    return _VocabParallelCrossEntropy.apply(hidden, local, targets, chunk, ignore_index, offset[0], group)
 
 
 def reference_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:

@@ -10,12 +10,15 @@ Megatron's split by DTensor plans (``torch.distributed.tensor.parallel``), per b
 
 Two all-reduces per block forward (after ``wo`` and ``w2``) and two in backward (the inputs'
 gradients of the column-wise layers). Between blocks the activations are plain, whole tensors on
-every rank of a tensor-parallel group; so are the embeddings, the norms and the LM head, which
-each rank holds and updates whole: their gradients are computed from those whole activations and
-agree across the group without communication, and tied embeddings stay one tensor.
+every rank of a tensor-parallel group; so are the norms, which each rank holds and updates whole.
 
-Not yet: sequence parallelism on the norms, a vocabulary-parallel embedding and fused loss (the
-head's memory and compute are not split), async TP.
+The vocabulary is split too (``head_plan``): the embedding row-wise (each rank looks up the ids it
+holds, one all-reduce of the (tokens x d_model) output) and the LM head column-wise, both over the
+vocabulary, so tied embeddings stay one tensor (one DTensor, re-tied after the split). The fused
+loss (``training.loss.vocab_parallel_cross_entropy``) reads the head's local rows: no rank ever
+holds a (tokens x vocab) logits tensor, only (tokens x vocab / tp) per chunk.
+
+Not yet: sequence parallelism on the norms, async TP.
 """
 
 from __future__ import annotations
@@ -40,6 +43,18 @@ def block_plan() -> dict:
     }
 
 
+def head_plan() -> dict:
+    """The embedding and the LM head split over the vocabulary (dim 0 of both weights). The
+    head's own forward (logits, not the loss: tests, inference) gathers the logits."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    return {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()),
+        "output": ColwiseParallel(output_layouts=Replicate()),
+    }
+
+
 def check_tp(cfg: ModelConfig, tp: int) -> None:
     """Start-up checks: every split above must give each rank whole heads and equal widths."""
     if tp == 1:
@@ -57,3 +72,8 @@ def apply_tp(model: nn.Module, tp_mesh) -> None:
     plan = block_plan()
     for block in model.layers.values():
         parallelize_module(block, tp_mesh, plan)
+    # A pipeline stage may hold neither (training/pipeline_parallel.py).
+    tied = model.output is not None and model.output.weight is getattr(model.tok_embeddings, "weight", None)
+    parallelize_module(model, tp_mesh, {k: v for k, v in head_plan().items() if getattr(model, k) is not None})
+    if tied:  # each module got its own DTensor: one parameter again (the same Shard(0) placement)
+        model.output.weight = model.tok_embeddings.weight
