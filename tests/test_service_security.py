@@ -14,6 +14,7 @@ import contextlib
 import concurrent.futures as cf
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -700,6 +701,129 @@ def test_sigterm_stops_the_server_with_admissions_in_flight(limited):
                 f.result()
             except httpx.HTTPError:
                 pass  # cut off by the stop: expected
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 62: the limits are `refinery serve` flags; `refinery delete` mirrors DELETE /runs/{id}
+
+FLAGS = ["--max-patterns", "2", "--max-input-files", "2", "--max-bloom-bytes", str(1 << 20), "--min-split-bytes",
+         "4096", "--max-shards", "3", "--sql-memory-bytes", str(64 << 20), "--body-timeout", "2",
+         "--max-strangers", "4"]
+
+
+@pytest.fixture(scope="module")
+def flagged(tmp_path_factory, request):
+    """A server whose every admission, /sql and connection limit is set small by its flag."""
+    root = _make_base(tmp_path_factory.mktemp("secflags"))
+    (root / "data" / "more.jsonl").write_text(_docs(5))
+    (root / "data" / "big.jsonl").write_text(_docs(400))  # ~ 5 shards of 4 KiB
+    s = ServiceProcess(root, [root / "data"], max_concurrent=1, extra_args=["--base-dir", str(root), *FLAGS],
+                       env={"RAY_TMPDIR": str(tmp_path_factory.mktemp("secray3"))})
+    s.runs_dir.mkdir()
+    make_browse_run(s.runs_dir / "browse")
+    s.start()
+    request.addfinalizer(s.stop)
+    return s
+
+
+def _jsonl_in(*paths: str, **more) -> dict:
+    return {"docs": {"format": "jsonl", "paths": list(paths), "source": "web", **more}}
+
+
+@pytest.mark.parametrize("stages, inputs, expect", [
+    ({"s": {"type": "select", "where": "true"}}, _jsonl_in("data/docs.jsonl", "data/more.jsonl", "data/big.jsonl"),
+     "more than 2 distinct input path patterns"),
+    ({"s": {"type": "select", "where": "true"}}, _jsonl_in("data/*.jsonl"), "more than 2 files"),
+    ({"ex": {"type": "exact_dedup", "bloom": {"expected_items": 1_000_000}}}, None, "max_bloom_bytes is 1 MiB"),
+    ({"s": {"type": "select", "where": "true"}}, _jsonl_in("data/docs.jsonl", split_bytes=2048),
+     "min_split_bytes of 4096"),
+    ({"s": {"type": "select", "where": "true"}}, _jsonl_in("data/big.jsonl", split_bytes=4096), "more than 3 shards"),
+], ids=["max_patterns", "max_input_files", "max_bloom_bytes", "min_split_bytes", "max_shards"])
+def test_serve_flags_set_the_admission_limits(flagged, stages, inputs, expect):
+    with flagged.client() as c:
+        r = _post(c, _dag(stages, inputs))
+        assert r.status_code == 422 and expect in r.json()["detail"], r.text[:300]
+        # the same DAG within the default limits' shape is admitted: the flag, not a parse, refused it
+    FIGURES.setdefault("serve_flags", {})[expect] = r.json()["detail"][:160]
+
+
+def test_serve_flags_set_the_sql_body_and_stranger_limits(flagged):
+    with flagged.client() as c:
+        r = c.get("/runs/browse/sql", params={"q": "select length(repeat('x', 200000000)) as n"})
+        assert r.status_code == 413 and "64 MiB" in r.json()["detail"], r.text[:300]
+        assert c.get("/runs/browse/sql", params={"q": "select 1 as n"}).json()["rows"] == [[1]]
+    # --body-timeout 2: a token holder's body that trickles is cut off at 2 s (the default is 60)
+    s = socket.create_connection(("127.0.0.1", flagged.port), timeout=10)
+    s.sendall(b"POST /runs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + TOKEN.encode()
+              + b"\r\nContent-Type: application/yaml\r\nContent-Length: 1000\r\n\r\nname: x\n")
+    t0 = time.perf_counter()
+    closed = _closed_by_server(s, 8)
+    body_cut_s = time.perf_counter() - t0
+    s.close()
+    assert closed and body_cut_s < 6, body_cut_s
+    # --max-strangers 4: of 8 silent sockets, the 4 oldest are closed at once (not at --header-timeout's 10 s)
+    socks = [socket.create_connection(("127.0.0.1", flagged.port), timeout=10) for _ in range(8)]
+    time.sleep(0.5)
+    closed = [_closed_by_server(x, 0.5) for x in socks]
+    for x in socks:
+        x.close()
+    assert closed == [True] * 4 + [False] * 4, closed
+    FIGURES["serve_flags_connections"] = {"body_cut_s": round(body_cut_s, 2), "strangers_closed": closed}
+
+
+def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "curation.cli", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, **(env or {})})
+
+
+def test_refinery_delete_through_the_service(flagged):
+    ok = _dag({"s": {"type": "select", "input": "docs", "where": "true"}}, output="s")
+    via = ["--service", flagged.url, "--token-file", str(flagged.token_file)]
+    with flagged.client() as c:
+        rid = _post(c, ok).json()["id"]
+        p = _cli("delete", rid, *via)  # queued or running: refused, as DELETE /runs/{id} refuses it
+        assert p.returncode == 1 and "409" in p.stderr and "cancel it first" in p.stderr, p.stderr
+        assert wait_state(c, rid, TERMINAL, timeout=180)["state"] == "done"
+        # a local delete of a run the running service manages is refused: it goes through the service
+        p = _cli("delete", str(flagged.runs_dir / rid))
+        assert p.returncode == 1 and "--service" in p.stderr and (flagged.runs_dir / rid).is_dir(), p.stderr
+        p = _cli("delete", rid, *via)
+        assert p.returncode == 0 and "deleted" in p.stdout, p.stderr
+        assert c.get(f"/runs/{rid}").status_code == 404
+        assert not (flagged.runs_dir / rid).exists() or wait_gone(flagged.runs_dir / rid)
+        p = _cli("delete", rid, *via)
+        assert p.returncode == 1 and "404" in p.stderr
+        p = _cli("delete", "browse", "--service", flagged.url, env={"REFINERY_TOKEN": "wrong-token-0000000000"})
+        assert p.returncode == 1 and "401" in p.stderr
+
+
+def wait_gone(p: Path, timeout: float = 10) -> bool:
+    deadline = time.time() + timeout
+    while p.exists() and time.time() < deadline:
+        time.sleep(0.1)
+    return not p.exists()
+
+
+def test_refinery_delete_a_local_run(tmp_path):
+    runs = tmp_path / "runs"
+    make_browse_run(runs / "cli_made")  # made by `refinery run`: no service.json
+    (runs / "reader").mkdir()  # a queued service run that reads it (format: run)
+    (runs / "reader" / "dag.yaml").write_text(f"inputs: {{up: {{format: run, run: {runs / 'cli_made'}}}}}\n")
+    (runs / "reader" / "service.json").write_text(json.dumps({"id": "reader", "state": "queued"}))
+    p = _cli("delete", str(runs / "cli_made"))
+    assert p.returncode == 1 and "an input of run reader" in p.stderr, p.stderr
+    shutil.rmtree(runs / "reader")
+    p = _cli("delete", str(runs / "cli_made"))
+    assert p.returncode == 0 and not (runs / "cli_made").exists(), p.stderr
+    for rid, state in (("svc_done", "started"), ("svc_queued", "queued")):  # made by a service now stopped
+        make_browse_run(runs / rid)
+        (runs / rid / "service.json").write_text(json.dumps({"id": rid, "state": state, "pid": 2 ** 22 + 1,
+                                                            "submitted": time.time()}))
+    p = _cli("delete", str(runs / "svc_queued"))
+    assert p.returncode == 1 and "cancel it first" in p.stderr and (runs / "svc_queued").exists(), p.stderr
+    p = _cli("delete", str(runs / "svc_done"))
+    assert p.returncode == 0 and not (runs / "svc_done").exists(), p.stderr
+    assert _cli("delete", str(runs / "nothing")).returncode == 1
 
 
 # ---------------------------------------------------------------------------------------------

@@ -558,9 +558,11 @@ class RunManager:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, schedule: bool = True) -> None:
         """Take the runs directory, rediscover unfinished runs, start the scheduler thread.
-        Idempotent, so ``serve`` can fail fast on a busy directory before the server starts."""
+        Idempotent, so ``serve`` can fail fast on a busy directory before the server starts.
+        ``schedule=False`` (``refinery delete`` without a service): only take the directory and
+        read the runs' states; nothing is launched, stopped or cleaned in the background."""
         if self._thread is not None and self._thread.is_alive():
             return
         self.runs_dir.mkdir(parents=True, exist_ok=True)
@@ -571,7 +573,7 @@ class RunManager:
             os.close(fd)
             raise RunsDirBusy(f"{self.runs_dir}: another `refinery serve` manages this runs directory") from None
         self._lock_fd = fd
-        for trash in self.runs_dir.glob(".deleting-*"):  # deletions a stop interrupted
+        for trash in self.runs_dir.glob(".deleting-*") if schedule else ():  # deletions a stop interrupted
             threading.Thread(target=shutil.rmtree, args=(trash,), kwargs={"ignore_errors": True}, daemon=True).start()
         with self._lock:
             for rid in self.run_ids():
@@ -587,10 +589,12 @@ class RunManager:
                     self._active.add(rid)
                 if meta.get("state") == "cancelled":
                     self._cancelled.add(rid)
-                if meta.get("state") == "cancelled" and self._alive(rid, meta):
+                if schedule and meta.get("state") == "cancelled" and self._alive(rid, meta):
                     # cancelled just before a restart: finish stopping it (SIGKILL after the grace)
                     threading.Thread(target=self._finish_cancel, args=(rid,), daemon=True,
                                      name=f"refinery-cancel-{rid}").start()
+        if not schedule:
+            return
         self._stop.clear()
         self._thread = threading.Thread(target=self._loop, name="refinery-run-scheduler", daemon=True)
         self._thread.start()
@@ -868,11 +872,12 @@ class RunManager:
                 if run_id in self._children:
                     self._reap(run_id, code)
 
-    def delete(self, run_id: str) -> dict[str, Any]:
+    def delete(self, run_id: str, wait: bool = False) -> dict[str, Any]:
         """Delete a finished (done, failed) or cancelled run the service started: its directory
-        leaves the listing at once (renamed under the lock) and is removed in the background.
-        409 for a queued or running run (cancel it first), one still stopping, one another
-        active run reads (``format: run``), or one the service did not start."""
+        leaves the listing at once (renamed under the lock) and is removed in the background
+        (``wait``: before returning). 409 for a queued or running run (cancel it first), one
+        still stopping, one another active run reads (``format: run``), or one the service did
+        not start."""
         d = self.run_dir(run_id)
         with self._lock:
             meta = self._meta(run_id)
@@ -893,8 +898,11 @@ class RunManager:
             self._active.discard(run_id)
             self._cancelled.discard(run_id)
             self._children.pop(run_id, None)
-        threading.Thread(target=shutil.rmtree, args=(trash,), kwargs={"ignore_errors": True}, daemon=True,
-                         name=f"refinery-delete-{run_id}").start()
+        if wait:
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            threading.Thread(target=shutil.rmtree, args=(trash,), kwargs={"ignore_errors": True}, daemon=True,
+                             name=f"refinery-delete-{run_id}").start()
         return {"id": run_id, "deleted": True, "state": state}
 
     def resume(self, run_id: str) -> dict[str, Any]:
@@ -989,3 +997,35 @@ class RunManager:
         meta.update(pid=proc.pid, pid_start=process_identity(proc.pid))
         self._write_meta(rid, meta)
         self._children[rid] = proc
+
+
+def delete_local(run_dir: str | Path) -> dict[str, Any]:
+    """``refinery delete RUN_DIR``: what ``DELETE /runs/{id}`` does, without a service. A run
+    the service started is deleted under the runs directory's lock, by the service's own rules
+    (done, failed or cancelled; not one an active run reads); ``RunsDirBusy`` while a service
+    manages that directory (delete through it). A run made by ``refinery run`` is deleted
+    unless a ``refinery run`` process still writes it (``RunConflict``)."""
+    d = Path(run_dir).resolve()
+    if not d.is_dir() or not ((d / SERVICE_FILE).exists() or Path(RunDir(d).dag_file).exists()):
+        raise RunMissing(str(run_dir))
+    if (d / SERVICE_FILE).exists():
+        if not RUN_ID.match(d.name):
+            raise RunMissing(str(run_dir))
+        manager = RunManager(d.parent, PathPolicy([], d.parent))
+        manager.start(schedule=False)
+        try:
+            return manager.delete(d.name, wait=True)
+        finally:
+            manager.stop()
+    pid = _find_run_process(d)
+    if pid is not None:
+        raise RunConflict(f"run {d.name} is being written by `refinery run` (pid {pid}); stop it first")
+    for other in d.parent.iterdir():  # a service run beside it that has not ended may read it (format: run)
+        meta = _read_json(other / SERVICE_FILE) if other != d else None
+        if meta and meta.get("state") in ("queued", "started") and \
+                str(d) in _read_text(Path(RunDir(other).dag_file)):
+            raise RunConflict(f"run {d.name} is an input of run {other.name} (format: run), which has not ended; "
+                              "delete it when that one has")
+    state = (_read_json(Path(RunDir(d).progress_file)) or {}).get("state") or "unknown"
+    shutil.rmtree(d)
+    return {"id": d.name, "deleted": True, "state": state}
