@@ -3,9 +3,11 @@
 - the trainer under torchrun with pp 2 (GPipe, 1F1B, interleaved 1F1B: 2 stages per rank) trains
   like one process: the loss and the grad norm of every step, and the held-out loss, agree to
   ~1e-6 (float32); both stages read the single process's rows and tokens are counted once;
-- PP=2 x FSDP=2 (4 processes): the same, each data-parallel pair of stages reading its own half;
-- a checkpoint saved under PP=2 (x FSDP=2) resumes on one process, and one process's under PP=2,
-  with the straight run's losses (parameter names do not depend on the pipeline degree);
+- PP=2 x FSDP=2 (4 processes) and TP=2 x PP=2 x FSDP=2 (8 processes): the same, each
+  data-parallel rank's stages (and tensor-parallel peers) reading its own half of the rows;
+- a checkpoint saved under PP=2 (x FSDP=2, x TP=2) resumes on one process, and one process's under
+  PP=2, with the straight run's losses (parameter names do not depend on the pipeline degree); a
+  checkpoint in the layout before pipelines (optimizer state nested by group) still loads;
 - varlen boundaries: each stage runs a micro-batch with that micro-batch's own ``cu_seqlens``;
 - start-up errors: layers vs stages, tied embeddings, micro-batches vs schedule, CUDA graphs.
 """
@@ -116,12 +118,32 @@ def test_pp2_with_fsdp2_trains_like_one_process(single):
         assert sorted(split[step, 0] + split[step, 1]) == sorted(whole[step, 0])
 
 
+def test_tp2_pp2_fsdp2_trains_like_one_process(single):
+    """8 processes: mesh (pp 2, dp_shard 2, tp 2); tensor parallelism inside each stage, the
+    vocabulary-parallel loss on the last stage's tensor-parallel pair."""
+    tmp, packs = single
+    torchrun(config(tmp, packs, "tp2-pp2-fsdp2"), "parallel.pp=2", "parallel.tp=2", "parallel.strategy=fsdp", nproc=8,
+             timeout=600)
+    start = records(tmp / "tp2-pp2-fsdp2", "event")[0]
+    assert "world 8 (fsdp, tp 2, pp 2 1f1b)" in start["message"], start["message"]
+    compare(tmp, "tp2-pp2-fsdp2", "TP=2 x PP=2 x FSDP=2 (1f1b)")
+    assert [r["tokens"] for r in records(tmp / "tp2-pp2-fsdp2")] == [r["tokens"] for r in records(tmp / "single")]
+    split, whole = rows(tmp / "tp2-pp2-fsdp2"), rows(tmp / "single")
+    for step in range(STEPS):
+        # rank = pp * 4 + dp * 2 + tp: every (pp, tp) of a data-parallel rank reads its rows
+        for dp in (0, 1):
+            assert len({tuple(split[step, p * 4 + dp * 2 + t]) for p in (0, 1) for t in (0, 1)}) == 1
+        assert sorted(split[step, 0] + split[step, 2]) == sorted(whole[step, 0])
+
+
 #: run name, its torchrun overrides and process count
 MESHES = {"1 process": ("single", (), 1), "PP=2": ("pp2-1f1b", ("parallel.pp=2",), 2),
-          "PP=2 x FSDP=2": ("pp2-fsdp2", ("parallel.pp=2", "parallel.strategy=fsdp"), 4)}
+          "PP=2 x FSDP=2": ("pp2-fsdp2", ("parallel.pp=2", "parallel.strategy=fsdp"), 4),
+          "TP=2 x PP=2 x FSDP=2": ("tp2-pp2-fsdp2", ("parallel.pp=2", "parallel.tp=2", "parallel.strategy=fsdp"), 8)}
 
 
-@pytest.mark.parametrize("saved, resumed", [("PP=2", "1 process"), ("PP=2 x FSDP=2", "1 process"), ("1 process", "PP=2")])
+@pytest.mark.parametrize("saved, resumed", [("PP=2", "1 process"), ("PP=2 x FSDP=2", "1 process"), ("1 process", "PP=2"),
+                                            ("TP=2 x PP=2 x FSDP=2", "1 process")])
 def test_a_checkpoint_resumes_on_another_mesh(single, saved, resumed):
     """The step-4 checkpoint of one layout, resumed on another: the steps after it as the straight run's."""
     tmp, packs = single
@@ -137,6 +159,24 @@ def test_a_checkpoint_resumes_on_another_mesh(single, saved, resumed):
         torchrun(config(tmp, packs, name), *sets, nproc=n, resume=str(ckpt), timeout=600)
     assert records(tmp / name)[0]["step"] == 4
     compare(tmp, name, f"saved on {saved}, resumed on {resumed} (steps 4-{STEPS - 1})", first=4)
+
+
+def test_a_checkpoint_in_the_layout_before_pipelines_still_loads(single, monkeypatch):
+    """Checkpoints written before the optimizer state was stored by parameter name (meta.json says
+    nothing of its layout) load as they were written."""
+    import training.checkpoint as ckpt
+
+    tmp, packs = single
+    monkeypatch.setattr(ckpt, "OPTIM_LAYOUT", None)  # save as before: nested by parameter group
+    assert main(str(config(tmp, packs, "old-layout")), overrides=["train.stop_at_step=4", "checkpoint.final_save=true"]) == 0
+    old = tmp / "old-layout" / "checkpoints" / "step_00000004"
+    assert ckpt.read_meta(old)["optimizer_layout"] is None
+    from torch.distributed.checkpoint import FileSystemReader
+
+    assert "optim.param_groups.0.lr" in FileSystemReader(str(old / "state")).read_metadata().state_dict_metadata
+    monkeypatch.undo()
+    assert main(str(config(tmp, packs, "old-layout-resumed")), resume=str(old)) == 0
+    compare(tmp, "old-layout-resumed", "saved in the nested layout, resumed (steps 4-7)", first=4)
 
 
 # ---------------------------------------------------------------- varlen boundaries per micro-batch

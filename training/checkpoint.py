@@ -48,11 +48,11 @@ LATEST = "latest"
 #: The optimizer's state stored by parameter name, its hyperparameters too ("flat"): a pipeline
 #: stage holds only some parameters, so per-group lists of names would not match on another
 #: pipeline degree. Checkpoints written before this say nothing in meta.json and load as they were.
-OPTIM_LAYOUT = "flat"
+OPTIM_LAYOUT = "flat"  # what saves write
 
 
 def _options(layout: str | None) -> StateDictOptions:
-    return StateDictOptions(flatten_optimizer_state_dict=layout == OPTIM_LAYOUT)
+    return StateDictOptions(flatten_optimizer_state_dict=layout == "flat")
 
 
 class Stateful(Protocol):
