@@ -690,7 +690,7 @@ def extract_train_cmd(
     """Train the block model `extract`'s `engine: blocks` decides main content with, on your own
     pages with their gold main text (the shipped model: `--gold wcxb`)."""
     from curation.extract.train import train_from_gold
-    from curation.io.extract_gold import GoldSetError
+    from curation.extract.gold import GoldSetError
 
     try:
         card = train_from_gold([g for g in gold.split(",") if g], str(out), folds=folds, cv=cv, seed=seed,

@@ -1,4 +1,4 @@
-"""`refinery eval extract` (issue #53): the measures of curation/text/extract_eval.py on hand-made
+"""`refinery eval extract` (issue #53): the measures of curation/extract/scores.py on hand-made
 pages (each can fail: lost indentation, lines out of order, a flattened table, a dropped heading),
 the gold-set loaders on the committed fixtures (tests/data/extract, see its README), the command
 end to end on those fixtures with two engines, and --ab on a tiny run made from tests/data/warc."""
@@ -14,10 +14,10 @@ from typer.testing import CliRunner
 
 from conftest import DATA
 from curation.cli import app
-from curation.io import extract_gold as eg
+from curation.extract import gold as eg
 from curation.pipeline.evaluate import EvalError
 from curation.pipeline.evaluate_extract import parse_engine_spec, stage_pages
-from curation.text import extract_eval as xe
+from curation.extract import scores as xe
 
 EXTRACT = DATA / "extract"
 GOLD_FIXTURES = EXTRACT / "gold"  # laid out as the shared data folder (html/...)

@@ -24,9 +24,10 @@ from conftest import DATA
 from curation.io.inputs import InputSpec, plan_input
 from curation.io.read import read_shard
 from curation.formats.documents import DOC_SCHEMA, HTML_SCHEMA
-from curation.io import extract_gold
+from curation.extract import gold as extract_gold
+from curation.extract import engines
 from curation.stages import extract as ex
-from curation.text.extract_eval import word_prf
+from curation.extract.scores import word_prf
 
 EXTRACT = DATA / "extract"
 SHARED = extract_gold.shared_data()
@@ -78,7 +79,7 @@ F1_FLOOR = {"resiliparse": 0.88, "trafilatura": 0.92}
 @pytest.mark.parametrize("engine", ENGINES)
 def test_engine_quality_floor_on_fixture_pages(aeb_small, engine):
     htmls, gold = aeb_small
-    p, r, f1 = mean_prf(ex.ENGINES[engine], htmls, gold)
+    p, r, f1 = mean_prf(engines.ENGINES[engine], htmls, gold)
     assert f1 >= F1_FLOOR[engine], (engine, p, r, f1)
     assert r >= 0.95, (engine, p, r, f1)
 
@@ -86,7 +87,7 @@ def test_engine_quality_floor_on_fixture_pages(aeb_small, engine):
 def test_recommended_resiliparse_settings_on_fixture_pages(aeb_small):
     htmls, gold = aeb_small
     _, _, f1_rec = mean_prf(_recommended, htmls, gold)
-    _, _, f1_cur = mean_prf(ex.ENGINES["resiliparse"], htmls, gold)
+    _, _, f1_cur = mean_prf(engines.ENGINES["resiliparse"], htmls, gold)
     assert f1_rec >= 0.89  # measured 0.910
     assert f1_rec >= f1_cur - 0.005
 
@@ -98,8 +99,8 @@ def test_default_engine_gap_on_fixture_pages(aeb_small):
     only guards against a large regression of the default engine."""
     htmls, gold = aeb_small
     other = next(e for e in ENGINES if e != DEFAULT)
-    f1_default = mean_prf(ex.ENGINES[DEFAULT], htmls, gold)[2]
-    f1_other = mean_prf(ex.ENGINES[other], htmls, gold)[2]
+    f1_default = mean_prf(engines.ENGINES[DEFAULT], htmls, gold)[2]
+    f1_other = mean_prf(engines.ENGINES[other], htmls, gold)[2]
     assert f1_default >= f1_other - 0.06, (DEFAULT, f1_default, other, f1_other)
 
 
@@ -111,7 +112,7 @@ def aeb_full():
         pytest.skip(f"shared data not found under {SHARED} (set REFINERY_DATA)")
     htmls, gold = _load_pages(tar, gt)
     assert len(gold) == 181
-    f1 = {e: mean_prf(ex.ENGINES[e], htmls, gold)[2] for e in ENGINES}
+    f1 = {e: mean_prf(engines.ENGINES[e], htmls, gold)[2] for e in ENGINES}
     f1["recommended"] = mean_prf(_recommended, htmls, gold)[2]
     return f1
 
@@ -276,23 +277,23 @@ def test_euc_jp_clueweb_page(engine, charset):
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_shift_jis_without_any_declared_charset_is_detected(engine):
-    assert SJIS_PHRASE in ex.decode_html(SJIS, None)
+    assert SJIS_PHRASE in engines.decode_html(SJIS, None)
     (text,) = ex.Extract(engine=engine).process(_batch([SJIS])).table.column("text").to_pylist()
     assert SJIS_PHRASE in text
 
 
 def test_unknown_charset_label_falls_back_to_detection():
-    assert SJIS_PHRASE in ex.decode_html(SJIS, "x-no-such-charset")
+    assert SJIS_PHRASE in engines.decode_html(SJIS, "x-no-such-charset")
 
 
 def test_wrong_http_charset_falls_back_to_detection():
-    assert SJIS_PHRASE in ex.decode_html(SJIS, "utf-8")
+    assert SJIS_PHRASE in engines.decode_html(SJIS, "utf-8")
 
 
 @pytest.mark.parametrize("charset", [None, "iso-8859-1"], ids=["no-charset", "wrong-latin1-header"])
 def test_valid_utf8_page_is_not_turned_into_mojibake(charset):
     raw = lzma.decompress((EXTRACT / "aeb_utf8_detected_as_cp1252.html.xz").read_bytes())
-    assert ex.decode_html(raw, charset) == raw.decode("utf-8")
+    assert engines.decode_html(raw, charset) == raw.decode("utf-8")
 
 
 def test_reader_parses_lf_only_http_headers():
@@ -328,7 +329,7 @@ def _slow_engine(kind: str):
 
 @pytest.mark.parametrize("kind", ["busy", "sleep"])
 def test_per_document_timeout(monkeypatch, kind):
-    monkeypatch.setitem(ex.ENGINES, "trafilatura", _slow_engine(kind))
+    monkeypatch.setitem(engines.ENGINES, "trafilatura", _slow_engine(kind))
     batch = _batch([b"<p>first page</p>", b"<p>SLOW page</p>", b"<p>third page</p>"])
     t0 = time.monotonic()
     res = ex.Extract(engine="trafilatura", timeout_s=0.5).process(batch)
@@ -376,7 +377,7 @@ def test_uninterruptible_documents_are_timed_without_signals(monkeypatch, engine
             time.sleep(0.7)  # returns on its own, after the limit
         return "extracted " + html[-20:]
 
-    monkeypatch.setitem(ex.ENGINES, engine, slow_engine)
+    monkeypatch.setitem(engines.ENGINES, engine, slow_engine)
     batch = _batch([b"<p>first page</p>", b"<p>SLOW page</p>", b"<p>third page</p>"])
     before = signal.getsignal(signal.SIGALRM)
     if engine == "resiliparse":

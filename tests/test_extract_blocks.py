@@ -17,10 +17,10 @@ from curation.extract.blocks import FEATURES, page_blocks
 from curation.extract.main_content import BlockModel, ModelError, extract_blocks, load_model
 from curation.extract.train import block_labels
 from curation.extract.trees import export
-from curation.io.extract_gold import aeb, load
-from curation.text.extract_eval import word_prf
-from curation.text.extraction import extract_page
-from curation.text.extract_pages import extract_pages
+from curation.extract.gold import aeb, load
+from curation.extract.scores import word_prf
+from curation.extract.engines import extract_page
+from curation.extract.pages import extract_pages
 
 DATA = Path(__file__).parent / "data" / "extract"
 GOLD = DATA / "gold"
@@ -114,7 +114,7 @@ def test_wcxb_fixture_beats_resiliparse():
 
 
 def test_markdown_keeps_code_and_tables():
-    from curation.text.extract_eval import gold_structure, structure_kept
+    from curation.extract.scores import gold_structure, structure_kept
 
     for name in ("mozilla_001", "mozilla_keep_tabular_data"):
         src = lzma.decompress((DATA / f"{name}_source.html.xz").read_bytes()).decode()

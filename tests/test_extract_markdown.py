@@ -10,10 +10,11 @@ import pyarrow as pa
 import pytest
 
 from conftest import DATA
+from curation.extract import engines
 from curation.stages import extract as ex
-from curation.text import engine_policy
-from curation.text.extraction import extract_page
-from curation.text.markdown_plain import plain_view
+from curation.extract import policy as engine_policy
+from curation.extract.engines import extract_page
+from curation.text.markup import plain_view
 from curation.text.state import TextState
 
 FIX = DATA / "extract"
@@ -41,16 +42,16 @@ def test_table_kept_as_rows():
 def test_layout_table_not_written_as_rows():
     html = _page("<table><tr><td><table><tr><td>a</td><td>b</td></tr><tr><td>c</td><td>d</td></tr></table></td>"
                  "<td>x</td></tr><tr><td>y</td><td>z</td></tr></table>")
-    from curation.text.markdown import _mark_tables, _table_markdown
+    from curation.extract.markdown import _mark, _table_markdown
 
     parts: list[str] = []
-    out = _mark_tables(html, parts)
+    out = _mark(html, parts, 0)[0]
     assert parts == ["| a | b |\n| --- | --- |\n| c | d |"]  # the inner data table only
     assert "<table><tr><td><p>" in out and "<td>y</td>" in out  # the outer (layout) table stays
     assert _table_markdown("<table><tr><td>a</td><td>b</td></tr></table>") is None  # one row
     assert _table_markdown("<table><tr><td>a</td></tr><tr><td>b</td></tr></table>") is None  # one column
     assert _table_markdown("<table><tr><td>a</td><td>b</td></tr><tr><td><form></form></td><td>d</td></tr></table>") is None
-    assert _mark_tables("</table><TABLE><TR><TD>a<TD>b<TR><TD>c<TD>d</TABLE>", parts).startswith("</table><p>")
+    assert _mark("</table><TABLE><TR><TD>a<TD>b<TR><TD>c<TD>d</TABLE>", parts, 0)[0].startswith("</table><p>")
     assert "| y | z |" not in extract_page(html, format="markdown")
 
 
@@ -127,17 +128,17 @@ def test_plain_view_gated_by_marks_equals_every_rule_on_every_text():
     byte) and ``plain_view_by_rules`` (each group of rules only on the texts holding its mark
     bytes): the same output as every rule on every text, whatever the mix (texts with one mark,
     several, none, empty, null) and on a slice (an array whose offsets do not start at 0)."""
-    from curation.text.markdown_plain import plain_view_by_rules
+    from curation.text.markup_reference import plain_view_by_rules
 
     import pyarrow.compute as pc
 
-    from curation.text.markdown_plain import _RULES
+    from curation.text.markup import RULES
 
     docs = ["# Title\n\nplain words", "| a | b |\n| --- | --- |\n| 1 | 2 |", "no marks at all", "",
             None, "```\n  code\n```", "> quote with **bold** and $x$", "a \\* b, c_d, ~~~ 5 * 3",
             "- item\n1. one\n# not a heading# \n#also not", "x|y and $5 and __u__"] * 3
     every = pa.array(docs)
-    for _, rules in _RULES:  # the reference: no gate
+    for _, rules in RULES:  # the reference: no gate
         for pattern, replacement in rules:
             every = pc.replace_substring_regex(every, pattern, replacement)
     for view in (plain_view, plain_view_by_rules):
@@ -164,7 +165,7 @@ def test_plain_view_compiled_equals_the_rules_on_random_markup():
     random texts of marks: same bytes, text for text. Leftmost, non-overlapping matches and
     whole UTF-8 characters where a rule consumes any character are what this pins (a scan that
     stepped bytewise through "é$ " removed the "$")."""
-    from curation.text.markdown_plain import plain_view_by_rules
+    from curation.text.markup_reference import plain_view_by_rules
 
     texts = pa.array(_random_markup(20_000, seed=53) + [None, ""])
     got, want = plain_view(texts).to_pylist(), plain_view_by_rules(texts).to_pylist()
@@ -175,8 +176,8 @@ def test_plain_view_compiled_equals_the_rules_on_random_markup():
 def test_plain_view_compiled_equals_the_rules_on_real_pages():
     """... and on the Markdown of real pages: the article-extraction benchmark's pages kept in
     the repo and the two Mozilla pages (tables, code)."""
-    from curation.io import extract_gold
-    from curation.text.markdown_plain import plain_view_by_rules
+    from curation.extract import gold as extract_gold
+    from curation.text.markup_reference import plain_view_by_rules
 
     pages = [p.html for p in extract_gold.aeb(FIX / "aeb_pages.tar.xz", FIX / "aeb_ground_truth.json.gz")]
     pages += [_fixture("mozilla_001_source.html.xz"), _fixture("mozilla_keep_tabular_data_source.html.xz")]
@@ -217,8 +218,8 @@ def test_plain_view_signals_match_text_format():
 
 def _fake_engines(monkeypatch, a: str, b: str) -> list[str]:
     calls: list[str] = []
-    monkeypatch.setitem(ex.ENGINES, "resiliparse", lambda h: calls.append("r") or a)
-    monkeypatch.setitem(ex.ENGINES, "trafilatura", lambda h: calls.append("t") or b)
+    monkeypatch.setitem(engines.ENGINES, "resiliparse", lambda h: calls.append("r") or a)
+    monkeypatch.setitem(engines.ENGINES, "trafilatura", lambda h: calls.append("t") or b)
     return calls
 
 
@@ -240,7 +241,7 @@ def test_union_order_and_no_duplicates():
 
 
 def test_route_runs_second_engine_only_where_it_wins(monkeypatch):
-    from curation.text import extraction
+    from curation.extract import engines as extraction
 
     calls = []
     monkeypatch.setitem(extraction.ENGINES, "trafilatura", lambda h: calls.append(1) or "second engine text")

@@ -1,6 +1,6 @@
 """Markdown through dedup (issue #53 item 3): the text field's mark (``refinery.markup``) survives
 every writer and every stage that rewrites the text, and a later run over the shards sees it;
-exact and near dedup key a Markdown page by its plain view (``markdown_plain.plain_view``), so
+exact and near dedup key a Markdown page by its plain view (``markup.plain_view``), so
 two copies that differ only in markup are duplicates, as their text extractions are, while the
 stored text stays the Markdown. Unmarked text is keyed as it always was."""
 
@@ -21,8 +21,9 @@ from curation.io.shards import replace_column
 from curation.stages import dedup_exact, dedup_minhash
 from curation.stages.dedup_exact import ExactDedup, KeysJob, apply_task, keys_task
 from curation.stages.dedup_minhash import MinHashDedup, SignatureJob, Verify, signature_task
-from curation.text.extraction import MARKUP_KEY, extract_page
-from curation.text.markdown_plain import markup_of, plain_view
+from curation.extract.engines import extract_page
+from curation.text.markup import MARKUP_KEY
+from curation.text.markup import markup_of, plain_view
 from curation.text.state import TextState
 
 MD_FIELD = pa.field("text", pa.string(), metadata={MARKUP_KEY: b"markdown"})

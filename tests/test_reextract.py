@@ -27,7 +27,7 @@ from curation.io.read import iter_read, read_shard
 from curation.io.records import Wanted, plan_reads, read_records
 from curation.stages.extract import Extract
 from curation.stages.reextract import Reextract
-from curation.text.extraction import decode_html, extract_page
+from curation.extract.engines import decode_html, extract_page
 from test_s3 import BUCKET, s3  # noqa: F401 (the S3 server fixture)
 
 WARCS = sorted((DATA / "warc").glob("*.warc.gz"))

@@ -11,21 +11,24 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """Replace ``path`` with ``text``: readers see the old content or the new, never a part.
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """A temporary sibling to write ``path`` through (for writers that take a file name, such as
+    the profiler's trace export), renamed into place when the block ends without an error.
 
-    The temporary file is a unique sibling (same directory, so the rename stays on one file
-    system and is atomic; unique, so two writers never share it). A write that fails midway
-    removes it and leaves ``path`` as it was; a process killed midway leaves ``path`` as it
-    was and a hidden ``.NAME.*.tmp`` beside it."""
+    The sibling is unique (same directory, so the rename stays on one file system and is
+    atomic; unique, so two writers never share it). A write that fails midway removes it and
+    leaves ``path`` as it was; a process killed midway leaves ``path`` as it was and a hidden
+    ``.NAME.*.tmp`` beside it."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
+        yield Path(tmp)
+        with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)  # mkstemp's 0600 would make results unreadable to others
         os.replace(tmp, path)
@@ -33,6 +36,13 @@ def write_text_atomic(path: str | Path, text: str) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    """Replace ``path`` with ``text``: readers see the old content or the new, never a part."""
+    with atomic_path(path) as tmp:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_TRUNC), "w") as f:
+            f.write(text)
 
 
 def truncate_jsonl(path: Path, before_step: int) -> None:

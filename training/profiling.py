@@ -21,12 +21,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from pathlib import Path
 
 import torch
 
-from training.files import write_text_atomic
+from training.files import atomic_path, write_text_atomic
 
 #: ops listed in the ``_ops.txt`` table
 TOP_OPS = 40
@@ -89,9 +88,8 @@ class StepProfiler:
     def _write(self, prof: torch.profiler.profile) -> None:
         stem = self.out / f"rank{self.rank}_steps{self.first}-{self.last}"
         trace = stem.with_suffix(".json")
-        part = trace.with_name(f".{trace.name}.part")  # renamed when whole: a kill never leaves half a trace
-        prof.export_chrome_trace(str(part))
-        os.replace(part, trace)
+        with atomic_path(trace) as part:  # renamed when whole: a kill never leaves half a trace
+            prof.export_chrome_trace(str(part))
         key = "self_device_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
         averages = prof.key_averages()
         table = averages.table(sort_by=key, row_limit=TOP_OPS)

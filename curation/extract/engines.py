@@ -3,19 +3,19 @@ extraction evals, ``reextract``) run. No Ray, no run directory: one page in, one
 
 ``extract_page(html, engines=..., format=..., policy=...)`` is the one entry point: ``format``
 ``"text"`` (plain main text, what ``extract`` always gave) or ``"markdown"`` (headings, lists,
-fenced code, tables as ``| a | b |`` rows, math as ``$…$``; see ``curation.text.markdown``);
-``policy`` says how several engines combine (``curation.text.engine_policy``)."""
+fenced code, tables as ``| a | b |`` rows, math as ``$…$``; see ``curation.extract.markdown``);
+``policy`` says how several engines combine (``curation.extract.policy``)."""
 
 from __future__ import annotations
 
 from contextlib import suppress
 from typing import Literal, Sequence
 
+from curation.text.markup import MARKUP_KEY  # noqa: F401 (what the extract stages write into the text field)
+
 Format = Literal["text", "markdown"]
 Policy = Literal["first", "longest", "union", "route"]
 FORMATS: tuple[str, ...] = ("text", "markdown")
-#: the text field's metadata key saying what ``extract`` wrote it in (``TextState.of`` reads it)
-MARKUP_KEY = b"refinery.markup"
 POLICIES: tuple[str, ...] = ("first", "longest", "union", "route")
 
 
@@ -52,7 +52,7 @@ def _trafilatura(html: str) -> str:
 
 
 def _resiliparse_markdown(html: str) -> str:
-    from curation.text.markdown import resiliparse_markdown
+    from curation.extract.markdown import resiliparse_markdown
 
     return resiliparse_markdown(html, RESILIPARSE_OPTIONS)
 
@@ -73,7 +73,7 @@ def _blocks(html: str) -> str:
 def _blocks_markdown(html: str) -> str:
     from curation.extract.main_content import extract_blocks
 
-    return extract_blocks(html, "markdown")
+    return extract_blocks(html, "markdown", markdown_options=RESILIPARSE_OPTIONS)
 
 
 #: engine -> page -> plain main text (``format: text``); ``blocks``: the project's learned
@@ -97,11 +97,6 @@ def engine_fn(engine: str, format: str = "text"):
         raise ValueError(f"unknown extraction engine {engine!r}; known: {sorted(table)}") from None
 
 
-def extract_text(html: str, engine: str = "resiliparse") -> str:
-    """One decoded page -> its main text with ``engine`` (a key of ``ENGINES``)."""
-    return engine_fn(engine, "text")(html)
-
-
 def extract_page(html: str, *, engines: Sequence[str] = ("resiliparse",), format: Format = "text",
                  policy: Policy = "first") -> str:
     """One decoded page -> its main content in ``format`` from ``engines`` combined by ``policy``:
@@ -111,9 +106,9 @@ def extract_page(html: str, *, engines: Sequence[str] = ("resiliparse",), format
     - ``union``: the first engine's paragraphs, then the others' paragraphs it lacks, each put
       after the last paragraph both share (no duplicates, the first engine's order);
     - ``route``: the first engine, and the second only on pages whose cheap facts say it wins
-      (``engine_policy.route_second``).
+      (``policy.route_second``).
     """
-    from curation.text.engine_policy import combine
+    from curation.extract.policy import combine
 
     if not engines:
         raise ValueError("extract_page: no engines given")

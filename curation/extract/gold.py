@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from curation.io.evalsets import open_text
-from curation.text.extraction import decode_html
+from curation.extract.engines import decode_html
 
 GOLD_SETS = ("aeb", "trafilatura", "readability", "wcxb")
 #: the files each named set is read from, under the data folder

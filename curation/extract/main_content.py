@@ -132,25 +132,28 @@ def meta_description(root) -> str:
     return best
 
 
-def extract_blocks(html: str, format: str = "text", model: BlockModel | None = None) -> str:
-    """One decoded page -> its main content (module docstring)."""
+def extract_blocks(html: str, format: str = "text", model: BlockModel | None = None,
+                   markdown_options: dict | None = None) -> str:
+    """One decoded page -> its main content (module docstring). ``markdown_options``: the
+    Markdown writer's resiliparse options (main-content detection is turned off: the blocks
+    are decided here)."""
     page = page_blocks(html)
     if not page.texts:
         return meta_description(page.root)
-    keep = (model or load_model()).scores(page) >= (model or load_model()).threshold
+    model = model or load_model()
+    keep = model.scores(page) >= model.threshold
     if format == "markdown":
-        return _markdown(page, keep)
+        return _markdown(page, keep, markdown_options or {})
     return "\n".join(t for t, k in zip(page.texts, keep) if k)
 
 
-def _markdown(page: Page, keep: np.ndarray) -> str:
+def _markdown(page: Page, keep: np.ndarray, options: dict) -> str:
     from lxml import etree
 
-    from curation.text.extraction import RESILIPARSE_OPTIONS
-    from curation.text.markdown import resiliparse_markdown
+    from curation.extract.markdown import resiliparse_markdown
 
     if not keep.any():
         return ""
     prune(page, keep)
     html = etree.tostring(page.root, encoding="unicode", method="html")
-    return resiliparse_markdown(html, {**RESILIPARSE_OPTIONS, "main_content": False})
+    return resiliparse_markdown(html, {**options, "main_content": False})

@@ -87,12 +87,6 @@ def _table_markdown(table_html: str) -> str | None:
     return "\n".join(rows)
 
 
-def _mark_tables(html: str, out: list[str]) -> str:
-    """``html`` with each innermost data table replaced by a placeholder paragraph (its Markdown
-    appended to ``out``); ``_mark`` from the start."""
-    return _mark(html, out, 0)[0]
-
-
 def _mark(html: str, out: list[str], begin: int) -> tuple[str, bool]:
     """``html`` with each innermost data table replaced by a placeholder paragraph (its Markdown
     appended to ``out``), and whether it has math markers: one scan of ``_MARKS`` from ``begin``.

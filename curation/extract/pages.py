@@ -1,7 +1,7 @@
 """A batch of pages -> main texts, one reason per page that gave none: what ``extract`` does to
 its WARC rows and ``reextract`` to the records it re-reads, with per-page time limits.
 
-``extract_pages(htmls, charsets, ...)`` decodes each page (``extraction.decode_html``),
+``extract_pages(htmls, charsets, ...)`` decodes each page (``engines.decode_html``),
 extracts it (``extraction.extract_page``) and returns ``(texts, reasons)``, reasons being
 ``PREFIX:empty_html``, ``PREFIX:no_text``, ``PREFIX:timeout`` or ``PREFIX:error:TYPE`` (null:
 kept). A parser bug on one page never ends the batch.
@@ -18,7 +18,8 @@ from typing import Callable, Iterator, Literal, Sequence
 import pyarrow as pa
 from pydantic import BaseModel, Field, model_validator
 
-from curation.text.extraction import ENGINES, MARKUP_KEY, decode_html, extract_page
+from curation.extract.engines import ENGINES, decode_html, extract_page
+from curation.text.markup import MARKUP_KEY
 
 
 class ExtractionTimeout(Exception):

@@ -10,7 +10,7 @@ a page type, a language.
   as ``tests/test_extract.py`` states it). WCXB's pages are scored its way (``scoring="wcxb"``):
   the words are lowercased ``\w+`` tokens, and a page with no gold words scores 1 only when
   nothing is extracted (its ``evaluate.py``; 21 of the 1,497 dev pages). Markdown output is scored on its plain view (markup
-  stripped, ``curation.text.markdown_plain``), so ``#``, ``|`` and ``-`` are not counted as words.
+  stripped, ``curation.text.markup``), so ``#``, ``|`` and ``-`` are not counted as words.
   The gold text: the set's gold body, or the text of the gold HTML (``Structure.text``).
 - **Snippets** (``snippet_rates``, the trafilatura set): ``with`` = share of the must-have
   snippets found in the output, ``without`` = share of the boilerplate snippets absent from it;

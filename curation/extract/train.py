@@ -75,7 +75,7 @@ class Dataset:
 
 
 def dataset(pages: Sequence, progress: Callable[[int], None] | None = None) -> Dataset:
-    """Blocks and labels of gold pages (``curation.io.extract_gold.GoldPage`` with a gold text)."""
+    """Blocks and labels of gold pages (``curation.extract.gold.GoldPage`` with a gold text)."""
     xs, ys, gs, ts, sites = [], [], [], [], []
     site_ids: dict[str, int] = {}
     for k, p in enumerate(pages):
@@ -159,16 +159,16 @@ def decide(texts: Sequence[str], scores: np.ndarray, threshold: float) -> str:
 def train_from_gold(gold: Sequence[str], out: str, folds: int = 5, cv: bool = False, seed: int = 0,
                     limit: int | None = None, log: Callable[[str], None] = print) -> dict:
     """``refinery extract train``: the block model fitted on gold sets (names of
-    ``curation.io.extract_gold`` or ``{html, gold}`` JSONL files), written to ``out``; with ``cv``
+    ``curation.extract.gold`` or ``{html, gold}`` JSONL files), written to ``out``; with ``cv``
     the out-of-fold word F1 per gold set and page type first (the honest figure). Returns the
     model card (also stored in the model file as ``trained_on``)."""
-    from curation.io.extract_gold import load
-    from curation.text.extract_eval import word_prf
+    from curation.extract.gold import load
+    from curation.extract.scores import word_prf
 
     pages = [p for g in gold for p in load(g)[:limit] if p.text is not None or p.gold_html is not None]
     for p in pages:
         if p.text is None:  # gold HTML: its text
-            from curation.text.extract_eval import gold_structure
+            from curation.extract.scores import gold_structure
 
             p.text = gold_structure(p.gold_html).text
     if len(pages) < max(folds, 2):

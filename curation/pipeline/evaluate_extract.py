@@ -1,7 +1,7 @@
 """``refinery eval extract``: extraction engines measured side by side (the measures are
-``curation.text.extract_eval``'s; this module finds the pages, runs the engines, writes reports).
+``curation.extract.scores``'s; this module finds the pages, runs the engines, writes reports).
 
-- Against gold (``eval_extract``): the gold sets of ``curation.io.extract_gold`` (``aeb``,
+- Against gold (``eval_extract``): the gold sets of ``curation.extract.gold`` (``aeb``,
   ``trafilatura``, ``readability``, a user's ``{html, gold}`` JSONL); per engine spec and set,
   word P/R/F1, snippet rates, code lines / table rows / headings / list items kept, the same per
   page type and per language, and docs/s per core (CPU time of the extraction calls alone).
@@ -38,7 +38,7 @@ SAMPLE = "_eval_extract_sample.md"
 def parse_engine_spec(spec: str) -> dict:
     """``ENGINE[+ENGINE...][:FORMAT][:POLICY]`` or ``policy:POLICY[:FORMAT]`` -> ``extract_page``
     keyword arguments (see module docstring); ``EvalError`` naming what is wrong."""
-    from curation.text.extraction import ENGINES, FORMATS, POLICIES, POLICY_ENGINES
+    from curation.extract.engines import ENGINES, FORMATS, POLICIES, POLICY_ENGINES
 
     head, *rest = spec.strip().split(":")
     if head == "policy":
@@ -77,7 +77,7 @@ _PAGES: list[str] = []  # the pages a forked worker extracts (set before the poo
 
 
 def _extract_chunk(args: tuple[int, int, dict]) -> tuple[list[str], list[float], int]:
-    from curation.text.extraction import extract_page
+    from curation.extract.engines import extract_page
 
     lo, hi, kw = args
     outs, cpu, errors = [], [], 0
@@ -98,7 +98,7 @@ def run_engines(htmls: list[str], specs: dict[str, dict], workers: int = 1) -> d
     the process that extracted it, so docs/s per core does not depend on ``workers``."""
     import pyarrow as pa
 
-    from curation.text.markdown_plain import plain_view
+    from curation.text.markup import plain_view
 
     global _PAGES
     _PAGES = htmls
@@ -139,8 +139,8 @@ def eval_extract(gold: Sequence[str], engines: Sequence[str], json_out: str | No
                  limit: int | None = None, workers: int = 1) -> dict:
     """Each engine spec over each gold set (module docstring); the report goes to ``json_out``
     (default ``eval-extract.json``)."""
-    from curation.io.extract_gold import load
-    from curation.text import extract_eval as xe
+    from curation.extract.gold import load
+    from curation.extract import scores as xe
 
     specs = parse_engine_specs(engines)
     pages = [p for g in gold for p in load(g)[:limit]]
@@ -297,8 +297,8 @@ def eval_extract_ab(stage_spec: str, engines: Sequence[str], limit: int = 1000, 
                     workers: int = 1, json_out: str | None = None) -> dict:
     """The engine specs side by side on a run's extract stage's pages (module docstring):
     report ``RUN/STAGE/_eval_extract.json``, sample ``RUN/STAGE/_eval_extract_sample.md``."""
-    from curation.text import extract_eval as xe
-    from curation.text.extraction import decode_html
+    from curation.extract import scores as xe
+    from curation.extract.engines import decode_html
 
     specs = parse_engine_specs(engines)
     target = open_target(stage_spec)
@@ -359,7 +359,7 @@ def eval_extract_ab(stage_spec: str, engines: Sequence[str], limit: int = 1000, 
 
 
 def _sample_text(label: str, a: str, b: str, docs: list[dict], ran: dict, diff: list[tuple[int, float]]) -> str:
-    from curation.text import extract_eval as xe
+    from curation.extract import scores as xe
 
     out = [f"# {label}: where {a} and {b} differ most", "",
            f"{len(diff)} pages, the most different first (disagreement = 1 - F1 of their words). "

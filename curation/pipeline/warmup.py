@@ -39,7 +39,7 @@ def warm_kernels() -> dict[str, float]:
     from curation.quality.classifier import load_scorer, train_quality_classifier
     from curation.stages.filters import C4QualityFilter, FineWebQualityFilter, GopherQualityFilter, GopherRepetitionFilter
     from curation.stages.langid import LanguageId
-    from curation.text.markdown_plain import plain_view
+    from curation.text.markup import plain_view
 
     texts = _sample_texts()
     batch = pa.table({"id": [str(i) for i in range(len(texts))], "text": texts})
@@ -54,7 +54,7 @@ def warm_kernels() -> dict[str, float]:
     took["minhash"] = time.perf_counter() - t0
     t0 = time.perf_counter()  # format: markdown's plain view (what the filters and dedup measure)
     plain_view(pa.array(["# Head\n\n| a | b |\n| --- | --- |\n- **x** *y* $z$ \\* ```"] + texts))
-    took["markdown_plain"] = time.perf_counter() - t0
+    took["markup"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:  # a throwaway model: only the kernels' types matter
         labels = Path(tmp) / "labels.txt"

@@ -8,7 +8,7 @@ A key is two 64-bit hashes of the normalised text (NFKC, casefold, whitespace ru
 of the whole document (``level: document``) or of each non-blank line (``level: paragraph``;
 lines are paragraphs in extracted web text, as in cc_net). See ``curation.dedup.exact``.
 Markdown (``extract: {format: markdown}``, said by the text field's metadata) is keyed by its
-plain view (``curation.text.markdown_plain``): two copies of a page that differ only in markup
+plain view (``curation.text.markup``): two copies of a page that differ only in markup
 are duplicates, as their text extractions are. The view is line for line, so a paragraph key
 names the Markdown line that is removed; the stored text is unchanged.
 
@@ -58,7 +58,7 @@ from curation.io.shards import block_name, blocks, replace_column, split_kept_re
 from curation.stages.base import GlobalStage, Resources, registry
 from curation.stages.paths import PathStr
 from curation.stages.context import GroupedOutputs, StageContext, block_outputs, output_keys
-from curation.text.markdown_plain import markup_of, plain_texts
+from curation.text.markup import markup_of, plain_texts
 
 
 #: Bump when keys or the choice of duplicates change for the same parameters.

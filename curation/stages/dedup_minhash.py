@@ -9,7 +9,7 @@ Phases, each a set of Ray tasks whose output does not depend on the worker count
 
 1. signatures (one task per block of upstream shards, ``curation.io.shards.blocks``): MinHash
    signatures of word n-grams (``curation.dedup.minhash``; Markdown's of its plain view,
-   ``curation.text.markdown_plain``, here and in every Jaccard after), cut into ``bands`` x ``rows``
+   ``curation.text.markup``, here and in every Jaccard after), cut into ``bands`` x ``rows``
    (chosen for ``threshold`` by minimising the weighted false positive / negative areas, as
    datasketch does). Writes ``buckets/<block>.parquet`` (band, bucket hash, doc) sorted by
    partition = prefix of the bucket hash (and, for ``keep: highest_quality``,
@@ -88,7 +88,7 @@ from curation.dedup.minhash import (
 from curation.stages.base import GlobalStage, Resources, registry
 from curation.stages.paths import PathStr
 from curation.stages.context import GroupedOutputs, StageContext, block_outputs, output_keys
-from curation.text.markdown_plain import markup_of, plain_texts
+from curation.text.markup import markup_of, plain_texts
 
 #: Bump when buckets, edges or the choice of keepers change for the same parameters.
 #: 2: bucket files indexed by partition; 3: one per block, no signature files; 4: Markdown (the text
@@ -149,7 +149,7 @@ def signature_task(job: SignatureJob) -> dict:
         batch = pa.Table.from_batches(pending).combine_chunks()
         pending.clear()
         pending_rows = 0
-        # Markdown's shingles are its plain view's words (``markdown_plain``), not its markup
+        # Markdown's shingles are its plain view's words (``markup``), not its markup
         sig, n = job.hasher.signatures(plain_texts(batch.column("text"), markup_of(batch.schema.field("text"))))
         doc = np.arange(job.first_doc + lo, job.first_doc + lo + batch.num_rows, dtype=np.int64)
         lo += batch.num_rows

@@ -1,5 +1,6 @@
-"""HTML -> main text. Resiliparse (C++, default) or trafilatura (Python, slower, option), as plain
-text or Markdown (``format``), one engine (``engine``) or several combined (``engines`` + ``policy``)."""
+"""HTML -> main text (``curation.extract``): resiliparse (C++, default), trafilatura (Python,
+slower) or ``blocks`` (the project's learned main-content decision), as plain text or Markdown
+(``format``), one engine (``engine``) or several combined (``engines`` + ``policy``)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,7 @@ from typing import ClassVar, Literal
 import pyarrow as pa
 
 from curation.stages.base import MapStage, StageResult, registry
-# ENGINES and decode_html stay reachable here: tests and bench_kernels_vs_commit patch and call
-# them through the stage module (an older commit's module has them here too)
-from curation.text.extraction import ENGINES, decode_html  # noqa: F401
-from curation.text.extract_pages import ExtractOptions
+from curation.extract.pages import ExtractOptions
 
 
 @registry.register("extract")

@@ -67,10 +67,5 @@ class PathParam:
         return guard(value, info.field_name or "path")
 
 
-def is_path_param(metadata: list[Any]) -> bool:
-    """Whether a field's metadata (``FieldInfo.metadata``) declares it a path."""
-    return any(isinstance(m, PathParam) for m in metadata)
-
-
 #: a parameter that is always a file or directory
 PathStr = Annotated[str, PathParam()]

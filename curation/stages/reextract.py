@@ -35,7 +35,7 @@ from curation.formats.documents import ORIGIN_COLUMNS
 from curation.io.records import DEFAULT_MAX_GAP, DEFAULT_MAX_SCAN_BYTES, Wanted, read_records
 from curation.io.shards import blocks
 from curation.stages.base import MapStage, StageResult, registry
-from curation.text.extract_pages import ExtractOptions
+from curation.extract.pages import ExtractOptions
 
 log = logging.getLogger(__name__)
 

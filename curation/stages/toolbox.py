@@ -62,7 +62,7 @@ def _file_ids(paths: list[str]) -> list[dict[str, str]]:
 def _rewritten_state(old: pa.Array, new: pa.Array, text: TextState | None, field: pa.Field) -> TextState:
     """The state of ``new``: known word counts carried over where the text is unchanged, the
     markup (Markdown or text) the state or the text ``field`` says."""
-    from curation.text.markdown_plain import markup_of  # noqa: PLC0415
+    from curation.text.markup import markup_of  # noqa: PLC0415
     from curation.text.state import TextState  # noqa: PLC0415 (the text layer loads compiled code)
 
     if text is None:

@@ -1,8 +1,8 @@
-"""Compiled (numba) loop under ``markdown_plain.plain_view``: the Markdown -> plain view rules
+"""Compiled (numba) loop under ``markup.plain_view``: the Markdown -> plain view rules
 over each text's bytes, the line rules in one pass over its lines (a line holding no mark is
 copied whole), each text-wide rule from one of its bytes to the next.
 
-The rules are ``markdown_plain._RULES`` (RE2 patterns, applied in order through Arrow): that
+The rules are ``markup.RULES`` (RE2 patterns, applied in order through Arrow): that
 regex chain is the reference, and ``tests/test_extract_markdown.py`` holds the two equal on
 real pages and on random markup. It cost ~120 us a page (a dozen RE2 passes, ~50 MB/s), paid
 again by every stage that measures or keys a Markdown batch (repetition, FineWeb after C4's
@@ -87,7 +87,7 @@ def _cut(x, L, cs, ce):
 
 @njit(cache=True, nogil=True)
 def _line_rules(x, L):
-    """The line rules, in ``_RULES``' order, on one line x[:L] in place; the new length. Each
+    """The line rules, in ``RULES``' order, on one line x[:L] in place; the new length. Each
     is line-local (none reaches past a newline), so rule by rule over a line is rule by rule
     over the text."""
     for rule in range(4):  # fences, separator rows, a row's first pipe, a row's last pipe
@@ -347,7 +347,7 @@ def _escapes(a, n, b):
 @njit(cache=True, nogil=True)
 def _plain_one(a, n, b, line, line_mark, text_mark):
     """One text a[:n] -> its plain view in a[:m] (b, line: scratch); returns m. The rules in
-    ``markdown_plain._RULES``' order (each sees the one before's output); a text-wide rule runs
+    ``markup.RULES``' order (each sees the one before's output); a text-wide rule runs
     only on a text holding its byte (none of them makes one)."""
     m, flags = _lines(a, n, b, line, line_mark, text_mark)
     src, dst = b, a

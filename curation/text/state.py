@@ -56,7 +56,7 @@ class TextState:
     @classmethod
     def of(cls, batch: pa.Table, column: str = "text") -> TextState:
         """The state of a table's text column (Markdown where its field's metadata says so)."""
-        from curation.text.markdown_plain import markup_of
+        from curation.text.markup import markup_of
 
         return cls(text_column(batch, column), markup=markup_of(batch.schema.field(column)))
 
@@ -81,11 +81,11 @@ class TextState:
 
     @property
     def plain(self) -> pa.Array:
-        """The texts without their markup, for measuring (``markdown_plain.plain_view``; line for
+        """The texts without their markup, for measuring (``markup.plain_view``; line for
         line, so line signals count the same lines); the texts themselves when they are plain."""
         if self.markup == "text":
             return self.texts
-        from curation.text.markdown_plain import plain_view
+        from curation.text.markup import plain_view
 
         return self._cached("plain", lambda: plain_view(self.texts))
 

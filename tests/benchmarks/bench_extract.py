@@ -37,6 +37,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from curation.extract import engines  # noqa: E402
 from curation.stages import extract as ex  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------
@@ -128,9 +129,9 @@ SKIP = ["figure", "figcaption", "aside", "nav", "footer", "form", "button"]
 
 #: (name, what it is, function). The first two are exactly what extract.py runs.
 VARIANTS = [
-    ("resiliparse", "ours: main_content=True, alt_texts=False", ex.ENGINES["resiliparse"]),
+    ("resiliparse", "ours: main_content=True, alt_texts=False", engines.ENGINES["resiliparse"]),
     ("trafilatura", "ours: include_comments/tables=False, favor_precision=False, deduplicate=False",
-     ex.ENGINES["trafilatura"]),
+     engines.ENGINES["trafilatura"]),
     ("r:alt_texts", "resiliparse main_content=True (alt_texts left on)", _resiliparse(alt_texts=True)),
     ("r:fmt=False", "ours + preserve_formatting=False", _resiliparse(preserve_formatting=False)),
     ("r:bullets=False", "ours + list_bullets=False", _resiliparse(list_bullets=False)),
@@ -164,7 +165,7 @@ def section_quality() -> None:
     pages, gold = load_aeb()
     print(f"== 1. Extraction quality: article-extraction-benchmark, {len(pages)} pages with gold articleBody ==")
     t0 = time.perf_counter()
-    htmls = {k: ex.decode_html(b, None) for k, b in pages.items()}
+    htmls = {k: engines.decode_html(b, None) for k, b in pages.items()}
     print(f"decode_html (charset detection + decode): {len(pages) / (time.perf_counter() - t0):.0f} docs/s "
           f"(not included below; engines get the decoded str)")
     print("P/R/F1 = mean over pages of per-page bag-of-whitespace-token scores; micro = summed counts; "
@@ -222,7 +223,7 @@ def section_heldout(names: list[str]) -> None:
             if m.isfile() and Path(m.name).name in wanted:
                 pages[Path(m.name).name] = tf.extractfile(m).read()
     items = [v for v in evaldata.values() if v["file"] in pages]
-    htmls = {v["file"]: ex.decode_html(pages[v["file"]], None) for v in items}
+    htmls = {v["file"]: engines.decode_html(pages[v["file"]], None) for v in items}
     norm = lambda s: " ".join(s.split())  # noqa: E731
     print(f"== 1b. Held-out check: trafilatura eval set, {len(items)} pages with must-have / must-not snippets ==")
     head = f"{'engine':<18} {'prec':>6} {'recall':>6} {'F1':>6} {'acc':>6} | {'docs/s':>7}"

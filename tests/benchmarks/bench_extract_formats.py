@@ -2,9 +2,9 @@
 
 ``--formats``: word F1 (bag of whitespace tokens, as bench_extract.py) on the article-extraction
 benchmark's 181 gold pages and on Mozilla readability's 130 (``expected.html`` text), plus
-structure kept on the Mozilla set: code lines and table rows as ``curation.text.extract_eval``
+structure kept on the Mozilla set: code lines and table rows as ``curation.extract.scores``
 defines them (``refinery eval extract`` reports the same, and more); docs/s on one core. Markdown
-is scored on its plain view (``markdown_plain.plain_view``) for words, on its own lines for structure.
+is scored on its plain view (``markup.plain_view``) for words, on its own lines for structure.
 
 ``--speed``: ``extract``'s batch call (``extract_pages``: decode + extract, the stage's per-page
 limits) on the real pages of ``shared/data/html`` (``bench_scale.load_pages``), ``format: text``
@@ -40,10 +40,10 @@ for p in (str(REPO), str(REPO / "tests" / "benchmarks")):
 import pyarrow as pa  # noqa: E402
 
 from bench_scale import load_pages  # noqa: E402
-from curation.io import extract_gold  # noqa: E402
-from curation.text import extract_eval as xe  # noqa: E402
-from curation.text.extraction import decode_html, extract_page  # noqa: E402
-from curation.text.markdown_plain import plain_view  # noqa: E402
+from curation.extract import gold as extract_gold  # noqa: E402
+from curation.extract import scores as xe  # noqa: E402
+from curation.extract.engines import decode_html, extract_page  # noqa: E402
+from curation.text.markup import plain_view  # noqa: E402
 
 CONFIGS = {  # name -> extract_page kwargs
     "text": dict(format="text"),
@@ -58,8 +58,8 @@ CONFIGS = {  # name -> extract_page kwargs
 
 
 def formats(names: list[str]) -> None:
-    """The gold sets and measures of ``refinery eval extract`` (curation.io.extract_gold,
-    curation.text.extract_eval), in this script's one-line-per-config layout."""
+    """The gold sets and measures of ``refinery eval extract`` (curation.extract.gold,
+    curation.extract.scores), in this script's one-line-per-config layout."""
     aeb, moz = extract_gold.load("aeb"), extract_gold.load("readability")
     moz_gold = [xe.gold_structure(p.gold_html) for p in moz]
     print(f"{'config':16} {'aeb F1':>7} {'moz F1':>7} {'code':>6} {'rows':>6} {'docs/s':>7} {'tokens':>9}")
@@ -87,7 +87,7 @@ def formats(names: list[str]) -> None:
 
 def speed(limit: int, rounds: int, chunk: int) -> None:
     """docs/s of ``extract_pages`` in ``format: text`` and ``format: markdown``, alternating."""
-    from curation.text.extract_pages import extract_pages
+    from curation.extract.pages import extract_pages
 
     pages = [b for _, b in load_pages()[:limit]]
     charsets = [None] * len(pages)
@@ -195,8 +195,8 @@ def steps(limit: int, rounds: int, chunk: int, gold: bool) -> None:
     from resiliparse.extract.html2text import extract_plain_text
     from resiliparse.parse.html import HTMLTree
 
-    from curation.text import markdown as md
-    from curation.text.extraction import RESILIPARSE_OPTIONS as opts
+    from curation.extract import markdown as md
+    from curation.extract.engines import RESILIPARSE_OPTIONS as opts
 
     pages = _gold_pages() if gold else [decode_html(b, None) for _, b in load_pages()]
     pages = pages[:limit]

@@ -117,12 +117,19 @@ def compare_extract(old_ex, which: str, repeat: int) -> None:
         return [(r.table.column("text").to_pylist(), r.reasons.to_pylist()) for r in map(stage.process, batches)]
 
     compare("extract stage (resiliparse)", lambda: run(new_stage), lambda: run(old_stage), len(html), repeat)
-    real = new_ex.ENGINES["resiliparse"], old_ex.ENGINES["resiliparse"]
-    new_ex.ENGINES["resiliparse"] = old_ex.ENGINES["resiliparse"] = lambda s: s[:200]
+    from curation.extract import engines as new_engines
+
+    # the engine table: curation.extract.engines (an old stage module imports this tree's, or
+    # re-exports its own ENGINES, as commits before the extract package did)
+    tables = [new_engines.ENGINES] + ([old_ex.ENGINES] if hasattr(old_ex, "ENGINES") else [])
+    real = [t["resiliparse"] for t in tables]
+    for t in tables:
+        t["resiliparse"] = lambda s: s[:200]
     try:
         compare("extract stage besides the parser", lambda: run(new_stage), lambda: run(old_stage), len(html), repeat)
     finally:
-        new_ex.ENGINES["resiliparse"], old_ex.ENGINES["resiliparse"] = real
+        for t, r in zip(tables, real):
+            t["resiliparse"] = r
 
 
 def same(a, b) -> bool:

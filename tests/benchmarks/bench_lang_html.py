@@ -42,7 +42,7 @@ from real_corpus import SHARED_DATA  # noqa: E402
 import curation.stages  # noqa: E402,F401  registers the stages
 from curation.pipeline.evaluate import chain_kept  # noqa: E402
 from curation.stages.calibrate import REPORT, CalibrateRules  # noqa: E402
-from curation.text.extraction import _resiliparse, decode_html  # noqa: E402
+from curation.extract.engines import _resiliparse, decode_html  # noqa: E402
 from curation.stages.filters import FineWebQualityFilter, GopherQualityFilter, GopherRepetitionFilter  # noqa: E402
 from curation.text import lang_rules  # noqa: E402
 

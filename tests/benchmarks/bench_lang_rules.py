@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from real_corpus import SHARED_DATA  # noqa: E402
 
-from curation.text.extraction import _resiliparse, decode_html  # noqa: E402
+from curation.extract.engines import _resiliparse, decode_html  # noqa: E402
 from curation.stages.filters import (FineWebQualityFilter, GopherQualityFilter,  # noqa: E402
                                      GopherRepetitionFilter)
 from curation.stages.langid import LanguageId  # noqa: E402

@@ -4,7 +4,7 @@
 Markdown (``extract_page(format="markdown")``; 1,504 pages give Markdown, so ~500 are taken twice), then, on one 2,000-document batch as ``exact_dedup``'s keys
 phase and ``minhash_dedup``'s signatures phase see it: exact document keys, exact paragraph keys
 and MinHash signatures (the stage's defaults) of the raw Markdown against those of its plain view
-(``markdown_plain.plain_texts``, what the stages now hash), and the plain view alone. Raw and
+(``markup.plain_texts``, what the stages now hash), and the plain view alone. Raw and
 plain alternate within every round (this VM's cores change speed from second to second); the
 figure is the median over rounds. ``format: text`` shards pay nothing: their texts are hashed as
 they are (``plain_texts`` returns them).
@@ -30,8 +30,8 @@ import pyarrow as pa  # noqa: E402
 from bench_scale import load_pages  # noqa: E402
 from curation.dedup.exact import text_keys  # noqa: E402
 from curation.stages.dedup_minhash import MinHashDedup  # noqa: E402
-from curation.text.extraction import decode_html, extract_page  # noqa: E402
-from curation.text.markdown_plain import plain_texts  # noqa: E402
+from curation.extract.engines import decode_html, extract_page  # noqa: E402
+from curation.text.markup import plain_texts  # noqa: E402
 
 
 def markdown_pages(n: int) -> pa.Array:

@@ -123,7 +123,7 @@ def load_pages() -> list[tuple[str, bytes]]:
 def page_text(html: bytes) -> str | None:
     """A page's text as the extract stage makes it (decode + resiliparse, same options); None
     when the extractor refuses the page (extract rejects it)."""
-    from curation.text.extraction import _resiliparse, decode_html
+    from curation.extract.engines import _resiliparse, decode_html
 
     try:
         return _resiliparse(decode_html(html, None)).strip()

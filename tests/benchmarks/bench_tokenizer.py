@@ -81,7 +81,7 @@ def _lingua() -> tuple[list[str], list[str]]:
 
 
 def _html_pages() -> list[str]:
-    from curation.text.extraction import _resiliparse, decode_html
+    from curation.extract.engines import _resiliparse, decode_html
 
     docs = []
     for name, keep in (("trafilatura_eval_and_cache_pages.tar.xz", lambda n: "/eval/" in n or "/cache/" in n),

@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT / "tests" / "benchmarks"))
 
 from real_corpus import SHARED_DATA  # noqa: E402
 
-from curation.text.extraction import _resiliparse, decode_html  # noqa: E402
+from curation.extract.engines import _resiliparse, decode_html  # noqa: E402
 from curation.stages.langid import LanguageId  # noqa: E402
 
 TRAF = "trafilatura_eval_and_cache_pages.tar.xz"
