@@ -1,6 +1,7 @@
 """Pipeline parallelism (``parallel.pp``) on CPU over gloo, against one process.
 
-- the trainer under torchrun with pp 2 (GPipe, 1F1B, interleaved 1F1B: 2 stages per rank) trains
+- the trainer under torchrun with pp 2 (GPipe, 1F1B, interleaved 1F1B: 2 stages per rank; 1F1B also
+  under selective activation checkpointing and torch.compile) trains
   like one process: the loss and the grad norm of every step, and the held-out loss, agree to
   ~1e-6 (float32); both stages read the single process's rows and tokens are counted once;
 - PP=2 x FSDP=2 (4 processes) and TP=2 x PP=2 x FSDP=2 (8 processes): the same, each
@@ -116,6 +117,20 @@ def test_pp2_with_fsdp2_trains_like_one_process(single):
         assert split[step, 0] == split[step, 2] and split[step, 1] == split[step, 3]
         assert not set(split[step, 0]) & set(split[step, 1])
         assert sorted(split[step, 0] + split[step, 1]) == sorted(whole[step, 0])
+
+
+def test_pp2_under_selective_ac_and_compile_trains_like_one_process(single):
+    """The stages' blocks are checkpoint-wrapped and compiled (keys and names unchanged)."""
+    tmp, packs = single
+    torchrun(config(tmp, packs, "pp2-ac-compile"), "parallel.pp=2", "parallel.ac=selective", "train.compile=true",
+             "train.stop_at_step=3", timeout=600)
+    start = records(tmp / "pp2-ac-compile", "event")[0]
+    assert start["compile"] and start["activation_checkpointing"] == "selective"
+    one, got = records(tmp / "single")[:3], records(tmp / "pp2-ac-compile")
+    diffs = [(abs(a["loss_step"] - b["loss_step"]), abs(a["grad_norm"] - b["grad_norm"])) for a, b in zip(one, got)]
+    print(f"\nPP=2 + selective AC + compile vs 1 process: max |loss diff| {max(d[0] for d in diffs):.2e}, "
+          f"max |grad-norm diff| {max(d[1] for d in diffs):.2e}")
+    assert len(got) == 3 and all(dl <= 1e-5 * 6 and dg <= 1e-5 * 2 for dl, dg in diffs), diffs
 
 
 def test_tp2_pp2_fsdp2_trains_like_one_process(single):
