@@ -25,6 +25,8 @@ on different ranks.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn as nn
 
@@ -189,7 +191,9 @@ class Pipeline:
         schedule = self._schedule(True, len(micro), tuple(micro[0].inputs.shape))
         args, kwargs, target = self._inputs(micro, loss_chunk_tokens)
         self.scale, self._losses = scale, []
-        schedule.step(*args, target=target, return_outputs=False, **kwargs)
+        # Older torch has no return_outputs (it then concatenates the (1,) losses: harmless).
+        quiet = {"return_outputs": False} if "return_outputs" in inspect.signature(schedule.step).parameters else {}
+        schedule.step(*args, target=target, **quiet, **kwargs)
         return self._summed(len(micro))
 
     @torch.no_grad()
