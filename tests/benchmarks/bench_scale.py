@@ -520,7 +520,8 @@ def _hwm_mb() -> float:
 
 
 def dag_spec(warc: str, mode: str, split_mb: int, docs: int, workers: int) -> dict:
-    stages = {"extract": {"type": "extract", "input": "crawl", "engine": "resiliparse",
+    stages = {"extract": {"type": "extract", "input": "crawl",
+                          "engine": os.environ.get("BENCH_SCALE_ENGINE", "resiliparse"),  # --engine
                           "format": os.environ.get("BENCH_SCALE_FORMAT", "text")}}  # --format
     if mode == "full":
         stages.update({
@@ -589,7 +590,8 @@ def run_one(mode: str, warc_facts: dict, workers: int, split_mb: int, out_json: 
 
     fmt = os.environ.get("BENCH_SCALE_FORMAT", "text")
     me = f"{mode}-{fmt}"  # this run's name at the side-by-side barrier (two modes, or two formats)
-    res: dict = {"mode": mode, "format": fmt, "workers": workers, "split_mb": split_mb, "input_bytes": warc_facts["bytes"],
+    res: dict = {"mode": mode, "format": fmt, "engine": os.environ.get("BENCH_SCALE_ENGINE", "resiliparse"),
+                 "workers": workers, "split_mb": split_mb, "input_bytes": warc_facts["bytes"],
                  "inflate": "isal" if fast_inflate() else "zlib",
                  "docs": warc_facts["responses"]}
     with tempfile.TemporaryDirectory(dir=bench_root()) as tmp:
@@ -824,6 +826,8 @@ def main() -> None:
                          "between the two runs of a pair)")
     ap.add_argument("--format", choices=["text", "markdown"], default="text",
                     help="the extract stage's format (its runs inherit it through BENCH_SCALE_FORMAT)")
+    ap.add_argument("--engine", choices=["resiliparse", "trafilatura", "blocks"], default="resiliparse",
+                    help="the extract stage's engine (its runs inherit it through BENCH_SCALE_ENGINE)")
     ap.add_argument("--formats", metavar="A,B",
                     help="with --only and --side-by-side: the --only mode once per extract format, the two at the "
                          "same time (e.g. text,markdown: format: markdown's full DAG against text's under the same "
@@ -833,6 +837,7 @@ def main() -> None:
     a = ap.parse_args()
     if not a.one:
         os.environ["BENCH_SCALE_FORMAT"] = a.format
+        os.environ["BENCH_SCALE_ENGINE"] = a.engine
     if a.one:
         warm = json.loads(Path(a.warm_facts).read_text()) if a.warm_facts else None
         run_one(a.one[0], json.loads(Path(a.one[1]).read_text()), a.workers, a.split_mb, a.one[2], warm)
