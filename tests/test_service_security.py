@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -824,6 +825,156 @@ def test_refinery_delete_a_local_run(tmp_path):
     p = _cli("delete", str(runs / "svc_done"))
     assert p.returncode == 0 and not (runs / "svc_done").exists(), p.stderr
     assert _cli("delete", str(runs / "nothing")).returncode == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 62: runs with quotas: disk (the run stops itself), memory (kernel + the service), time
+
+
+def _random_docs(path: Path, n: int, chars: int = 3200) -> None:
+    """Documents of random words: they compress little, so a run's shards are about their size."""
+    import base64
+
+    with open(path, "w") as f:
+        for i in range(n):
+            raw = base64.b32encode(os.urandom(chars * 5 // 8)).decode().lower()
+            f.write(json.dumps({"url": f"https://example.com/r/{i}",
+                                "text": " ".join(raw[j:j + 7] for j in range(0, len(raw), 7))}) + "\n")
+
+
+QUOTA_BYTES = 10_000_000
+RUN_MEMORY = 3 << 30
+
+
+@pytest.fixture(scope="module")
+def quota(tmp_path_factory, request):
+    root = _make_base(tmp_path_factory.mktemp("secquota"))
+    _random_docs(root / "data" / "random.jsonl", 9000)  # ~30 MB of hardly compressible text
+    s = ServiceProcess(root, [root / "data"], max_concurrent=1,
+                       extra_args=["--base-dir", str(root), "--max-run-bytes", str(QUOTA_BYTES),
+                                   "--max-run-memory", str(RUN_MEMORY)],
+                       env={"RAY_TMPDIR": str(tmp_path_factory.mktemp("secray4"))})
+    s.start()
+    request.addfinalizer(s.stop)
+    return s
+
+
+def test_a_run_past_its_disk_quota_fails_and_cleans_its_work_files(quota):
+    """Review s5 #3: nothing capped a run's disk. Now the run measures its directory as it
+    writes and, past --max-run-bytes, stops, fails with that reason and removes its work files."""
+    spec = {"format": "jsonl", "paths": ["data/random.jsonl"], "source": "web", "split_bytes": 2_000_000}
+    with quota.client() as c:
+        r = _post(c, _dag({"s": {"type": "select", "where": "true"}}, {"docs": spec}, output="s"))
+        assert r.status_code == 201, r.text
+        info = wait_state(c, r.json()["id"], TERMINAL, timeout=240)
+    d = quota.runs_dir / info["id"]
+    size = _dir_bytes(d)
+    FIGURES["disk_quota_run"] = {"state": info["state"], "bytes_left": size, "quota": QUOTA_BYTES,
+                                 "input_bytes": (quota.root / "data" / "random.jsonl").stat().st_size,
+                                 "elapsed_s": info.get("elapsed_s"), "error": (info["error"] or "")[:200]}
+    assert info["state"] == "failed" and "disk quota" in info["error"] and "--max-run-bytes" in info["error"], info
+    assert size < 4 * QUOTA_BYTES, size  # stopped near the quota, not at the input's ~30 MB of shards
+    assert not list(d.rglob(".*.tmp-*")) and not list(d.glob("*/_work"))
+    assert info["limits"]["max_run_bytes"] == QUOTA_BYTES and info["limits"]["max_run_memory"] == RUN_MEMORY
+
+
+def test_bloom_filters_larger_than_the_disk_quota_are_refused(quota):
+    with quota.client() as c:
+        r = _post(c, _dag({"ex": {"type": "exact_dedup", "bloom": {"expected_items": 10_000_000}}}))
+    assert r.status_code == 422 and "disk quota" in r.json()["detail"] and "max_run_bytes" in r.json()["detail"], r.text
+
+
+def test_the_run_stops_a_global_stage_past_the_quota(tmp_path):
+    """The run's own enforcement (``refinery run`` under the service's REFINERY_MAX_RUN_BYTES),
+    on a global stage whose Bloom filters (343 MiB) go past a 100 MB quota: stopped, and the
+    stage's uncommitted filters removed."""
+    (tmp_path / "docs.jsonl").write_text(_docs())
+    (tmp_path / "dag.yaml").write_text(_dag({"ex": {"type": "exact_dedup", "bloom": {"expected_items": 100_000_000}}},
+                                            {"docs": {"format": "jsonl", "paths": [str(tmp_path / "docs.jsonl")],
+                                                      "source": "web"}}, output="ex"))
+    t0 = time.perf_counter()
+    ray_tmp = tempfile.mkdtemp(prefix="rq-")  # short: Ray's socket paths must fit in 107 bytes
+    try:
+        p = _cli("run", str(tmp_path / "dag.yaml"), "--out", str(tmp_path / "run"), "-q", "--address", "local",
+                 env={"REFINERY_MAX_RUN_BYTES": "100000000", "RAY_TMPDIR": ray_tmp})
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    secs = time.perf_counter() - t0
+    progress = json.loads((tmp_path / "run" / "progress.json").read_text())
+    left = _dir_bytes(tmp_path / "run")
+    FIGURES["disk_quota_bloom_1e8"] = {"state": progress["state"], "bytes_left": left, "seconds": round(secs, 1),
+                                       "error": progress.get("error", "")[:200]}
+    assert p.returncode != 0 and progress["state"] == "failed", p.stderr[-2000:]
+    assert progress["error"].startswith("DiskQuotaExceeded") and "work files removed" in progress["error"]
+    assert left < 1_000_000 and not (tmp_path / "run" / "ex" / "_bloom").exists() or \
+        not list((tmp_path / "run" / "ex" / "_bloom").iterdir()), left
+
+
+def test_a_run_process_memory_is_capped(quota):
+    """Review s5 #3: `where: length(repeat(text, 100000))` took 1.37 GB for one batch and
+    nothing capped a run's memory. The run's processes now have the kernel's RLIMIT_DATA at
+    --max-run-memory; a where that needs more fails, and the service is untouched."""
+    rss0 = _rss_mb(quota.proc.pid)
+    with quota.client() as c:
+        r = _post(c, _dag({"s": {"type": "select", "where": "length(repeat(text, 3000000)) > 0"}}, output="s"))
+        assert r.status_code == 201, r.text
+        rid, limit = r.json()["id"], None
+        deadline = time.time() + 60
+        while time.time() < deadline and limit is None:  # the run process's limit, while it runs
+            info = c.get(f"/runs/{rid}").json()
+            if info["state"] != "running" or not info.get("pid"):
+                time.sleep(0.2)
+                continue
+            with contextlib.suppress(OSError):
+                for line in Path(f"/proc/{info['pid']}/limits").read_text().splitlines():
+                    if line.startswith("Max data size"):
+                        limit = int(line.split()[3])
+            if info["state"] in TERMINAL:
+                break
+        info = wait_state(c, rid, TERMINAL, timeout=240)
+    FIGURES["run_memory_cap"] = {"state": info["state"], "rlimit_data": limit, "elapsed_s": info.get("elapsed_s"),
+                                 "server_rss_mb": [rss0, _rss_mb(quota.proc.pid)], "error": (info["error"] or "")[:200]}
+    assert limit == RUN_MEMORY, limit
+    assert info["state"] in ("failed", "cancelled"), info  # the allocation failed (or the sum was past the cap)
+    assert _rss_mb(quota.proc.pid) < rss0 + 200
+
+
+def test_the_service_stops_a_run_whose_processes_together_hold_too_much(tmp_path):
+    """The sum over a run's processes (each is under RLIMIT_DATA; together they may not be):
+    a stand-in run of two processes holding 150 MB each, under a 200 MB cap, is stopped."""
+    from curation.service.auth import PathPolicy
+    from curation.service.runs import RunManager
+
+    manager = RunManager(tmp_path / "runs", PathPolicy([], tmp_path), max_run_memory=3 << 30, memory_poll_s=0)
+    manager.max_run_memory = 200 << 20  # below the floor a Ray run needs: a stand-in run
+    hold = "import os, time; b = bytearray(150 << 20); os.fork(); time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", hold], start_new_session=True)
+    try:
+        rid = "standin"
+        (tmp_path / "runs" / rid).mkdir(parents=True)
+        manager.start(schedule=False)
+        time.sleep(1.5)  # both processes hold their 150 MB
+        from curation.service.runs import process_identity
+
+        manager._write_meta(rid, {"id": rid, "state": "started", "started": time.time(), "pid": proc.pid,
+                                  "pid_start": process_identity(proc.pid)})
+        manager._active.add(rid)
+        manager.tick()
+        info = manager.describe(rid)
+        assert proc.wait(timeout=15) == -signal.SIGKILL
+        assert info["state"] == "cancelled" and "out of memory" in info["error"], info
+        FIGURES["run_memory_sum"] = info["error"][:200]
+    finally:
+        manager.stop()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_runs_have_a_time_limit_by_default(svc, legit_run):
+    with svc.client() as c:
+        limits = c.get(f"/runs/{legit_run}").json()["limits"]
+    assert limits["max_run_seconds"] == 86400 and limits["max_run_bytes"] == 100 << 30, limits
+    assert limits["max_run_memory"] >= 2 << 30
 
 
 # ---------------------------------------------------------------------------------------------

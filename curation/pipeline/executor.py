@@ -601,7 +601,11 @@ def run_dag(dag: Dag, run_dir: str | os.PathLike, workers: int | None = None, ad
                            min_write_s=2.0 if rundir.remote else 0.0, workers=workers)
     dag_dict = dag.to_dict()
     failures: list[str] = []
+    from curation.pipeline.quota import DiskQuota
+
+    quota = DiskQuota.for_run(rundir)  # $REFINERY_MAX_RUN_BYTES (the service's --max-run-bytes); else none
     try:
+        quota.start()
         workers = init_ray(address, workers)
         user_stages = _ship_user_stages(dag)
 
@@ -650,12 +654,14 @@ def run_dag(dag: Dag, run_dir: str | os.PathLike, workers: int | None = None, ad
             upstream = sorted(kf for u in st.upstreams() for kf in rundir.shard_files(dag, u, plan.hashes))
             ctx = GlobalContext(rundir, name, plan.hashes[name], workers, upstream, st.resources,
                                 report=progress.phase, partition=progress.partition_size, retried=progress.retried)
+            quota.stage = name
             try:
                 st.run(ctx)
             except TasksFailed as e:
                 failures += e.failures
                 continue
             ctx.finish(keep_work=st.keep_work)
+            quota.stage = None
             if plan.closures[name]:
                 run_tasks(f"{name}+map", [(name, k, None, p) for k, p in rundir.shard_files(dag, name, plan.hashes)])
         for node in list(dag.inputs) + list(dag.stages):
@@ -665,7 +671,15 @@ def run_dag(dag: Dag, run_dir: str | os.PathLike, workers: int | None = None, ad
         if failures:
             raise RunFailed(f"{len(failures)} shard(s) failed; rerun the same command to retry them:\n  "
                             + "\n  ".join(failures))
+        quota.stop()
+        if quota.exceeded:
+            raise RunFailed("disk quota")  # replaced below
     except BaseException as e:
+        quota.stop()
+        if quota.exceeded:  # whatever it interrupted: the quota is why the run stops
+            err = quota.failure(dag)
+            progress.finish("failed", f"{type(err).__name__}: {err}")
+            raise err from None
         progress.finish("failed", f"{type(e).__name__}: {e}")
         raise
     progress.finish("done")

@@ -28,8 +28,9 @@ from curation.service import browse
 from curation.service.auth import PathPolicy, TokenAuth, load_token
 from curation.service.middleware import GuardMiddleware, StageModulesMiddleware
 from curation.service.routes import browse as browse_routes, evals, inspect, pages, runs as runs_routes
-from curation.service.runs import (MAX_BLOOM_BYTES, MAX_INPUT_FILES, MAX_PATTERNS, MAX_SHARDS, MIN_SPLIT_BYTES,
-                                   QueueFull, RunConflict, RunManager, RunMissing, SubmitError, public_message)
+from curation.service.runs import (MAX_BLOOM_BYTES, MAX_INPUT_FILES, MAX_PATTERNS, MAX_RUN_BYTES, MAX_RUN_SECONDS,
+                                   MAX_SHARDS, MIN_SPLIT_BYTES, QueueFull, RunConflict, RunManager, RunMissing,
+                                   SubmitError, public_message)
 from curation.service.sql_box import FORK_SERVER
 from curation.service.sql_guard import SqlRejected
 from curation.service.state import ServiceState
@@ -110,7 +111,8 @@ def create_app(runs_dir: str | Path, token: str, address: str | None = None,
                max_run_seconds: float | None = None, sql_memory_bytes: int = 1024 * MiB,
                max_patterns: int = MAX_PATTERNS, max_input_files: int = MAX_INPUT_FILES,
                max_bloom_bytes: int = MAX_BLOOM_BYTES, min_split_bytes: int = MIN_SPLIT_BYTES,
-               max_shards: int = MAX_SHARDS) -> FastAPI:
+               max_shards: int = MAX_SHARDS, max_run_bytes: int | None = None,
+               max_run_memory: int | None = None) -> FastAPI:
     """The FastAPI application. Starting it (lifespan) starts the run scheduler; stopping it
     leaves runs running. ``base_dir`` (default: the CWD) anchors relative input paths.
     ``stage_modules``: module prefixes ``type: module:Class`` stages may come from (default:
@@ -118,7 +120,9 @@ def create_app(runs_dir: str | Path, token: str, address: str | None = None,
     query may add to its boxed process's memory (``curation.service.sql_box``). ``max_patterns``,
     ``max_input_files``: admission's caps on a DAG's distinct input patterns and the files they
     match, ``max_bloom_bytes`` for a stage's Bloom filters, ``min_split_bytes`` for an input's
-    ``split_bytes``, ``max_shards`` it cuts the files into (``runs.AdmissionLimits``; 422 names them)."""
+    ``split_bytes``, ``max_shards`` it cuts the files into (``runs.AdmissionLimits``; 422 names them).
+    A run's quotas (``None``: none): ``max_run_seconds``, ``max_run_bytes`` on disk (the run
+    stops itself past it), ``max_run_memory`` (``RunManager``)."""
     from curation.pipeline.dag import parse_stage_modules
 
     auth = TokenAuth(token)
@@ -127,7 +131,8 @@ def create_app(runs_dir: str | Path, token: str, address: str | None = None,
     runs = RunManager(runs_dir, policy, address=address, max_concurrent=max_concurrent, stage_modules=stage_modules,
                       max_queued=max_queued, max_run_seconds=max_run_seconds, max_patterns=max_patterns,
                       max_input_files=max_input_files, max_bloom_bytes=max_bloom_bytes,
-                      min_split_bytes=min_split_bytes, max_shards=max_shards)
+                      min_split_bytes=min_split_bytes, max_shards=max_shards, max_run_bytes=max_run_bytes,
+                      max_run_memory=max_run_memory)
     state = ServiceState(runs=runs, auth=auth, policy=policy, stage_modules=stage_modules,
                          sql_timeout_s=sql_timeout_s, sql_max_rows=sql_max_rows,
                          sql_max_concurrent=sql_max_concurrent, sql_max_bytes=sql_max_bytes,
@@ -177,6 +182,24 @@ class _RedactToken(logging.Filter):
         if isinstance(record.args, tuple):
             record.args = tuple(self._pat.sub(r"\1***", a) if isinstance(a, str) else a for a in record.args)
         return True
+
+
+def default_run_memory() -> int:
+    """Half this machine's memory (at least ``runs.MIN_RUN_MEMORY``): the default cap on a run's
+    processes, so that one run leaves the service and the other runs the other half."""
+    from curation.service.runs import MIN_RUN_MEMORY
+
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):
+        total = 16 << 30
+    return max(MIN_RUN_MEMORY, total // 2)
+
+
+def _quotas(limits: dict) -> str:
+    secs, disk, mem = limits["max_run_seconds"], limits["max_run_bytes"], limits["max_run_memory"]
+    return ", ".join([f"{secs:g} s" if secs else "no time limit", f"{disk / (1 << 30):g} GiB on disk" if disk else
+                      "no disk quota", f"{mem / (1 << 30):.1f} GiB of memory" if mem else "no memory cap"])
 
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -273,12 +296,13 @@ def serve(runs_dir: str | Path, address: str | None = "auto", token_file: str | 
           host: str = "127.0.0.1", port: int = 8080, allowed_roots: Iterable[str | Path] = (),
           max_concurrent: int = 2, base_dir: str | Path | None = None,
           stage_modules: Iterable[str] | str = (), max_queued: int | None = 100,
-          max_run_seconds: float | None = None, sql_max_bytes: int = 4 * MiB, max_connections: int = 200,
+          max_run_seconds: float | None = MAX_RUN_SECONDS, sql_max_bytes: int = 4 * MiB, max_connections: int = 200,
           header_timeout_s: float = 10.0, behind_tls_proxy: bool = False,
           sql_memory_bytes: int = 1024 * MiB, body_timeout_s: float = 60.0,
           max_strangers: int | None = None, max_patterns: int = MAX_PATTERNS,
           max_input_files: int = MAX_INPUT_FILES, max_bloom_bytes: int = MAX_BLOOM_BYTES,
-          min_split_bytes: int = MIN_SPLIT_BYTES, max_shards: int = MAX_SHARDS) -> None:
+          min_split_bytes: int = MIN_SPLIT_BYTES, max_shards: int = MAX_SHARDS,
+          max_run_bytes: int | None = MAX_RUN_BYTES, max_run_memory: int | None = -1) -> None:
     """Run the service until interrupted. Runs it started keep running after it stops.
 
     ``address``: the Ray cluster each run connects to (``auto``, ``ray://head:10001``), or
@@ -290,7 +314,10 @@ def serve(runs_dir: str | Path, address: str | None = "auto", token_file: str | 
     stages may be loaded from (default: none).
 
     Limits: ``max_queued`` runs waiting (429 past it), ``max_run_seconds`` per run (then it is
-    cancelled and marked timed out), ``sql_max_bytes`` per /sql answer, ``sql_memory_bytes`` per
+    cancelled and marked timed out; default a day), ``max_run_bytes`` of a run's directory on
+    disk (the run fails past it and removes its work files; default 100 GiB),
+    ``max_run_memory`` of its processes (default -1: half this machine's memory; ``None`` or 0:
+    none), ``sql_max_bytes`` per /sql answer, ``sql_memory_bytes`` per
     /sql query (its boxed process; 413 past it), ``max_connections``
     open at once (503 past it), ``header_timeout_s`` to send a request head (and the body of a
     request without the token: the login form), ``body_timeout_s`` for a body otherwise,
@@ -318,11 +345,14 @@ def serve(runs_dir: str | Path, address: str | None = "auto", token_file: str | 
     os.chdir(base)
     if address in ("", "local"):
         address = None
+    if max_run_memory is not None and max_run_memory < 0:
+        max_run_memory = default_run_memory()
     app = create_app(runs_dir, token, address=address, allowed_roots=roots, base_dir=base,
                      max_concurrent=max_concurrent, stage_modules=stage_modules, max_queued=max_queued,
                      max_run_seconds=max_run_seconds, sql_max_bytes=sql_max_bytes,
                      sql_memory_bytes=sql_memory_bytes, max_patterns=max_patterns, max_input_files=max_input_files,
-                     max_bloom_bytes=max_bloom_bytes, min_split_bytes=min_split_bytes, max_shards=max_shards)
+                     max_bloom_bytes=max_bloom_bytes, min_split_bytes=min_split_bytes, max_shards=max_shards,
+                     max_run_bytes=max_run_bytes, max_run_memory=max_run_memory)
     strangers = max(1, max_connections // 2) if max_strangers is None else max_strangers
     # timeout_graceful_shutdown: SIGTERM stops the server within seconds even with requests in flight
     config = uvicorn.Config(app, host=host, port=port, log_level="info", proxy_headers=False,
@@ -336,5 +366,6 @@ def serve(runs_dir: str | Path, address: str | None = "auto", token_file: str | 
     policy = app.state.policy
     print(f"[refinery serve] http://{host}:{port}/  runs: {runs_dir}  ray: {address or 'embedded per run'}  "
           f"inputs under: {policy.describe()}  max concurrent runs: {max_concurrent}  "
-          f"stage modules: {', '.join(app.state.stage_modules) or 'built-in only'}", file=sys.stderr, flush=True)
+          f"stage modules: {', '.join(app.state.stage_modules) or 'built-in only'}  "
+          f"a run's quotas: {_quotas(app.state.runs.limits())}", file=sys.stderr, flush=True)
     server.run()

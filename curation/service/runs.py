@@ -113,7 +113,12 @@ MAX_INPUT_FILES = 100_000  # files the input patterns of one DAG list (a 90,000-
 MAX_BLOOM_BYTES = 1 << 30  # an exact_dedup stage's Bloom filters at their configured size (1e8 keys: 343 MiB)
 MIN_SPLIT_BYTES = 1024     # an input's split_bytes (``max_shards`` prices it against the input's size)
 MAX_SHARDS = 200_000       # input shards of one DAG, from its files' sizes and split_bytes (90,000 files: 1 each)
+MAX_RUN_BYTES = 100 << 30  # a run's directory on disk (`refinery serve --max-run-bytes`), enforced by the run
+MAX_RUN_SECONDS = 24 * 3600  # a run's wall time in `refinery serve` (--max-run-seconds; 0: none)
+MIN_RUN_MEMORY = 2 << 30   # a Ray worker alone reserves ~1.5 GB of heap and thread stacks (RLIMIT_DATA)
 MAX_ECHO = 200            # characters of a client's value echoed back in an error
+MiB = 1 << 20
+QUOTA_ENV = "REFINERY_MAX_RUN_BYTES"  # ``curation.pipeline.quota.ENV``: the run's disk quota, for the run
 
 
 def prescan(text: str, where: str) -> None:
@@ -172,7 +177,8 @@ class AdmissionLimits:
     thousand files. Run parameters that size disk or shards are priced before the run:
     ``max_bloom_bytes`` for a stage's Bloom filters (from ``expected_items`` and the
     false-positive rate), ``min_split_bytes`` for an input's ``split_bytes`` and ``max_shards``
-    for the input shards it makes of the pinned files' sizes."""
+    for the input shards it makes of the pinned files' sizes; ``max_run_bytes`` (the run's disk
+    quota, ``None``: none) for the Bloom filters too, which must fit in it."""
 
     max_patterns: int = MAX_PATTERNS
     max_input_files: int = MAX_INPUT_FILES
@@ -180,6 +186,7 @@ class AdmissionLimits:
     max_bloom_bytes: int = MAX_BLOOM_BYTES
     min_split_bytes: int = MIN_SPLIT_BYTES
     max_shards: int = MAX_SHARDS
+    max_run_bytes: int | None = None
 
     def check_time(self, where: str) -> None:
         if self.deadline is not None and time.monotonic() > self.deadline:
@@ -320,6 +327,11 @@ def _price_run(dag, where: str, limits: AdmissionLimits) -> None:
                               f"false_positive_rate {st.bloom.false_positive_rate:g} makes Bloom filters of "
                               f"{size / MiB:,.0f} MiB; the service's max_bloom_bytes is "
                               f"{limits.max_bloom_bytes / MiB:,.0f} MiB")
+        if limits.max_run_bytes is not None and size > limits.max_run_bytes:
+            raise SubmitError(f"{where}: stages.{name}.bloom: expected_items {st.bloom.expected_items} at "
+                              f"false_positive_rate {st.bloom.false_positive_rate:g} makes Bloom filters of "
+                              f"{size / MiB:,.0f} MiB, more than a run's disk quota of "
+                              f"{limits.max_run_bytes / MiB:,.0f} MiB (the service's max_run_bytes)")
 
 
 def _admit_dag(text: str, policy: PathPolicy, where: str, stage_modules: tuple[str, ...], limits: AdmissionLimits):
@@ -485,6 +497,45 @@ def _find_run_process(run_dir: Path) -> int | None:
     return None
 
 
+def _limit_memory(pid: int, limit: int) -> None:
+    """The kernel's cap on the heap of a run process and of every process it starts (its Ray
+    workers on an embedded cluster). RLIMIT_DATA, not RLIMIT_AS: each Ray process maps the
+    whole object store (GBs of shared address space it does not own). Set right after the
+    process starts, before it has allocated more than an interpreter's start-up."""
+    import resource
+
+    if hasattr(resource, "prlimit"):
+        with contextlib.suppress(OSError, ValueError):  # gone already, or a platform without it
+            resource.prlimit(pid, resource.RLIMIT_DATA, (limit, limit))
+
+
+def session_memory(sessions: set[int]) -> dict[int, int]:
+    """Private resident memory (RssAnon: heap, not shared object-store pages or files), summed
+    over the live processes of each session (a run and every process it started)."""
+    out = dict.fromkeys(sessions, 0)
+    try:
+        procs = os.listdir("/proc")
+    except OSError:
+        return out
+    for name in procs:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            sid = int(fields[3])
+            if sid not in out or fields[0] in (b"Z", b"X"):
+                continue
+            with open(f"/proc/{name}/status", "rb") as f:
+                for line in f:
+                    if line.startswith(b"RssAnon:"):
+                        out[sid] += int(line.split()[1]) * 1024
+                        break
+        except (OSError, ValueError, IndexError):
+            continue
+    return out
+
+
 def _read_json(p: Path) -> dict | None:
     try:
         return json.loads(p.read_text())
@@ -532,14 +583,22 @@ class RunManager:
                  max_queued: int | None = None, max_run_seconds: float | None = None,
                  max_patterns: int = MAX_PATTERNS, max_input_files: int = MAX_INPUT_FILES,
                  max_bloom_bytes: int = MAX_BLOOM_BYTES, min_split_bytes: int = MIN_SPLIT_BYTES,
-                 max_shards: int = MAX_SHARDS):
+                 max_shards: int = MAX_SHARDS, max_run_bytes: int | None = None,
+                 max_run_memory: int | None = None, memory_poll_s: float = 2.0):
         self.runs_dir = Path(runs_dir).resolve()
+        # a run's quotas (None: none): its directory's bytes on disk, enforced by the run itself
+        # (curation.pipeline.quota); its memory, the kernel's RLIMIT_DATA on each of its processes
+        # and the private resident memory of all of them together, watched here
+        self.max_run_bytes = max_run_bytes or None
+        self.max_run_memory = max(MIN_RUN_MEMORY, max_run_memory) if max_run_memory else None
+        self.memory_poll_s = memory_poll_s
+        self._memory_checked = 0.0
         # admission's caps (AdmissionLimits)
         self.max_patterns, self.max_input_files = max_patterns, max_input_files
         self.max_bloom_bytes, self.min_split_bytes, self.max_shards = max_bloom_bytes, min_split_bytes, max_shards
         self._cancelled: set[str] = set()  # cancelled runs still on disk: they count against max_queued
         self.max_queued = max_queued  # None: no cap
-        self.max_run_seconds = max_run_seconds  # None: runs take as long as they take
+        self.max_run_seconds = max_run_seconds or None  # None: runs take as long as they take
         self.policy = policy
         self.stage_modules = tuple(stage_modules)
         self.address = address or None
@@ -681,6 +740,10 @@ class RunManager:
         if want == "cancelled":
             if meta.get("timed_out"):
                 return "cancelled", f"timed out: ran longer than the service's limit of {meta['timed_out']:g} s"
+            if meta.get("over_memory"):
+                return "cancelled", (f"out of memory: its processes held {meta['over_memory'] / MiB:,.0f} MiB, past "
+                                     f"the run's limit of {meta['memory_limit'] / MiB:,.0f} MiB (the service's "
+                                     "--max-run-memory); stopped")
             return "cancelled", None
         if meta.get("launch_error"):
             return "failed", meta["launch_error"]
@@ -730,6 +793,7 @@ class RunManager:
             "attempt": meta.get("attempt"),
             "managed": bool(meta),
             "timed_out": bool(meta.get("timed_out")),
+            "limits": meta.get("limits"),
         }
         if error:
             info["error"] = public_message(error, self.policy.base_dir)
@@ -789,7 +853,7 @@ class RunManager:
             raise SubmitError(f"{where}: waited too long for validation; no run was created", 503)
         self._check_queue()  # before the admission work too: a full queue costs nothing to refuse
         limits = AdmissionLimits(self.max_patterns, self.max_input_files, deadline, self.max_bloom_bytes,
-                                 self.min_split_bytes, self.max_shards)
+                                 self.min_split_bytes, self.max_shards, self.max_run_bytes)
         dag = admit_dag(text, self.policy, where, self.stage_modules, limits)
         if deadline is not None and time.monotonic() > deadline:
             raise SubmitError(f"{where}: validation took too long; no run was created", 503)
@@ -924,7 +988,8 @@ class RunManager:
             except (OSError, yaml.YAMLError):
                 dag_data = None
             check_stage_modules(dag_data, self.stage_modules, f"run {run_id}")
-            for k in ("pid", "pid_start", "exit_code", "cancelled_at", "launch_error", "ended", "started", "timed_out"):
+            for k in ("pid", "pid_start", "exit_code", "cancelled_at", "launch_error", "ended", "started", "timed_out",
+                      "over_memory", "memory_limit"):
                 meta.pop(k, None)
             meta.update(state="queued", queued_at=time.time(), attempt=int(meta.get("attempt") or 1) + 1)
             self._write_meta(run_id, meta)
@@ -940,6 +1005,7 @@ class RunManager:
         with self._lock:
             running = 0
             queued: list[tuple[float, str]] = []
+            alive: dict[str, dict] = {}
             for rid in sorted(self._active):
                 meta = self._meta(rid)
                 want = meta.get("state")
@@ -948,8 +1014,10 @@ class RunManager:
                 elif self._alive(rid, meta):  # started, or cancelled but still stopping
                     running += 1
                     self._enforce_time_limit(rid, meta)
+                    alive[rid] = meta
                 else:
                     self._active.discard(rid)
+            self._enforce_memory_limit(alive)
             for _, rid in sorted(queued)[: max(0, self.max_concurrent - running)]:
                 self._launch(rid)
 
@@ -966,6 +1034,33 @@ class RunManager:
         self._signal(meta, signal.SIGTERM)
         threading.Thread(target=self._finish_cancel, args=(rid,), daemon=True, name=f"refinery-cancel-{rid}").start()
 
+    def _enforce_memory_limit(self, alive: dict[str, dict]) -> None:
+        """Stop (SIGKILL: memory is what runs out first) a run whose processes together hold more
+        private resident memory than ``max_run_memory``; every ``memory_poll_s`` seconds. The
+        kernel holds each process to it already (RLIMIT_DATA); this bounds their sum."""
+        now = time.monotonic()
+        if self.max_run_memory is None or now - self._memory_checked < self.memory_poll_s:
+            return
+        self._memory_checked = now
+        runs = {int(m["pid"]): (rid, m) for rid, m in alive.items() if m.get("state") == "started" and m.get("pid")}
+        if not runs:
+            return
+        for sid, used in session_memory(set(runs)).items():
+            rid, meta = runs[sid]
+            if used <= self.max_run_memory:
+                continue
+            meta.update(state="cancelled", cancelled_at=time.time(), over_memory=used, memory_limit=self.max_run_memory)
+            self._write_meta(rid, meta)
+            self._cancelled.add(rid)
+            self._signal(meta, signal.SIGKILL)
+            threading.Thread(target=self._finish_cancel, args=(rid,), daemon=True,
+                             name=f"refinery-cancel-{rid}").start()
+
+    def limits(self) -> dict[str, Any]:
+        """A run's quotas, as the service starts it (recorded in its service.json)."""
+        return {"max_run_seconds": self.max_run_seconds, "max_run_bytes": self.max_run_bytes,
+                "max_run_memory": self.max_run_memory}
+
     def command(self, run_id: str) -> list[str]:
         d = self.runs_dir / run_id
         cmd = [self.python, "-m", "curation.cli", "run", RunDir(d).dag_file, "--out", str(d), "-q"]
@@ -979,10 +1074,13 @@ class RunManager:
         cmd = self.command(rid)
         # Recorded before the process exists: a service that dies right after Popen finds the
         # run again by its command line (see start()), instead of launching it twice.
-        meta.update(state="started", started=time.time(), command=cmd)
+        meta.update(state="started", started=time.time(), command=cmd, limits=self.limits())
         self._write_meta(rid, meta)
         env = {k: v for k, v in os.environ.items() if k != "REFINERY_TOKEN"}  # runs need no API token
         env["REFINERY_STAGE_MODULES"] = ",".join(self.stage_modules)  # the run holds every DAG it parses to it
+        env.pop(QUOTA_ENV, None)
+        if self.max_run_bytes is not None:
+            env[QUOTA_ENV] = str(self.max_run_bytes)  # the run stops itself past it (curation.pipeline.quota)
         try:
             with open(d / LOG_FILE, "ab") as log:
                 log.write(f"--- attempt {meta.get('attempt', 1)} {time.strftime('%Y-%m-%d %H:%M:%S')}: "
@@ -994,6 +1092,8 @@ class RunManager:
             meta["launch_error"] = f"could not start the run process: {e}"
             self._write_meta(rid, meta)
             return
+        if self.max_run_memory is not None:
+            _limit_memory(proc.pid, self.max_run_memory)
         meta.update(pid=proc.pid, pid_start=process_identity(proc.pid))
         self._write_meta(rid, meta)
         self._children[rid] = proc
