@@ -842,6 +842,111 @@ def index_show(index: str = typer.Argument(..., help="the index (local or s3://.
                   f"near {size['near_bytes'] / 1e6:,.1f})")
 
 
+# --- issue 63: plan a DAG before paying; index WARCs in Common Crawl's columnar schema ----------
+
+
+def _mib(n: float) -> str:
+    """Bytes in the unit that reads best (B, KiB, MiB, GiB, TiB)."""
+    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):,.1f} {unit}"
+    return f"{int(n):,} B"
+
+
+def _core_hours(h: float) -> str:
+    return f"{h:,.1f} core-hours" if h >= 10 else f"{h:,.3g} core-hours ({h * 3600:,.1f} core-seconds)"
+
+
+@app.command()
+def plan(
+    dag: Path = typer.Argument(..., help="pipeline DAG (YAML)"),
+    docs_per_core_s: Optional[float] = typer.Option(
+        None, "--docs-per-core-s", min=0.001,
+        help="documents per second per core of your DAG (default: the web DAG's, measured by bench_scale.py --index)"),
+    files: int = typer.Option(20, "--files", min=0, help="WARC files listed per index input (largest reads first)"),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="write the whole plan (every WARC file) here"),
+) -> None:
+    """What a DAG will read before it runs: for an index input (format: cc_index) the records and
+    bytes it selects, per WARC file and in total, and the projected core-hours; nothing is read but
+    the index."""
+    import json
+
+    from curation.io.inputs import InputError
+    from curation.pipeline.dag import DagError, load_dag
+    from curation.pipeline.estimate import DEFAULT_DOCS_PER_CORE_S, estimate
+
+    rate = docs_per_core_s or DEFAULT_DOCS_PER_CORE_S
+    try:
+        est = estimate(load_dag(dag), rate)
+    except (DagError, InputError) as e:
+        _fail(str(e) if isinstance(e, DagError) else f"{dag}: {e}")
+    for name, v in est["inputs"].items():
+        if v["format"] != "cc_index":
+            if "files" in v:
+                console.print(f"[bold]{name}[/] ({v['format']}): {v['files']:,} files, {_mib(v['bytes'])}, "
+                              f"{v['tasks']:,} tasks (read whole)")
+            else:
+                console.print(f"[bold]{name}[/] ({v['format']}): {v['note']}")
+            continue
+        ix = v["index"]
+        console.print(f"[bold]{name}[/] (cc_index, where {v['where']!r}): {v['records']:,} records, "
+                      f"{_mib(v['bytes'])} in {v['warc_files']:,} WARC files, {v['tasks']:,} tasks; "
+                      f"{v['bytes_per_record']:,.0f} bytes a record", highlight=False)
+        console.print(f"  index: {ix['files']:,} files of {_mib(ix['bytes'])}, {_mib(ix['bytes_read'])} read by the "
+                      f"selection in {ix['seconds']:.2f} s", highlight=False)
+        console.print(f"  projected: {_core_hours(v['core_hours'])} at {rate:,.1f} documents/s/core", highlight=False)
+        if files and v["per_file"]:
+            t = Table(title=f"{name}: WARC files by bytes to read" + (f" (top {files} of {v['warc_files']:,})"
+                                                                    if v["warc_files"] > files else ""))
+            for c in ("warc_filename", "records", "bytes"):
+                t.add_column(c, justify="left" if c == "warc_filename" else "right")
+            for row in v["per_file"][:files]:
+                t.add_row(row["warc_filename"], f"{row['records']:,}", f"{row['bytes']:,}")
+            console.print(t)
+    if "total" in est:
+        tot = est["total"]
+        console.print(f"[bold]total[/]: {tot['records']:,} records, {_mib(tot['bytes'])}, "
+                      f"{_core_hours(tot['core_hours'])} at {rate:,.1f} documents/s/core", highlight=False)
+    if json_out:
+        json_out.write_text(json.dumps(est, indent=1))
+
+
+@index_app.command("cc")
+def index_cc(
+    warcs: list[str] = typer.Argument(..., help="WARC files or globs (local or s3://...)"),
+    out: str = typer.Option(..., "--out", "-o", help="the index folder (local or s3://...): one Parquet file per WARC"),
+    root: Optional[str] = typer.Option(None, "--warc-root",
+                                       help="warc_filename is each WARC's path below this (default: their common folder)"),
+    crawl: Optional[str] = typer.Option(None, "--crawl", help="the crawl column's value (e.g. CC-MAIN-2024-51)"),
+    workers: int = typer.Option(1, "--workers", "-w", min=1, help="WARCs indexed at once (processes)"),
+    no_langid: bool = typer.Option(False, "--no-langid", help="leave content_languages empty (no CLD2)"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="index WARCs again whose index file exists"),
+) -> None:
+    """Build a columnar index in Common Crawl's schema from WARCs (offsets, lengths, URL parts, a
+    CLD2 language guess on the HTML bytes), so `format: cc_index` selects records of any crawl."""
+    from curation.io import location
+    from curation.io.warc_index import build_index
+
+    found: list[str] = []
+    for w in warcs:
+        hits = location.glob(w) if any(c in w for c in "*?[") else ([w] if location.exists(w) else [])
+        if not hits:
+            _fail(f"{w}: no WARC file matches")
+        found += hits
+    try:
+        rep = build_index(sorted(set(found)), out, root, crawl, workers, not no_langid, overwrite,
+                          progress=lambda r: None)
+    except ValueError as e:
+        _fail(str(e))
+    skipped = ", ".join(f"{k} {v:,}" for k, v in sorted(rep["skipped"].items())) or "none"
+    console.print(f"[green]indexed[/] {rep['warcs']:,} WARCs ({_mib(rep['warc_bytes'])}) into {out}: "
+                  f"{rep['rows']:,} response records of {rep['records']:,} ({skipped} not indexed) in "
+                  f"{rep['seconds']:.1f} s ({rep['cpu_seconds']:.1f} CPU s, language {rep['langid_cpu_seconds']:.1f} s)",
+                  highlight=False)
+    console.print(f"  read it with {{format: cc_index, paths: [\"{location.join(out, '*.parquet')}\"], "
+                  f"warc_root: \"{rep['warc_root']}\", where: \"...\", source: web}}", highlight=False)
+
+
 if __name__ == "__main__":  # pragma: no cover
     import atexit
     import gc

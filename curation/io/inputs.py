@@ -15,7 +15,7 @@ import logging
 import math
 import posixpath
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import fsspec
@@ -42,7 +42,7 @@ class InputSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    format: Literal["warc", "wet", "jsonl", "parquet", "run"]
+    format: Literal["warc", "wet", "jsonl", "parquet", "run", "cc_index"]
     paths: list[str] = Field(default_factory=list)
     source: str | None = None
     run: str | None = None
@@ -55,6 +55,14 @@ class InputSpec(BaseModel):
     split_bytes: int = Field(default=128 * MiB, gt=0)
     #: documents larger than this are rejected as ``read:doc_too_large`` (a preview is kept)
     max_doc_bytes: int = Field(default=10 * MiB, gt=0)
+    #: ``format: cc_index`` (``curation/io/cc_index.py``): ``paths`` are the index's Parquet
+    #: files, ``where`` selects records (SQL over the index's columns, the ``select`` sandbox),
+    #: ``warc_root`` is what each row's ``warc_filename`` is joined to; ``split_bytes`` is the
+    #: record bytes a task reads, ``max_gap`` how far apart ranges of one file may be and still
+    #: be fetched as one read
+    where: str | None = None
+    warc_root: str | None = None
+    max_gap: int = Field(default=64 << 10, ge=0)
 
     @model_validator(mode="after")
     def _fields_of_the_format(self) -> InputSpec:
@@ -70,6 +78,16 @@ class InputSpec(BaseModel):
                 raise ValueError("source: missing (the mix domain of these documents: web, math, ...)")
             if self.run is not None or self.stage is not None or self.allow_partial:
                 raise ValueError("run, stage and allow_partial belong to format: run")
+        if self.format == "cc_index":
+            if not self.warc_root:
+                raise ValueError("format: cc_index reads WARC records by the index's warc_filename: give warc_root "
+                                 "(the folder or URL those names are below, e.g. s3://commoncrawl/)")
+            if self.where is not None:
+                from curation.io.sql_where import expression_columns
+
+                expression_columns(self.where)  # WhereError (a ValueError): does not parse, reads beyond the row
+        elif self.where is not None or self.warc_root is not None:
+            raise ValueError("where and warc_root belong to format: cc_index (a select stage filters other inputs)")
         return self
 
     @model_serializer(mode="wrap")
@@ -77,6 +95,9 @@ class InputSpec(BaseModel):
         # the fields of format: run only where they are used: every other input dumps (and so
         # hashes, and writes dag.yaml) exactly as before they existed
         d = handler(self)
+        if self.format != "cc_index":
+            for k in ("where", "warc_root", "max_gap"):
+                d.pop(k, None)
         if self.format != "run":
             for k in ("run", "stage", "allow_partial"):
                 d.pop(k, None)
@@ -102,6 +123,9 @@ class InputShard:
     size: int
     start: int = 0
     end: int = -1  # -1: to the end of the file
+    #: ``format: cc_index``: the records this shard reads (``cc_select.encode_selection``); its
+    #: ``path``/``relpath`` are its first WARC file's, ``size`` the bytes of records it reads
+    records: bytes = field(default=b"", repr=False)
 
     def __post_init__(self) -> None:
         if self.end < 0:
@@ -147,6 +171,8 @@ def expand_paths(name: str, spec: InputSpec, base_dir: str | None = None) -> lis
 
 def plan_input(name: str, spec: InputSpec, base_dir: str | None = None) -> list[InputShard]:
     """Cut one input into shards. Deterministic: same files and settings give the same keys."""
+    if spec.format == "cc_index":
+        return plan_index(name, spec, base_dir).shards
     files = expand_paths(name, spec, base_dir)
     root = posixpath.commonpath([posixpath.dirname(p) for p, _ in files]) if len(files) > 1 else posixpath.dirname(files[0][0])
     shards: list[InputShard] = []
@@ -190,3 +216,62 @@ def _splittable(name: str, fmt: str, path: str, size: int) -> bool:
                      name, path, size)
             return False
     return True
+
+
+# ---------------------------------------------------------------------------------------------
+# format: cc_index
+
+
+@dataclass
+class IndexPlan:
+    """A ``cc_index`` input's plan: its shards, the records and bytes it will read per WARC
+    file (``files``: warc_filename -> (records, bytes)), and the selection's own figures."""
+
+    shards: list[InputShard]
+    files: dict[str, tuple[int, int]]
+    records: int
+    bytes: int
+    scan: object  # curation.io.cc_select.Scan
+
+
+def plan_index(name: str, spec: InputSpec, base_dir: str | None = None) -> IndexPlan:
+    """Select a ``cc_index`` input's records (``cc_select.scan``: the where checked against the
+    index's columns, pushed into the scan) and cut them into shards: WARC files in name order,
+    each file's records in offset order, a shard closing once it holds ``split_bytes`` of
+    records to read (a file with more is cut between records), so tasks are spread by the
+    bytes they read, not by files or records. Deterministic: the same index, where and
+    settings give the same shards and keys."""
+    from curation.io import cc_select
+    from curation.io.sql_where import WhereError
+
+    index_files = [p for p, _ in expand_paths(name, spec, base_dir)]
+    try:
+        sc = cc_select.scan(index_files, spec.where, what=f"the index of inputs.{name} ({len(index_files)} files)")
+    except (WhereError, cc_select.IndexSchemaError) as e:
+        raise InputError(f"inputs.{name}.{'where' if isinstance(e, WhereError) else 'paths'}: {e}") from None
+    sel = sc.records
+    root = cc_select.resolve_root(spec.warc_root or "", base_dir)
+    names = sel["warc_filename"].to_pylist()
+    lengths = sel["warc_record_length"].to_pylist()
+    files: dict[str, tuple[int, int]] = {}
+    for f, n in zip(names, lengths):
+        r, b = files.get(f, (0, 0))
+        files[f] = (r + 1, b + max(n, 0))
+    # cut points: a shard closes at a record that brings it to split_bytes
+    shards: list[InputShard] = []
+    lo, held = 0, 0
+    for i, n in enumerate(lengths):
+        held += max(n, 0)
+        if held >= spec.split_bytes or i == len(lengths) - 1:
+            part = sel.slice(lo, i + 1 - lo)
+            first = names[lo]
+            path = cc_select.warc_path(root, first) or first
+            key = f"{name}-{len(shards):05d}"
+            shards.append(InputShard(name, key, path, first, "cc_index", 0, 1, held, 0, held,
+                                     records=cc_select.encode_selection(part, root)))
+            lo, held = i + 1, 0
+    total = sum(b for _, b in files.values())
+    log.info("inputs.%s: %d records (%d bytes) in %d WARC files selected from %d index files (%d of %d bytes read, "
+             "%.1f s); %d shards", name, sel.num_rows, total, len(files), sc.index_files, sc.bytes_read,
+             sc.index_bytes, sc.seconds, len(shards))
+    return IndexPlan(shards, files, sel.num_rows, total, sc)

@@ -10,13 +10,16 @@ from collections.abc import Iterator
 
 import fsspec
 
+from curation.io.cc_index import iter_cc_index
+from curation.io.cc_select import DOC_FIELDS as INDEX_FIELDS
 from curation.io.inputs import InputShard, InputSpec
 from curation.io.jsonl import iter_jsonl
 from curation.io.parquet import iter_parquet
 from curation.io.read_result import ReadResult
 from curation.io.warc import iter_warc
 
-READERS = {"warc": iter_warc, "wet": iter_warc, "jsonl": iter_jsonl, "parquet": iter_parquet}
+READERS = {"warc": iter_warc, "wet": iter_warc, "jsonl": iter_jsonl, "parquet": iter_parquet,
+           "cc_index": iter_cc_index}
 
 #: default batch bounds of ``iter_read``
 BATCH_ROWS = 4096
@@ -38,8 +41,11 @@ def iter_read(shard: InputShard, spec: InputSpec, batch_rows: int | None = BATCH
     up to its end. Never raises on bad data; a file that vanished since planning raises
     ``FileNotFoundError`` (the task fails and is retried: not a bad record to count).
     """
-    _check_exists(shard)
-    out = ReadResult(shard, spec, html=shard.format == "warc")
+    if shard.format == "cc_index":  # many files, each read by ranges: a missing one is a rejection
+        out = ReadResult(shard, spec, html=True, extra=INDEX_FIELDS)
+    else:
+        _check_exists(shard)
+        out = ReadResult(shard, spec, html=shard.format == "warc")
     n = 0
     for _ in READERS[shard.format](shard, spec, out):
         if out.full(batch_rows, batch_bytes):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pyarrow as pa
@@ -42,11 +42,28 @@ class ReadResult:
     #: why a whole file gave no document and no problem (no line, no row, no record of the
     #: type read): 0 documents, noted on the input's manifest line, never a rejected row
     empty: str | None = None
+    #: document columns beyond the schema's (an index's ``content_languages``...): their values
+    #: for the documents added next are ``record_columns``'
+    extra: tuple[pa.Field, ...] = ()
+    record_columns: dict = field(default_factory=dict)
+    #: documents come from several files (``at_file``): ``origin_file`` per document
+    many_files: bool = False
 
     def __post_init__(self) -> None:
-        schema = HTML_SCHEMA if self.html else DOC_SCHEMA
-        self.docs = {f.name: [] for f in schema if f.name not in _PER_BATCH}
+        self.docs = {f.name: [] for f in self.schema if f.name not in _PER_BATCH or self.many_files}
         self.rejects = {f.name: [] for f in READ_REJECT_SCHEMA}
+
+    @property
+    def schema(self) -> pa.Schema:
+        base = HTML_SCHEMA if self.html else DOC_SCHEMA
+        return pa.schema(list(base) + list(self.extra)) if self.extra else base
+
+    def at_file(self, path: str, relpath: str) -> None:
+        """The documents and problems added next come from ``path`` (ids say ``relpath``)."""
+        self.many_files = True
+        if "origin_file" not in self.docs:
+            self.docs["origin_file"] = [self.origin_file] * self.num_docs
+        self.shard = replace(self.shard, path=path, relpath=relpath)
 
     @property
     def num_docs(self) -> int:
@@ -82,6 +99,10 @@ class ReadResult:
         d["meta"].append(json.dumps(meta, sort_keys=True, ensure_ascii=False) if meta else None)
         d["origin_offset"].append(index if offset is None and isinstance(index, int) else offset)
         d["origin_length"].append(length)
+        if self.many_files:
+            d["origin_file"].append(self.origin_file)
+        for f in self.extra:
+            d[f.name].append(self.record_columns.get(f.name))
         if self.html:
             d["html"].append(html)
             d["charset"].append(charset)
@@ -106,7 +127,8 @@ class ReadResult:
     def take(self) -> ReadResult:
         """Hand over what was built so far as a batch, and start an empty one."""
         out = ReadResult(self.shard, self.spec, self.html, bytes_read=self.bytes_read,
-                         bytes_decompressed=self.bytes_decompressed, held_bytes=self.held_bytes, empty=self.empty)
+                         bytes_decompressed=self.bytes_decompressed, held_bytes=self.held_bytes, empty=self.empty,
+                         extra=self.extra, record_columns=dict(self.record_columns), many_files=self.many_files)
         out.docs, out.rejects = self.docs, self.rejects
         self.__post_init__()
         self.held_bytes = 0
@@ -114,6 +136,8 @@ class ReadResult:
 
     def extend(self, other: ReadResult) -> None:
         """Append a later batch of the same shard."""
+        if other.many_files and not self.many_files:
+            self.at_file(self.shard.path, self.shard.relpath)
         for k, v in other.docs.items():
             self.docs[k].extend(v)
         for k, v in other.rejects.items():
@@ -129,10 +153,12 @@ class ReadResult:
         lengths[first:] = [length] * (len(lengths) - first)
 
     def tables(self) -> tuple[pa.Table, pa.Table]:
-        schema = HTML_SCHEMA if self.html else DOC_SCHEMA
+        schema = self.schema
         n = self.num_docs
-        # one file per shard: a dictionary of one value, its indices all 0
-        files = pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([self.origin_file]))
+        if self.many_files:
+            files = pa.array(self.docs["origin_file"], pa.string()).dictionary_encode()
+        else:  # one file per shard: a dictionary of one value, its indices all 0
+            files = pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([self.origin_file]))
         cols = {**self.docs, "origin_file": files}
         return (pa.Table.from_pydict({f.name: cols[f.name] for f in schema}, schema=schema),
                 pa.Table.from_pydict(self.rejects, schema=READ_REJECT_SCHEMA))

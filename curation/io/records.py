@@ -139,29 +139,67 @@ def read_records(wanted: Sequence[Wanted], max_gap: int = DEFAULT_MAX_GAP,
     return pages, stats
 
 
-def _read_ranged(path: str, rows: list[int], wanted: Sequence[Wanted], pages: list[Page], stats: ReadStats,
-                 max_gap: int) -> None:
-    spans = [(wanted[i].offset, wanted[i].offset + wanted[i].length) for i in rows]
+@dataclass(frozen=True)
+class Miss:
+    """Why a byte range could not be had: ``missing_file``, or ``past_end`` (the file ends
+    before the range does)."""
+
+    reason: str
+    detail: str = ""
+
+
+def fetch_spans(path: str, spans: Sequence[tuple[int, int]], stats: ReadStats,
+                max_gap: int = DEFAULT_MAX_GAP) -> list[bytes | Miss]:
+    """The bytes of each span ``[start, end)`` of one file (same order), fetched as
+    ``plan_reads`` joins them with one ``cat_ranges`` call (concurrent requests on object
+    storage), or a ``Miss``. A range the store refuses for another reason than the file's end
+    (permissions, the network after the store's retries) raises: not a fact about the data."""
+    out: list[bytes | Miss] = [Miss("missing_file") for _ in spans]
+    if not spans:
+        return out
+    stats.files += 1
     reads = plan_reads(spans, max_gap)
     fs, fpath = fsspec.core.url_to_fs(path)
     blobs = fs.cat_ranges([fpath] * len(reads), [s for s, _, _ in reads], [e for _, e, _ in reads], on_error="return")
+    size: int | None = None
     for (start, end, members), blob in zip(reads, blobs):
         stats.reads += 1
         stats.ranges.append((path, start, end))
         if isinstance(blob, FileNotFoundError):
-            raise blob
-        if isinstance(blob, Exception):  # a range the store refuses (past the end of the file...)
-            for j in members:
-                pages[rows[j]] = Page(reason="missing_record", detail=f"{type(blob).__name__}: {blob}"[:300])
-            continue
+            detail = str(blob)[:300] or f"{path}: no such file"
+            return [Miss("missing_file", detail) for _ in spans]
+        if isinstance(blob, Exception):
+            # a range starting at or past the end of the object (S3: 416): known by its size
+            if size is None:
+                try:
+                    size = int(fs.size(fpath))
+                except FileNotFoundError as e:
+                    return [Miss("missing_file", str(e)[:300]) for _ in spans]
+            if start < size:
+                raise blob
+            blob = b""
         stats.bytes_read += len(blob)
         for j in members:
             s, e = spans[j]
             piece = blob[s - start:e - start]
             if len(piece) < e - s:
-                pages[rows[j]] = Page(reason="missing_record",
-                                      detail=f"{path} ends at {start + len(blob)}, before the record's end {e}")
-                continue
+                out[j] = Miss("past_end", f"{path} ends at {start + len(blob)}, before the record's end {e}")
+            else:
+                out[j] = piece
+    return out
+
+
+def _read_ranged(path: str, rows: list[int], wanted: Sequence[Wanted], pages: list[Page], stats: ReadStats,
+                 max_gap: int) -> None:
+    spans = [(wanted[i].offset, wanted[i].offset + wanted[i].length) for i in rows]
+    got = fetch_spans(path, spans, stats, max_gap)
+    stats.files -= 1  # read_records counts the file once, whatever reads it
+    for j, piece in enumerate(got):
+        if isinstance(piece, Miss):
+            if piece.reason == "missing_file":
+                raise FileNotFoundError(piece.detail)
+            pages[rows[j]] = Page(reason="missing_record", detail=piece.detail)
+        else:
             pages[rows[j]] = parse_response(piece, wanted[rows[j]].record_id)
 
 

@@ -63,7 +63,7 @@ def _records(stream, wet: bool) -> ArchiveIterator:
     return ArchiveIterator(stream, record_types=rtype, parse_http=not wet, quirks_mode=True)
 
 
-class _State:
+class WalkState:
     """What a shard's walk has seen so far (for an empty file's note and error details)."""
 
     def __init__(self) -> None:
@@ -71,8 +71,8 @@ class _State:
         self.last_truncated = False
 
 
-def _add_record(res: ReadResult, spec: InputSpec, rec, wet: bool, index: int | str, offset: int,
-                st: _State) -> None:
+def add_record(res: ReadResult, spec: InputSpec, rec, wet: bool, index: int | str, offset: int,
+                st: WalkState) -> None:
     """One response (WARC) or conversion (WET) record: a document, or a reject row."""
     st.records += 1
     st.last_truncated = False
@@ -116,7 +116,7 @@ def iter_warc(shard: InputShard, spec: InputSpec, res: ReadResult) -> Iterator[N
     """Read the records of this shard's byte range into ``res``; yield after each record (a
     point where the caller may take a batch). Never raises on bad data."""
     wet = shard.format == "wet"
-    st = _State()
+    st = WalkState()
     whole = shard.start == 0 and shard.end >= shard.size
     with Source(shard.path, chunk=chunk_size(shard.start, shard.end)) as src:
         gz = src.read_at(0, 3) == GZIP_MAGIC if shard.start == 0 else True
@@ -133,7 +133,7 @@ def iter_warc(shard: InputShard, spec: InputSpec, res: ReadResult) -> Iterator[N
 
 
 def _walk_members(shard: InputShard, spec: InputSpec, res: ReadResult, src: Source, wet: bool,
-                  st: _State) -> Iterator[None]:
+                  st: WalkState) -> Iterator[None]:
     """Members whose start offset lies in ``[shard.start, shard.end)``, one after the other."""
     end = shard.end
     inflated = 0
@@ -157,7 +157,7 @@ def _walk_members(shard: InputShard, spec: InputSpec, res: ReadResult, src: Sour
                 if within >= 0:
                     yield  # the record before this one: several share this member
                 within = rec.stream_pos
-                _add_record(res, spec, rec, wet, pos if within == 0 else f"{pos}+{within}", pos, st)
+                add_record(res, spec, rec, wet, pos if within == 0 else f"{pos}+{within}", pos, st)
                 res.bytes_read, res.bytes_decompressed = src.bytes_read, inflated + m.inflated
             parse_error = None
         except Exception as e:  # FastWARC on bytes that are no WARC record
@@ -190,7 +190,7 @@ def _walk_members(shard: InputShard, spec: InputSpec, res: ReadResult, src: Sour
     res.bytes_read, res.bytes_decompressed = src.bytes_read, inflated
 
 
-def _read_stream(shard: InputShard, spec: InputSpec, res: ReadResult, wet: bool, st: _State) -> Iterator[None]:
+def _read_stream(shard: InputShard, spec: InputSpec, res: ReadResult, wet: bool, st: WalkState) -> Iterator[None]:
     """A WARC that is not gzip (uncompressed, or a codec FastWARC detects): read whole."""
     f, raw = open_counted(shard.path)
     last_pos = 0
@@ -198,7 +198,7 @@ def _read_stream(shard: InputShard, spec: InputSpec, res: ReadResult, wet: bool,
         with f:
             for rec in _records(f, wet):
                 last_pos = rec.stream_pos
-                _add_record(res, spec, rec, wet, last_pos, last_pos, st)
+                add_record(res, spec, rec, wet, last_pos, last_pos, st)
                 res.bytes_read = raw.bytes_read
                 yield
     except (FileNotFoundError, PermissionError):

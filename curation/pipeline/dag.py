@@ -246,7 +246,12 @@ class Dag:
         if node in self.inputs:
             if self.inputs[node].format == "run":
                 return None  # another run's rows: their columns are known once read
-            extra = {"html", "charset"} if self.inputs[node].format == "warc" else set()
+            fmt = self.inputs[node].format
+            extra = {"html", "charset"} if fmt in ("warc", "cc_index") else set()
+            if fmt == "cc_index":  # the index's language and mime on every document
+                from curation.io.cc_select import DOC_COLUMNS
+
+                extra |= set(DOC_COLUMNS)
             return set(DOC_SCHEMA.names) | extra
         st = self.stages[node]
         if st.kind == "union":

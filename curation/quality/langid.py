@@ -38,6 +38,13 @@ sndsd somso sotst spaes sqisq srdsc srpsr sswss sunsu swasw swesv tahty tamta ta
 tgltl thath tirti tonto tsntn tsots tuktk turtr twitw uigug ukruk urdur uzbuz venve vievi volvo
 wlnwa wolwo xhoxh yidyi yoryo zhaza zhozh zulzu
 """.split()}
+_ISO1_TO_3 = {two: three for three, two in _ISO3_TO_1.items()}
+
+
+def iso639_3(code: str) -> str | None:
+    """The ISO 639-3 code of an ISO 639-1 one (``sv`` -> ``swe``), None if it has none."""
+    return _ISO1_TO_3.get(code)
+
 
 # GlotLID / NLLB label individual languages where ISO 639-1 names the macrolanguage. Applied
 # only to labels with a script suffix (``arb_Arab``): in lid.176, ``als`` means Alemannic.
