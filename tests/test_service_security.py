@@ -295,6 +295,18 @@ def _rss_mb(pid: int) -> float:
     return float("nan")
 
 
+def _sampled(pid: int, fn) -> tuple[httpx.Response, float, float]:
+    """``fn()``'s answer, its seconds, and the server's largest RSS (MB) sampled every 50 ms."""
+    peak = [_rss_mb(pid)]
+    with cf.ThreadPoolExecutor(1) as pool:
+        t0 = time.perf_counter()
+        fut = pool.submit(fn)
+        while not fut.done():
+            peak.append(_rss_mb(pid))
+            time.sleep(0.05)
+        return fut.result(), time.perf_counter() - t0, max(peak)
+
+
 def _sql_sampled(svc, client, q: str) -> tuple[httpx.Response, float, float]:
     """The /sql answer to ``q``, its seconds, and the server's largest RSS (MB) sampled every
     50 ms meanwhile (VmHWM would keep an earlier test's peak)."""
@@ -975,6 +987,54 @@ def test_runs_have_a_time_limit_by_default(svc, legit_run):
         limits = c.get(f"/runs/{legit_run}").json()["limits"]
     assert limits["max_run_seconds"] == 86400 and limits["max_run_bytes"] == 100 << 30, limits
     assert limits["max_run_memory"] >= 2 << 30
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 62 / review s5 #5: a parameter file read whole at admission is opened with a size cap
+
+
+@pytest.fixture(scope="module")
+def param_files(svc):
+    data = svc.root / "data"
+    with open(data / "big.json", "wb") as f:
+        f.truncate(1 << 30)  # sparse: no disk; what the review's 2.1 GB of RSS came from
+    (data / "over_big.json").write_text(json.dumps({"languages": {}, "base": "data/big.json"}))
+    (data / "loop.json").write_text(json.dumps({"languages": {}, "base": "data/loop2.json"}))
+    (data / "loop2.json").write_text(json.dumps({"languages": {}, "base": "data/loop.json"}))
+    (svc.root / "outside.json").write_text(json.dumps({"languages": {}}))
+    (data / "over_outside.json").write_text(json.dumps({"languages": {}, "base": "outside.json"}))
+    (data / "over_ok.json").write_text(json.dumps({"languages": {}, "base": "fineweb2"}))
+    os.mkfifo(data / "fifo.json")
+    yield data
+    for name in ("big.json", "over_big.json", "loop.json", "loop2.json", "over_outside.json", "over_ok.json",
+                 "fifo.json"):
+        (data / name).unlink()
+    (svc.root / "outside.json").unlink()
+
+
+@pytest.mark.parametrize("stage, status, expect", [
+    ({"type": "gopher_quality", "lang_config": "data/big.json"}, 422, "max_param_file_bytes"),
+    ({"type": "calibrate_rules", "base": "data/big.json"}, 422, "max_param_file_bytes"),
+    ({"type": "gopher_quality", "lang_config": "data/over_big.json"}, 422, "max_param_file_bytes"),
+    ({"type": "gopher_quality", "lang_config": "data/loop.json"}, 422, "comes back"),
+    ({"type": "gopher_quality", "lang_config": "data/over_outside.json"}, 403, "outside the allowed roots"),
+    ({"type": "gopher_quality", "lang_config": "data/fifo.json"}, 422, "not a regular file"),
+], ids=["lang_config_1GiB", "calibrate_base_1GiB", "overlay_base_1GiB", "base_loop", "base_outside", "fifo"])
+def test_parameter_files_are_read_with_a_size_cap(svc, client, param_files, stage, status, expect):
+    """Review s5 #5: `lang_config: data/big.json` (1 GiB) took the service from 295 MB to 2.39 GB."""
+    rss0 = _rss_mb(svc.proc.pid)
+    r, secs, peak = _sampled(svc.proc.pid, lambda: _post(client, _dag({"g": stage})))
+    assert r.status_code == status and expect in r.json()["detail"], r.text[:300]
+    assert peak < rss0 + 100, (rss0, peak)
+    FIGURES.setdefault("param_file_cap", {})[json.dumps(stage)[:70]] = {
+        "code": r.status_code, "seconds": round(secs, 2), "server_rss_mb": [round(rss0), round(peak)],
+        "detail": r.json()["detail"][:160]}
+
+
+def test_a_small_overlay_parameter_file_is_admitted(svc, client, param_files):
+    r = _post(client, _dag({"g": {"type": "gopher_quality", "lang_config": "data/over_ok.json"}}))
+    assert r.status_code == 201, r.text[:300]
+    client.post(f"/runs/{r.json()['id']}/cancel")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse
 
 from curation.pipeline.dag import StageModuleRefused
 from curation.service import browse
-from curation.service.auth import PathPolicy, TokenAuth, load_token
+from curation.service.auth import MAX_PARAM_FILE_BYTES, PathPolicy, TokenAuth, load_token
 from curation.service.middleware import GuardMiddleware, StageModulesMiddleware
 from curation.service.routes import browse as browse_routes, evals, inspect, pages, runs as runs_routes
 from curation.service.runs import (MAX_BLOOM_BYTES, MAX_INPUT_FILES, MAX_PATTERNS, MAX_RUN_BYTES, MAX_RUN_SECONDS,
@@ -112,7 +112,7 @@ def create_app(runs_dir: str | Path, token: str, address: str | None = None,
                max_patterns: int = MAX_PATTERNS, max_input_files: int = MAX_INPUT_FILES,
                max_bloom_bytes: int = MAX_BLOOM_BYTES, min_split_bytes: int = MIN_SPLIT_BYTES,
                max_shards: int = MAX_SHARDS, max_run_bytes: int | None = None,
-               max_run_memory: int | None = None) -> FastAPI:
+               max_run_memory: int | None = None, max_param_file_bytes: int = MAX_PARAM_FILE_BYTES) -> FastAPI:
     """The FastAPI application. Starting it (lifespan) starts the run scheduler; stopping it
     leaves runs running. ``base_dir`` (default: the CWD) anchors relative input paths.
     ``stage_modules``: module prefixes ``type: module:Class`` stages may come from (default:
@@ -122,11 +122,12 @@ def create_app(runs_dir: str | Path, token: str, address: str | None = None,
     match, ``max_bloom_bytes`` for a stage's Bloom filters, ``min_split_bytes`` for an input's
     ``split_bytes``, ``max_shards`` it cuts the files into (``runs.AdmissionLimits``; 422 names them).
     A run's quotas (``None``: none): ``max_run_seconds``, ``max_run_bytes`` on disk (the run
-    stops itself past it), ``max_run_memory`` (``RunManager``)."""
+    stops itself past it), ``max_run_memory`` (``RunManager``). ``max_param_file_bytes``: a stage
+    parameter file read whole at admission (``lang_config``, ``base``; ``auth.PathPolicy``)."""
     from curation.pipeline.dag import parse_stage_modules
 
     auth = TokenAuth(token)
-    policy = PathPolicy(list(allowed_roots), base_dir or os.getcwd())
+    policy = PathPolicy(list(allowed_roots), base_dir or os.getcwd(), max_param_file_bytes=max_param_file_bytes)
     stage_modules = parse_stage_modules(stage_modules)
     runs = RunManager(runs_dir, policy, address=address, max_concurrent=max_concurrent, stage_modules=stage_modules,
                       max_queued=max_queued, max_run_seconds=max_run_seconds, max_patterns=max_patterns,
@@ -302,7 +303,8 @@ def serve(runs_dir: str | Path, address: str | None = "auto", token_file: str | 
           max_strangers: int | None = None, max_patterns: int = MAX_PATTERNS,
           max_input_files: int = MAX_INPUT_FILES, max_bloom_bytes: int = MAX_BLOOM_BYTES,
           min_split_bytes: int = MIN_SPLIT_BYTES, max_shards: int = MAX_SHARDS,
-          max_run_bytes: int | None = MAX_RUN_BYTES, max_run_memory: int | None = -1) -> None:
+          max_run_bytes: int | None = MAX_RUN_BYTES, max_run_memory: int | None = -1,
+          max_param_file_bytes: int = MAX_PARAM_FILE_BYTES) -> None:
     """Run the service until interrupted. Runs it started keep running after it stops.
 
     ``address``: the Ray cluster each run connects to (``auto``, ``ray://head:10001``), or
@@ -317,7 +319,8 @@ def serve(runs_dir: str | Path, address: str | None = "auto", token_file: str | 
     cancelled and marked timed out; default a day), ``max_run_bytes`` of a run's directory on
     disk (the run fails past it and removes its work files; default 100 GiB),
     ``max_run_memory`` of its processes (default -1: half this machine's memory; ``None`` or 0:
-    none), ``sql_max_bytes`` per /sql answer, ``sql_memory_bytes`` per
+    none), ``max_param_file_bytes`` of a parameter file read whole at admission (422 past it),
+    ``sql_max_bytes`` per /sql answer, ``sql_memory_bytes`` per
     /sql query (its boxed process; 413 past it), ``max_connections``
     open at once (503 past it), ``header_timeout_s`` to send a request head (and the body of a
     request without the token: the login form), ``body_timeout_s`` for a body otherwise,
@@ -352,7 +355,8 @@ def serve(runs_dir: str | Path, address: str | None = "auto", token_file: str | 
                      max_run_seconds=max_run_seconds, sql_max_bytes=sql_max_bytes,
                      sql_memory_bytes=sql_memory_bytes, max_patterns=max_patterns, max_input_files=max_input_files,
                      max_bloom_bytes=max_bloom_bytes, min_split_bytes=min_split_bytes, max_shards=max_shards,
-                     max_run_bytes=max_run_bytes, max_run_memory=max_run_memory)
+                     max_run_bytes=max_run_bytes, max_run_memory=max_run_memory,
+                     max_param_file_bytes=max_param_file_bytes)
     strangers = max(1, max_connections // 2) if max_strangers is None else max_strangers
     # timeout_graceful_shutdown: SIGTERM stops the server within seconds even with requests in flight
     config = uvicorn.Config(app, host=host, port=port, log_level="info", proxy_headers=False,

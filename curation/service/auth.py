@@ -100,6 +100,15 @@ class PathDenied(PathRefused):
     """A DAG names a location outside the allowed roots."""
 
 
+#: stage parameters whose file a validator reads whole when a DAG is admitted (``lang_config``,
+#: ``calibrate_rules.base``: a preset or a calibration, 5-170 KB as shipped). Their size is
+#: capped before anything reads them, and an overlay's ``base`` chain is followed through the
+#: policy (roots and cap) before the validator follows it.
+READ_WHOLE = frozenset({"lang_config", "base"})
+MAX_PARAM_FILE_BYTES = 4 << 20
+MAX_BASE_CHAIN = 8
+
+
 def _has_magic(s: str) -> bool:
     return any(c in s for c in "*?[")
 
@@ -114,8 +123,10 @@ class PathPolicy:
     ``base_dir``. fsspec chained URLs (``a::b``) are refused: they can hide a second location.
     """
 
-    def __init__(self, roots: Iterable[str | Path], base_dir: str | Path):
+    def __init__(self, roots: Iterable[str | Path], base_dir: str | Path,
+                 max_param_file_bytes: int = MAX_PARAM_FILE_BYTES):
         self.base_dir = os.path.realpath(base_dir)
+        self.max_param_file_bytes = max_param_file_bytes
         self.local_roots: list[str] = []
         self.url_roots: list[str] = []
         for r in roots:
@@ -188,4 +199,43 @@ class PathPolicy:
             raise self._deny(field, value)
         if self.is_url(value):
             return self.check_url(value, field)
-        return self.check_local(value, field)
+        real = self.check_local(value, field)
+        if field in READ_WHOLE:
+            self._check_read_whole(real, value, field)
+        return real
+
+    def _check_read_whole(self, real: str, value: str, field: str) -> None:
+        """A parameter file a validator reads whole: at most ``max_param_file_bytes`` (a
+        ``ValueError``, which validation reports as 422), opened without blocking (a FIFO is not
+        a file), and if it is an overlay, its ``base`` chain under the roots and the cap too."""
+        import json
+
+        from curation.text.lang_rules import is_file
+
+        cap, seen, where = self.max_param_file_bytes, set(), value
+        for _ in range(MAX_BASE_CHAIN):
+            if real in seen:
+                raise ValueError(f"{field}: {value!r}: its chain of `base` files comes back to {where!r}")
+            seen.add(real)
+            try:
+                fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK)
+            except OSError:
+                return  # missing: the validator says so, as it would to anyone
+            with os.fdopen(fd, "rb") as f:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    raise ValueError(f"{field}: {where!r} is not a regular file")
+                data = f.read(cap + 1) if st.st_size <= cap else b""
+                if st.st_size > cap or len(data) > cap:
+                    raise ValueError(f"{field}: {where!r} is {max(st.st_size, len(data)):,} bytes; the service reads "
+                                     f"at most {cap:,} bytes of a parameter file (max_param_file_bytes; a preset is "
+                                     "~170 KB)")
+            try:
+                base = json.loads(data).get("base")
+            except (ValueError, AttributeError, RecursionError):
+                return  # not an overlay (or not JSON: the validator says so)
+            if not isinstance(base, str) or not is_file(base):
+                return  # a shipped preset, or no base
+            where = base
+            real = self.check_local(base, f"{field} (the base of {value!r})")
+        raise ValueError(f"{field}: {value!r}: a chain of more than {MAX_BASE_CHAIN} `base` files")
