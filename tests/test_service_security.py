@@ -1038,6 +1038,78 @@ def test_a_small_overlay_parameter_file_is_admitted(svc, client, param_files):
 
 
 # ---------------------------------------------------------------------------------------------
+# issue 62 / review s5 #9: the token file under the default root, sessions, Secure, /docs
+
+
+@pytest.fixture(scope="module")
+def noroot(tmp_path_factory, request):
+    """No --allowed-root: the base directory, which holds the token file, is the root. Behind a
+    trusted proxy on 127.0.0.1."""
+    root = _make_base(tmp_path_factory.mktemp("secnoroot"))
+    s = ServiceProcess(root, [], extra_args=["--base-dir", str(root), "--trusted-proxy", "127.0.0.1"],
+                       env={"RAY_TMPDIR": str(tmp_path_factory.mktemp("secray5"))})
+    (root / "data" / "token_link.jsonl").symlink_to(root / "token")
+    s.start()
+    request.addfinalizer(s.stop)
+    return s
+
+
+@pytest.mark.parametrize("inputs, stages", [
+    (_jsonl_in("token"), {"s": {"type": "select", "where": "true"}}),
+    (_jsonl_in("tok*"), {"s": {"type": "select", "where": "true"}}),
+    (_jsonl_in("data/token_link.jsonl"), {"s": {"type": "select", "where": "true"}}),
+    (None, {"q": {"type": "quality", "model": "token"}}),
+    (None, {"g": {"type": "gopher_quality", "lang_config": "data/../token"}}),
+], ids=["path", "glob", "symlink", "model", "lang_config"])
+def test_the_token_file_is_not_readable_under_the_default_root(noroot, inputs, stages):
+    """Review s5 #9: with no --allowed-root the base directory, token file included, was a root."""
+    with noroot.client() as c:
+        r = _post(c, _dag(stages, inputs))
+    assert r.status_code == 403 and "token file" in r.json()["detail"], r.text[:300]
+    assert TOKEN not in r.text
+    FIGURES.setdefault("token_file", {})[json.dumps(inputs or stages)[:60]] = r.status_code
+
+
+def _login(url: str, headers: dict | None = None) -> httpx.Response:
+    return httpx.post(url + "/", data={"token": TOKEN}, headers=headers or {}, follow_redirects=False, timeout=30)
+
+
+def test_signing_out_ends_the_session_on_the_server(noroot):
+    """Review s5 #9: the session cookie (an HMAC of the token) survived sign-out: a copied cookie
+    kept working. It is now a random session id the service forgets at sign-out."""
+    first, second = _login(noroot.url), _login(noroot.url)
+    a, b = first.cookies["refinery_session"], second.cookies["refinery_session"]
+    assert first.status_code == 303 and a != b and TOKEN not in a
+    with httpx.Client(base_url=noroot.url, timeout=30) as c:
+        ok = c.get("/runs", headers={"Cookie": f"refinery_session={a}"}).status_code
+        assert c.get("/logout", headers={"Cookie": f"refinery_session={a}"}, follow_redirects=False).status_code == 303
+        after = c.get("/runs", headers={"Cookie": f"refinery_session={a}"}).status_code
+        other = c.get("/runs", headers={"Cookie": f"refinery_session={b}"}).status_code
+        forged = c.get("/runs", headers={"Cookie": "refinery_session=" + "x" * 43}).status_code
+    FIGURES["session_after_logout"] = {"before": ok, "after": after, "other_session": other, "forged": forged}
+    assert (ok, after, other, forged) == (200, 401, 200, 401)
+
+
+def test_the_cookie_is_secure_behind_a_trusted_https_proxy(noroot, svc):
+    https = {"X-Forwarded-Proto": "https"}
+    behind = _login(noroot.url, https).headers["set-cookie"]
+    plain = _login(noroot.url).headers["set-cookie"]
+    untrusted = _login(svc.url, https).headers["set-cookie"]  # no --trusted-proxy: the header is anyone's
+    FIGURES["cookie_secure"] = {"trusted_https": "Secure" in behind, "trusted_http": "Secure" in plain,
+                                "untrusted_https": "Secure" in untrusted}
+    assert "Secure" in behind and "Secure" not in plain and "Secure" not in untrusted
+
+
+def test_docs_load_no_script(client):
+    """Review s5 #9: /docs loaded Swagger UI from a CDN with no SRI and no CSP."""
+    r = client.get("/docs")
+    csp = r.headers["content-security-policy"]
+    assert r.status_code == 200 and "<script" not in r.text.lower() and "cdn" not in r.text.lower()
+    assert "default-src 'none'" in csp and "script-src" not in csp
+    assert "/runs/{run_id}/sql" in r.text and "/openapi.json" in r.text
+
+
+# ---------------------------------------------------------------------------------------------
 # 13: serve refuses unsafe options
 
 

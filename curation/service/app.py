@@ -112,7 +112,8 @@ def create_app(runs_dir: str | Path, token: str, address: str | None = None,
                max_patterns: int = MAX_PATTERNS, max_input_files: int = MAX_INPUT_FILES,
                max_bloom_bytes: int = MAX_BLOOM_BYTES, min_split_bytes: int = MIN_SPLIT_BYTES,
                max_shards: int = MAX_SHARDS, max_run_bytes: int | None = None,
-               max_run_memory: int | None = None, max_param_file_bytes: int = MAX_PARAM_FILE_BYTES) -> FastAPI:
+               max_run_memory: int | None = None, max_param_file_bytes: int = MAX_PARAM_FILE_BYTES,
+               private_files: Iterable[str | Path] = (), cookie_secure: bool = False) -> FastAPI:
     """The FastAPI application. Starting it (lifespan) starts the run scheduler; stopping it
     leaves runs running. ``base_dir`` (default: the CWD) anchors relative input paths.
     ``stage_modules``: module prefixes ``type: module:Class`` stages may come from (default:
@@ -123,11 +124,14 @@ def create_app(runs_dir: str | Path, token: str, address: str | None = None,
     ``split_bytes``, ``max_shards`` it cuts the files into (``runs.AdmissionLimits``; 422 names them).
     A run's quotas (``None``: none): ``max_run_seconds``, ``max_run_bytes`` on disk (the run
     stops itself past it), ``max_run_memory`` (``RunManager``). ``max_param_file_bytes``: a stage
-    parameter file read whole at admission (``lang_config``, ``base``; ``auth.PathPolicy``)."""
+    parameter file read whole at admission (``lang_config``, ``base``; ``auth.PathPolicy``).
+    ``private_files`` (the token file) no DAG may read, under a root or not; ``cookie_secure``:
+    the session cookie is ``Secure`` (browsers reach the service through https)."""
     from curation.pipeline.dag import parse_stage_modules
 
     auth = TokenAuth(token)
-    policy = PathPolicy(list(allowed_roots), base_dir or os.getcwd(), max_param_file_bytes=max_param_file_bytes)
+    policy = PathPolicy(list(allowed_roots), base_dir or os.getcwd(), max_param_file_bytes=max_param_file_bytes,
+                        private=private_files)
     stage_modules = parse_stage_modules(stage_modules)
     runs = RunManager(runs_dir, policy, address=address, max_concurrent=max_concurrent, stage_modules=stage_modules,
                       max_queued=max_queued, max_run_seconds=max_run_seconds, max_patterns=max_patterns,
@@ -137,7 +141,7 @@ def create_app(runs_dir: str | Path, token: str, address: str | None = None,
     state = ServiceState(runs=runs, auth=auth, policy=policy, stage_modules=stage_modules,
                          sql_timeout_s=sql_timeout_s, sql_max_rows=sql_max_rows,
                          sql_max_concurrent=sql_max_concurrent, sql_max_bytes=sql_max_bytes,
-                         sql_memory_bytes=sql_memory_bytes)
+                         sql_memory_bytes=sql_memory_bytes, cookie_secure=cookie_secure)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -304,7 +308,7 @@ def serve(runs_dir: str | Path, address: str | None = "auto", token_file: str | 
           max_input_files: int = MAX_INPUT_FILES, max_bloom_bytes: int = MAX_BLOOM_BYTES,
           min_split_bytes: int = MIN_SPLIT_BYTES, max_shards: int = MAX_SHARDS,
           max_run_bytes: int | None = MAX_RUN_BYTES, max_run_memory: int | None = -1,
-          max_param_file_bytes: int = MAX_PARAM_FILE_BYTES) -> None:
+          max_param_file_bytes: int = MAX_PARAM_FILE_BYTES, trusted_proxies: Iterable[str] = ()) -> None:
     """Run the service until interrupted. Runs it started keep running after it stops.
 
     ``address``: the Ray cluster each run connects to (``auto``, ``ray://head:10001``), or
@@ -330,7 +334,10 @@ def serve(runs_dir: str | Path, address: str | None = "auto", token_file: str | 
     filters per stage, ``min_split_bytes`` per input shard and ``max_shards`` per DAG;
     ``max_queued`` counts cancelled runs
     until they are deleted. The service speaks
-    plain HTTP: a non-loopback ``host`` needs ``behind_tls_proxy`` (a TLS proxy in front).
+    plain HTTP: a non-loopback ``host`` needs ``behind_tls_proxy`` (a TLS proxy in front), which
+    also makes the session cookie ``Secure``; ``trusted_proxies``: addresses whose
+    ``X-Forwarded-Proto`` is believed (``https`` there makes the cookie ``Secure`` too). The token
+    file is never readable by a DAG, even when a root (by default the base directory) holds it.
     """
     import uvicorn
 
@@ -339,6 +346,7 @@ def serve(runs_dir: str | Path, address: str | None = "auto", token_file: str | 
                            "in clear; bind 127.0.0.1 behind a TLS proxy, or pass --behind-tls-proxy if this "
                            "address is only reachable through one")
     token = load_token(token_file)
+    private = [str(Path(token_file).resolve())] if token_file else []  # before the chdir below
     if len(token) < MIN_TOKEN_CHARS:
         raise ServeRefused(f"the token has {len(token)} characters; use at least {MIN_TOKEN_CHARS} "
                            "(python -c 'import secrets; print(secrets.token_urlsafe(32))')")
@@ -356,10 +364,13 @@ def serve(runs_dir: str | Path, address: str | None = "auto", token_file: str | 
                      sql_memory_bytes=sql_memory_bytes, max_patterns=max_patterns, max_input_files=max_input_files,
                      max_bloom_bytes=max_bloom_bytes, min_split_bytes=min_split_bytes, max_shards=max_shards,
                      max_run_bytes=max_run_bytes, max_run_memory=max_run_memory,
-                     max_param_file_bytes=max_param_file_bytes)
+                     max_param_file_bytes=max_param_file_bytes, private_files=private,
+                     cookie_secure=behind_tls_proxy)
+    trusted_proxies = [str(a) for a in trusted_proxies]
     strangers = max(1, max_connections // 2) if max_strangers is None else max_strangers
     # timeout_graceful_shutdown: SIGTERM stops the server within seconds even with requests in flight
-    config = uvicorn.Config(app, host=host, port=port, log_level="info", proxy_headers=False,
+    config = uvicorn.Config(app, host=host, port=port, log_level="info", proxy_headers=bool(trusted_proxies),
+                            forwarded_allow_ips=trusted_proxies or None,
                             timeout_keep_alive=5, server_header=False, limit_concurrency=max_connections,
                             h11_max_incomplete_event_size=64 * 1024, timeout_graceful_shutdown=3,
                             http=header_timeout_protocol(header_timeout_s, body_timeout_s, header_timeout_s,

@@ -1,7 +1,8 @@
 """Who may call the service, and which files a submitted DAG may read.
 
 Authentication is one shared bearer token (``Authorization: Bearer T``, or the dashboard's
-cookie, which holds a value derived from the token rather than the token itself).
+cookie, which holds a random session id the service issued at sign-in, never the token: signing
+out ends that session on the server, and a restart ends them all).
 Authorisation of data access is a path policy: every file a DAG names must resolve, after
 ``..`` and symlinks, under one of the configured roots.
 """
@@ -13,8 +14,11 @@ import hashlib
 import hmac
 import os
 import re
+import secrets
 import stat
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Iterable
 
@@ -56,26 +60,65 @@ def load_token(token_file: str | Path | None = None) -> str:
     return token
 
 
+#: how long a dashboard session lasts (the cookie's max-age too), and how many may be open at
+#: once (past that, the oldest ends: sign-ins cannot grow the service's memory)
+SESSION_SECONDS = 7 * 24 * 3600
+MAX_SESSIONS = 10_000
+
+
 class TokenAuth:
-    """Checks a request's bearer token or dashboard cookie in constant time.
+    """Checks a request's bearer token or dashboard cookie.
+
+    The cookie holds a random session id issued at sign-in (``new_session``); the service keeps
+    only its hash and expiry, so a leaked cookie jar leaks neither the token nor a session
+    that was signed out (``end_session``) or outlived ``SESSION_SECONDS``.
 
     Requests authenticated by cookie must also carry the ``X-Refinery-CSRF`` header on
     state-changing methods: a cross-site form cannot set custom headers, so a page elsewhere
     cannot make a logged-in browser submit or cancel runs.
     """
 
-    def __init__(self, token: str):
+    def __init__(self, token: str, session_seconds: float = SESSION_SECONDS, max_sessions: int = MAX_SESSIONS):
         if not token:
             raise TokenError("empty token")
         self._token = token.encode()
-        # The cookie holds an HMAC of the token, so a leaked cookie jar does not leak the API token.
-        self.session_value = hmac.new(self._token, b"refinery-dashboard-session", hashlib.sha256).hexdigest()
+        self.session_seconds = session_seconds
+        self.max_sessions = max_sessions
+        self._sessions: dict[str, float] = {}  # sha256(session id) -> expiry (time.time()), oldest first
+        self._lock = threading.Lock()
 
     def token_ok(self, candidate: str | None) -> bool:
         return bool(candidate) and hmac.compare_digest(candidate.encode(), self._token)
 
+    @staticmethod
+    def _key(session: str) -> str:
+        return hashlib.sha256(session.encode()).hexdigest()
+
+    def new_session(self) -> str:
+        """A new session id for a browser that showed the token."""
+        session = secrets.token_urlsafe(32)
+        with self._lock:
+            self._sessions[self._key(session)] = time.time() + self.session_seconds
+            while len(self._sessions) > self.max_sessions:
+                self._sessions.pop(next(iter(self._sessions)))
+        return session
+
+    def end_session(self, session: str | None) -> None:
+        """Sign out: the session id stops working at once, whoever holds it."""
+        if session:
+            with self._lock:
+                self._sessions.pop(self._key(session), None)
+
     def cookie_ok(self, candidate: str | None) -> bool:
-        return bool(candidate) and hmac.compare_digest(candidate.encode(), self.session_value.encode())
+        if not candidate or len(candidate) > 128:
+            return False
+        key = self._key(candidate)
+        with self._lock:
+            expiry = self._sessions.get(key)
+            if expiry is not None and expiry < time.time():
+                del self._sessions[key]
+                expiry = None
+        return expiry is not None
 
     def check(self, conn: HTTPConnection, method: str = "GET") -> tuple[bool, str]:
         """(allowed, reason-if-not)."""
@@ -124,9 +167,12 @@ class PathPolicy:
     """
 
     def __init__(self, roots: Iterable[str | Path], base_dir: str | Path,
-                 max_param_file_bytes: int = MAX_PARAM_FILE_BYTES):
+                 max_param_file_bytes: int = MAX_PARAM_FILE_BYTES, private: Iterable[str | Path] = ()):
         self.base_dir = os.path.realpath(base_dir)
         self.max_param_file_bytes = max_param_file_bytes
+        # files no DAG may name, under a root or not: the service's token file (with no
+        # --allowed-root, the base directory that holds it is the root)
+        self.private = {os.path.realpath(os.path.join(self.base_dir, os.path.expanduser(str(p)))) for p in private}
         self.local_roots: list[str] = []
         self.url_roots: list[str] = []
         for r in roots:
@@ -169,6 +215,8 @@ class PathPolicy:
         real = os.path.realpath(plain)
         if not any(_within(real, r) for r in self.local_roots):
             raise self._deny(where, path, via_symlink=real != plain)
+        if real in self.private:
+            raise PathDenied(f"{where}: {path!r} is the service's token file; no DAG may read it")
         return real
 
     def check_pattern(self, pattern: str, where: str) -> None:

@@ -30,6 +30,7 @@ class ServiceState:
     sql_max_concurrent: int = 4
     sql_max_bytes: int = 4 << 20
     sql_memory_bytes: int = 1 << 30
+    cookie_secure: bool = False  # the browser reaches the service through https (--behind-tls-proxy)
     admission_workers: int = 2
     admission_waiting: int = 30
     admission_timeout_s: float = 20.0

@@ -1,15 +1,15 @@
 """Pages and service routes: liveness, the sign-in form and the session cookie, the dashboard
-page and its static files, the API's OpenAPI document and Swagger UI."""
+page and its static files, the API's OpenAPI document and its reference page (``/docs``: the
+routes as plain HTML, no script: Swagger UI would load one from a CDN)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from fastapi import APIRouter, HTTPException, Request
-from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse
 
-from curation.service.auth import COOKIE, TokenAuth
+from curation.service.auth import COOKIE, SESSION_SECONDS, TokenAuth
 from curation.service.state import ServiceState
 
 STATIC = Path(__file__).resolve().parents[1] / "static"
@@ -35,12 +35,42 @@ def _login_page(error: str = "", status: int = 401) -> HTMLResponse:
                         headers={"Content-Security-Policy": _LOGIN_CSP})
 
 
-def _session_redirect(request: Request, auth: TokenAuth) -> RedirectResponse:
-    # 303 to a clean URL: the token leaves the address bar and the browser history
+def _session_redirect(request: Request, auth: TokenAuth, secure: bool) -> RedirectResponse:
+    # 303 to a clean URL: the token leaves the address bar and the browser history. Secure when
+    # the browser speaks https: to a --behind-tls-proxy service, or through a --trusted-proxy
+    # that says so (X-Forwarded-Proto, which uvicorn believes from that proxy only)
     resp = RedirectResponse("/", status_code=303)
-    resp.set_cookie(COOKIE, auth.session_value, httponly=True, samesite="strict", path="/",
-                    secure=request.url.scheme == "https", max_age=7 * 24 * 3600)
+    resp.set_cookie(COOKIE, auth.new_session(), httponly=True, samesite="strict", path="/",
+                    secure=secure or request.url.scheme == "https", max_age=SESSION_SECONDS)
     return resp
+
+
+_DOCS_CSP = ("default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'none'; "
+             "frame-ancestors 'none'; base-uri 'none'")
+
+
+def _docs_page(spec: dict) -> HTMLResponse:
+    """The API reference from the OpenAPI document: each route's method, path, summary and
+    parameters, in plain HTML under a CSP that allows no script at all."""
+    import html
+
+    esc = html.escape
+    rows = []
+    for path, ops in spec.get("paths", {}).items():
+        for method, op in ops.items():
+            params = ", ".join(f"{p['name']} ({p.get('in')})" for p in op.get("parameters", []))
+            body = ", ".join(op.get("requestBody", {}).get("content", {}))
+            doc = (op.get("description") or op.get("summary") or "").strip()
+            rows.append(f"<tr><td><b>{esc(method.upper())}</b></td><td><code>{esc(path)}</code></td>"
+                        f"<td>{esc(doc)}</td><td>{esc(params)}</td><td>{esc(body)}</td></tr>")
+    page = ('<!doctype html><html lang="en"><head><meta charset="utf-8"><title>refinery API</title>'
+            '<link rel="icon" href="data:,"><link rel="stylesheet" href="/static/app.css"></head><body><main>'
+            '<div class="card"><h2>refinery API</h2><p class="muted">Every route but <code>/healthz</code> needs '
+            '<code>Authorization: Bearer &lt;token&gt;</code>. The OpenAPI document is at '
+            '<a href="/openapi.json">/openapi.json</a> (load it into any OpenAPI viewer).</p>'
+            '<table><tr><th>method</th><th>path</th><th>what it does</th><th>parameters</th><th>body</th></tr>'
+            + "".join(rows) + "</table></div></main></body></html>")
+    return HTMLResponse(page, headers={"Content-Security-Policy": _DOCS_CSP})
 
 
 def add_routes(r: APIRouter, state: ServiceState) -> None:
@@ -55,7 +85,7 @@ def add_routes(r: APIRouter, state: ServiceState) -> None:
     def index(request: Request, token: str | None = None):
         if token is not None:
             if auth.token_ok(token):
-                return _session_redirect(request, auth)
+                return _session_redirect(request, auth, state.cookie_secure)
             return _login_page("That token is not valid.")
         ok, _ = auth.check(request)
         if not ok:
@@ -68,11 +98,12 @@ def add_routes(r: APIRouter, state: ServiceState) -> None:
         form = await request.form(max_files=0, max_fields=4)
         token = form.get("token")
         if isinstance(token, str) and auth.token_ok(token.strip()):
-            return _session_redirect(request, auth)
+            return _session_redirect(request, auth, state.cookie_secure)
         return _login_page("That token is not valid.")
 
     @r.get("/logout", include_in_schema=False)
-    def logout():
+    def logout(request: Request):
+        auth.end_session(request.cookies.get(COOKIE))  # the session ends here, not only in this browser
         resp = RedirectResponse("/", status_code=303)
         resp.delete_cookie(COOKIE, path="/")
         return resp
@@ -89,6 +120,6 @@ def add_routes(r: APIRouter, state: ServiceState) -> None:
         return JSONResponse(request.app.openapi())
 
     @r.get("/docs", include_in_schema=False)
-    def docs():
-        return get_swagger_ui_html(openapi_url="/openapi.json", title="refinery API")
+    def docs(request: Request):
+        return _docs_page(request.app.openapi())
 
