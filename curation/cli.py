@@ -310,9 +310,18 @@ def serve(
                                            "separated (mypkg,teamfilters); default none: the service imports no module "
                                            "a client names"),
     max_queued: int = typer.Option(100, "--max-queued", min=1, help="runs waiting at once; a submission past it gets 429"),
-    max_run_seconds: Optional[float] = typer.Option(None, "--max-run-seconds", min=1,
-                                                    help="a run still going after this long is cancelled and marked "
-                                                         "timed out (default: no limit)"),
+    max_run_seconds: float = typer.Option(86400, "--max-run-seconds", min=0,
+                                          help="a run still going after this long is cancelled and marked timed "
+                                               "out (default: a day; 0: no limit)"),
+    max_run_bytes: int = typer.Option(100 << 30, "--max-run-bytes", min=0,
+                                      help="a run's directory on disk: past it the run stops, fails with that "
+                                           "reason and removes its work files; Bloom filters larger are refused at "
+                                           "submission (default 100 GiB; 0: no quota)"),
+    max_run_memory: Optional[int] = typer.Option(None, "--max-run-memory", min=0,
+                                                 help="bytes of memory a run's processes may hold: the kernel's "
+                                                      "limit on each (RLIMIT_DATA; at least 2 GiB) and, for all of "
+                                                      "them together, stopped past it (default: half this "
+                                                      "machine's memory; 0: no cap)"),
     sql_max_bytes: int = typer.Option(4 << 20, "--sql-max-bytes", min=1024, help="bytes of cell text one /sql answer may hold"),
     max_connections: int = typer.Option(200, "--max-connections", min=1,
                                         help="open connections at once; requests past it get 503"),
@@ -321,6 +330,34 @@ def serve(
     behind_tls_proxy: bool = typer.Option(False, "--behind-tls-proxy",
                                           help="allow a non-loopback --host: the address is only reachable through "
                                                "a TLS proxy (the service itself speaks plain HTTP)"),
+    trusted_proxy: list[str] = typer.Option([], "--trusted-proxy",
+                                            help="address of a proxy whose X-Forwarded-Proto the service believes "
+                                                 "(https there makes the session cookie Secure); repeatable"),
+    body_timeout: float = typer.Option(60.0, "--body-timeout", min=1,
+                                       help="seconds a token holder may take to send a request body after its head "
+                                            "(a stranger's body: --header-timeout)"),
+    max_strangers: Optional[int] = typer.Option(None, "--max-strangers", min=1,
+                                                help="connections open at once without having shown the token; past "
+                                                     "it the oldest is closed (default: half of --max-connections)"),
+    sql_memory_bytes: int = typer.Option(1 << 30, "--sql-memory-bytes", min=64 << 20,
+                                         help="memory one /sql query may add to its process (the kernel's limit; "
+                                              "413 past it)"),
+    max_patterns: int = typer.Option(256, "--max-patterns", min=1,
+                                     help="distinct input path patterns one submitted DAG may name (422 past it)"),
+    max_input_files: int = typer.Option(100_000, "--max-input-files", min=1,
+                                        help="files the input patterns of one submitted DAG may match (422 past it)"),
+    max_bloom_bytes: int = typer.Option(1 << 30, "--max-bloom-bytes", min=1,
+                                        help="bytes of an exact_dedup stage's Bloom filters, priced at submission "
+                                             "from expected_items and false_positive_rate (422 past it)"),
+    min_split_bytes: int = typer.Option(1024, "--min-split-bytes", min=1,
+                                        help="smallest split_bytes an input may ask for (422 below it)"),
+    max_shards: int = typer.Option(200_000, "--max-shards", min=1,
+                                   help="input shards one submitted DAG may cut its files into, priced from their "
+                                        "sizes and split_bytes (422 past it)"),
+    max_param_file_bytes: int = typer.Option(4 << 20, "--max-param-file-bytes", min=1,
+                                             help="bytes of a stage parameter file read whole at submission "
+                                                  "(lang_config, calibrate_rules' base and the base files they "
+                                                  "name; 422 past it)"),
 ) -> None:
     """Serve the HTTP API and dashboard: submit DAGs, follow runs, read stats, query shards."""
     from curation.pipeline.dag import parse_stage_modules
@@ -336,11 +373,64 @@ def serve(
     err.print(f"[refinery serve] {why}", highlight=False, soft_wrap=True)
     try:
         serve_app(runs_dir, address, token_file, host, port, allowed_root, max_concurrent, base_dir=base_dir,
-                  stage_modules=modules, max_queued=max_queued, max_run_seconds=max_run_seconds,
+                  stage_modules=modules, max_queued=max_queued, max_run_seconds=max_run_seconds or None,
                   sql_max_bytes=sql_max_bytes, max_connections=max_connections, header_timeout_s=header_timeout,
-                  behind_tls_proxy=behind_tls_proxy)
+                  behind_tls_proxy=behind_tls_proxy, body_timeout_s=body_timeout, max_strangers=max_strangers,
+                  sql_memory_bytes=sql_memory_bytes, max_patterns=max_patterns, max_input_files=max_input_files,
+                  max_bloom_bytes=max_bloom_bytes, min_split_bytes=min_split_bytes, max_shards=max_shards,
+                  max_run_bytes=max_run_bytes or None, max_run_memory=-1 if max_run_memory is None else max_run_memory,
+                  max_param_file_bytes=max_param_file_bytes, trusted_proxies=trusted_proxy)
     except (TokenError, RunsDirBusy, ServeRefused) as e:
         _fail(str(e))
+
+
+@app.command()
+def delete(
+    run: str = typer.Argument(..., help="a run id (with --service) or a run directory"),
+    service: Optional[str] = typer.Option(None, "--service", envvar="REFINERY_SERVICE",
+                                          help="the service's URL (http://127.0.0.1:8080): delete the run through "
+                                               "it, as DELETE /runs/ID does; default: RUN is a local run directory"),
+    token_file: Optional[Path] = typer.Option(None, "--token-file",
+                                              help="file holding the service's token (default: $REFINERY_TOKEN)"),
+) -> None:
+    """Delete a done, failed or cancelled run and its directory: through the service (its rules:
+    not a queued or running run, not one another active run reads), or a local run directory
+    (a service's runs directory only while no service manages it)."""
+    if service:
+        from urllib.parse import quote
+
+        import httpx
+
+        from curation.service.auth import TokenError, load_token
+
+        try:
+            token = load_token(token_file)
+        except TokenError as e:
+            _fail(str(e))
+        try:
+            r = httpx.delete(f"{service.rstrip('/')}/runs/{quote(run, safe='')}", headers={"Authorization": f"Bearer {token}"},
+                             timeout=60)
+        except httpx.HTTPError as e:
+            _fail(f"{service}: {type(e).__name__}: {e}", 1)
+        try:
+            detail = r.json().get("detail") if r.status_code != 200 else None
+        except ValueError:
+            detail = r.text[:300]
+        if r.status_code != 200:
+            _fail(f"{run}: HTTP {r.status_code}: {detail}", 1)
+        console.print(f"[green]deleted[/] {run} ({r.json().get('state')})")
+        return
+    from curation.service.runs import RunConflict, RunMissing, RunsDirBusy, delete_local
+
+    try:
+        out = delete_local(run)
+    except RunMissing:
+        _fail(f"{run}: not a run directory (a run id needs --service URL)", 1)
+    except RunsDirBusy as e:
+        _fail(f"{e}; delete the run through it: refinery delete ID --service URL", 1)
+    except RunConflict as e:
+        _fail(str(e), 1)
+    console.print(f"[green]deleted[/] {run} ({out['state']})")
 
 
 quality_app = typer.Typer(no_args_is_help=True, help="Model-based quality: label with a teacher, train, evaluate.")
