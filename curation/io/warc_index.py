@@ -90,22 +90,30 @@ def _iso3(code: str) -> str | None:
 
 def languages(html: bytes, charset: str | None = None) -> str | None:
     """CLD2 on a page's HTML (its markup skipped by CLD2): up to three ISO-639-3 codes, the
-    primary first (``"fra,eng"``), None when CLD2 places nothing."""
+    primary first (``"fra,eng"``), None when CLD2 places nothing. UTF-8 bytes go to CLD2 as
+    they are; a page in another charset, or one CLD2 refuses (invalid UTF-8, C0/C1 control
+    characters), is decoded and cleaned first."""
     import pycld2
 
-    text = None
-    if charset:
+    details = None
+    if not charset or charset.lower().replace("-", "").replace("_", "") in ("utf8", "usascii", "ascii"):
         try:
-            text = html.decode(charset, errors="replace")
-        except LookupError:
-            text = None
-    if text is None:
-        text = html.decode("utf-8", errors="replace")
-    text = _CONTROL.sub(" ", text)
-    try:
-        _, _, details = pycld2.detect(text, isPlainText=False)
-    except pycld2.error:
-        return None
+            _, _, details = pycld2.detect(html, isPlainText=False)
+        except pycld2.error:
+            details = None
+    if details is None:
+        text = None
+        if charset:
+            try:
+                text = html.decode(charset, errors="replace")
+            except LookupError:
+                text = None
+        if text is None:
+            text = html.decode("utf-8", errors="replace")
+        try:
+            _, _, details = pycld2.detect(_CONTROL.sub(" ", text), isPlainText=False)
+        except pycld2.error:
+            return None
     codes = []
     for _name, code, percent, _score in details:
         if percent <= 0 or code in ("un", "xx") or code.startswith("xx-"):

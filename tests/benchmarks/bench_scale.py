@@ -3,7 +3,7 @@ asserts nothing. Run by hand:
 
     BENCH_TMP=/big/tmp .venv/bin/python tests/benchmarks/bench_scale.py [--size-mb 1024]
         [--workers N] [--split-mb 128] [--only full|extract] [--rounds N] [--pages long] [--warm-mb 16]
-        [--side-by-side [--only full --formats text,markdown]]
+        [--side-by-side [--only full --formats text,markdown]] [--index]
 
 1. Builds (once; cached under ``$BENCH_TMP/refinery-bench-scale/``) a WARC laid out like a
    Common Crawl file: a warcinfo record, then for every page a request, a response and a
@@ -40,7 +40,24 @@ asserts nothing. Run by hand:
    Each stage's line also gives its page faults a document (a zeroed page each, ~4 us of system time
    here), and the workers' line their system time and faults: what the allocators cost.
 
-5. With ``--warm-mb 16``: each run first takes its DAG over a 16 MB WARC of the same pages in the
+5. With ``--index`` (issue 63): the full DAG over the WARC, then the same DAG over the records a
+   columnar index selects (``format: cc_index``), English and the language nearest 1% of the
+   pages; the index is built once beside the WARC by ``refinery index cc``'s builder (Common
+   Crawl's schema, the real member offsets and lengths, CLD2 on the HTML bytes) and its cost
+   printed against the full scan's extraction. Per selection: bytes read and wall against the
+   full scan's, bytes read per kept document, the reads (= GETs on object storage), the
+   selected documents' extracted texts held equal to the full scan's for the same records, and
+   the core-hours of a snapshot's English-only (``--english-share``, 45%) or 1% corpus: the
+   full DAG's measured cost a document, its read replaced by the index read's, times the
+   selection's documents, also scaled onto the project's cost line (``--reference-core-hours``).
+   At ``--size-mb 64`` (2 workers, this 2-core machine; issue 63's note): English 45.8% of the
+   pages, 0.617x the bytes and 0.63x the wall of the full scan (start-up and the global stages'
+   fixed costs weigh at this size), 965 of 965 texts equal; Polish 1.1%, 0.019x the bytes and
+   0.38x the wall, 23 of 23 equal; 0.451x and 0.0105x the full scan's cost, 2,026 and 47
+   core-hours on the 4,488-core-hour cost line; the index built at 0.77x the extract stage's
+   CPU a page (CLD2 on the HTML 1.05 ms of its 1.58 ms).
+
+6. With ``--warm-mb 16``: each run first takes its DAG over a 16 MB WARC of the same pages in the
    same Ray workers, left out of every figure: a long run's steady state (per-process start-up such
    as imports and compiled kernels paid once). On the long pages it moved the wall ratio, not the
    CPU share (issue #32's notes).
@@ -295,6 +312,119 @@ def cached_warc(size_mb: int, which: str = "default") -> dict:
     return facts
 
 
+def cached_index(facts: dict) -> dict:
+    """--index: a CC-like columnar index of the bench WARC, built once beside it by the index
+    builder (``refinery index cc``: Common Crawl's schema, the real member offsets and lengths,
+    CLD2 on the HTML bytes); what building it cost and the primary languages it found."""
+    from collections import Counter
+
+    import pyarrow.parquet as pq
+
+    from curation.io.warc_index import build_index
+
+    d = Path(facts["path"][: -len(".warc.gz")] + "-index")
+    info = d / "_bench.json"
+    if info.exists():
+        return json.loads(info.read_text())
+    t0 = time.perf_counter()
+    rep = build_index([facts["path"]], str(d), crawl="BENCH-SCALE")
+    wall = time.perf_counter() - t0
+    langs = Counter((x or "").split(",")[0] or None
+                    for f in sorted(d.glob("*.parquet")) for x in pq.read_table(f, columns=["content_languages"])
+                    .column("content_languages").to_pylist())
+    out = {"path": str(d), "rows": rep["rows"], "build_s": wall, "cpu_s": rep["cpu_seconds"],
+           "langid_cpu_s": rep["langid_cpu_seconds"], "index_bytes": sum(f.stat().st_size for f in d.glob("*.parquet")),
+           "langs": {str(k): v for k, v in langs.most_common()}}
+    info.write_text(json.dumps(out, indent=1))
+    return out
+
+
+def index_arms(facts: dict, ix: dict, max_gap: int) -> dict:
+    """The two selections of --index (English; the language nearest 1% of the pages) and what
+    each will read: records, bytes, and the reads they join into (each one GET on object storage:
+    tests/test_cc_index_s3.py counts them)."""
+    from curation.io.cc_select import scan
+    from curation.io.records import plan_reads
+
+    n = sum(ix["langs"].values())
+    rare = min((k for k in ix["langs"] if k not in ("eng", "None")), key=lambda k: abs(ix["langs"][k] / n - 0.01))
+    wheres = {"index-en": "content_languages LIKE 'eng%'", "index-rare": f"content_languages LIKE '{rare}%'"}
+    out: dict = {**ix, "where": wheres, "rare": rare, "selected": {}, "bytes": {}, "reads": {}, "scan_s": {}, "ids": {}}
+    files = [str(p) for p in sorted(Path(ix["path"]).glob("*.parquet"))]
+    scan(files, "false")  # the sandboxed connection made and the files' footers cached: not a selection's cost
+    for mode, where in wheres.items():
+        sc = scan(files, where)
+        out["selected"][mode] = sc.records.num_rows
+        out["scan_s"][mode] = sc.seconds
+        out["ids"][mode] = [f"crawl/{f}#{o}" for f, o in zip(sc.records["warc_filename"].to_pylist(),
+                                                            sc.records["warc_record_offset"].to_pylist())]
+        spans: dict[str, list[tuple[int, int]]] = {}
+        for f, o, ln in zip(sc.records["warc_filename"].to_pylist(), sc.records["warc_record_offset"].to_pylist(),
+                            sc.records["warc_record_length"].to_pylist()):
+            spans.setdefault(f, []).append((o, o + ln))
+        out["bytes"][mode] = sum(e - b for v in spans.values() for b, e in v)
+        out["reads"][mode] = sum(len(plan_reads(v, max_gap)) for v in spans.values())
+    return out
+
+
+def show_index(results: dict[str, list[dict]], facts: dict, a) -> None:
+    """--index: each selection against the full scan (bytes, wall, the same documents) and the
+    cost per snapshot of an English-only corpus and of a ~1% language."""
+    ix = facts["index"]
+    full = results["full"]
+    w = full[0]["workers"]
+    med = lambda xs: statistics.median(xs)  # noqa: E731
+    n_all = facts["responses"]
+    f_wall = med([r["wall_s"] for r in full])
+    f_bytes = med([r["read"]["bytes_read"] for r in full])
+    f_read_cpu = med([r["read"]["cpu"] for r in full]) / n_all
+    f_core_s = f_wall * w / n_all  # the whole DAG's core-seconds a document
+    ext = med([r["map_stages"].get("extract", {}).get("cpu", 0.0) for r in full]) / n_all
+    print(f"\n== index selection ({len(full)} round(s), medians): the full scan read {f_bytes / MiB:,.1f} MiB in "
+          f"{f_wall:,.1f} s for {n_all:,} documents")
+    snapshot = a.snapshot_warcs * a.responses_per_warc
+    for mode, label, share in (("index-en", "English (eng)", a.english_share),
+                               ("index-rare", f"~1% language ({ix['rare']})", a.rare_share)):
+        rs = results[mode]
+        docs = ix["selected"][mode]
+        wall = med([r["wall_s"] for r in rs])
+        got = med([r["read"]["bytes_read"] for r in rs])
+        read_cpu = med([r["read"]["cpu"] for r in rs]) / max(docs, 1)
+        # the documents: the full scan's extract rows of the selected records, and the index run's
+        chosen = set(ix["ids"][mode])
+        ref = {i: t for i, t in full[0].get("text_digests", {}).items() if i in chosen}
+        texts = rs[0].get("text_digests", {})
+        same = sum(ref.get(i) == t for i, t in texts.items())
+        print(f"{label}: {docs:,} documents = {docs / n_all:.1%} of the WARC's; where {ix['where'][mode]!r}")
+        print(f"  bytes read {got / MiB:,.2f} MiB = {got / f_bytes:.3f}x the full scan's ({ix['bytes'][mode] / MiB:,.2f} "
+              f"MiB of records, {ix['reads'][mode]:,} reads = GETs on object storage); per kept document "
+              f"{got / max(docs, 1):,.0f} bytes against the full scan's {f_bytes / max(docs, 1):,.0f}")
+        print(f"  wall {wall:,.1f} s = {wall / f_wall:.3f}x the full scan's; index scan {ix['scan_s'][mode]:.2f} s; "
+              f"reader CPU {read_cpu * 1e3:,.2f} ms a document (full scan: {f_read_cpu * 1e3:,.2f} ms a response)")
+        print(f"  documents: {len(texts):,} extracted (the full scan: {len(ref):,} of these records), {same:,} texts "
+              "equal to the full scan's" + ("" if same == len(texts) == len(ref) and set(texts) == set(ref)
+                                            else "  <-- NOT EQUAL"))
+        per_doc = f_core_s - f_read_cpu + read_cpu  # the DAG's cost a document, read by range instead of in full
+        scan_per_row = ix["scan_s"][mode] / max(ix["rows"], 1)
+        hours = snapshot * (share * per_doc + scan_per_row) / 3600
+        as_run = snapshot * share / (docs / wall / w) / 3600 if docs else float("nan")
+        full_hours = snapshot * f_core_s / 3600
+        print(f"  cost: {share:.0%} of a {a.snapshot_warcs:,}-WARC snapshot ({snapshot * share:,.0f} documents) = "
+              f"{hours:,.0f} core-hours = {hours / full_hours:.4f}x the full scan's ({per_doc * 1e3:,.2f} ms a document: "
+              f"the full DAG's {f_core_s * 1e3:,.2f} less its read, plus this read; index scan {scan_per_row * 1e6:,.1f} "
+              f"us a row); at this run's own rate ({docs / wall / w:,.1f} docs/s/core, start-up and global stages' "
+              f"fixed costs included) {as_run:,.0f}; on the project's cost line ({a.reference_core_hours:,.0f} "
+              f"core-hours a full scan) {a.reference_core_hours * hours / full_hours:,.0f} core-hours")
+    print(f"full scan: {snapshot / (n_all / f_wall / w) / 3600:,.0f} core-hours for any selection "
+          f"({n_all / f_wall / w:,.1f} docs/s/core at this size; the project's cost line: {a.reference_core_hours:,.0f})")
+    per_resp = ix["cpu_s"] / max(ix["rows"], 1)
+    print(f"index where there is none (refinery index cc): {ix['build_s']:,.1f} s, {ix['cpu_s']:,.1f} CPU s for "
+          f"{ix['rows']:,} responses ({per_resp * 1e3:,.2f} ms each, CLD2 on the HTML {ix['langid_cpu_s'] / max(ix['rows'], 1) * 1e3:,.2f} ms) "
+          f"= {per_resp / ext:.2f}x the full scan's extract CPU a document ({ext * 1e3:,.2f} ms), "
+          f"{snapshot * per_resp / 3600:,.0f} core-hours a snapshot; index {ix['index_bytes'] / MiB:,.2f} MiB "
+          f"({ix['index_bytes'] / max(ix['rows'], 1):,.0f} bytes a row)")
+
+
 # ---------------------------------------------------------------------------------------------
 # measuring inside the Ray workers
 # ---------------------------------------------------------------------------------------------
@@ -519,11 +649,11 @@ def _hwm_mb() -> float:
 # ---------------------------------------------------------------------------------------------
 
 
-def dag_spec(warc: str, mode: str, split_mb: int, docs: int, workers: int) -> dict:
+def dag_spec(warc: str, mode: str, split_mb: int, docs: int, workers: int, index: dict | None = None) -> dict:
     stages = {"extract": {"type": "extract", "input": "crawl",
                           "engine": os.environ.get("BENCH_SCALE_ENGINE", "resiliparse"),  # --engine
                           "format": os.environ.get("BENCH_SCALE_FORMAT", "text")}}  # --format
-    if mode == "full":
+    if mode == "full" or mode.startswith("index"):
         stages.update({
             "langid": {"type": "langid", "input": "extract"},
             "gopher_rep": {"type": "gopher_repetition", "input": "langid"},
@@ -536,9 +666,12 @@ def dag_spec(warc: str, mode: str, split_mb: int, docs: int, workers: int) -> di
             "near": {"type": "minhash_dedup", "input": "exact", "ngram": 5, "num_perm": 128, "threshold": 0.8,
                      "keep": "first", "partitions": max(2, 2 * workers)},
         })
-    return {"name": f"bench-scale-{mode}",
-            "inputs": {"crawl": {"format": "warc", "source": "web", "paths": [warc], "split_bytes": split_mb * MiB}},
-            "stages": stages, "output": "near" if mode == "full" else "extract"}
+    crawl = {"format": "warc", "source": "web", "paths": [warc], "split_bytes": split_mb * MiB}
+    if mode.startswith("index"):  # --index: the same DAG over the records the index selects
+        crawl = {"format": "cc_index", "source": "web", "paths": [index["path"] + "/*.parquet"],
+                 "where": index["where"][mode], "warc_root": os.path.dirname(warc), "split_bytes": split_mb * MiB}
+    return {"name": f"bench-scale-{mode}", "inputs": {"crawl": crawl},
+            "stages": stages, "output": "extract" if mode == "extract" else "near"}
 
 
 def meet(barrier: str, me: str, parties: int = 2) -> None:
@@ -593,13 +726,13 @@ def run_one(mode: str, warc_facts: dict, workers: int, split_mb: int, out_json: 
     res: dict = {"mode": mode, "format": fmt, "engine": os.environ.get("BENCH_SCALE_ENGINE", "resiliparse"),
                  "workers": workers, "split_mb": split_mb, "input_bytes": warc_facts["bytes"],
                  "inflate": "isal" if fast_inflate() else "zlib",
-                 "docs": warc_facts["responses"]}
+                 "docs": warc_facts["index"]["selected"][mode] if mode.startswith("index") else warc_facts["responses"]}
     with tempfile.TemporaryDirectory(dir=bench_root()) as tmp:
         log_dir = Path(tmp) / "log"
         log_dir.mkdir()
         run_dir = Path(tmp) / "run"
-        dag = parse_dag(dag_spec(warc_facts["path"], mode, split_mb, warc_facts["responses"], workers),
-                        "bench_scale.yaml")
+        dag = parse_dag(dag_spec(warc_facts["path"], mode, split_mb, warc_facts["responses"], workers,
+                                 warc_facts.get("index")), "bench_scale.yaml")
         sampler = ProcSampler()
         sampler.start()
         ray.init(address="local", num_cpus=workers, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
@@ -673,7 +806,12 @@ def run_one(mode: str, warc_facts: dict, workers: int, split_mb: int, out_json: 
                        "max_shard_bytes_read": max((r["bytes_read"] for r in reads), default=0),
                        "max_range": max((r["range"] for r in reads), default=0)}
         res["global_stages"] = {}
-        for name in GLOBAL_STAGES if mode == "full" else []:
+        if warc_facts.get("index"):  # --index: each document's text, to hold the arms' documents equal
+            from curation.pipeline.rundir import RunDir
+
+            con = RunDir(run_dir).connect(["extract"])
+            res["text_digests"] = dict(con.execute("select id, md5(coalesce(text, '')) from extract").fetchall())
+        for name in GLOBAL_STAGES if mode != "extract" else []:
             ph = json.loads((run_dir / name / "_phases.json").read_text())
             res["global_stages"][name] = {
                 "seconds": sum(v["seconds"] for v in ph["phases"].values()),
@@ -832,6 +970,17 @@ def main() -> None:
                     help="with --only and --side-by-side: the --only mode once per extract format, the two at the "
                          "same time (e.g. text,markdown: format: markdown's full DAG against text's under the same "
                          "load, neither ever alone on the machine), and B's throughput as a fraction of A's")
+    ap.add_argument("--index", action="store_true",
+                    help="issue 63: the full DAG over the WARC, then over its records an index selects (built once "
+                         "beside the WARC by `refinery index cc`'s builder): English and the language nearest 1%% of "
+                         "the pages; bytes, wall, the same documents, and their cost per snapshot")
+    ap.add_argument("--english-share", type=float, default=0.45,
+                    help="share of a snapshot's pages whose primary language is English (--index cost line; Common "
+                         "Crawl's language statistics: about 45%%)")
+    ap.add_argument("--rare-share", type=float, default=0.01, help="the rare language's share (--index cost line)")
+    ap.add_argument("--reference-core-hours", type=float, default=4488,
+                    help="a full scan's core-hours per snapshot on the project's cost line (a 1 GB run: 4,488), which "
+                         "--index scales by each selection's measured share of the full scan's cost")
     ap.add_argument("--one", nargs=3, help=argparse.SUPPRESS)  # internal: MODE FACTS_JSON OUT_JSON
     ap.add_argument("--warm-facts", help=argparse.SUPPRESS)  # internal: the warm-up WARC's facts
     a = ap.parse_args()
@@ -856,7 +1005,23 @@ def main() -> None:
         print(f"warm-up WARC {warm['path']}: {warm['responses']:,} responses, run first in the same workers "
               "and left out of the figures")
     # the runs of a round ("arms"): the two modes in one format, or (--formats) one mode in two formats
-    if a.formats:
+    if a.index:
+        if a.only or a.side_by_side or a.formats or a.warm_mb:
+            ap.error("--index runs full, index-en and index-rare, one after the other (no --only, --side-by-side, "
+                     "--formats, --warm-mb)")
+        from curation.io.records import DEFAULT_MAX_GAP
+
+        t1 = time.perf_counter()
+        ix = index_arms(facts, cached_index(facts), DEFAULT_MAX_GAP)
+        n = sum(ix["langs"].values())
+        print(f"index {ix['path']}: {ix['rows']:,} rows, built in {ix['build_s']:,.1f} s (ready in "
+              f"{time.perf_counter() - t1:.1f} s); primary languages: "
+              + ", ".join(f"{k} {v / n:.1%}" for k, v in list(ix["langs"].items())[:10]))
+        facts = {**facts, "index": ix}
+        facts_json = bench_root() / (Path(facts["path"]).name[: -len(".warc.gz")] + "-index-facts.json")
+        facts_json.write_text(json.dumps(facts, indent=1))
+        arms = {m: (m, a.format) for m in ("full", "index-en", "index-rare")}
+    elif a.formats:
         fmts = a.formats.split(",")
         if not (a.only and a.side_by_side and len(fmts) == 2 and set(fmts) <= {"text", "markdown"} and fmts[0] != fmts[1]):
             ap.error("--formats A,B: two different formats of text,markdown, with --only and --side-by-side")
@@ -967,8 +1132,12 @@ def main() -> None:
                   f"{e['worker_cpu_s']:,.1f} s ({e_rest:,.1f} s besides read + extract) -> extract-only's work is "
                   f"{(f_base + e_rest) / f['worker_cpu_s']:.1%} of the full DAG's; extract-only's own read + extract "
                   f"{e_base:,.1f} s = x{e_base / f_base:.2f} the full run's")
+    if a.index:
+        show_index(results, facts, a)
     snapshot_docs = a.snapshot_warcs * a.responses_per_warc
     for mode, rate in rates.items():  # the unit users budget in
+        if mode.startswith("index"):
+            continue  # show_index's lines: per selected document, scaled by the selection's share
         label = ("full DAG" if arms[mode][0] == "full" else "extract-only") + f", format: {arms[mode][1]}"
         print(f"cost: a {a.snapshot_warcs:,}-WARC snapshot ({snapshot_docs:,.0f} responses) at {rate:,.1f} docs/s/core "
               f"({label}) = {snapshot_docs / rate / 3600:,.0f} core-hours")
