@@ -891,9 +891,16 @@ def test_a_run_past_its_disk_quota_fails_and_cleans_its_work_files(quota):
 
 
 def test_bloom_filters_larger_than_the_disk_quota_are_refused(quota):
+    """Priced at submission against the run's disk quota: one stage's filters (34 MiB), or the
+    sum of several stages' (2 x 1e6 keys = 6.9 MiB: each fits in 10 MB, not both)."""
+    one = {"ex": {"type": "exact_dedup", "bloom": {"expected_items": 10_000_000}}}
+    two = {f"ex{i}": {"type": "exact_dedup", "input": "docs", "bloom": {"expected_items": 1_500_000}} for i in (1, 2)}
     with quota.client() as c:
-        r = _post(c, _dag({"ex": {"type": "exact_dedup", "bloom": {"expected_items": 10_000_000}}}))
-    assert r.status_code == 422 and "disk quota" in r.json()["detail"] and "max_run_bytes" in r.json()["detail"], r.text
+        for stages in (one, two):
+            r = _post(c, _dag(stages))
+            assert r.status_code == 422 and "disk quota" in r.json()["detail"], r.text
+            assert "max_run_bytes" in r.json()["detail"], r.text
+        assert "brings the DAG's Bloom filters to" in r.json()["detail"]
 
 
 def test_the_run_stops_a_global_stage_past_the_quota(tmp_path):

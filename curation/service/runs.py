@@ -318,6 +318,7 @@ def _price_run(dag, where: str, limits: AdmissionLimits) -> None:
         if spec.split_bytes < limits.min_split_bytes:
             raise SubmitError(f"{where}: inputs.{name}.split_bytes: {spec.split_bytes} is below the service's "
                               f"min_split_bytes of {limits.min_split_bytes}")
+    total = 0  # every stage's filters: the run's disk quota holds them all
     for name, st in dag.stages.items():
         if not hasattr(getattr(st, "bloom", None), "expected_items"):
             continue
@@ -327,10 +328,12 @@ def _price_run(dag, where: str, limits: AdmissionLimits) -> None:
                               f"false_positive_rate {st.bloom.false_positive_rate:g} makes Bloom filters of "
                               f"{size / MiB:,.0f} MiB; the service's max_bloom_bytes is "
                               f"{limits.max_bloom_bytes / MiB:,.0f} MiB")
-        if limits.max_run_bytes is not None and size > limits.max_run_bytes:
+        total += size
+        if limits.max_run_bytes is not None and total > limits.max_run_bytes:
+            what = "makes Bloom filters" if total == size else "brings the DAG's Bloom filters to"
             raise SubmitError(f"{where}: stages.{name}.bloom: expected_items {st.bloom.expected_items} at "
-                              f"false_positive_rate {st.bloom.false_positive_rate:g} makes Bloom filters of "
-                              f"{size / MiB:,.0f} MiB, more than a run's disk quota of "
+                              f"false_positive_rate {st.bloom.false_positive_rate:g} {what} "
+                              f"{total / MiB:,.0f} MiB, more than a run's disk quota of "
                               f"{limits.max_run_bytes / MiB:,.0f} MiB (the service's max_run_bytes)")
 
 
