@@ -241,3 +241,48 @@ def test_eval_extract_ab_on_a_tiny_run(tmp_path, ray_session):
     assert listed and listed[0]["target"] == "RUN/extract" and listed[0]["headline"][0]["name"] == "resiliparse: words/page"
     bad = CliRunner().invoke(app, ["eval", "extract", "--ab", str(tmp_path / "nope" / "extract")])
     assert bad.exit_code != 0
+
+
+def test_wcxb_scoring_is_the_benchmarks():
+    """WCXB's evaluate.py: lowercased \\w+ words as bags (counts clipped); a page whose gold has no
+    words scores 1 only when the output has none either."""
+    assert xe.word_prf("Hello, WORLD! hello", "hello world", "wcxb") == (2 / 3, 1.0, 0.8)
+    assert xe.word_prf("Hello, WORLD!", "hello world")[2] == 0.0  # whitespace tokens: "Hello," != "hello"
+    assert xe.word_prf("", "", "wcxb") == (1.0, 1.0, 1.0)
+    assert xe.word_prf("menu", "  ", "wcxb") == (0.0, 0.0, 0.0)
+    s = xe.score_page("", "", "some gold words", None, scoring="wcxb")
+    assert s.empty and s.prf == (0.0, 0.0, 0.0)
+    assert not xe.score_page("", "", "", None, scoring="wcxb").empty  # no main content: nothing to lose
+
+
+def test_segment_prf_is_trafilaturas():
+    # 3 of 4 must-have snippets found (tp 3, fn 1), 1 of 2 boilerplate snippets found (fp 1)
+    got = xe.segment_prf(3, 4, 1, 2)
+    assert got["seg_p"] == 0.75 and got["seg_r"] == 0.75 and abs(got["seg_f1"] - 0.75) < 1e-12
+    assert xe.segment_prf(0, 0, 0, 0) == {"seg_p": None, "seg_r": None, "seg_f1": None}
+    t = xe.Tally()
+    t.add(xe.score_page("keep this. drop that", "keep this. drop that", None, None, ["keep this"], ["drop that"]))
+    assert t.summary()["seg_p"] == 0.5 and t.summary()["seg_r"] == 1.0
+
+
+def test_wcxb_gold_set_fixture():
+    pages = eg.load("wcxb", GOLD_FIXTURES)
+    assert len(pages) == 14 and all(p.scoring == "wcxb" and p.text and p.url and p.gold_markdown for p in pages)
+    assert sorted({p.page_type for p in pages}) == ["article", "collection", "documentation", "forum", "listing",
+                                                    "product", "service"]  # "category" read as collection
+    assert all(p.with_ or p.without for p in pages)
+
+
+def test_eval_extract_reports_wcxb_per_page_type(tmp_path):
+    out = tmp_path / "r.json"
+    env = {"REFINERY_DATA": str(GOLD_FIXTURES)}
+    r = CliRunner().invoke(app, ["eval", "extract", "--gold", "wcxb", "--engines", "resiliparse", "--out", str(out)],
+                           env=env)
+    assert r.exit_code == 0, r.output
+    rep = json.loads(out.read_text())
+    e = rep["engines"]["resiliparse"]
+    assert set(e["page_types"]) == {f"wcxb:{k}" for k in ("article", "forum", "product", "collection", "listing",
+                                                          "documentation", "service")}
+    assert all(v["pages"] == 2 and 0 <= v["f1"] <= 1 for v in e["page_types"].values())
+    assert e["sets"]["wcxb"]["seg_f1"] is not None and isinstance(e["empty_pages"], list)
+    assert {"type", "precision", "recall"} <= set(e["worst_f1"][0])

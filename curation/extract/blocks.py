@@ -130,7 +130,7 @@ class _Node:
     """One element on the walk's stack: its subtree's words and link words, its context bits."""
 
     __slots__ = ("el", "tag", "words", "link_words", "kw_self", "kw_anc", "tag_ctx", "depth", "block", "parent",
-                 "link", "cls")
+                 "link", "cls", "table")
 
     def __init__(self, el, tag, kw_self, kw_anc, tag_ctx, depth, block, parent, link):
         self.el, self.tag = el, tag
@@ -141,6 +141,7 @@ class _Node:
         self.parent = parent
         self.link = link  # inside an <a> (below the block)
         self.cls = ""  # a block's class attribute (blocks alike: a grid's cards, a thread's posts)
+        self.table = parent.table if parent is not None else None  # the nearest <table> (this one if it is)
 
 
 class _Block:
@@ -167,6 +168,9 @@ class Page:
     #: per block, ids of its parent, grandparent and great-grandparent element (blocks that
     #: share one are siblings or cousins: the second pass pools their first-pass scores)
     groups: np.ndarray = field(default_factory=lambda: np.zeros((0, 3), np.int64))
+    #: per block, an id of the nearest table it is in (0: none); a data table is kept or
+    #: dropped whole (``main_content.whole_tables``)
+    cells: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     root: object = None
     is_heading: list[bool] = field(default_factory=list)
 
@@ -253,6 +257,8 @@ def walk(root) -> Page:
             if tag in BLOCK_TAGS or parent is None:
                 blk = _Block(None, len(blocks), words_total, heading_words)
                 node = _Node(el, tag, kw, kw_anc, ctx, depth, blk, parent, False)
+                if tag == "table":
+                    node.table = node
                 if attrs is not None:
                     node.cls = attrs.get("class") or ""
                 blk.node = node
@@ -346,6 +352,7 @@ def _page(blocks: list[_Block], root, words_total: int, n_li: int, n_heading: in
         alike[key] = alike.get(key, 0) + 1
     raw = []
     ids = []
+    cells = []
     for b, t in zip(kept, texts):
         node = b.node
         p1 = node.parent
@@ -361,6 +368,7 @@ def _page(blocks: list[_Block], root, words_total: int, n_li: int, n_heading: in
                     b.heading_above, _title_overlap(t, title), alike[(node.tag, node.cls)],
                     _KIND_OF.get(node.tag, len(BLOCK_KINDS) - 1), node.kw_self, node.kw_anc, node.tag_ctx))
         ids.append((id(p1), id(p2), id(p3)))
+        cells.append(id(node.table) if node.table is not None else 0)
     r = np.array(raw, np.float64)
     bits = np.array([row[-3:] for row in raw], np.int64)
     w, lw = r[:, 0], r[:, 1]
@@ -416,6 +424,7 @@ def _page(blocks: list[_Block], root, words_total: int, n_li: int, n_heading: in
     page.texts = texts
     page.features = x
     page.groups = np.array(ids, np.int64)
+    page.cells = np.array(cells, np.int64)
     page.is_heading = [b.node.tag in HEADINGS for b in kept]
     return page
 

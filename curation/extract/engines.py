@@ -86,11 +86,18 @@ MARKDOWN_ENGINES = {"resiliparse": _resiliparse_markdown, "trafilatura": _trafil
 POLICY_ENGINES = ("resiliparse", "trafilatura")
 
 
-def engine_fn(engine: str, format: str = "text"):
-    """The one-page function of ``engine`` in ``format``; ``ValueError`` for unknown names."""
+def engine_fn(engine: str, format: str = "text", block_model: str | None = None):
+    """The one-page function of ``engine`` in ``format``; ``ValueError`` for unknown names.
+    ``block_model``: a model file of ``refinery extract train`` for the ``blocks`` engine (the
+    shipped one when None)."""
     if format not in FORMATS:
         raise ValueError(f"unknown extraction format {format!r}; known: {list(FORMATS)}")
     table = ENGINES if format == "text" else MARKDOWN_ENGINES
+    if engine == "blocks" and block_model is not None:
+        from curation.extract.main_content import extract_blocks, load_model
+
+        model = load_model(block_model)
+        return lambda html: extract_blocks(html, format, model=model, markdown_options=RESILIPARSE_OPTIONS)
     try:
         return table[engine]
     except KeyError:
@@ -98,7 +105,7 @@ def engine_fn(engine: str, format: str = "text"):
 
 
 def extract_page(html: str, *, engines: Sequence[str] = ("resiliparse",), format: Format = "text",
-                 policy: Policy = "first") -> str:
+                 policy: Policy = "first", block_model: str | None = None) -> str:
     """One decoded page -> its main content in ``format`` from ``engines`` combined by ``policy``:
 
     - ``first``: the first engine's text; the next engine only where it came back empty;
@@ -114,7 +121,7 @@ def extract_page(html: str, *, engines: Sequence[str] = ("resiliparse",), format
         raise ValueError("extract_page: no engines given")
     if policy not in POLICIES:
         raise ValueError(f"unknown extraction policy {policy!r}; known: {list(POLICIES)}")
-    fns = [engine_fn(e, format) for e in engines]
+    fns = [engine_fn(e, format, block_model) for e in engines]
     if len(fns) == 1:
         return fns[0](html)
     return combine(html, fns, policy, format)

@@ -78,15 +78,15 @@ def doc_limits(seconds: float, interrupt: bool) -> Iterator[Callable[[Callable[[
 
 def extract_pages(htmls: Sequence[bytes | None], charsets: Sequence[str | None], *,
                   engines: Sequence[str] = ("resiliparse",), format: str = "text", policy: str = "first",
-                  timeout_s: float = 5.0, min_chars: int = 1,
-                  prefix: str = "extract") -> tuple[list[str | None], list[str | None]]:
+                  timeout_s: float = 5.0, min_chars: int = 1, prefix: str = "extract",
+                  block_model: str | None = None) -> tuple[list[str | None], list[str | None]]:
     """Per page: its main text (stripped) or None, and None or why it has none."""
     engines = tuple(engines)
     if engines == ("resiliparse",) and format == "text":
         fn = ENGINES["resiliparse"]  # today's path, called directly: no per-page dispatch
     else:
         def fn(html: str) -> str:
-            return extract_page(html, engines=engines, format=format, policy=policy)
+            return extract_page(html, engines=engines, format=format, policy=policy, block_model=block_model)
     texts: list[str | None] = []
     reasons: list[str | None] = []
     with doc_limits(timeout_s, interrupt=engines != ("resiliparse",)) as limited:
@@ -124,7 +124,7 @@ class ExtractOptions(BaseModel):
     extract a batch of pages and name the ``text`` field they write (a stage subclasses this
     beside ``MapStage``; stages never import each other)."""
 
-    #: one engine (shorthand for ``engines: [engine]``)
+    #: one engine (shorthand for ``engines: [engine]``); ``blocks``: the learned main-content decision
     engine: Literal["resiliparse", "trafilatura", "blocks"] | None = None
     #: several engines, combined per page by ``policy`` (``extraction.extract_page``)
     engines: list[Literal["resiliparse", "trafilatura", "blocks"]] | None = Field(default=None, min_length=1)
@@ -132,6 +132,8 @@ class ExtractOptions(BaseModel):
     format: Literal["text", "markdown"] = "text"
     timeout_s: float = Field(default=5.0, ge=0)
     min_chars: int = Field(default=1, ge=0)
+    #: the ``blocks`` engine's model: a file ``refinery extract train`` wrote (default: the shipped one)
+    block_model: str | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -141,13 +143,16 @@ class ExtractOptions(BaseModel):
             return data
         field = cls.model_fields.get("type")
         engine, engines = resolve_engines(data.get("engine"), data.get("engines"), field.default if field else "extract")
+        if data.get("block_model") is not None and "blocks" not in engines:
+            raise ValueError("block_model is the blocks engine's model: add blocks to engine/engines")
         return {**data, "engine": engine, "engines": engines}
 
     def extract(self, htmls: Sequence[bytes | None], charsets: Sequence[str | None],
                 prefix: str) -> tuple[list[str | None], list[str | None]]:
         """``extract_pages`` with these options: (text or None, reason or None) per page."""
         return extract_pages(htmls, charsets, engines=self.engines, format=self.format, policy=self.policy,
-                             timeout_s=self.timeout_s, min_chars=self.min_chars, prefix=prefix)
+                             timeout_s=self.timeout_s, min_chars=self.min_chars, prefix=prefix,
+                             block_model=self.block_model)
 
     def text_field(self) -> pa.Field:
         """The ``text`` field written: Markdown says so in its metadata (``TextState.of`` reads

@@ -184,9 +184,11 @@ def train_from_gold(gold: Sequence[str], out: str, folds: int = 5, cv: bool = Fa
     if oof is not None:
         by: dict[str, list[float]] = {}
         empty: dict[str, int] = {}
+        per_page = []
         for p, texts, s in zip(pages, ds.texts, oof):
             text = decide(texts, s, model.threshold) if texts else ""
-            f1 = word_prf(text, p.text, p.scoring)[2]
+            prec, rec, f1 = word_prf(text, p.text, p.scoring)
+            per_page.append((f1, prec, rec, p.set, p.name, p.page_type, p.url))
             for key in (p.set, f"{p.set}:{p.page_type}" if p.page_type else None):
                 if key:
                     by.setdefault(key, []).append(f1)
@@ -194,6 +196,9 @@ def train_from_gold(gold: Sequence[str], out: str, folds: int = 5, cv: bool = Fa
         card["cv_word_f1"] = {k: round(float(np.mean(v)), 4) for k, v in by.items()}
         card["cv_pages"] = {k: len(v) for k, v in by.items()}
         card["cv_empty"] = empty
+        card["cv_worst"] = [{"f1": round(f, 3), "precision": round(pr, 3), "recall": round(rc, 3), "set": st,
+                             "page": name, "type": kind, "url": url}
+                            for f, pr, rc, st, name, kind, url in sorted(per_page, key=lambda r: r[:2])[:20]]
     model.trained_on = card
     model.save(out)
     return card

@@ -1,7 +1,7 @@
 """Build the compiled kernels once per machine (``refinery warmup``).
 
-The word splitter, the n-gram repetition counter, langid's text sampling, Markdown's plain view
-and fastText inference are numba functions compiled on first call and cached on disk
+The word splitter, the n-gram repetition counter, langid's text sampling, Markdown's plain view,
+fastText inference and the block model's trees are numba functions compiled on first call and cached on disk
 (``cache=True``). Without a warm cache, every Ray
 worker of the first run compiles them at once (~3x slower first run). Running each path once
 here, on a tiny batch with the real types, writes the cache where workers read it: next to
@@ -63,6 +63,11 @@ def warm_kernels() -> dict[str, float]:
         train_quality_classifier(labels, model, dim=16, epoch=5, lr=0.05, min_count=1, bucket=10_000, heldout=0.2)
         load_scorer(model).score(pa.array(texts))
     took["fasttext"] = time.perf_counter() - t0
+    t0 = time.perf_counter()  # the blocks engine's trees (the shipped model on a small page)
+    from curation.extract.main_content import extract_blocks
+
+    extract_blocks("<html><body><nav><a href='/'>Home</a></nav><p>" + texts[0] + "</p></body></html>")
+    took["blocks"] = time.perf_counter() - t0
     return took
 
 

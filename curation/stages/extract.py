@@ -9,6 +9,7 @@ from typing import ClassVar, Literal
 import pyarrow as pa
 
 from curation.stages.base import MapStage, StageResult, registry
+from curation.stages.paths import PathStr
 from curation.extract.pages import ExtractOptions
 
 
@@ -18,6 +19,8 @@ class Extract(MapStage, ExtractOptions):
     Parameters: ``ExtractOptions`` (engine or engines + policy, format, timeout_s, min_chars)."""
 
     type: Literal["extract"] = "extract"
+    #: a path: the service keeps it inside its roots, as every path parameter
+    block_model: PathStr | None = None
 
     rewrites_text: ClassVar[bool] = True
 

@@ -35,6 +35,7 @@ from curation.formats.documents import ORIGIN_COLUMNS
 from curation.io.records import DEFAULT_MAX_GAP, DEFAULT_MAX_SCAN_BYTES, Wanted, read_records
 from curation.io.shards import blocks
 from curation.stages.base import MapStage, StageResult, registry
+from curation.stages.paths import PathStr
 from curation.extract.pages import ExtractOptions
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,8 @@ class Reextract(MapStage, ExtractOptions):
     Extraction parameters: ``ExtractOptions``, as ``extract``'s."""
 
     type: Literal["reextract"] = "reextract"
+    #: a path: the service keeps it inside its roots, as every path parameter
+    block_model: PathStr | None = None
     #: ranges of one file closer than this are fetched as one read
     max_gap: int = Field(default=DEFAULT_MAX_GAP, ge=0)
     #: compressed record bytes read (and pages held) at a time
