@@ -430,24 +430,26 @@ def _page(blocks: list[_Block], root, words_total: int, n_li: int, n_heading: in
 
 
 def prune(page: Page, keep: np.ndarray) -> None:
-    """Drop from ``page.root`` the own text of every block not in ``keep`` (a bool per block):
-    its text, its inline children (with their tails) and the tails of its block children; a
+    """Drop from ``page.root`` the own text of every block not in ``keep`` (a bool per block); a
     block's nested blocks are judged on their own."""
     for b, k in zip(page.blocks, keep):
-        if k:
-            continue
-        node = b.node
-        el = node.el
-        el.text = None
-        for child in list(el):
-            tag = child.tag if isinstance(child.tag, str) else ""
-            if tag in BLOCK_TAGS:
-                child.tail = None
-            elif _holds_block(child):
-                _clear_inline(child)
-                child.tail = None
-            else:
-                el.remove(child)  # lxml drops the child's tail with it
+        if not k:
+            _drop_own_text(b.node.el)
+
+
+def _drop_own_text(el) -> None:
+    """``el``'s text, its inline children (with their tails) and the tails of its block
+    children; an inline child holding a block loses only its own text, the same way."""
+    el.text = None
+    for child in list(el):
+        tag = child.tag if isinstance(child.tag, str) else ""
+        if tag in BLOCK_TAGS:
+            child.tail = None
+        elif _holds_block(child):
+            _drop_own_text(child)
+            child.tail = None
+        else:
+            el.remove(child)  # lxml drops the child's tail with it
 
 
 def _holds_block(el) -> bool:
@@ -455,16 +457,3 @@ def _holds_block(el) -> bool:
         if isinstance(d.tag, str) and d.tag in BLOCK_TAGS:
             return True
     return False
-
-
-def _clear_inline(el) -> None:
-    el.text = None
-    for child in list(el):
-        tag = child.tag if isinstance(child.tag, str) else ""
-        if tag in BLOCK_TAGS:
-            child.tail = None
-        elif _holds_block(child):
-            _clear_inline(child)
-            child.tail = None
-        else:
-            el.remove(child)
