@@ -1,8 +1,8 @@
 """A run's disk quota, enforced by the run itself as it writes.
 
 ``refinery serve`` starts each run with ``REFINERY_MAX_RUN_BYTES`` (its ``--max-run-bytes``).
-The driver then measures its run directory (bytes on disk, every file, from a thread: once a
-second, or every ten times the scan's own time on a run of many files) and, past the quota,
+The driver then measures its run directory (bytes on disk, every file, from a thread: four times
+a second, or every ten times the scan's own time on a run of many files) and, past the quota,
 stops the run where it waits: the main thread is interrupted (a signal; Ray's waits give way to
 it), Ray is shut down so no task writes on, and the run's work files are removed (every global
 stage's ``_work``, temporary files, and what the stage that was running wrote without
@@ -65,7 +65,7 @@ class DiskQuota:
     no-op). ``start``/``stop`` around the run; ``stage`` names the global stage running (its
     uncommitted files go if the quota is hit); ``failure()`` after the run raised."""
 
-    def __init__(self, rundir: RunDir, limit: int | None, min_interval_s: float = 1.0):
+    def __init__(self, rundir: RunDir, limit: int | None, min_interval_s: float = 0.25):
         self.rundir = rundir
         self.limit = limit
         self.min_interval_s = min_interval_s

@@ -15,7 +15,13 @@ unbounded server it would burn CPU for minutes).
 seconds, the server's RSS peak (VmRSS sampled every 50 ms) and bytes written where they apply:
 /sql memory and time, the 500s, 199 slow-body logins against /healthz, a 90,000-file crawl
 folder admitted while hostile glob DAGs are sent, Bloom and split_bytes quotas (a 1e8-key
-Bloom filter is run to the end), submit-then-cancel churn, list-form stages.
+Bloom filter is run to the end), submit-then-cancel churn, list-form stages. And issue 62's
+rows: a run past its disk quota (25 selects writing whole rows over 52 MB of random text), a `where`
+that builds ~0.8 GB of strings against the run's memory cap (the run's processes' RssAnon
+sampled), `lang_config` naming a 1 GiB file, a session cookie after sign-out, /docs' scripts,
+a run's recorded limits and `refinery delete`. A server whose `serve` knows `--max-run-bytes`
+is started with ``--max-run-bytes 380000000 --max-run-memory 2147483648`` (the 1e8-key Bloom
+filter, 343 MiB, fits).
 """
 
 from __future__ import annotations
@@ -93,7 +99,100 @@ def dir_bytes(d: Path) -> int:
     return sum(p.stat().st_size for p in d.rglob("*") if p.is_file())
 
 
-def s5(base: Path, url: str, proc: subprocess.Popen, c: httpx.Client, run_wait: float) -> dict:
+S5_QUOTAS = ["--max-run-bytes", "380000000", "--max-run-memory", str(2 << 30)]
+
+
+def random_docs(path: Path, n: int, chars: int = 3200) -> None:
+    """Documents of random words: they compress little, so a run's shards are about their size."""
+    import base64
+
+    with open(path, "w") as f:
+        for i in range(n):
+            raw = base64.b32encode(os.urandom(chars * 5 // 8)).decode().lower()
+            f.write(json.dumps({"url": f"https://example.com/r/{i}",
+                                "text": " ".join(raw[j:j + 7] for j in range(0, len(raw), 7))}) + "\n")
+
+
+def session_anon_mb(sid: int) -> float:
+    """Private resident memory (RssAnon) of every live process of a session: a run and what it started."""
+    total = 0
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_bytes().rsplit(b")", 1)[1].split()
+            if int(fields[3]) != sid or fields[0] in (b"Z", b"X"):
+                continue
+            for line in (d / "status").read_text().splitlines():
+                if line.startswith("RssAnon:"):
+                    total += int(line.split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return round(total / 1024)
+
+
+def issue62(base: Path, url: str, proc: subprocess.Popen, c: httpx.Client, submit, wait_end, row, repo: str) -> dict:
+    """Issue 62's rows (see the module's docstring); before the churn row fills the queue."""
+    out: dict = {}
+    pid = proc.pid
+    # a run's disk: 25 chained selects, each writing whole rows, over 52 MB of random text: ~800 MB
+    random_docs(base / "data" / "random.jsonl", 14000)
+    chain = {f"s{i}": {"type": "select", **({"input": f"s{i - 1}"} if i else {}), "where": "true", "materialize": True}
+             for i in range(25)}
+    r = submit(dag(chain, {"docs": {"format": "jsonl", "paths": ["data/random.jsonl"], "source": "web",
+                                    "split_bytes": 8_000_000}}))
+    if r.status_code == 201:
+        info = wait_end(r.json()["id"])
+        out["3_disk_25_selects_52MB"] = {"code": 201, "state": info.get("state"), "elapsed_s": info.get("elapsed_s"),
+                                         "bytes_written": dir_bytes(base / "runs" / r.json()["id"]),
+                                         "error": (info.get("error") or "")[:160]}
+    else:
+        out["3_disk_25_selects_52MB"] = row(r, 0)
+    (base / "data" / "random.jsonl").unlink()
+    # a run's memory: where builds ~0.8 GB of strings for one batch; its processes' RssAnon sampled
+    r = submit(dag({"s": {"type": "select", "where": "length(repeat(text, 500000)) > 0"}}))
+    bomb = r.json().get("id") if r.status_code == 201 else None
+    if bomb:
+        peak, t_end, info = 0, time.time() + 120, {}
+        while time.time() < t_end:
+            info = c.get(f"/runs/{bomb}").json()
+            if info.get("pid"):
+                peak = max(peak, session_anon_mb(int(info["pid"])))
+            if info.get("state") in ("done", "failed", "cancelled"):
+                break
+            time.sleep(0.1)
+        out["3_where_repeat_5e5"] = {"code": 201, "state": info.get("state"), "elapsed_s": info.get("elapsed_s"),
+                                     "run_rss_anon_peak_mb": peak, "server_rss_mb": rss_mb(pid),
+                                     "error": (info.get("error") or "")[-120:]}
+        out["3_run_limits"] = c.get(f"/runs/{bomb}").json().get("limits")
+    # 5: lang_config naming a 1 GiB file (sparse)
+    with open(base / "data" / "big.json", "wb") as f:
+        f.truncate(1 << 30)
+    r, secs, peak = sampled(pid, lambda: submit(dag({"g": {"type": "gopher_quality", "lang_config": "data/big.json"}})))
+    out["5_lang_config_1GiB"] = row(r, secs, peak)
+    (base / "data" / "big.json").unlink()
+    # 9: the session cookie after sign-out; /docs' scripts
+    with httpx.Client(base_url=url, timeout=30) as b:
+        login = b.post("/", data={"token": TOKEN}, follow_redirects=False)
+        cookie = {"Cookie": f"refinery_session={login.cookies.get('refinery_session')}"}
+        before = b.get("/runs", headers=cookie).status_code
+        b.get("/logout", headers=cookie, follow_redirects=False)
+        after = b.get("/runs", headers=cookie).status_code
+    docs = c.get("/docs")
+    out["9_session_after_logout"] = {"before_logout": before, "copied_cookie_after_logout": after}
+    out["9_docs"] = {"code": docs.status_code, "scripts": docs.text.lower().count("<script"),
+                     "cdn": "cdn" in docs.text.lower(), "csp": docs.headers.get("content-security-policy")}
+    # 7: refinery delete
+    if bomb:
+        p = subprocess.run([sys.executable, "-m", "curation.cli", "delete", bomb, "--service", url, "--token-file",
+                            str(base / "token")], cwd=repo, capture_output=True, text=True, timeout=120)
+        said = " ".join(w for w in (p.stdout + p.stderr).replace("│", " ").split() if not set(w) <= set("─╭╮╰╯"))
+        out["7_refinery_delete"] = {"exit": p.returncode, "said": said[-120:],
+                                    "run_left": (base / "runs" / bomb).exists()}
+    return out
+
+
+def s5(base: Path, url: str, proc: subprocess.Popen, c: httpx.Client, run_wait: float, repo: str) -> dict:
     """The availability review's rows against a running server (see the module's docstring)."""
     out: dict = {}
     pid = proc.pid
@@ -149,8 +248,11 @@ def s5(base: Path, url: str, proc: subprocess.Popen, c: httpx.Client, run_wait: 
         "nul_in_path": dag({"s": {"type": "select", "where": "true"}},
                            {"docs": {"format": "jsonl", "paths": ["data/docs.jsonl\0../token"], "source": "web"}}),
     }.items()}
-    out["8_500s"]["histogram_1.7e308"] = c.get("/runs/browse/stages/quality/histogram", params={
-        "column": "quality", "lo": -1.7e308, "hi": 1.7e308}).status_code
+    try:
+        out["8_500s"]["histogram_1.7e308"] = c.get("/runs/browse/stages/quality/histogram", params={
+            "column": "quality", "lo": -1.7e308, "hi": 1.7e308}).status_code
+    except httpx.HTTPError as e:  # the connection dropped: shown as 599
+        out["8_500s"]["histogram_1.7e308"] = f"599 {type(e).__name__}"
     # 9: list-form stages past the cap
     text = ("name: t\ninputs:\n  docs: {format: jsonl, paths: [data/docs.jsonl], source: web}\nstages:\n"
             + "".join(f'  - s{i}: {{"\\x74ype": select, input: docs, where: "true"}}\n' for i in range(1000))
@@ -219,6 +321,7 @@ def s5(base: Path, url: str, proc: subprocess.Popen, c: httpx.Client, run_wait: 
                                   "bytes_written": dir_bytes(base / "runs" / r.json()["id"])}
     else:
         out["3_bloom_1e8_run"] = row(r, 0)
+    out.update(issue62(base, url, proc, c, submit, wait_end, row, repo))
     # 7: submit-then-cancel churn (0.5 MB DAGs), past the default --max-queued of 100
     for run in c.get("/runs").json():
         if run["state"] in ("queued", "running"):
@@ -260,12 +363,17 @@ def main() -> None:
     url = f"http://127.0.0.1:{port}"
     env = {**os.environ, "RAY_TMPDIR": str(base / "ray"), "AWS_SECRET_ACCESS_KEY": "FAKE-SECRET-for-bench-only"}
     env.pop("RAY_ADDRESS", None)
+    quotas: list[str] = []
+    if args.s5:  # issue 62's quotas, where this checkout's `serve` has them
+        helptext = subprocess.run([sys.executable, "-m", "curation.cli", "serve", "--help"], cwd=args.repo,
+                                  capture_output=True, text=True, env={**env, "COLUMNS": "200"}).stdout
+        quotas = S5_QUOTAS if "--max-run-bytes" in helptext else []
     cmd = [sys.executable, "-m", "curation.cli", "serve", "--runs-dir", str(base / "runs"), "--token-file",
            str(base / "token"), "--port", str(port), "--base-dir", str(base), "--allowed-root", "data",
-           "--address", "local", *[a for s in args.serve_arg for a in s.split("=", 1)]]
+           "--address", "local", *quotas, *[a for s in args.serve_arg for a in s.split("=", 1)]]
     log = open(base / "server.log", "wb")
     proc = subprocess.Popen(cmd, cwd=args.repo, stdout=log, stderr=subprocess.STDOUT, env=env)
-    out: dict = {"repo": args.repo, "base": "a temp dir"}
+    out: dict = {"repo": args.repo, "base": "a temp dir", "serve_quotas": quotas}
     try:
         for _ in range(300):
             try:
@@ -276,7 +384,7 @@ def main() -> None:
         c = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {TOKEN}",
                                                 "Content-Type": "application/yaml"}, timeout=60)
         if args.s5:
-            out.update(s5(base, url, proc, c, args.run_wait))
+            out.update(s5(base, url, proc, c, args.run_wait, args.repo))
             return
         before = files_outside_runs(base)
 
