@@ -12,7 +12,8 @@ Modules, in reading order:
 - ``parallel``   process groups, the device mesh (pp x dp_replicate x dp_shard x tp), activation
                  checkpointing, compile, FSDP2 (meta-device init shard by shard), DDP, gradient
                  sync and clipping helpers
-- ``tensor_parallel`` the DTensor plan that splits each block's attention heads and MLP over tp ranks
+- ``tensor_parallel`` the DTensor plan that splits each block's attention heads and MLP over tp ranks (and, with
+  sequence parallelism, the residual stream and norms over the sequence)
 - ``pipeline_parallel`` blocks cut into stages, run by torch.distributed.pipelining's schedules
 - ``guard``      skipping non-finite / spiking steps, stopping a run that keeps skipping
 - ``counters``   per-interval and whole-run token counters

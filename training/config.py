@@ -241,6 +241,13 @@ class ParallelConfig(_Strict):
     over the vocabulary (tied embeddings stay one tensor; the loss never gathers the logits), the
     norms stay whole. The data-parallel degree is world / (tp x pp).
 
+    ``sequence_parallel`` (with tp > 1; off by default): between the blocks each rank holds only
+    seq_len / tp positions of the residual stream, and the norms run on those (Megatron-SP, as
+    torchtitan): the norms' and residual's activations ÷ tp for the same traffic (the blocks'
+    all-reduces become all-gather + reduce-scatter). Every sequence length must be divisible by tp.
+    ``async_tp``: torch's micro-pipelined TP, overlapping those all-gathers and reduce-scatters
+    with the matmuls; needs sequence_parallel, train.compile and CUDA (refused at start elsewhere).
+
     ``strategy`` is the data-parallel one, over the world / tp data-parallel ranks. ``auto``:
     FSDP2 on CUDA at every world size (one GPU: a 1-rank mesh, so one precision recipe whatever
     the world size); on CPU none for one data-parallel rank, DDP above (FSDP2 with tp > 1).
@@ -253,6 +260,8 @@ class ParallelConfig(_Strict):
     strategy: Literal["auto", "none", "ddp", "fsdp", "hsdp"] = "auto"
     tp: int = Field(default=1, gt=0)
     pp: int = Field(default=1, gt=0)
+    sequence_parallel: bool = False
+    async_tp: bool = False
     pp_schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = "1f1b"
     pp_microbatches: int | None = Field(default=None, gt=0)
     pp_stages_per_rank: int = Field(default=2, gt=0)  # interleaved_1f1b only (others: 1)

@@ -158,6 +158,10 @@ class Transformer(nn.Module):
     ``init_weights()`` materialise it (``training.parallel`` does so after sharding).
     """
 
+    #: Ranks a hidden-state input (a later pipeline stage's) is split over along the sequence:
+    #: set by tensor parallelism's sequence-parallel plan (training/tensor_parallel.py).
+    sequence_shards = 1
+
     def __init__(self, cfg: ModelConfig, max_seq_len: int, init_seed: int = 0):
         super().__init__()
         self.cfg = cfg
@@ -222,6 +226,8 @@ class Transformer(nn.Module):
         A pipeline stage without the embedding takes the previous stage's hidden states
         (B, T, d) as ``tokens``; one without the final norm and head returns its hidden states."""
         b, t = tokens.shape[:2]
+        if self.tok_embeddings is None:  # hidden states: split over the sequence under sequence parallelism
+            t *= self.sequence_shards
         if positions is None:
             cos, sin = self.rope_cos[:t][None, :, None], self.rope_sin[:t][None, :, None]
         else:

@@ -275,8 +275,12 @@ def parallelize(model: nn.Module, cfg: ParallelConfig, env: DistEnv, compile: bo
         # TP before any wrapper: its plans address the blocks' own submodules.
         from training.tensor_parallel import apply_tp
 
-        apply_tp(model, mesh["tp"])
+        apply_tp(model, mesh["tp"], sequence_parallel=cfg.sequence_parallel)
         model.tensor_parallel = env.tp
+        if cfg.async_tp:  # checked at start (check_tp): CUDA, compiled, sequence parallel
+            from training.tensor_parallel import enable_async_tp
+
+            enable_async_tp(mesh["tp"])
     if cfg.ac != "none":
         # Recompute each block's activations in backward; the wrapper keeps state-dict keys.
         context = {"context_fn": selective_ac_context} if cfg.ac == "selective" else {}
@@ -357,6 +361,10 @@ def _sac_saved_ops() -> set:
     varlen = getattr(getattr(torch.ops, "torch_attn", None), "_varlen_attn", None)
     if varlen is not None:
         ops.add(varlen.default)
+    # Sequence parallelism's reduce-scatters (torchtitan keeps them: recomputing one is a collective)
+    funcol = getattr(torch.ops, "_c10d_functional", None)
+    if funcol is not None and hasattr(funcol, "reduce_scatter_tensor"):
+        ops.add(funcol.reduce_scatter_tensor.default)
     return ops
 
 
@@ -429,6 +437,7 @@ def _clip_over_mesh(params: list[nn.Parameter], max_norm: float, pp_group=None) 
     One all-reduce per (mesh, sharded dims) group: at most three. With pipeline stages
     (``pp_group``) the stages' squared norms are summed too: every rank clips by the whole
     model's norm."""
+    _reduce_partial_grads(params)
     groups: dict[tuple, tuple] = {}
     for p in params:
         g = p.grad
@@ -454,6 +463,30 @@ def _clip_over_mesh(params: list[nn.Parameter], max_norm: float, pp_group=None) 
         for t in locals_:
             t.mul_(coef.to(t.dtype))
     return norm
+
+
+def _reduce_partial_grads(params: list[nn.Parameter]) -> None:
+    """Sum the gradients still pending a reduction into their parameters' placements. Under
+    sequence parallelism each rank's norms see only its positions, so their (whole, replicated)
+    weights get partial gradients; FSDP2 reduces them with the rest, without it they are summed
+    here, once per step after the last micro-batch: one all-reduce per mesh for all of them."""
+    from torch.distributed.tensor import DTensor
+
+    pending: dict[tuple, list[nn.Parameter]] = {}
+    for p in params:
+        g = p.grad
+        if hasattr(g, "to_local") and any(pl.is_partial() for pl in g.placements):
+            pending.setdefault((id(g.device_mesh), tuple(g.placements), tuple(p.placements)), []).append(p)
+    for ps in pending.values():
+        mesh, placements = ps[0].grad.device_mesh, ps[0].grad.placements
+        if any(not (pl.is_replicate() or pl.is_partial()) for pl in (*placements, *ps[0].placements)):
+            raise RuntimeError(f"a partial gradient ({placements}) of a sharded parameter ({ps[0].placements})")
+        flat = torch.cat([p.grad.to_local().flatten() for p in ps])
+        for d, pl in enumerate(placements):
+            if pl.is_partial():
+                dist.all_reduce(flat, group=mesh.get_group(d))
+        for p, part in zip(ps, flat.split([p.grad.to_local().numel() for p in ps])):
+            p.grad = DTensor.from_local(part.view_as(p.grad.to_local()), mesh, p.placements, run_check=False)
 
 
 def all_reduce_sum(values: torch.Tensor, env: DistEnv) -> torch.Tensor:

@@ -105,6 +105,7 @@ class StageModule(Transformer):
     def __init__(self, model: Transformer, keys: list[str], first: bool, last: bool):
         nn.Module.__init__(self)  # not Transformer.__init__: nothing new is built
         self.cfg, self.max_seq_len, self.init_seed = model.cfg, model.max_seq_len, model.init_seed
+        self.sequence_shards = model.sequence_shards
         self.tok_embeddings = model.tok_embeddings if first else None
         self.layers = nn.ModuleDict({k: model.layers[k] for k in keys})
         self.norm = model.norm if last else None

@@ -133,7 +133,9 @@ class Trainer:
                      else f"data-parallel ranks ({dp} = world {env.world} / (tp {env.tp} x pp {env.pp}))")
             raise ConfigError(f"train.global_batch ({gb}) must be a multiple of train.micro_batch ({micro}) x {where}")
         self.accum = gb // (micro * dp)
-        check_tp(cfg.model, env.tp)
+        warmup = cfg.data.seq_len_warmup
+        check_tp(cfg.model, env.tp, cfg.parallel, (cfg.data.seq_len,) + ((warmup.start,) if warmup else ()),
+                 env.device.type, cfg.train.compile)
         check_pp(cfg.model, cfg.parallel, self.accum, cfg.train.compile_mode if cfg.train.compile else None)
         mesh_shape(cfg.parallel, env)  # layout errors now, before any data is read
 
@@ -355,7 +357,8 @@ class Trainer:
         if strategy == "hsdp":
             strategy += " {}x{}".format(*hsdp_shape(cfg.parallel, env))
         if env.tp > 1:
-            strategy += f", tp {env.tp}"
+            strategy += f", tp {env.tp}" + (" sequence-parallel" if cfg.parallel.sequence_parallel else "") \
+                + (" async" if cfg.parallel.async_tp else "")
         if env.pp > 1:
             strategy += f", pp {env.pp} {cfg.parallel.pp_schedule}"
         m.log({
