@@ -49,6 +49,10 @@ class RunFailed(RuntimeError):
     """Some shards failed after retries; the rest are committed and a rerun resumes."""
 
 
+class DiskQuotaExceeded(RunFailed):
+    """The run directory grew past the run's disk quota (``curation.pipeline.quota``)."""
+
+
 # ---------------------------------------------------------------------------------------------
 # planning (driver)
 
@@ -677,7 +681,7 @@ def run_dag(dag: Dag, run_dir: str | os.PathLike, workers: int | None = None, ad
     except BaseException as e:
         quota.stop()
         if quota.exceeded:  # whatever it interrupted: the quota is why the run stops
-            err = quota.failure(dag)
+            err = DiskQuotaExceeded(quota.failure())
             progress.finish("failed", f"{type(err).__name__}: {err}")
             raise err from None
         progress.finish("failed", f"{type(e).__name__}: {e}")

@@ -6,7 +6,7 @@ a second, or every ten times the scan's own time on a run of many files) and, pa
 stops the run where it waits: the main thread is interrupted (a signal; Ray's waits give way to
 it), Ray is shut down so no task writes on, and the run's work files are removed (every global
 stage's ``_work``, temporary files, and what the stage that was running wrote without
-committing it). The run fails with ``DiskQuotaExceeded`` and says so in ``progress.json``.
+committing it). The run fails with ``executor.DiskQuotaExceeded`` and says so in ``progress.json``.
 Committed shards stay: the run can be deleted, or resumed under a larger quota.
 
 Local run directories only (an object-store run has no disk of the service's to fill). A
@@ -23,20 +23,15 @@ import threading
 import time
 from pathlib import Path
 
-from curation.pipeline.executor import RunFailed
 from curation.pipeline.rundir import WORK, RunDir
 
 ENV = "REFINERY_MAX_RUN_BYTES"
 MiB = 1 << 20
 
 
-class DiskQuotaExceeded(RunFailed):
-    """The run directory grew past the run's disk quota."""
-
-
 class _Interrupt(KeyboardInterrupt):
     """What the signal raises in the main thread: Ray's waits give way to a KeyboardInterrupt
-    (and only to one), and ``DiskQuota.failure`` turns it into ``DiskQuotaExceeded``."""
+    (and only to one); the executor then fails the run with ``DiskQuota.failure()``'s reason."""
 
 
 def disk_bytes(root: str | os.PathLike) -> int:
@@ -63,7 +58,7 @@ def disk_bytes(root: str | os.PathLike) -> int:
 class DiskQuota:
     """Watches ``rundir`` against ``limit`` bytes (``None``: no quota; every method is then a
     no-op). ``start``/``stop`` around the run; ``stage`` names the global stage running (its
-    uncommitted files go if the quota is hit); ``failure()`` after the run raised."""
+    uncommitted files go if the quota is hit); ``failure()`` once ``exceeded``."""
 
     def __init__(self, rundir: RunDir, limit: int | None, min_interval_s: float = 0.25):
         self.rundir = rundir
@@ -128,20 +123,20 @@ class DiskQuota:
         if self.exceeded is None:
             self._over()
 
-    def failure(self, dag) -> DiskQuotaExceeded:
-        """Ray stopped, the work files removed; the error the run fails with."""
+    def failure(self) -> str:
+        """Ray stopped, the work files removed; why the run fails."""
         import ray
 
         if ray.is_initialized():
             ray.shutdown()  # no task writes on (a cluster ends the tasks of a driver that left)
-        removed = self._clean(dag)
-        return DiskQuotaExceeded(
+        removed = self._clean()
+        return (
             f"the run directory reached {self.exceeded / MiB:,.1f} MiB, past the run's disk quota of "
             f"{self.limit / MiB:,.1f} MiB (the service's --max-run-bytes); the run was stopped and its work "
             f"files removed ({removed / MiB:,.1f} MiB); committed shards stay ({self.used / MiB:,.1f} MiB): "
             "delete the run, or resume it under a larger quota")
 
-    def _clean(self, dag) -> int:
+    def _clean(self) -> int:
         """Remove the run's work files; returns the bytes freed."""
         root = Path(self.rundir.root)
         before = disk_bytes(root)
