@@ -44,6 +44,7 @@ from curation.io import location
 from curation.io.files import atomic_path, write_json
 from curation.io.ranges import GZIP_MAGIC, Member, Source, first_member
 from curation.io.warc import HTML_TYPES, http_body
+from curation.formats.lang_codes import iso639_3
 
 #: Common Crawl's cc-index-table flat schema (``crawl`` and ``subset`` are columns here, where
 #: Common Crawl has them as hive partitions ``crawl=.../subset=...``)
@@ -82,8 +83,6 @@ _CLD2_ISO3 = {"iw": "heb", "in": "ind", "ji": "yid", "jw": "jav", "mo": "ron", "
 @functools.lru_cache(maxsize=512)
 def _iso3(code: str) -> str | None:
     """A CLD2 code (ISO 639-1 where there is one, else its own 3 letters) as ISO 639-3."""
-    from curation.quality.langid import iso639_3
-
     base = code.split("-")[0].lower()
     return _CLD2_ISO3.get(base) or iso639_3(base) or (base if len(base) == 3 else None)
 
