@@ -3,7 +3,8 @@
 - the trainer under torchrun with tp 2 and sequence parallelism trains like one process: the loss
   and the grad norm of every step agree to ~1e-6 (the residual stream split over the sequence
   between the blocks, the norms on each rank's positions, the loss gathering them);
-- under selective activation checkpointing and torch.compile;
+- with FSDP2 over the other dimension (TP=2 + SP x FSDP=2, 4 processes), and under selective
+  activation checkpointing and torch.compile;
 - with pipeline stages too (TP=2 x PP=2, 4 processes: a later stage receives T / tp positions), and
   its checkpoint resumes on one process without sequence parallelism;
 - the model itself, split by ``parallelize`` over two spawned processes: the same loss, gradients
@@ -81,6 +82,16 @@ def test_tp2_with_sequence_parallel_trains_like_one_process(single):
     compare(one, got, "TP=2 + sequence parallel")
     assert one[-1]["loss_step"] < one[0]["loss_step"] - 0.5  # it trained: matching is not trivial
     assert [r["tokens"] for r in got] == [r["tokens"] for r in one]  # counted once per data-parallel rank
+
+
+def test_tp2_sequence_parallel_with_fsdp2_trains_like_one_process(single):
+    """4 processes, mesh (1, 1, 2, 2): FSDP2 over the data-parallel pair reduces the norms' partial
+    gradients (sequence parallelism) along with the rest."""
+    tmp, data = single
+    torchrun(config(tmp, data, "tp2-sp-fsdp2"), "parallel.tp=2", "parallel.sequence_parallel=true",
+             "parallel.strategy=fsdp", nproc=4, timeout=600)
+    assert "world 4 (fsdp, tp 2 sequence-parallel)" in records(tmp / "tp2-sp-fsdp2", "event")[0]["message"]
+    compare(records(tmp / "single"), records(tmp / "tp2-sp-fsdp2"), "TP=2 + sequence parallel x FSDP=2")
 
 
 def test_tp2_sequence_parallel_under_selective_ac_and_compile(single):
