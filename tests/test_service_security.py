@@ -1141,3 +1141,17 @@ def _write_figures():
     out = os.environ.get("REFINERY_SECURITY_FIGURES")
     if out:
         Path(out).write_text(json.dumps(FIGURES, indent=1))
+
+
+@pytest.mark.parametrize("root", ["/etc", "../../..", "file:///etc", "http://169.254.169.254/latest"])
+def test_cc_index_warc_root_outside_the_roots_is_403(client, root):
+    """A cc_index input reads WARC records under its warc_root: the roots hold it as they hold paths."""
+    import yaml
+
+    index = "data/docs.jsonl"  # the check comes before any read: the index need not be one
+    dag = yaml.safe_dump({"name": "probe", "inputs": {"a": {"format": "cc_index", "paths": [index], "warc_root": root,
+                                                            "where": "fetch_status = 200", "source": "web"}},
+                          "stages": {"extract": {"type": "extract"}}})
+    r = _post(client, dag)
+    assert r.status_code == 403, r.text
+    assert "warc_root" in r.json()["detail"] and "outside the allowed roots" in r.json()["detail"]

@@ -363,6 +363,14 @@ def _admit_dag(text: str, policy: PathPolicy, where: str, stage_modules: tuple[s
                     policy.check_pattern(run, f"inputs.{name}.run")
                 except PathDenied as e:
                     raise SubmitError(f"{where}: {e}", 403) from None
+            root = spec.get("warc_root") if isinstance(spec, dict) else None
+            if isinstance(root, str):  # format: cc_index reads WARC records under it: a root's too
+                if "\0" in root:
+                    raise SubmitError(f"{where}: inputs.{name}.warc_root: a path with a NUL character")
+                try:
+                    policy.check_pattern(root, f"inputs.{name}.warc_root")
+                except PathDenied as e:
+                    raise SubmitError(f"{where}: {e}", 403) from None
             paths = spec.get("paths") if isinstance(spec, dict) else None
             for i, p in enumerate(paths if isinstance(paths, list) else []):
                 if isinstance(p, str) and "\0" in p:
