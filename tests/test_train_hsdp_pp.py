@@ -9,12 +9,11 @@ checkpoint resumes on one process with the straight run's losses.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from train_helpers import SMALL, records, torchrun, write_config
+from train_helpers import SMALL, compare_steps, records, row_ids, torchrun, write_config
 from training.synthetic import write_packed
 from training.train import main
 
@@ -39,26 +38,8 @@ def config(tmp: Path, packs, name: str) -> Path:
     })
 
 
-def rows(run: Path) -> dict[tuple[int, int], list[int]]:
-    out = {}
-    for f in (run / "row_ids").glob("rank*.jsonl"):
-        for r in map(json.loads, f.read_text().splitlines()):
-            out[r["step"], r["rank"]] = r["rows"]
-    return out
 
 
-def compare(one: list[dict], other: list[dict], label: str, tol: float = 1e-5) -> tuple[float, float]:
-    assert [r["step"] for r in one] == [r["step"] for r in other]
-    print(f"\n{label} vs 1 process, per step: |loss diff|, |grad-norm diff|")
-    worst = [0.0, 0.0]
-    for x, y in zip(one, other):
-        dl, dg = abs(x["loss_step"] - y["loss_step"]), abs(x["grad_norm"] - y["grad_norm"])
-        print(f"  step {x['step']:2d}  loss {x['loss_step']:.6f}  {dl:.2e}  grad norm {x['grad_norm']:.4f}  {dg:.2e}")
-        assert dl <= tol * max(1.0, abs(x["loss_step"])), f"step {x['step']}: loss differs by {dl}"
-        assert dg <= tol * max(1.0, abs(x["grad_norm"])), f"step {x['step']}: grad norm differs by {dg}"
-        worst = [max(worst[0], dl), max(worst[1], dg)]
-    print(f"  max: loss {worst[0]:.2e}, grad norm {worst[1]:.2e}")
-    return worst[0], worst[1]
 
 
 def test_hsdp_x_pp2_trains_like_one_process_and_resumes_on_one(tmp_path):
@@ -70,14 +51,14 @@ def test_hsdp_x_pp2_trains_like_one_process_and_resumes_on_one(tmp_path):
     start = records(tmp_path / "hsdp-pp2", "event")[0]
     assert "world 4 (hsdp 2x1, pp 2 1f1b)" in start["message"], start["message"]
     one = records(tmp_path / "single")
-    compare(one, records(tmp_path / "hsdp-pp2"), "HSDP (2 replicas x 1) x PP=2 (1f1b)")
+    compare_steps(one, records(tmp_path / "hsdp-pp2"), "HSDP (2 replicas x 1) x PP=2 (1f1b)")
     assert one[0]["loss_step"] - one[-1]["loss_step"] > 0.3  # it trained: matching is not trivial
     held = {r["step"]: r["eval_loss"] for r in records(tmp_path / "single", "eval")}
     evals = [abs(held[r["step"]] - r["eval_loss"]) for r in records(tmp_path / "hsdp-pp2", "eval")]
     print(f"  held-out loss: max |diff| {max(evals):.2e} over {len(evals)} evals")
     assert evals and max(evals) < 1e-4
     assert [r["tokens"] for r in records(tmp_path / "hsdp-pp2")] == [r["tokens"] for r in one]
-    split, whole = rows(tmp_path / "hsdp-pp2"), rows(tmp_path / "single")
+    split, whole = row_ids(tmp_path / "hsdp-pp2"), row_ids(tmp_path / "single")
     for step in range(STEPS):
         # ranks 0, 1: stage 0 of replicas 0, 1; ranks 2, 3: stage 1 of the same
         assert split[step, 0] == split[step, 2] and split[step, 1] == split[step, 3]
@@ -86,4 +67,4 @@ def test_hsdp_x_pp2_trains_like_one_process_and_resumes_on_one(tmp_path):
     assert main(str(config(tmp_path, packs, "hsdp-pp2-on-one")), resume=str(ckpt)) == 0
     after = records(tmp_path / "hsdp-pp2-on-one")
     assert after[0]["step"] == 4
-    compare(one[4:], after, "saved on HSDP x PP=2, resumed on 1 process")
+    compare_steps(one[4:], after, "saved on HSDP x PP=2, resumed on 1 process")

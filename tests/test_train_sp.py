@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from train_helpers import SMALL, records, torchrun, write_config
+from train_helpers import SMALL, compare_steps, records, torchrun, write_config
 from training.config import ConfigError, ModelConfig, ParallelConfig
 from training.synthetic import write_packed
 from training.tensor_parallel import check_tp
@@ -56,21 +56,6 @@ def single(tmp_path_factory):
     return tmp, data
 
 
-def compare(one: list[dict], other: list[dict], label: str, tol: float = 1e-5) -> tuple[float, float]:
-    """Print the per-step |loss diff| and |grad-norm diff| of ``other`` against ``one``; each
-    within ``tol`` (relative, at least 1). Returns the maxima."""
-    assert [r["step"] for r in one] == [r["step"] for r in other]
-    print(f"\n{label} vs 1 process, per step: |loss diff|, |grad-norm diff|")
-    diffs = []
-    for x, y in zip(one, other):
-        dl, dg = abs(x["loss_step"] - y["loss_step"]), abs(x["grad_norm"] - y["grad_norm"])
-        diffs.append((dl, dg))
-        print(f"  step {x['step']:2d}  loss {x['loss_step']:.6f}  {dl:.2e}  grad norm {x['grad_norm']:.4f}  {dg:.2e}")
-        assert dl <= tol * max(1.0, abs(x["loss_step"])), f"step {x['step']}: loss differs by {dl}"
-        assert dg <= tol * max(1.0, abs(x["grad_norm"])), f"step {x['step']}: grad norm differs by {dg}"
-    worst = max(d[0] for d in diffs), max(d[1] for d in diffs)
-    print(f"  max: loss {worst[0]:.2e}, grad norm {worst[1]:.2e}")
-    return worst
 
 
 def test_tp2_with_sequence_parallel_trains_like_one_process(single):
@@ -79,7 +64,7 @@ def test_tp2_with_sequence_parallel_trains_like_one_process(single):
     start = records(tmp / "tp2-sp", "event")[0]
     assert "tp 2 sequence-parallel" in start["message"], start["message"]
     one, got = records(tmp / "single"), records(tmp / "tp2-sp")
-    compare(one, got, "TP=2 + sequence parallel")
+    compare_steps(one, got, "TP=2 + sequence parallel")
     assert one[-1]["loss_step"] < one[0]["loss_step"] - 0.5  # it trained: matching is not trivial
     assert [r["tokens"] for r in got] == [r["tokens"] for r in one]  # counted once per data-parallel rank
 
@@ -91,7 +76,7 @@ def test_tp2_sequence_parallel_with_fsdp2_trains_like_one_process(single):
     torchrun(config(tmp, data, "tp2-sp-fsdp2"), "parallel.tp=2", "parallel.sequence_parallel=true",
              "parallel.strategy=fsdp", nproc=4, timeout=600)
     assert "world 4 (fsdp, tp 2 sequence-parallel)" in records(tmp / "tp2-sp-fsdp2", "event")[0]["message"]
-    compare(records(tmp / "single"), records(tmp / "tp2-sp-fsdp2"), "TP=2 + sequence parallel x FSDP=2")
+    compare_steps(records(tmp / "single"), records(tmp / "tp2-sp-fsdp2"), "TP=2 + sequence parallel x FSDP=2")
 
 
 def test_tp2_sequence_parallel_under_selective_ac_and_compile(single):
@@ -101,7 +86,7 @@ def test_tp2_sequence_parallel_under_selective_ac_and_compile(single):
              "parallel.ac=selective", "train.compile=true", "train.stop_at_step=4", timeout=600)
     start = records(tmp / "tp2-sp-ac-compile", "event")[0]
     assert start["compile"] and start["activation_checkpointing"] == "selective" and "sequence-parallel" in start["message"]
-    compare(records(tmp / "single")[:4], records(tmp / "tp2-sp-ac-compile"), "TP=2 + SP + selective AC + compile")
+    compare_steps(records(tmp / "single")[:4], records(tmp / "tp2-sp-ac-compile"), "TP=2 + SP + selective AC + compile")
 
 
 def test_tp2_sequence_parallel_with_pipeline_and_resume_on_one_process(single):
@@ -117,12 +102,12 @@ def test_tp2_sequence_parallel_with_pipeline_and_resume_on_one_process(single):
     assert "tp 2 sequence-parallel, pp 2 gpipe" in records(tmp / "tp2-sp-pp2", "event")[0]["message"]
     assert main(str(config(tmp, data, "single-causal", **sections))) == 0
     one = records(tmp / "single-causal")
-    compare(one[:8], records(tmp / "tp2-sp-pp2"), "TP=2 + sequence parallel x PP=2 (gpipe)")
+    compare_steps(one[:8], records(tmp / "tp2-sp-pp2"), "TP=2 + sequence parallel x PP=2 (gpipe)")
     ckpt = tmp / "tp2-sp-pp2" / "checkpoints" / "step_00000006"
     assert main(str(config(tmp, data, "sp-on-one", **sections)), resume=str(ckpt)) == 0
     after = records(tmp / "sp-on-one")
     assert after[0]["step"] == 6
-    compare(one[6:], after, "saved on TP=2 + SP x PP=2, resumed on 1 process")
+    compare_steps(one[6:], after, "saved on TP=2 + SP x PP=2, resumed on 1 process")
 
 
 # ---------------------------------------------------------------- the model split by hand

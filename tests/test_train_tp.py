@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from train_helpers import SMALL, records, torchrun, write_config
+from train_helpers import SMALL, compare_steps, records, row_ids, torchrun, write_config
 from training.config import ConfigError, ModelConfig, ParallelConfig
 from training.parallel import DistEnv, init_distributed, mesh_shape, strategy_for
 from training.synthetic import write_packed
@@ -58,31 +58,14 @@ def single(tmp_path_factory):
     return tmp, data
 
 
-def rows(run: Path) -> dict[tuple[int, int], list[int]]:
-    out = {}
-    for f in (run / "row_ids").glob("rank*.jsonl"):
-        for r in map(json.loads, f.read_text().splitlines()):
-            out[r["step"], r["rank"]] = r["rows"]
-    return out
 
 
-def per_step_diffs(a: list[dict], b: list[dict]) -> list[tuple[int, float, float]]:
-    assert [r["step"] for r in a] == [r["step"] for r in b]
-    return [(x["step"], abs(x["loss_step"] - y["loss_step"]), abs(x["grad_norm"] - y["grad_norm"])) for x, y in zip(a, b)]
 
 
 def compare(tmp: Path, run: str, label: str, tol: float = 1e-5) -> None:
-    """Print the per-step differences of ``run`` against the single process; each within ``tol``
-    (relative, at least 1)."""
-    one, other = records(tmp / "single"), records(tmp / run)
-    diffs = per_step_diffs(one, other)
-    print(f"\n{label} vs 1 process, per step: |loss diff|, |grad-norm diff|")
-    for step, dl, dg in diffs:
-        print(f"  step {step:2d}  loss {one[step]['loss_step']:.6f}  {dl:.2e}  grad norm {one[step]['grad_norm']:.4f}  {dg:.2e}")
-    print(f"  max: loss {max(d[1] for d in diffs):.2e}, grad norm {max(d[2] for d in diffs):.2e}")
-    for (step, dl, dg), r in zip(diffs, one):
-        assert dl <= tol * max(1.0, abs(r["loss_step"])), f"step {step}: loss differs by {dl}"
-        assert dg <= tol * max(1.0, abs(r["grad_norm"])), f"step {step}: grad norm differs by {dg}"
+    """``run`` against the single process, step by step (``compare_steps``)."""
+    one = records(tmp / "single")
+    compare_steps(one, records(tmp / run), label, tol)
     assert one[-1]["loss_step"] < one[0]["loss_step"] - 0.5  # it trained: matching is not trivial
 
 
@@ -96,7 +79,7 @@ def test_tp2_trains_like_one_process(single):
     # Tokens are counted once per data-parallel rank, not once per tensor-parallel rank.
     assert [r["tokens"] for r in two] == [r["tokens"] for r in one]
     # Both tensor-parallel ranks read the single process's rows.
-    split, whole = rows(tmp / "tp2"), rows(tmp / "single")
+    split, whole = row_ids(tmp / "tp2"), row_ids(tmp / "single")
     for step in range(STEPS):
         assert split[step, 0] == split[step, 1] == whole[step, 0]
 
@@ -108,7 +91,7 @@ def test_tp2_with_fsdp2_trains_like_one_process(single):
     start = records(tmp / "tp2-fsdp2", "event")[0]
     assert "world 4 (fsdp, tp 2)" in start["message"], start["message"]
     compare(tmp, "tp2-fsdp2", "TP=2 x FSDP=2")
-    split, whole = rows(tmp / "tp2-fsdp2"), rows(tmp / "single")
+    split, whole = row_ids(tmp / "tp2-fsdp2"), row_ids(tmp / "single")
     for step in range(STEPS):
         assert split[step, 0] == split[step, 1] and split[step, 2] == split[step, 3]  # TP peers: the same rows
         assert not set(split[step, 0]) & set(split[step, 2])  # data-parallel ranks: different rows
@@ -122,12 +105,7 @@ def test_tp2_under_selective_ac_and_compile_trains_like_one_process(single):
              "train.stop_at_step=4", timeout=600)
     start = records(tmp / "tp2-ac-compile", "event")[0]
     assert start["compile"] and start["activation_checkpointing"] == "selective"
-    one, got = records(tmp / "single")[:4], records(tmp / "tp2-ac-compile")
-    diffs = per_step_diffs(one, got)
-    print(f"\nTP=2 + selective AC + compile vs 1 process: max |loss diff| {max(d[1] for d in diffs):.2e}, "
-          f"max |grad-norm diff| {max(d[2] for d in diffs):.2e}")
-    for step, dl, dg in diffs:
-        assert dl <= 1e-5 * one[step]["loss_step"] and dg <= 1e-5 * max(1.0, one[step]["grad_norm"]), (step, dl, dg)
+    compare_steps(records(tmp / "single")[:4], records(tmp / "tp2-ac-compile"), "TP=2 + selective AC + compile")
 
 
 #: (saved by, resumed on): run name, its torchrun overrides and process count
@@ -151,11 +129,7 @@ def test_a_checkpoint_resumes_on_another_mesh(single, saved, resumed):
         torchrun(config(tmp, data, name), *sets, nproc=n, resume=str(ckpt), timeout=600)
     one, after = records(tmp / "single"), records(tmp / name)
     assert after[0]["step"] == 6
-    diffs = per_step_diffs(one[6:], after)
-    print(f"\nsaved on {saved}, resumed on {resumed}: max |loss diff| over steps 6-{STEPS - 1} "
-          f"{max(d[1] for d in diffs):.2e} (first resumed step {diffs[0][1]:.2e})")
-    for step, dl, dg in diffs:
-        assert dl <= 1e-5 * abs(one[step]["loss_step"]), (step, dl)
+    compare_steps(one[6:], after, f"saved on {saved}, resumed on {resumed} (steps 6-{STEPS - 1})")
 
 
 # ---------------------------------------------------------------- the model split by hand

@@ -41,6 +41,31 @@ def losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in records(run_dir)}
 
 
+def row_ids(run: Path) -> dict[tuple[int, int], list[int]]:
+    """The packed rows each rank read at each step (``metrics.log_row_ids``): {(step, rank): rows}."""
+    out = {}
+    for f in (run / "row_ids").glob("rank*.jsonl"):
+        for r in map(json.loads, f.read_text().splitlines()):
+            out[r["step"], r["rank"]] = r["rows"]
+    return out
+
+
+def compare_steps(one: list[dict], other: list[dict], label: str, tol: float = 1e-5) -> tuple[float, float]:
+    """Print the per-step |loss diff| and |grad-norm diff| of ``other`` against ``one`` (the same
+    steps); each within ``tol`` (relative, at least 1). Returns the maxima."""
+    assert [r["step"] for r in one] == [r["step"] for r in other]
+    print(f"\n{label} vs 1 process, per step: |loss diff|, |grad-norm diff|")
+    worst = [0.0, 0.0]
+    for x, y in zip(one, other):
+        dl, dg = abs(x["loss_step"] - y["loss_step"]), abs(x["grad_norm"] - y["grad_norm"])
+        print(f"  step {x['step']:2d}  loss {x['loss_step']:.6f}  {dl:.2e}  grad norm {x['grad_norm']:.4f}  {dg:.2e}")
+        assert dl <= tol * max(1.0, abs(x["loss_step"])), f"step {x['step']}: loss differs by {dl}"
+        assert dg <= tol * max(1.0, abs(x["grad_norm"])), f"step {x['step']}: grad norm differs by {dg}"
+        worst = [max(worst[0], dl), max(worst[1], dg)]
+    print(f"  max: loss {worst[0]:.2e}, grad norm {worst[1]:.2e}")
+    return worst[0], worst[1]
+
+
 def torchrun(config_path: Path, *overrides: str, nproc: int = 2, check: bool = True, timeout: float = 300,
              resume: str | None = None) -> subprocess.CompletedProcess:
     """Run the trainer under torchrun on CPU; with ``check``, fail with its output if it fails."""
