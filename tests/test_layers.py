@@ -242,3 +242,20 @@ def test_no_module_imports_another_modules_private_names():
     assert not set(bad) - PRIVATE_IMPORTS, "\n".join(sorted(f"{m} -> {n}" for m, n in set(bad) - PRIVATE_IMPORTS))
     stale = PRIVATE_IMPORTS - set(bad)
     assert not stale, f"exempt but no longer imported (drop the exemption): {sorted(stale)}"
+
+
+def test_architecture_maps_every_stage_type_to_its_file():
+    """ARCHITECTURE.md's "Stage types and their files" table names each registered type once, with
+    the file its class is defined in: a newcomer finds any stage from its type."""
+    import inspect
+    import re
+
+    import curation.stages  # noqa: F401 (registers every stage)
+    from curation.stages.base import registry
+
+    text = (REPO / "ARCHITECTURE.md").read_text()
+    section = text.split("## Stage types and their files", 1)[1].split("\n## ", 1)[0]
+    table = dict(re.findall(r"^\| `([a-z0-9_]+)` \| `([^`]+)` \|$", section, re.M))
+    want = {t: str(Path(inspect.getsourcefile(c)).resolve().relative_to(REPO)) for t, c in registry.items()}
+    assert table == want, {"missing": sorted(set(want) - set(table)), "stale": sorted(set(table) - set(want)),
+                           "wrong file": sorted(t for t in set(table) & set(want) if table[t] != want[t])}

@@ -191,7 +191,8 @@ def test_rewriting_stages_keep_the_mark():
     """A stage that writes its text back (C4's kept lines, PII, normalize, a rejected row's
     payload made null) keeps the field, and the state it hands on says Markdown."""
     from curation.stages.filters import C4QualityFilter
-    from curation.stages.toolbox import Normalize, PiiScrub
+    from curation.stages.normalize import Normalize
+    from curation.stages.pii import PiiScrub
 
     texts = ["# A heading of the page.\nThe first sentence is long enough. Mail me at a@example.com now.\n- item",
              "Only a short line"]

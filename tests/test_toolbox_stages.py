@@ -1,4 +1,4 @@
-"""Toolbox stages: url_filter, pii, badwords, normalize (curation/stages/toolbox.py).
+"""Toolbox stages: url_filter, pii, badwords, normalize (curation/stages/url_filter.py, pii.py, badwords.py, normalize.py).
 
 On real documents (tests/data/toolbox/docs.jsonl.gz, see tests/data/README.md): news pages
 with their URLs, web pages with e-mail and IP addresses, pages and sentences with bad words
@@ -20,7 +20,10 @@ import pytest
 from pydantic import ValidationError
 
 from curation.stages import registry
-from curation.stages.toolbox import BadWordsFilter, Normalize, PiiScrub, UrlFilter
+from curation.stages.badwords import BadWordsFilter
+from curation.stages.normalize import Normalize
+from curation.stages.pii import PiiScrub
+from curation.stages.url_filter import UrlFilter
 from curation.text import badwords as bw
 from curation.text.normalize import Normalizer, badness_re2
 from curation.text.pii import PiiScrubber

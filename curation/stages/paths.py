@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic_core import core_schema
@@ -69,3 +70,19 @@ class PathParam:
 
 #: a parameter that is always a file or directory
 PathStr = Annotated[str, PathParam()]
+
+
+def existing_file(p: str) -> str:
+    """A file parameter's value: the resolved path of a file that exists (ValueError if not)."""
+    path = Path(p).expanduser()
+    if not path.is_file():
+        raise ValueError(f"file {p} does not exist")
+    return str(path.resolve())
+
+
+def file_ids(paths: list[str]) -> list[dict[str, str]]:
+    """Files as they enter a params hash: base name and content hash (moving a file keeps
+    the hash, editing it changes it)."""
+    from curation.io.files import cached_file_sha256
+
+    return [{"name": Path(p).name, "sha256": cached_file_sha256(p)} for p in paths]

@@ -224,3 +224,15 @@ class TextState:
         elif self._counts is not None:
             out._counts = self._counts[idx]
         return out
+
+
+def rewritten_state(old: pa.Array, new: pa.Array, text: TextState | None, field: pa.Field) -> TextState:
+    """The state of ``new``, a rewrite of the texts ``old`` (``pii``, ``normalize``): known word
+    counts carried over where the text is unchanged, the markup (Markdown or text) the state or
+    the text ``field`` says."""
+    from curation.text.markup import markup_of
+
+    if text is None:
+        return TextState(new, markup=markup_of(field))
+    same = pc.fill_null(pc.equal(old, new), True).to_numpy(zero_copy_only=False)
+    return TextState(new, word_counts=np.where(same, text.known_word_counts(), -1), markup=text.markup)

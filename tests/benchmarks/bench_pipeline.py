@@ -332,7 +332,10 @@ def bench_toolbox(copies: int) -> None:
 
     from curation.stages.filters import (C4QualityFilter, FineWebQualityFilter, GopherQualityFilter,
                                          GopherRepetitionFilter)
-    from curation.stages.toolbox import BadWordsFilter, Normalize, PiiScrub, UrlFilter
+    from curation.stages.badwords import BadWordsFilter
+    from curation.stages.normalize import Normalize
+    from curation.stages.pii import PiiScrub
+    from curation.stages.url_filter import UrlFilter
     from curation.text.urls import canonical_host, host_candidates
 
     docs = load_real_documents()
