@@ -145,15 +145,14 @@ class _Node:
 
 
 class _Block:
-    __slots__ = ("node", "pieces", "words", "link_words", "links", "index", "words_before", "heading_above")
+    __slots__ = ("node", "pieces", "words", "link_words", "links", "words_before", "heading_above")
 
-    def __init__(self, node, index, words_before, heading_above):
+    def __init__(self, node, words_before, heading_above):
         self.node = node
         self.pieces: list[str] = []
         self.words = 0
         self.link_words = 0
         self.links = 0
-        self.index = index
         self.words_before = words_before
         self.heading_above = heading_above
 
@@ -172,7 +171,6 @@ class Page:
     #: dropped whole (``main_content.whole_tables``)
     cells: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     root: object = None
-    is_heading: list[bool] = field(default_factory=list)
 
 
 def parse(html: str):
@@ -255,7 +253,7 @@ def walk(root) -> Page:
             if hidden:
                 ctx |= _HIDDEN_BIT
             if tag in BLOCK_TAGS or parent is None:
-                blk = _Block(None, len(blocks), words_total, heading_words)
+                blk = _Block(None, words_total, heading_words)
                 node = _Node(el, tag, kw, kw_anc, ctx, depth, blk, parent, False)
                 if tag == "table":
                     node.table = node
@@ -425,7 +423,6 @@ def _page(blocks: list[_Block], root, words_total: int, n_li: int, n_heading: in
     page.features = x
     page.groups = np.array(ids, np.int64)
     page.cells = np.array(cells, np.int64)
-    page.is_heading = [b.node.tag in HEADINGS for b in kept]
     return page
 
 

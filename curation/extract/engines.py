@@ -11,8 +11,6 @@ from __future__ import annotations
 from contextlib import suppress
 from typing import Literal, Sequence
 
-from curation.text.markup import MARKUP_KEY  # noqa: F401 (what the extract stages write into the text field)
-
 Format = Literal["text", "markdown"]
 Policy = Literal["first", "longest", "union", "route"]
 FORMATS: tuple[str, ...] = ("text", "markdown")

@@ -79,12 +79,11 @@ def dataset(pages: Sequence, progress: Callable[[int], None] | None = None) -> D
     xs, ys, gs, ts, sites = [], [], [], [], []
     site_ids: dict[str, int] = {}
     for k, p in enumerate(pages):
-        gold = p.text if p.text is not None else None
-        if gold is None:
+        if p.text is None:
             continue
         pg = page_blocks(p.html)
         xs.append(pg.features)
-        ys.append(block_labels(pg.texts, gold))
+        ys.append(block_labels(pg.texts, p.text))
         gs.append(pg.groups)
         ts.append(pg.texts)
         host = urlparse(p.url or "").netloc.removeprefix("www.") or f"{p.set}/{p.name}"
@@ -163,13 +162,11 @@ def train_from_gold(gold: Sequence[str], out: str, folds: int = 5, cv: bool = Fa
     the out-of-fold word F1 per gold set and page type first (the honest figure). Returns the
     model card (also stored in the model file as ``trained_on``)."""
     from curation.extract.gold import load
-    from curation.extract.scores import word_prf
+    from curation.extract.scores import gold_structure, word_prf
 
     pages = [p for g in gold for p in load(g)[:limit] if p.text is not None or p.gold_html is not None]
     for p in pages:
         if p.text is None:  # gold HTML: its text
-            from curation.extract.scores import gold_structure
-
             p.text = gold_structure(p.gold_html).text
     if len(pages) < max(folds, 2):
         raise ValueError(f"extract train: {len(pages)} gold pages with a gold text; need at least {max(folds, 2)}")

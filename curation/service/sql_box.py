@@ -25,6 +25,7 @@ can still learn the layout: no secret is there).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -200,13 +201,11 @@ class _ForkServer:
             with self._lock:
                 if self._proc is None or self._proc.poll() is not None:
                     self._start()
-                try:
+                with contextlib.suppress(OSError):  # a broken socket: the fork server died
                     socket.send_fds(self._ctl, [data], [out.fileno()])
                     reply = self._ctl.recv(_HEADER.size)
                     if len(reply) == _HEADER.size:
                         return _HEADER.unpack(reply)[0]
-                except OSError:
-                    pass
                 # the fork server died under us: start another, once
                 self._proc.kill()
                 self._proc = None
@@ -215,10 +214,8 @@ class _ForkServer:
     def kill(self, pid: int) -> None:
         with self._lock:
             if self._ctl is not None:
-                try:
+                with contextlib.suppress(OSError):  # the fork server is gone, and its children with it
                     self._ctl.send(json.dumps({"kill": pid}).encode())
-                except OSError:
-                    pass
 
     def stop(self) -> None:
         with self._lock:

@@ -267,8 +267,8 @@ def s5(base: Path, url: str, proc: subprocess.Popen, c: httpx.Client, run_wait: 
             s.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-www-form-urlencoded\r\n"
                       b"Content-Length: 100000\r\n\r\ntoken=")
             socks.append(s)
-        except OSError:
-            pass
+        except OSError:  # refused or reset: the server shed it, which is what is measured
+            continue
         time.sleep(0.01)
     time.sleep(2)
     codes = []
