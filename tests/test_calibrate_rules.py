@@ -24,7 +24,9 @@ from conftest import REPO
 from curation.pipeline.dag import parse_dag
 from curation.pipeline.executor import run_dag
 from curation.stages.calibrate import CalibrateRules
-from curation.stages.filters import FineWebQualityFilter, GopherQualityFilter, GopherRepetitionFilter
+from curation.stages.fineweb_quality import FineWebQualityFilter
+from curation.stages.gopher_quality import GopherQualityFilter
+from curation.stages.gopher_repetition import GopherRepetitionFilter
 from curation.text import calibrate as cal
 from curation.text import lang_rules
 

@@ -199,7 +199,7 @@ def test_text_state_plain():
 def test_plain_view_signals_match_text_format():
     """On a real page, the plain view of the Markdown has the words of format: text, so the
     word-based filter signals (Gopher's, FineWeb's) see the same document."""
-    from curation.stages.filters import GopherQualityFilter
+    from curation.stages.gopher_quality import GopherQualityFilter
 
     html = _fixture("mozilla_001_source.html.xz")
     text, md = extract_page(html), extract_page(html, format="markdown")
@@ -295,7 +295,9 @@ def test_chain_judges_markdown_by_its_plain_view():
     """The stages after extract measure a Markdown state's plain view: Gopher's and repetition's
     signals on the Markdown state equal those on format: text's plain page (code fences, table
     pipes and heading marks are not words or lines), and C4 cuts the Markdown's own lines."""
-    from curation.stages.filters import C4QualityFilter, GopherQualityFilter, GopherRepetitionFilter
+    from curation.stages.c4_quality import C4QualityFilter
+    from curation.stages.gopher_quality import GopherQualityFilter
+    from curation.stages.gopher_repetition import GopherRepetitionFilter
 
     html = _fixture("mozilla_001_source.html.xz")
     md = extract_page(html, format="markdown")
@@ -325,7 +327,7 @@ def test_stage_marks_markdown_text_field():
 
 
 def test_c4_judges_plain_lines_and_cuts_markdown_lines():
-    from curation.stages.filters import C4QualityFilter
+    from curation.stages.c4_quality import C4QualityFilter
 
     md = ("# A heading of the page.\n\nThe first sentence is here and long enough. **Bold** words end it.\n\n"
           "| name | value |\n| --- | --- |\n| a table row that ends with a period. | 2. |\n\n- a list item without an end")
@@ -339,7 +341,7 @@ def test_c4_judges_plain_lines_and_cuts_markdown_lines():
 
 
 def test_c4_markdown_ending_in_a_fence():
-    from curation.stages.filters import C4QualityFilter
+    from curation.stages.c4_quality import C4QualityFilter
 
     texts = ["A sentence that ends well.\n```\ncode();\n```", "Only prose here, ended.\n| a | b |\n| --- | --- |"]
     res = C4QualityFilter(min_num_sentences=1, filter_curly_bracket=False).process(

@@ -23,14 +23,10 @@ import pytest
 from pydantic import ValidationError
 
 from curation.stages import registry
-from curation.stages.filters import (
-    C4_POLICY_PHRASES,
-    GOPHER_STOP_WORDS,
-    C4QualityFilter,
-    FineWebQualityFilter,
-    GopherQualityFilter,
-    GopherRepetitionFilter,
-)
+from curation.stages.c4_quality import C4_POLICY_PHRASES, C4QualityFilter
+from curation.stages.fineweb_quality import FineWebQualityFilter
+from curation.stages.gopher_quality import GOPHER_STOP_WORDS, GopherQualityFilter
+from curation.stages.gopher_repetition import GopherRepetitionFilter
 from curation.text import words as text_signals
 from curation.text.state import TextState
 from curation.text.chars import PUNCTUATION, TERMINAL_PUNCTUATION

@@ -21,8 +21,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from curation.stages.filters import FineWebQualityFilter, GopherQualityFilter, GopherRepetitionFilter
-from curation.stages.filters import GOPHER_STOP_WORDS
+from curation.stages.fineweb_quality import FineWebQualityFilter
+from curation.stages.gopher_quality import GopherQualityFilter
+from curation.stages.gopher_repetition import GopherRepetitionFilter
+from curation.stages.gopher_quality import GOPHER_STOP_WORDS
 from curation.text import lang_rules
 
 DATA = Path(__file__).parent / "data" / "lang_rules"

@@ -27,8 +27,10 @@ from pydantic import ValidationError
 
 from conftest import REPO
 from curation.pipeline.dag import DagError, parse_dag
-from curation.stages.filters import (C4QualityFilter, FineWebQualityFilter, GopherQualityFilter,
-                                     GopherRepetitionFilter)
+from curation.stages.c4_quality import C4QualityFilter
+from curation.stages.fineweb_quality import FineWebQualityFilter
+from curation.stages.gopher_quality import GopherQualityFilter
+from curation.stages.gopher_repetition import GopherRepetitionFilter
 from curation.text import lang_rules
 from curation.text import state as text_state
 from curation.text import segments as text_segments

@@ -80,9 +80,11 @@ def _graph(types: bool = False) -> dict[str, set[str]]:
     return {m: _imports(f, m, known, types) for m, f in known.items()}
 
 
-#: what every stage may import from its own layer: the stage API, the context it is handed and the
-#: declared path parameter type (``PathStr``: what the service checks against its roots)
-STAGE_FACILITIES = ("curation.stages.base", "curation.stages.context", "curation.stages.paths")
+#: what every stage may import from its own layer: the stage API, the context it is handed, the
+#: declared path parameter type (``PathStr``: what the service checks against its roots) and the
+#: heuristic filters' per-language base; never another stage type's file
+STAGE_FACILITIES = ("curation.stages.base", "curation.stages.context", "curation.stages.paths",
+                    "curation.stages.language_rules")
 
 
 def test_imports_only_go_down_the_layers():

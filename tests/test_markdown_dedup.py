@@ -190,7 +190,7 @@ def test_signatures_of_a_union_mixing_marked_and_unmarked_shards(tmp_path):
 def test_rewriting_stages_keep_the_mark():
     """A stage that writes its text back (C4's kept lines, PII, normalize, a rejected row's
     payload made null) keeps the field, and the state it hands on says Markdown."""
-    from curation.stages.filters import C4QualityFilter
+    from curation.stages.c4_quality import C4QualityFilter
     from curation.stages.normalize import Normalize
     from curation.stages.pii import PiiScrub
 

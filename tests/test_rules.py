@@ -26,8 +26,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from curation.stages.base import OPS, MapStage, Rule, StageResult
-from curation.stages.filters import (C4QualityFilter, FineWebQualityFilter, GopherQualityFilter,
-                                     GopherRepetitionFilter)
+from curation.stages.c4_quality import C4QualityFilter
+from curation.stages.fineweb_quality import FineWebQualityFilter
+from curation.stages.gopher_quality import GopherQualityFilter
+from curation.stages.gopher_repetition import GopherRepetitionFilter
 from curation.stages.langid import LanguageId
 from curation.text import state as text_state
 from curation.text import segments as text_segments

@@ -37,7 +37,10 @@ def warm_kernels() -> dict[str, float]:
     """Run every compiled path once. Returns seconds per path (the first time: compiling)."""
     from curation.dedup.minhash import MinHasher
     from curation.quality.classifier import load_scorer, train_quality_classifier
-    from curation.stages.filters import C4QualityFilter, FineWebQualityFilter, GopherQualityFilter, GopherRepetitionFilter
+    from curation.stages.c4_quality import C4QualityFilter
+    from curation.stages.fineweb_quality import FineWebQualityFilter
+    from curation.stages.gopher_quality import GopherQualityFilter
+    from curation.stages.gopher_repetition import GopherRepetitionFilter
     from curation.stages.langid import LanguageId
     from curation.text.markup import plain_view
 

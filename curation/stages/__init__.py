@@ -1,8 +1,8 @@
-"""Stages: one module per stage family. Importing this package registers them all."""
+"""Stages: one module per stage type, named for it. Importing this package registers them all."""
 
 from curation.stages.base import GlobalStage, MapStage, Stage, StageResult, UnionStage, registry  # noqa: F401
 
 # Import stage modules for their registration side effect.
-from curation.stages import (badwords, calibrate, decontaminate, dedup_exact, dedup_minhash, export, extract,  # noqa: F401,E402
-                             filters, langid, mix, normalize, pack, pii, quality, reextract, select, tokenize,
-                             url_filter)
+from curation.stages import (badwords, c4_quality, calibrate, decontaminate, dedup_exact, dedup_minhash,  # noqa: F401,E402
+                             export, extract, fineweb_quality, gopher_quality, gopher_repetition, langid, mix,
+                             normalize, pack, pii, quality, reextract, select, tokenize, url_filter)

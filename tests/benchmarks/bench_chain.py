@@ -87,7 +87,7 @@ def batches(docs: list[tuple[str, int]], batch_bytes: int, batch_rows: int) -> l
 
 
 def chain_stages() -> list:
-    import curation.stages.filters  # noqa: F401  (registers the filter stages)
+    import curation.stages  # noqa: F401  (registers the filter stages)
     import curation.stages.langid  # noqa: F401
     from curation.stages.base import registry
 

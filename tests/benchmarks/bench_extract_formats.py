@@ -118,7 +118,7 @@ def speed(limit: int, rounds: int, chunk: int) -> None:
 
 def chain_keep(texts: list[str], plain: bool) -> tuple[list[str | None], float]:
     """The filter chain's drop reason per text (None: kept) and its CPU seconds."""
-    from curation.stages import filters  # noqa: F401 (registers the filter stages)
+    import curation.stages  # noqa: F401 (registers the filter stages)
     from curation.stages import langid  # noqa: F401
     from curation.stages.base import registry
     from curation.text.state import TextState

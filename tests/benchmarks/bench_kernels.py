@@ -46,7 +46,7 @@ from curation.text.duplicate_parts import duplicate_lines_and_paragraphs, duplic
 from curation.text import words as text_words  # noqa: E402
 from curation.text.words import count_py_words  # noqa: E402
 from curation.text.state import TextState  # noqa: E402
-from curation.stages.filters import C4QualityFilter  # noqa: E402
+from curation.stages.c4_quality import C4QualityFilter  # noqa: E402
 
 
 def best_of(fn, repeat: int) -> float:

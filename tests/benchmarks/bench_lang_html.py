@@ -43,7 +43,9 @@ import curation.stages  # noqa: E402,F401  registers the stages
 from curation.pipeline.evaluate import chain_kept  # noqa: E402
 from curation.stages.calibrate import REPORT, CalibrateRules  # noqa: E402
 from curation.extract.engines import _resiliparse, decode_html  # noqa: E402
-from curation.stages.filters import FineWebQualityFilter, GopherQualityFilter, GopherRepetitionFilter  # noqa: E402
+from curation.stages.fineweb_quality import FineWebQualityFilter  # noqa: E402
+from curation.stages.gopher_quality import GopherQualityFilter
+from curation.stages.gopher_repetition import GopherRepetitionFilter
 from curation.text import lang_rules  # noqa: E402
 
 TRAF = SHARED_DATA / "html" / "trafilatura_eval_and_cache_pages.tar.xz"

@@ -44,8 +44,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from real_corpus import SHARED_DATA  # noqa: E402
 
-from curation.stages.filters import (FineWebQualityFilter, GopherQualityFilter,  # noqa: E402
-                                     GopherRepetitionFilter)
+from curation.stages.fineweb_quality import FineWebQualityFilter  # noqa: E402
+from curation.stages.gopher_quality import GopherQualityFilter
+from curation.stages.gopher_repetition import GopherRepetitionFilter
 from curation.pipeline.evaluate import chain_kept  # noqa: E402
 from curation.quality.evaluate import UNNATURAL_FORMS, natural_pages, unnatural_pages  # noqa: E402
 from curation.text import lang_rules  # noqa: E402

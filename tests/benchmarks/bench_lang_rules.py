@@ -34,8 +34,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from real_corpus import SHARED_DATA  # noqa: E402
 
 from curation.extract.engines import _resiliparse, decode_html  # noqa: E402
-from curation.stages.filters import (FineWebQualityFilter, GopherQualityFilter,  # noqa: E402
-                                     GopherRepetitionFilter)
+from curation.stages.fineweb_quality import FineWebQualityFilter  # noqa: E402
+from curation.stages.gopher_quality import GopherQualityFilter
+from curation.stages.gopher_repetition import GopherRepetitionFilter
 from curation.stages.langid import LanguageId  # noqa: E402
 from curation.text import lang_rules  # noqa: E402
 

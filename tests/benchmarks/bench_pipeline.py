@@ -135,8 +135,10 @@ def _our_shard(task: tuple[str, str]) -> list[tuple[str, str | None]]:
     import pyarrow.json as pj
     import pyarrow.parquet as pq
 
-    from curation.stages.filters import (C4QualityFilter, FineWebQualityFilter,
-                                         GopherQualityFilter, GopherRepetitionFilter)
+    from curation.stages.c4_quality import C4QualityFilter
+    from curation.stages.fineweb_quality import FineWebQualityFilter
+    from curation.stages.gopher_quality import GopherQualityFilter
+    from curation.stages.gopher_repetition import GopherRepetitionFilter
 
     src, out_dir = task
     table = pj.read_json(src)
@@ -181,7 +183,7 @@ def run_ours(shards: list[Path], out_dir: Path, workers: int) -> tuple[float, fl
     seconds of the workers, decisions."""
     import multiprocessing as mp
 
-    import curation.stages.filters  # noqa: F401  (imported once; forked workers inherit it)
+    import curation.stages  # noqa: F401  (imported once; forked workers inherit it)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     cpu0, t0 = _children_cpu(), time.perf_counter()
@@ -330,8 +332,10 @@ def bench_toolbox(copies: int) -> None:
     import numpy as np
     import pyarrow as pa
 
-    from curation.stages.filters import (C4QualityFilter, FineWebQualityFilter, GopherQualityFilter,
-                                         GopherRepetitionFilter)
+    from curation.stages.c4_quality import C4QualityFilter
+    from curation.stages.fineweb_quality import FineWebQualityFilter
+    from curation.stages.gopher_quality import GopherQualityFilter
+    from curation.stages.gopher_repetition import GopherRepetitionFilter
     from curation.stages.badwords import BadWordsFilter
     from curation.stages.normalize import Normalize
     from curation.stages.pii import PiiScrub

@@ -1,7 +1,9 @@
 """The code's shape, for architecture notes: lines of Python per folder of ``curation/`` and
-``training/`` (share of the total), the largest files, and the import graph's circles between
-folders and between modules (every ``import``/``from`` of a project module, including those
-under ``if TYPE_CHECKING:`` and inside functions). Prints figures, asserts nothing.
+``training/`` (share of the total), the largest files, files over 700 lines, functions over 80
+lines, imports that run up a layer (the layers of ``tests/test_layers.py``) and the import
+graph's circles between folders and between modules (every ``import``/``from`` of a project
+module, including those under ``if TYPE_CHECKING:`` and inside functions). Prints figures,
+asserts nothing.
 
 Run: ``.venv/bin/python tests/benchmarks/structure.py [TREE ...]`` (default: this checkout; give
 a ``git worktree`` of another commit to compare).
@@ -15,6 +17,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 PACKAGES = ("curation", "training")
+LONG_FILE, LONG_FUNCTION = 700, 80
 
 
 def modules(root: Path) -> dict[str, Path]:
@@ -91,6 +94,28 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+def long_functions(path: Path) -> list[tuple[str, int]]:
+    """(name, lines) of every function or method longer than ``LONG_FUNCTION`` lines."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            n = node.end_lineno - node.lineno + 1
+            if n > LONG_FUNCTION:
+                out.append((node.name, n))
+    return out
+
+
+def layer_of(mod: str) -> float | None:
+    """The layer of ``tests/test_layers.py`` a module sits in (None for the trainer's)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from test_layers import LAYERS
+    best = None
+    for pkg, rank in LAYERS.items():
+        if (mod == pkg or mod.startswith(pkg + ".")) and (best is None or len(pkg) > len(best[0])):
+            best = (pkg, rank)
+    return best and best[1]
+
+
 def report(root: Path) -> None:
     mods = modules(root)
     lines = {m: len(p.read_text().splitlines()) for m, p in mods.items()}
@@ -110,6 +135,16 @@ def report(root: Path) -> None:
         print(f"  {f:24s} {n:6,d} lines  {n / total:6.1%}")
     for m, n in sorted(lines.items(), key=lambda kv: -kv[1])[:5]:
         print(f"  largest: {mods[m].relative_to(root)}  {n:,} lines")
+    big = sorted(((n, m) for m, n in lines.items() if n > LONG_FILE), reverse=True)
+    print(f"  files over {LONG_FILE} lines: {len(big)}"
+          + "".join(f"\n    {mods[m].relative_to(root)} {n:,}" for n, m in big))
+    longf = sorted(((n, f"{mods[m].relative_to(root)}:{fn}") for m in mods
+                    for fn, n in long_functions(mods[m])), reverse=True)
+    print(f"  functions over {LONG_FUNCTION} lines: {len(longf)}"
+          + "".join(f"\n    {name} {n}" for n, name in longf))
+    up = [(m, d) for m, deps in graph.items() for d in deps
+          if layer_of(m) is not None and layer_of(d) is not None and layer_of(d) > layer_of(m)]
+    print(f"  imports that run up a layer: {len(up)}" + "".join(f"\n    {m} -> {d}" for m, d in up))
     fc, mc = cycles(fgraph), cycles(graph)
     print(f"  folder circles: {fc or 'none'}")
     print(f"  module circles: {[len(c) for c in mc] or 'none'}" + (f"  e.g. {mc[0]}" if mc else ""))

@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "tests" / "benchmarks"))
 
 from real_corpus import SHARED_DATA  # noqa: E402
 
-from curation.stages.filters import GopherQualityFilter  # noqa: E402
+from curation.stages.gopher_quality import GopherQualityFilter  # noqa: E402
 from curation.text import lang_rules  # noqa: E402
 
 QUANTILE, FACTOR = 5, 0.5
