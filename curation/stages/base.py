@@ -520,17 +520,6 @@ class GlobalStage(Stage):
         """Read every upstream shard through ``ctx``, write output shards through ``ctx``."""
 
 
-class UnionStage(Stage):
-    """Concatenate several upstreams (inputs or stages). Writes nothing; its shards are theirs."""
-
-    type: str = "union"
-    inputs: list[str]
-    kind: ClassVar[str] = "union"
-
-    def upstreams(self) -> list[str]:
-        return list(self.inputs)
-
-
 class StageTypeError(ValueError):
     """A ``type:`` that names no stage class (unknown name, module, class, or wrong base)."""
 
@@ -605,4 +594,3 @@ class _Registry(dict):
 
 #: stage ``type`` name -> class
 registry: _Registry = _Registry()
-registry["union"] = UnionStage
