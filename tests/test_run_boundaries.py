@@ -22,7 +22,7 @@ from curation.pipeline.dag import STAGE_MODULES_ENV, DagError, load_dag, parse_d
 from curation.pipeline.executor import make_plan
 from curation.pipeline.rundir import OutsideRunDir, RunDir, ShardOutput
 from curation.service.auth import PathPolicy
-from curation.service.runs import SubmitError, admit_dag
+from curation.service.admission import SubmitError, admit_dag
 from curation.stages import registry
 
 DOC = {"id": "d1", "text": "hello world", "url": "http://a.example/x"}

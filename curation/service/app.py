@@ -28,9 +28,10 @@ from curation.service import browse
 from curation.service.auth import MAX_PARAM_FILE_BYTES, PathPolicy, TokenAuth, load_token
 from curation.service.middleware import GuardMiddleware, StageModulesMiddleware
 from curation.service.routes import browse as browse_routes, evals, inspect, pages, runs as runs_routes
-from curation.service.runs import (MAX_BLOOM_BYTES, MAX_INPUT_FILES, MAX_PATTERNS, MAX_RUN_BYTES, MAX_RUN_SECONDS,
-                                   MAX_SHARDS, MIN_SPLIT_BYTES, QueueFull, RunConflict, RunManager, RunMissing,
-                                   SubmitError, public_message)
+from curation.service.admission import (MAX_BLOOM_BYTES, MAX_INPUT_FILES, MAX_PATTERNS, MAX_SHARDS,
+                                        MIN_SPLIT_BYTES, SubmitError)
+from curation.service.runs import (MAX_RUN_BYTES, MAX_RUN_SECONDS, QueueFull, RunConflict, RunManager, RunMissing,
+                                   public_message)
 from curation.service.sql_box import FORK_SERVER
 from curation.service.sql_guard import SqlRejected
 from curation.service.state import ServiceState
@@ -121,7 +122,7 @@ def create_app(runs_dir: str | Path, token: str, address: str | None = None,
     query may add to its boxed process's memory (``curation.service.sql_box``). ``max_patterns``,
     ``max_input_files``: admission's caps on a DAG's distinct input patterns and the files they
     match, ``max_bloom_bytes`` for a stage's Bloom filters, ``min_split_bytes`` for an input's
-    ``split_bytes``, ``max_shards`` it cuts the files into (``runs.AdmissionLimits``; 422 names them).
+    ``split_bytes``, ``max_shards`` it cuts the files into (``admission.AdmissionLimits``; 422 names them).
     A run's quotas (``None``: none): ``max_run_seconds``, ``max_run_bytes`` on disk (the run
     stops itself past it), ``max_run_memory`` (``RunManager``). ``max_param_file_bytes``: a stage
     parameter file read whole at admission (``lang_config``, ``base``; ``auth.PathPolicy``).

@@ -1,5 +1,5 @@
-"""Runs submitted to the service: admission, a FIFO queue with a concurrency limit, and
-processes that outlive the service.
+"""Runs submitted to the service: a FIFO queue with a concurrency limit, and processes that
+outlive the service. What a submitted DAG must pass first is ``curation.service.admission``.
 
 The run directory is the record; the service keeps nothing else. Besides what ``refinery run``
 writes (``dag.yaml``, shards, manifests, ``progress.json``) the service adds:
@@ -32,36 +32,26 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from curation.io import files
 from curation.pipeline.rundir import RunDir
-from curation.service.auth import PathDenied, PathPolicy
+from curation.service.admission import (MAX_BLOOM_BYTES, MAX_ECHO, MAX_INPUT_FILES, MAX_PATTERNS, MAX_SHARDS,
+                                        MIN_SPLIT_BYTES, MiB, AdmissionLimits, SubmitError, admit_dag,
+                                        check_stage_modules, dump_yaml, read_dag_file)
+from curation.service.auth import PathPolicy
 
 SERVICE_FILE = "service.json"
 SUBMITTED_FILE = "submitted.yaml"
 LOG_FILE = "service.log"
 RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 ACTIVE_STATES = ("queued", "running")
-_YamlLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-_YamlDumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-
-
-def dump_yaml(data: Any) -> str:
-    """``yaml.safe_dump(data, sort_keys=False)``, with LibYAML when it is there."""
-    return yaml.dump(data, Dumper=_YamlDumper, sort_keys=False, allow_unicode=False)
-
-
-class SubmitError(ValueError):
-    """A DAG the service will not run; ``status`` is the HTTP status (403 path, 422 invalid)."""
-
-    def __init__(self, message: str, status: int = 422):
-        super().__init__(message)
-        self.status = status
+#: a run's limits in `refinery serve`, enforced while it runs (admission's are in admission.py)
+MAX_RUN_BYTES = 100 << 30  # a run's directory on disk (`refinery serve --max-run-bytes`), enforced by the run
+MAX_RUN_SECONDS = 24 * 3600  # a run's wall time in `refinery serve` (--max-run-seconds; 0: none)
+MIN_RUN_MEMORY = 2 << 30   # a Ray worker alone reserves ~1.5 GB of heap and thread stacks (RLIMIT_DATA)
+QUOTA_ENV = "REFINERY_MAX_RUN_BYTES"  # ``curation.pipeline.quota.ENV``: the run's disk quota, for the run
 
 
 class QueueFull(RuntimeError):
@@ -95,371 +85,6 @@ class RunConflict(RuntimeError):
 
 class RunsDirBusy(RuntimeError):
     """Another service process already manages this runs directory."""
-
-
-# ---------------------------------------------------------------------------------------------
-# admission: a submitted YAML -> a DAG whose every file is checked and pinned
-
-
-#: admission limits, checked on the raw text before the YAML parser sees it: a parser (and the
-#: validators after it) costs time superlinear in nesting, so 32 KB of ``[`` once held a CPU
-#: for minutes. Real DAGs are a few levels deep and a few dozen stages long.
-MAX_DAG_CHARS = 1 << 20
-MAX_FLOW_DEPTH = 32       # nested ``[`` / ``{``
-MAX_INDENT = 160          # leading spaces, ``- `` and ``? `` of one line: block nesting
-MAX_STAGES = 200          # stages (and inputs) of one DAG
-MAX_PATTERNS = 256        # distinct input path patterns (globs or files) of one DAG
-MAX_INPUT_FILES = 100_000  # files the input patterns of one DAG list (a 90,000-file crawl folder fits)
-MAX_BLOOM_BYTES = 1 << 30  # an exact_dedup stage's Bloom filters at their configured size (1e8 keys: 343 MiB)
-MIN_SPLIT_BYTES = 1024     # an input's split_bytes (``max_shards`` prices it against the input's size)
-MAX_SHARDS = 200_000       # input shards of one DAG, from its files' sizes and split_bytes (90,000 files: 1 each)
-MAX_RUN_BYTES = 100 << 30  # a run's directory on disk (`refinery serve --max-run-bytes`), enforced by the run
-MAX_RUN_SECONDS = 24 * 3600  # a run's wall time in `refinery serve` (--max-run-seconds; 0: none)
-MIN_RUN_MEMORY = 2 << 30   # a Ray worker alone reserves ~1.5 GB of heap and thread stacks (RLIMIT_DATA)
-MAX_ECHO = 200            # characters of a client's value echoed back in an error
-MiB = 1 << 20
-QUOTA_ENV = "REFINERY_MAX_RUN_BYTES"  # ``curation.pipeline.quota.ENV``: the run's disk quota, for the run
-
-
-def prescan(text: str, where: str) -> None:
-    """Refuse (422) a DAG whose size, nesting or stage count is out of bounds, in linear
-    time and before any parse. Brackets inside quoted strings count too: a bound, not a parse."""
-    if len(text) > MAX_DAG_CHARS:
-        raise SubmitError(f"{where}: the DAG is {len(text)} characters; at most {MAX_DAG_CHARS} are accepted")
-    depth = 0
-    for m in re.finditer(r"[\[\]{}]", text):
-        if m.group() in "[{":
-            depth += 1
-            if depth > MAX_FLOW_DEPTH:
-                line = text.count("\n", 0, m.start()) + 1
-                raise SubmitError(f"{where}: line {line}: nested more than {MAX_FLOW_DEPTH} levels of [ or {{; "
-                                  "DAGs are not that deep")
-        else:
-            depth = max(0, depth - 1)
-    for m in re.finditer(r"^[ \t?-]*", text, re.M):
-        if m.end() - m.start() > MAX_INDENT:
-            line = text.count("\n", 0, m.start()) + 1
-            raise SubmitError(f"{where}: line {line}: indented more than {MAX_INDENT} characters; DAGs are not that deep")
-    types = len(re.findall(r"""(?:^|[\s{,'"])type['"]?\s*:""", text))
-    if types > 2 * MAX_STAGES:
-        raise SubmitError(f"{where}: {types} `type:` keys; a DAG has at most {MAX_STAGES} stages")
-
-
-def _refuse_aliases(text: str, where: str) -> None:
-    # A few nested YAML aliases expand to gigabytes once validated ("billion laughs");
-    # DAGs do not need them. The C parser: events in linear time (prescan bounded the depth).
-    try:
-        for ev in yaml.parse(text, Loader=_YamlLoader):
-            if isinstance(ev, yaml.AliasEvent):
-                raise SubmitError(f"{where}: YAML anchors/aliases (*name) are not accepted by the service; "
-                                  "write the values out")
-    except yaml.YAMLError as e:
-        raise SubmitError(f"{where}: invalid YAML: {e}".replace("\n", " ")) from None
-
-
-def check_stage_modules(data: Any, stage_modules: tuple[str, ...], where: str) -> None:
-    """Refuse (403) a ``module:Class`` stage whose module the operator did not allow, before
-    anything is imported: the service imports no module a client names."""
-    from curation.pipeline.dag import refused_stage_types, stage_module_refusal
-
-    refused = refused_stage_types(data, tuple(stage_modules))
-    if refused:
-        name, stype = refused[0]
-        raise SubmitError(f"{where}: stages.{name}.type: {stage_module_refusal(stype, tuple(stage_modules))}", 403)
-
-
-@dataclass(frozen=True)
-class AdmissionLimits:
-    """What admitting one DAG may cost: ``max_patterns`` distinct input path patterns (each is
-    listed on disk once, however often the DAG repeats it), ``max_input_files`` files they
-    match, summed over the inputs (a 90,000-file crawl folder fits), and ``deadline``
-    (``time.monotonic()``) past which the work stops (503), checked between patterns and every
-    thousand files. Run parameters that size disk or shards are priced before the run:
-    ``max_bloom_bytes`` for a stage's Bloom filters (from ``expected_items`` and the
-    false-positive rate), ``min_split_bytes`` for an input's ``split_bytes`` and ``max_shards``
-    for the input shards it makes of the pinned files' sizes; ``max_run_bytes`` (the run's disk
-    quota, ``None``: none) for the Bloom filters too, which must fit in it."""
-
-    max_patterns: int = MAX_PATTERNS
-    max_input_files: int = MAX_INPUT_FILES
-    deadline: float | None = None
-    max_bloom_bytes: int = MAX_BLOOM_BYTES
-    min_split_bytes: int = MIN_SPLIT_BYTES
-    max_shards: int = MAX_SHARDS
-    max_run_bytes: int | None = None
-
-    def check_time(self, where: str) -> None:
-        if self.deadline is not None and time.monotonic() > self.deadline:
-            raise SubmitError(f"{where}: validation took too long; stopped, and no run was created", 503)
-
-
-def admit_dag(text: str, policy: PathPolicy, where: str = "submitted.yaml", stage_modules: tuple[str, ...] = (),
-              limits: AdmissionLimits | None = None):
-    """Validate a submitted DAG and pin its inputs: every glob is expanded now, every match
-    resolved (symlinks followed) and checked against the allowed roots, and the DAG to run
-    lists those resolved files. A file swapped for a symlink later is then not picked up by a
-    resume, and what was checked is exactly what runs. Returns the resolved ``Dag``.
-
-    ``module:Class`` stages load only from modules under ``stage_modules`` (default: none).
-    ``limits``: the admission's caps and deadline (``AdmissionLimits``; 422 past a cap)."""
-    from curation.pipeline.dag import stage_modules_allowed
-    from curation.stages.paths import PathRefused, path_guard
-
-    # stage parameters declared as paths are resolved and checked by the guard, in validation,
-    # before any validator opens them; every other string is data
-    with stage_modules_allowed(stage_modules), path_guard(policy.guard):
-        try:
-            return _admit_dag(text, policy, where, tuple(stage_modules), limits or AdmissionLimits())
-        except PathRefused as e:
-            raise SubmitError(str(e) if str(e).startswith(where) else f"{where}: {e}", 403) from None
-        except RecursionError:  # a structure deeper than the validators handle: the client's input
-            raise SubmitError(f"{where}: the DAG is nested too deeply to validate") from None
-        except (SubmitError, QueueFull):
-            raise
-        except Exception as e:  # noqa: BLE001 - a client's DAG: 422 with one line, never a 500
-            import traceback
-
-            print(f"[refinery serve] admission of {where}: unexpected {type(e).__name__}\n{traceback.format_exc()}",
-                  file=sys.stderr, flush=True)
-            raise SubmitError(f"{where}: the DAG could not be validated ({type(e).__name__}: {_first_line(e)})") from None
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return (text.splitlines()[0] if text else "")[:MAX_ECHO]
-
-
-def load_yaml(text: str, where: str) -> Any:
-    """The YAML's data; every parser failure is the client's (422 with one line): a syntax
-    error, and a value that YAML's resolver reads as something it cannot build (``2024-13-45``
-    as a date, a 5,000-digit integer, ``!!timestamp xyz``, ``!!float abc``)."""
-    try:
-        return yaml.load(text, Loader=_YamlLoader)
-    except yaml.YAMLError as e:
-        raise SubmitError(f"{where}: invalid YAML: {e}".replace("\n", " ")) from None
-    except RecursionError:
-        raise SubmitError(f"{where}: the DAG is nested too deeply to validate") from None
-    except Exception as e:  # noqa: BLE001 - ValueError, AttributeError, OverflowError from a constructor
-        raise SubmitError(f"{where}: invalid YAML value ({_first_line(e)}); quote a value that YAML reads as a "
-                          "date, number or tagged value but is meant as text") from None
-
-
-def _count_matches(pattern: str, stop: int) -> int:
-    """Paths a local pattern matches, counted up to ``stop + 1`` by a plain directory scan (no
-    stat of each match): ``glob`` without ``recursive`` never finds more than the input
-    reader's glob does but for folders, which are few where files are many."""
-    import glob
-
-    if not any(c in pattern for c in "*?["):
-        return int(os.path.lexists(pattern))
-    n = 0
-    for _ in glob.iglob(pattern):
-        n += 1
-        if n > stop:
-            break
-    return n
-
-
-def _check_input_caps(dag, policy: PathPolicy, where: str, limits: AdmissionLimits) -> None:
-    """The admission caps, from counts alone, before any pattern is listed in full (the input
-    reader stats every match): ``max_patterns`` distinct local patterns, ``max_input_files``
-    matches summed over them. A pattern that matches nothing is refused here too (422, the
-    reader's own message), so a DAG whose last input is empty costs no listing of its first."""
-    from curation.io.inputs import InputError, expand_paths
-
-    distinct: dict[str, tuple[str, Any, str]] = {}
-    for name, spec in dag.inputs.items():
-        if spec.run is not None:
-            continue
-        for i, pattern in enumerate(spec.paths):
-            loc = f"inputs.{name}.paths[{i}]"
-            if "\0" in pattern:
-                raise SubmitError(f"{where}: {loc}: a path with a NUL character")
-            if policy.is_url(pattern):
-                continue
-            key = policy.absolute(pattern)
-            if key not in distinct:
-                if len(distinct) >= limits.max_patterns:
-                    raise SubmitError(f"{where}: {loc}: more than {limits.max_patterns} distinct input path patterns "
-                                      "in one DAG (the service's max_patterns); use a glob")
-                distinct[key] = (name, spec, loc)
-    counted = 0
-    for key, (name, spec, loc) in distinct.items():
-        limits.check_time(where)
-        n = _count_matches(key, limits.max_input_files - counted)
-        if n == 0:
-            try:  # the reader's verdict (and its message): it may see what a plain scan does not
-                expand_paths(name, spec.model_copy(update={"paths": [key]}))
-            except InputError as e:
-                raise SubmitError(f"{where}: {e}") from None
-        counted += n
-        if counted > limits.max_input_files:
-            raise SubmitError(f"{where}: {loc}: the DAG's input patterns match more than {limits.max_input_files} "
-                              "files or folders (the service's max_input_files); split the input over several runs")
-
-
-def bloom_bytes(stage: Any) -> int:
-    """The bytes a stage's Bloom filters take at their configured size: one filter per
-    partition, each for ``expected_items / partitions`` keys at ``false_positive_rate`` (a
-    partition with more distinct keys than that gets a larger one, sized by the data)."""
-    from curation.dedup.bloom import bloom_size
-
-    bloom = stage.bloom
-    parts = max(1, int(getattr(stage, "partitions", 1)))
-    m, _ = bloom_size(max(1, -(-int(bloom.expected_items) // parts)), float(bloom.false_positive_rate))
-    return parts * -(-m // 8)
-
-
-def _price_run(dag, where: str, limits: AdmissionLimits) -> None:
-    """Refuse (422) run parameters whose disk or shard count is out of the service's bounds,
-    from the parameters alone, before anything runs."""
-    MiB = 1 << 20
-    for name, spec in dag.inputs.items():
-        if spec.split_bytes < limits.min_split_bytes:
-            raise SubmitError(f"{where}: inputs.{name}.split_bytes: {spec.split_bytes} is below the service's "
-                              f"min_split_bytes of {limits.min_split_bytes}")
-    total = 0  # every stage's filters: the run's disk quota holds them all
-    for name, st in dag.stages.items():
-        if not hasattr(getattr(st, "bloom", None), "expected_items"):
-            continue
-        size = bloom_bytes(st)
-        if size > limits.max_bloom_bytes:
-            raise SubmitError(f"{where}: stages.{name}.bloom: expected_items {st.bloom.expected_items} at "
-                              f"false_positive_rate {st.bloom.false_positive_rate:g} makes Bloom filters of "
-                              f"{size / MiB:,.0f} MiB; the service's max_bloom_bytes is "
-                              f"{limits.max_bloom_bytes / MiB:,.0f} MiB")
-        total += size
-        if limits.max_run_bytes is not None and total > limits.max_run_bytes:
-            what = "makes Bloom filters" if total == size else "brings the DAG's Bloom filters to"
-            raise SubmitError(f"{where}: stages.{name}.bloom: expected_items {st.bloom.expected_items} at "
-                              f"false_positive_rate {st.bloom.false_positive_rate:g} {what} "
-                              f"{total / MiB:,.0f} MiB, more than a run's disk quota of "
-                              f"{limits.max_run_bytes / MiB:,.0f} MiB (the service's max_run_bytes)")
-
-
-def _admit_dag(text: str, policy: PathPolicy, where: str, stage_modules: tuple[str, ...], limits: AdmissionLimits):
-    from curation.pipeline.dag import DagError, StageModuleRefused, parse_dag
-    from curation.io.inputs import InputError, expand_paths
-
-    prescan(text, where)
-    _refuse_aliases(text, where)
-    data = load_yaml(text, where)
-    if not isinstance(data, dict):
-        raise SubmitError(f"{where}: a DAG is a YAML mapping with name, inputs, stages, output")
-    for part in ("inputs", "stages"):  # a mapping, or for stages a list of one-entry mappings
-        if isinstance(data.get(part), (dict, list)) and len(data[part]) > MAX_STAGES:
-            raise SubmitError(f"{where}: {part}: {len(data[part])} entries; at most {MAX_STAGES} are accepted")
-    check_stage_modules(data, stage_modules, where)
-    # Input locations first, on the raw text; stage parameters that are paths are checked by
-    # the path guard (admit_dag) as they are validated, before their validators open them.
-    inputs = data.get("inputs")
-    if isinstance(inputs, dict):
-        for name, spec in inputs.items():
-            run = spec.get("run") if isinstance(spec, dict) else None
-            if isinstance(run, str) and "\0" in run:
-                raise SubmitError(f"{where}: inputs.{name}.run: a path with a NUL character")
-            if isinstance(run, str):  # format: run reads another run directory: under a root too
-                try:
-                    policy.check_pattern(run, f"inputs.{name}.run")
-                except PathDenied as e:
-                    raise SubmitError(f"{where}: {e}", 403) from None
-            root = spec.get("warc_root") if isinstance(spec, dict) else None
-            if isinstance(root, str):  # format: cc_index reads WARC records under it: a root's too
-                if "\0" in root:
-                    raise SubmitError(f"{where}: inputs.{name}.warc_root: a path with a NUL character")
-                try:
-                    policy.check_pattern(root, f"inputs.{name}.warc_root")
-                except PathDenied as e:
-                    raise SubmitError(f"{where}: {e}", 403) from None
-            paths = spec.get("paths") if isinstance(spec, dict) else None
-            for i, p in enumerate(paths if isinstance(paths, list) else []):
-                if isinstance(p, str) and "\0" in p:
-                    raise SubmitError(f"{where}: inputs.{name}.paths[{i}]: a path with a NUL character")
-                if isinstance(p, str):
-                    try:
-                        policy.check_pattern(p, f"inputs.{name}.paths[{i}]")
-                    except PathDenied as e:
-                        raise SubmitError(f"{where}: {e}", 403) from None
-    try:
-        dag = parse_dag(data, where, policy.base_dir)
-    except StageModuleRefused as e:
-        raise SubmitError(str(e), 403) from None
-    except DagError as e:
-        raise SubmitError(str(e)) from None
-    for part, nodes in (("inputs", dag.inputs), ("stages", dag.stages)):  # what was parsed decides
-        if len(nodes) > MAX_STAGES:
-            raise SubmitError(f"{where}: {part}: {len(nodes)} entries; at most {MAX_STAGES} are accepted")
-    _price_run(dag, where, limits)
-    resolved = dag.to_dict()
-    _check_input_caps(dag, policy, where, limits)
-    # Each distinct pattern is listed and its matches checked once; an input's pinned files
-    # keep their first-seen order (a dict: linear, where `sorted(set(l), key=l.index)` was not)
-    expanded: dict[str, list[str]] = {}
-    listed = files_total = shards = 0  # files the patterns listed (the work); pinned (dag.yaml's size); shards
-    for name, spec in dag.inputs.items():
-        if spec.run is not None:  # format: run: the run directory resolved (symlinks followed) and pinned
-            if policy.is_url(spec.run):
-                continue  # checked against the URL roots above
-            try:
-                resolved["inputs"][name]["run"] = policy.check_local(spec.run, f"inputs.{name}.run")
-            except PathDenied as e:
-                raise SubmitError(f"{where}: {e}", 403) from None
-            continue
-        pinned: dict[str, int | None] = {}  # resolved path -> size (None: a URL, listed at run time)
-        merged: set[str] = set()
-        for i, pattern in enumerate(spec.paths):
-            loc = f"inputs.{name}.paths[{i}]"
-            if policy.is_url(pattern):
-                pinned[pattern] = None  # checked against the URL roots above; listed at run time
-                continue
-            key = policy.absolute(pattern)
-            if key in merged:
-                continue
-            if key not in expanded:
-                limits.check_time(where)
-                try:
-                    found = expand_paths(name, spec.model_copy(update={"paths": [key]}))
-                except InputError as e:
-                    raise SubmitError(f"{where}: {e}") from None
-                listed += len(found)
-                if listed > limits.max_input_files:
-                    raise SubmitError(f"{where}: {loc}: the DAG's input patterns list more than "
-                                      f"{limits.max_input_files} files (a file counts once per pattern matching it; "
-                                      "the service's max_input_files); split the input over several runs")
-                checked = []
-                for j, (path, size) in enumerate(found):
-                    if j % 1000 == 999:
-                        limits.check_time(where)
-                    try:
-                        checked.append((policy.check_local(path, loc), size))
-                    except PathDenied as e:
-                        raise SubmitError(f"{where}: {e}", 403) from None
-                expanded[key] = checked
-            merged.add(key)
-            before = len(pinned)
-            pinned.update(expanded[key])
-            files_total += len(pinned) - before
-            if files_total > limits.max_input_files:
-                raise SubmitError(f"{where}: {loc}: the DAG's inputs pin more than {limits.max_input_files} "
-                                  "files (the service's max_input_files); split the input over several runs")
-        resolved["inputs"][name]["paths"] = list(pinned)
-        # the shards `refinery run` will cut these files into (an upper bound: a compressed file is one)
-        shards += sum(max(1, -(-size // spec.split_bytes)) for size in pinned.values() if size is not None)
-        if shards > limits.max_shards:
-            raise SubmitError(f"{where}: inputs.{name}.split_bytes: {spec.split_bytes} cuts the DAG's input files into "
-                              f"more than {limits.max_shards} shards (the service's max_shards); use a larger "
-                              "split_bytes")
-    limits.check_time(where)
-    try:
-        pinned_dag = parse_dag(resolved, where, policy.base_dir)
-    except DagError as e:
-        raise SubmitError(str(e)) from None
-    # `refinery run` refuses a run directory whose dag.yaml differs from the DAG it loads; the
-    # file we write must read back to the same DAG.
-    # LibYAML both ways: the Python emitter and parser take ~30 s over 90,000 pinned paths
-    if parse_dag(load_yaml(dump_yaml(pinned_dag.to_dict()), where), where).to_dict() != pinned_dag.to_dict():
-        raise SubmitError(f"{where}: the DAG does not survive a YAML round trip; simplify its parameters")
-    return pinned_dag
 
 
 # ---------------------------------------------------------------------------------------------
@@ -835,10 +460,7 @@ class RunManager:
         hit = self._orders.get(str(p))
         if hit and hit[0] == mtime:
             return hit[1]
-        try:
-            data = yaml.load(p.read_text(), Loader=_YamlLoader)
-        except (OSError, yaml.YAMLError):
-            return []
+        data = read_dag_file(p)
         order = (list(data.get("inputs") or {}) + list(data.get("stages") or {})) if isinstance(data, dict) else []
         self._orders[str(p)] = (mtime, order)
         return order
@@ -994,10 +616,7 @@ class RunManager:
             if self._alive(run_id, meta):
                 raise RunConflict(f"run {run_id} is still stopping; retry in a few seconds")
             # admitted under the allow-list of its day: the one in force now decides a rerun
-            try:
-                dag_data = yaml.load(Path(RunDir(d).dag_file).read_text(), Loader=_YamlLoader)
-            except (OSError, yaml.YAMLError):
-                dag_data = None
+            dag_data = read_dag_file(RunDir(d).dag_file)
             check_stage_modules(dag_data, self.stage_modules, f"run {run_id}")
             for k in ("pid", "pid_start", "exit_code", "cancelled_at", "launch_error", "ended", "started", "timed_out",
                       "over_memory", "memory_limit"):
