@@ -19,9 +19,11 @@ The index is Common Crawl's columnar index (one Parquet row per capture: ``url``
 - **Selection** (the driver, at planning; ``curation/io/cc_select.py``): ``where`` is the
   ``select`` stage's sandboxed expression (columns only), its column names checked against the
   index's before anything is read, pushed into the Parquet scan (row groups skipped by their
-  statistics); the records come out sorted by WARC file and offset, one per (file, offset).
+  statistics); the records come out sorted by WARC file and offset, one per (file, offset),
+  streamed into selection files below the run (``curation/io/cc_selection.py``).
 - **Reading** (a task): a shard is a run of WARC files' selected records of about
-  ``split_bytes`` to read (``curation.io.inputs.plan_index``); each file's ranges are fetched
+  ``split_bytes`` to read (``curation.io.inputs.plan_index``), rows of the selection files
+  that the task reads itself (the row groups holding them); each file's ranges are fetched
   as ``io/records.fetch_spans`` joins them (ranges less than ``max_gap`` apart as one read,
   concurrent requests on object storage), a window of ``WINDOW_BYTES`` at a time. Each range
   must be a gzip member holding a response record of the URL the index names, and is then the
@@ -43,7 +45,8 @@ from collections.abc import Iterator
 
 from fastwarc.warc import ArchiveIterator, WarcRecordType
 
-from curation.io.cc_select import DOC_COLUMNS, DOC_FIELDS, decode_selection, warc_path  # noqa: F401 (DOC_FIELDS: the reader's columns)
+from curation.io.cc_select import DOC_COLUMNS, DOC_FIELDS, warc_path  # noqa: F401 (DOC_FIELDS: the reader's columns)
+from curation.io.cc_selection import read_slice
 from curation.io.inputs import InputShard, InputSpec
 from curation.io.ranges import GZIP_MAGIC, fast_inflate
 from curation.io.read_result import ReadResult
@@ -118,11 +121,14 @@ def add_indexed(res: ReadResult, spec: InputSpec, data: bytes, offset: int, url:
 
 
 def iter_cc_index(shard: InputShard, spec: InputSpec, res: ReadResult) -> Iterator[None]:
-    """Read the records this shard selected (``shard.records``) into ``res``, yielding after
-    each (a point where the caller may take a batch). Never raises on bad data."""
+    """Read the records this shard selected (``shard.selection``: its rows of the selection
+    files) into ``res``, yielding after each (a point where the caller may take a batch).
+    Never raises on bad data."""
     from curation.io.records import DEFAULT_MAX_GAP
 
-    sel, root = decode_selection(shard.records)
+    if shard.selection is None:
+        raise ValueError(f"inputs.{shard.input}: {shard.key} was planned without its selection's rows (a plan's)")
+    sel, root = read_slice(shard.selection), shard.selection.warc_root
     files = sel["warc_filename"].to_pylist()
     offsets = sel["warc_record_offset"].to_pylist()
     lengths = sel["warc_record_length"].to_pylist()

@@ -5,40 +5,41 @@ into shards).
 
 ``where`` is the ``select`` stage's sandboxed expression (``curation/io/sql_where.py``: columns
 only); its column names are checked against the index's before anything is read (an unknown one
-is named, with the columns there are). The index is scanned as a pyarrow dataset (hive
-partitions such as ``crawl=``/``subset=`` are columns) registered on the sandboxed DuckDB
-connection, which pushes the expression's comparisons (and the ranges a prefix match implies)
-into the scan: row groups whose statistics exclude them are not read, and of the others only the
-columns needed. ``scan`` returns the selected records sorted by WARC file and offset, one per
-(file, offset), and what reading the index cost.
+is named, with the columns there are), and it is run once over a row of nulls (what does not
+bind fails before the run). The index is scanned as a pyarrow dataset (hive partitions such as
+``crawl=``/``subset=`` are columns) registered on a sandboxed DuckDB connection, which pushes the
+expression's comparisons (and the ranges a prefix match implies) into the scan: row groups whose
+statistics exclude them are not read, and of the others only the columns needed. ``select``
+streams the selected records, sorted by WARC file and offset, one per (file, offset), into
+selection files (``curation/io/cc_selection.py``); the sort spills to local disk past
+``SORT_MEMORY``, so the driver holds per-WARC-file figures and shard cuts, not the records.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import posixpath
+import tempfile
 import time
-from dataclasses import dataclass
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from curation.io import location
-from curation.io.sql_where import WhereError, reads_beyond_row, expression_columns, implied_ranges, sandboxed_connection
+from curation.io.cc_selection import DOC_FIELDS, SCHEMA, Selection, SelectionWriter, scratch_dir
+from curation.io.sql_where import (WhereError, expression_columns, implied_ranges, reads_beyond_row, sandboxed_connection,
+                                   scan_connection)
 
 #: the index columns a selection needs
 REQUIRED = ("url", "warc_filename", "warc_record_offset", "warc_record_length")
 #: index columns every document carries (null where the index has no such column)
-DOC_FIELDS = (pa.field("content_languages", pa.string()), pa.field("content_mime_detected", pa.string()))
 DOC_COLUMNS = tuple(f.name for f in DOC_FIELDS)
-#: the selection a shard carries: one row per record, sorted by file and offset
-SELECTION_SCHEMA = pa.schema([
-    pa.field("warc_filename", pa.dictionary(pa.int32(), pa.string())),
-    pa.field("warc_record_offset", pa.int64()),
-    pa.field("warc_record_length", pa.int64()),
-    pa.field("url", pa.string()),
-    *DOC_FIELDS,
-])
+#: what the sort behind a selection may hold in memory before it spills to local disk
+#: (``$REFINERY_SELECT_MEMORY``): the driver's memory does not grow with the records selected
+SORT_MEMORY = os.environ.get("REFINERY_SELECT_MEMORY", "1GB")
+#: rows handed from the sort to the selection files at a time
+BATCH_ROWS = 1 << 16
 
 
 class IndexSchemaError(ValueError):
@@ -113,24 +114,13 @@ def check_columns(where: str | None, columns: list[str], what: str) -> None:
                           f"(Common Crawl's cc-index-table schema, or `refinery index cc`)")
 
 
-@dataclass
-class Scan:
-    """What a selection found and cost: its records (``SELECTION_SCHEMA``, sorted by file and
-    offset) and the index reading's figures."""
-
-    records: pa.Table
-    index_files: int
-    index_bytes: int  # the index files' size
-    bytes_read: int  # of them, read by the scan (footers and the column chunks of row groups kept)
-    seconds: float
-    query: str
-    duplicates: int = 0  # rows naming a (file, offset) another row named
-
-
 def scan_query(where: str | None, columns: list[str]) -> str:
-    """The SQL the scan runs on the sandboxed connection (checked: one select over ``rows``)."""
-    cols = list(REQUIRED) + [c for c in DOC_COLUMNS if c in columns]
-    sql = "SELECT " + ", ".join('"' + c + '"' for c in cols) + " FROM rows"
+    """The SQL the scan runs on the sandboxed connection (checked: one select over ``rows``):
+    the selection's columns (a document column the index lacks is null), the rows ``where``
+    keeps."""
+    cols = ['"' + c + '"' for c in REQUIRED] + [
+        f'"{c}"' if c in columns else f'NULL::VARCHAR AS "{c}"' for c in DOC_COLUMNS]
+    sql = "SELECT " + ", ".join(cols) + " FROM rows"
     if where:
         sql += f" WHERE ({where})::BOOLEAN" + "".join(f" AND {r}" for r in implied_ranges(where))
         tree = json.loads(sandboxed_connection().execute("SELECT json_serialize_sql(?)", [sql]).fetchall()[0][0])
@@ -144,63 +134,75 @@ def scan_query(where: str | None, columns: list[str]) -> str:
     return sql
 
 
-def scan(files: list[str], where: str | None, what: str = "the index") -> Scan:
-    """Select the records of the index ``files`` for which ``where`` holds (all without one)."""
+#: the selection's order: by file and offset, ties (a record indexed twice) broken by every
+#: column, so the row kept of each (file, offset) is the same on every run
+ORDER = " ORDER BY " + ", ".join(f'"{c}"' for c in SCHEMA.names)
+
+
+def check_where(files: list[str], where: str | None, what: str = "the index") -> str:
+    """The scan's SQL for ``where`` over the index ``files``, checked before anything but a
+    footer is read: its columns against the index's, then run over one row of nulls (what does
+    not bind, such as ``fetch_status = 'two hundred'``, fails here, not in the scan)."""
     import duckdb
 
-    t0 = time.perf_counter()
-    counter = [0]
-    d = dataset(files, counter)
-    columns = d.schema.names
-    check_columns(where, columns, what)
-    sql = scan_query(where, columns)
+    schema = dataset(files).schema
+    check_columns(where, schema.names, what)
+    sql = scan_query(where, schema.names)
     con = sandboxed_connection()
-    con.register("rows", d)
+    con.register("rows", pa.Table.from_pylist([{}], schema=schema))
     try:
-        t = con.sql(sql).to_arrow_table()
+        con.sql(sql).fetchall()
     except duckdb.Error as e:
         raise WhereError(f"where: {where!r} over {what}: {str(e).splitlines()[0]}") from None
     finally:
         con.unregister("rows")
-    for name in DOC_COLUMNS:
-        if name not in t.column_names:
-            t = t.append_column(name, pa.nulls(t.num_rows, pa.string()))
-    t = t.select(list(REQUIRED) + list(DOC_COLUMNS))
-    t = pa.table({
-        "warc_filename": t["warc_filename"].cast(pa.string()),
-        "warc_record_offset": t["warc_record_offset"].cast(pa.int64()),
-        "warc_record_length": t["warc_record_length"].cast(pa.int64()),
-        "url": t["url"].cast(pa.string()),
-        **{c: t[c].cast(pa.string()) for c in DOC_COLUMNS},
-    })
-    t = t.sort_by([("warc_filename", "ascending"), ("warc_record_offset", "ascending")])
-    n = t.num_rows
-    if n > 1:  # one row per (file, offset): a capture indexed twice is read once
-        f, o = t["warc_filename"].combine_chunks(), t["warc_record_offset"].combine_chunks()
-        same = pc.and_(pc.equal(f.slice(1), f.slice(0, n - 1)), pc.equal(o.slice(1), o.slice(0, n - 1)))
-        keep = pa.concat_arrays([pa.array([True]), pc.invert(pc.fill_null(same, False))])
-        t = t.filter(keep)
-    t = t.set_column(0, SELECTION_SCHEMA.field("warc_filename"), t["warc_filename"].dictionary_encode())
-    sizes = location.sizes(files) if files else []
-    return Scan(t.cast(SELECTION_SCHEMA), len(files), sum(sizes), counter[0], time.perf_counter() - t0, sql,
-                n - t.num_rows)
+    return sql
 
 
-def encode_selection(t: pa.Table, root: str) -> bytes:
-    """A shard's records and the WARC root they are below (resolved: a local folder made
-    absolute) as compact bytes (Arrow IPC, zstd): what its task is handed."""
-    schema = SELECTION_SCHEMA.with_metadata({b"warc_root": root.encode()})
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, schema, options=pa.ipc.IpcWriteOptions(compression="zstd")) as w:
-        w.write_table(t.cast(schema).combine_chunks())
-    return sink.getvalue().to_pybytes()
+def index_stamp(files: list[str]) -> str:
+    """The index files' identity (their names, sizes and mtimes or ETags; nothing read): a
+    rebuilt index under the same paths has another."""
+    h = hashlib.sha256()
+    for f, st in zip(files, location.stamps(files)):
+        h.update(f"{f}\t{st}\n".encode())
+    return h.hexdigest()[:16]
 
 
-def decode_selection(data: bytes) -> tuple[pa.Table, str]:
-    """(records, warc root) of ``encode_selection``'s bytes."""
-    with pa.ipc.open_stream(pa.BufferReader(data)) as r:
-        t = r.read_all()
-    return t, (t.schema.metadata or {}).get(b"warc_root", b"").decode()
+def select(files: list[str], where: str | None, split_bytes: int, out: str | None, key: str = "",
+           what: str = "the index") -> Selection:
+    """Select the records of the index ``files`` for which ``where`` holds (all without one)
+    into selection files in ``out`` (``curation/io/cc_selection.py``; None: counted, not
+    written). The where is pushed into the Parquet scan; the sort behind the order spills to a
+    local temporary folder past ``SORT_MEMORY``, and its rows stream into the files."""
+    import duckdb
+
+    t0 = time.perf_counter()
+    sql = check_where(files, where, what)
+    counter = [0]
+    sel = Selection(out, key, index_files=len(files), index_bytes=sum(location.sizes(files)), query=sql)
+    writer = SelectionWriter(sel, split_bytes)
+    with tempfile.TemporaryDirectory(prefix="refinery-sort-", dir=os.environ.get("REFINERY_SPOOL")) as tmp:
+        con = scan_connection(SORT_MEMORY, tmp)
+        con.register("rows", dataset(files, counter))
+        try:
+            for batch in con.sql(sql + ORDER).to_arrow_reader(BATCH_ROWS):
+                writer.add(batch)
+        except duckdb.Error as e:
+            writer.abort()
+            raise WhereError(f"where: {where!r} over {what}: {str(e).splitlines()[0]}") from None
+        except BaseException:
+            writer.abort()
+            raise
+        finally:
+            con.close()
+        sel.bytes_read, sel.seconds = counter[0], time.perf_counter() - t0
+        return writer.close()
+
+
+def scan(files: list[str], where: str | None, what: str = "the index") -> Selection:
+    """``select`` into a scratch folder, in one shard: its ``records`` read back whole (tests,
+    benchmarks, small selections)."""
+    return select(files, where, 1 << 62, scratch_dir(), what=what)
 
 
 def warc_path(root: str, filename: str) -> str | None:

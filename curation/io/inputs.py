@@ -15,13 +15,16 @@ import logging
 import math
 import posixpath
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 import fsspec
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from curation.io import datapaths
+
+if TYPE_CHECKING:  # pragma: no cover
+    from curation.io.cc_selection import Selection, SelectionSlice
 
 MiB = 1 << 20
 
@@ -63,6 +66,10 @@ class InputSpec(BaseModel):
     where: str | None = None
     warc_root: str | None = None
     max_gap: int = Field(default=64 << 10, ge=0)
+    #: ``format: cc_index``: the index files' identity (``cc_select.index_stamp``: names, sizes,
+    #: mtimes or ETags), set by the run's planner, never by hand: a rebuilt index under the same
+    #: paths is another input (another params hash), so nothing made from the old one resumes
+    index_stamp: str | None = None
 
     @model_validator(mode="after")
     def _fields_of_the_format(self) -> InputSpec:
@@ -86,7 +93,7 @@ class InputSpec(BaseModel):
                 from curation.io.sql_where import expression_columns
 
                 expression_columns(self.where)  # WhereError (a ValueError): does not parse, reads beyond the row
-        elif self.where is not None or self.warc_root is not None:
+        elif self.where is not None or self.warc_root is not None or self.index_stamp is not None:
             raise ValueError("where and warc_root belong to format: cc_index (a select stage filters other inputs)")
         return self
 
@@ -98,6 +105,8 @@ class InputSpec(BaseModel):
         if self.format != "cc_index":
             for k in ("where", "warc_root", "max_gap"):
                 d.pop(k, None)
+        if self.index_stamp is None:  # a DAG as written (not yet planned) hashes as before
+            d.pop("index_stamp", None)
         if self.format != "run":
             for k in ("run", "stage", "allow_partial"):
                 d.pop(k, None)
@@ -123,9 +132,10 @@ class InputShard:
     size: int
     start: int = 0
     end: int = -1  # -1: to the end of the file
-    #: ``format: cc_index``: the records this shard reads (``cc_select.encode_selection``); its
-    #: ``path``/``relpath`` are its first WARC file's, ``size`` the bytes of records it reads
-    records: bytes = field(default=b"", repr=False)
+    #: ``format: cc_index``: the rows of the selection files this shard reads (None: planned
+    #: for a plan only); its ``path``/``relpath`` are its first WARC file's, ``size`` the bytes
+    #: of records it reads
+    selection: SelectionSlice | None = None
 
     def __post_init__(self) -> None:
         if self.end < 0:
@@ -171,7 +181,7 @@ def expand_paths(name: str, spec: InputSpec, base_dir: str | None = None) -> lis
 
 def plan_input(name: str, spec: InputSpec, base_dir: str | None = None) -> list[InputShard]:
     """Cut one input into shards. Deterministic: same files and settings give the same keys."""
-    if spec.format == "cc_index":
+    if spec.format == "cc_index":  # a run plans it into its run directory (executor.select_indexes)
         return plan_index(name, spec, base_dir).shards
     files = expand_paths(name, spec, base_dir)
     root = posixpath.commonpath([posixpath.dirname(p) for p, _ in files]) if len(files) > 1 else posixpath.dirname(files[0][0])
@@ -231,47 +241,57 @@ class IndexPlan:
     files: dict[str, tuple[int, int]]
     records: int
     bytes: int
-    scan: object  # curation.io.cc_select.Scan
+    scan: Selection
 
 
-def plan_index(name: str, spec: InputSpec, base_dir: str | None = None) -> IndexPlan:
-    """Select a ``cc_index`` input's records (``cc_select.scan``: the where checked against the
-    index's columns, pushed into the scan) and cut them into shards: WARC files in name order,
-    each file's records in offset order, a shard closing once it holds ``split_bytes`` of
-    records to read (a file with more is cut between records), so tasks are spread by the
-    bytes they read, not by files or records. Deterministic: the same index, where and
-    settings give the same shards and keys."""
+def stamp_index(name: str, spec: InputSpec, base_dir: str | None = None) -> InputSpec:
+    """``spec`` with its ``index_stamp`` (the index files' identity), its ``where`` checked
+    against the index (columns, and a run over a row of nulls): what a run plans before it
+    touches its run directory. InputError as ``plan_index`` gives it."""
     from curation.io import cc_select
     from curation.io.sql_where import WhereError
 
-    index_files = [p for p, _ in expand_paths(name, spec, base_dir)]
+    files = [p for p, _ in expand_paths(name, spec, base_dir)]
     try:
-        sc = cc_select.scan(index_files, spec.where, what=f"the index of inputs.{name} ({len(index_files)} files)")
+        cc_select.check_where(files, spec.where, what=f"the index of inputs.{name} ({len(files)} files)")
     except (WhereError, cc_select.IndexSchemaError) as e:
         raise InputError(f"inputs.{name}.{'where' if isinstance(e, WhereError) else 'paths'}: {e}") from None
-    sel = sc.records
+    return spec.model_copy(update={"index_stamp": cc_select.index_stamp(files)})
+
+
+def plan_index(name: str, spec: InputSpec, base_dir: str | None = None, work_dir: str | None = None,
+               rows: bool = True) -> IndexPlan:
+    """Select a ``cc_index`` input's records (``cc_select.select``: the where checked against
+    the index's columns, pushed into the scan) into selection files in ``work_dir`` (a
+    scratch folder without one; none at all without ``rows``: a plan's figures only), and cut
+    them into shards: WARC files in name order, each file's records in offset order, a shard
+    closing once it holds ``split_bytes`` of records to read (a file with more is cut between
+    records), so tasks are spread by the bytes they read, not by files or records. A selection
+    ``work_dir`` holds from the same index files (names, sizes, mtimes/ETags), where and
+    settings is reused: the index is not read again. Deterministic: the same index, where and
+    settings give the same shards and keys."""
+    import hashlib
+    import json
+
+    from curation.io import cc_select, cc_selection
+    from curation.io.sql_where import WhereError
+
+    index_files = [p for p, _ in expand_paths(name, spec, base_dir)]
     root = cc_select.resolve_root(spec.warc_root or "", base_dir)
-    names = sel["warc_filename"].to_pylist()
-    lengths = sel["warc_record_length"].to_pylist()
-    files: dict[str, tuple[int, int]] = {}
-    for f, n in zip(names, lengths):
-        r, b = files.get(f, (0, 0))
-        files[f] = (r + 1, b + max(n, 0))
-    # cut points: a shard closes at a record that brings it to split_bytes
-    shards: list[InputShard] = []
-    lo, held = 0, 0
-    for i, n in enumerate(lengths):
-        held += max(n, 0)
-        if held >= spec.split_bytes or i == len(lengths) - 1:
-            part = sel.slice(lo, i + 1 - lo)
-            first = names[lo]
-            path = cc_select.warc_path(root, first) or first
-            key = f"{name}-{len(shards):05d}"
-            shards.append(InputShard(name, key, path, first, "cc_index", 0, 1, held, 0, held,
-                                     records=cc_select.encode_selection(part, root)))
-            lo, held = i + 1, 0
-    total = sum(b for _, b in files.values())
-    log.info("inputs.%s: %d records (%d bytes) in %d WARC files selected from %d index files (%d of %d bytes read, "
-             "%.1f s); %d shards", name, sel.num_rows, total, len(files), sc.index_files, sc.bytes_read,
-             sc.index_bytes, sc.seconds, len(shards))
-    return IndexPlan(shards, files, sel.num_rows, total, sc)
+    ident = {"spec": spec.model_dump(mode="json"), "index": cc_select.index_stamp(index_files), "files": index_files}
+    key = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+    sel = cc_selection.load(work_dir, key) if work_dir and rows else None
+    if sel is None:
+        out = (work_dir or cc_selection.scratch_dir()) if rows else None
+        try:
+            sel = cc_select.select(index_files, spec.where, spec.split_bytes, out, key,
+                                   what=f"the index of inputs.{name} ({len(index_files)} files)")
+        except (WhereError, cc_select.IndexSchemaError) as e:
+            raise InputError(f"inputs.{name}.{'where' if isinstance(e, WhereError) else 'paths'}: {e}") from None
+    shards = [InputShard(name, f"{name}-{i:05d}", cc_select.warc_path(root, first) or first, first, "cc_index",
+                         0, 1, held, 0, held, selection=sel.slice(lo, hi, root) if sel.dir else None)
+              for i, (lo, hi, held, first) in enumerate(sel.shards)]
+    log.info("inputs.%s: %d records (%d bytes) in %d WARC files selected from %d index files (%s; %d of %d bytes "
+             "read, %.1f s); %d shards", name, sel.rows, sel.bytes, len(sel.files), sel.index_files,
+             "reused" if sel.reused else "scanned", sel.bytes_read, sel.index_bytes, sel.seconds, len(shards))
+    return IndexPlan(shards, sel.files, sel.rows, sel.bytes, sel)

@@ -138,6 +138,25 @@ def sizes(urls: list[str]) -> list[int]:
     return [found.get(name(u), 0) for u in urls]
 
 
+def stamps(urls: list[str]) -> list[str]:
+    """What identifies each file's version without reading it: ``size:mtime_ns`` locally,
+    ``size:ETag`` on object storage (``size:LastModified`` where a store gives no ETag); one
+    listing per folder there. A file rewritten in place gets another stamp."""
+    if not urls or not is_remote(urls[0]):
+        out = []
+        for u in urls:
+            st = os.stat(local(u))
+            out.append(f"{st.st_size}:{st.st_mtime_ns}")
+        return out
+    found: dict[str, str] = {}
+    for folder in dict.fromkeys(parent(u) for u in urls):
+        fs, p = fs_path(folder)
+        for e in fs.ls(p, detail=True):
+            version = e.get("ETag") or e.get("etag") or e.get("LastModified") or e.get("mtime") or ""
+            found[name(e["name"])] = f"{int(e.get('size') or 0)}:{str(version).strip(chr(34))}"
+    return [found.get(name(u), "") for u in urls]
+
+
 def is_empty_dir(url: str | Path) -> bool:
     """True when ``url`` holds nothing (or does not exist)."""
     if not is_remote(url):

@@ -50,6 +50,19 @@ def sandboxed_connection():
     return con
 
 
+def scan_connection(memory_limit: str, temp_directory: str, threads: int | None = None):
+    """A new sandboxed connection for one large sorted scan: its memory held to
+    ``memory_limit``, what does not fit spilled to ``temp_directory`` (DuckDB's own files,
+    which no SQL on the connection can name), rows in no particular order unless sorted."""
+    import duckdb  # noqa: PLC0415
+
+    cfg = {k: v for k, v in SANDBOX_CONFIG.items() if k != "lock_configuration"}
+    cfg.update(memory_limit=memory_limit, temp_directory=temp_directory, preserve_insertion_order=False,
+               **({"threads": threads} if threads else {}))
+    cfg["lock_configuration"] = True  # last: the settings above are taken first
+    return duckdb.connect(config=cfg)
+
+
 def _column_refs(node) -> set[str]:
     out: set[str] = set()
     if isinstance(node, dict):

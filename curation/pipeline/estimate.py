@@ -35,7 +35,7 @@ def estimate(dag: Dag, docs_per_core_s: float = DEFAULT_DOCS_PER_CORE_S) -> dict
             out["inputs"][name] = {"format": "run", "note": "another run's committed shards (read through its manifest)"}
             continue
         if spec.format == "cc_index":
-            p = plan_index(name, spec, dag.base_dir)
+            p = plan_index(name, spec, dag.base_dir, rows=False)  # counted, not written
             sc = p.scan
             files = sorted(p.files.items(), key=lambda kv: (-kv[1][1], kv[0]))
             out["inputs"][name] = {

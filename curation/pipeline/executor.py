@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from curation.io import location
-from curation.io.inputs import InputShard, plan_input
+from curation.io.inputs import InputShard, plan_index, plan_input, stamp_index
 from curation.io.read import iter_read
 from curation.pipeline.allocator import chain_thread, keep_batch_blocks
 from curation.pipeline.context import GlobalContext
@@ -79,12 +79,18 @@ class Plan:
 
 
 def make_plan(dag: Dag) -> Plan:
-    """Validate inputs (globs must match) and work out which stages each root feeds."""
+    """Validate inputs (globs must match) and work out which stages each root feeds. An index
+    input (``format: cc_index``) gets its index's identity in its spec (``index_stamp``: in
+    ``dag`` itself, so in its params hash and ``dag.yaml``) and its where checked; its records
+    are selected by ``select_indexes`` once the run directory is prepared."""
     input_shards: dict[str, list[InputShard]] = {}
     upstream: dict[str, dict[str, Upstream]] = {}
     for name, spec in dag.inputs.items():
         if spec.format == RUN_FORMAT:
             input_shards[name], upstream[name] = plan_run_input(name, spec, dag.base_dir)
+        elif spec.format == "cc_index":
+            dag.inputs[name] = stamp_index(name, spec, dag.base_dir)
+            input_shards[name] = []
         else:
             input_shards[name] = plan_input(name, spec, dag.base_dir)
     closures: dict[str, list[str]] = {}
@@ -92,6 +98,21 @@ def make_plan(dag: Dag) -> Plan:
         closures[root] = [n for n, s in dag.stages.items() if s.kind != "global" and root in roots(dag, n)]
     materialize = {name for name in dag.inputs if dag.input_materialized(name)}
     return Plan(dag, dag.hashes(), dag.signal_hashes(), input_shards, closures, materialize, upstream)
+
+
+def select_indexes(plan: Plan, rundir: RunDir) -> None:
+    """Each index input's records, selected into files below the run (``RUN/INPUT/_work/HASH/``,
+    ``curation/io/cc_selection.py``; the one a run before wrote with the same index, where and
+    settings is reused), cut into the input's shards. Selections made for another params hash
+    (another index or where) are removed: no shard of this run reads them."""
+    for name, spec in plan.dag.inputs.items():
+        if spec.format != "cc_index":
+            continue
+        work = rundir.work_dir(name, plan.hashes[name])
+        plan.input_shards[name] = plan_index(name, spec, plan.dag.base_dir, work).shards
+        for old in {location.parent(p) for p in location.files_under(location.parent(work))}:
+            if location.name(old) != location.name(work) and location.parent(old).rstrip("/").endswith("/_work"):
+                location.remove(old, recursive=True)
 
 
 @dataclass(frozen=True)
@@ -601,6 +622,7 @@ def run_dag(dag: Dag, run_dir: str | os.PathLike, workers: int | None = None, ad
     plan = make_plan(dag)  # fails on missing inputs before any Ray work starts
     check_upstream(rundir, dag, plan.hashes, plan.upstream)  # a format: run input's shards gone or changed
     rundir.prepare(dag, overwrite)
+    select_indexes(plan, rundir)
     progress = RunProgress(rundir.write_progress, dag.name, quiet=quiet,
                            min_write_s=2.0 if rundir.remote else 0.0, workers=workers)
     dag_dict = dag.to_dict()

@@ -211,8 +211,8 @@ class RunDir:
                     raise RunDirError(f"{self.root}: exists and is not a refinery run directory "
                                       "(use --overwrite to reuse it)")
             else:
-                old = yaml.safe_load(location.read_text(self.dag_file))
                 new = dag.to_dict()
+                old = _restamped(yaml.safe_load(location.read_text(self.dag_file)), new)
                 if old != new and not overwrite and not dag.same_up_to_thresholds(old):
                     changed = ", ".join(_differing_fields(old, new)[:8]) or "(the DAG's layout)"
                     raise RunDirError(f"{self.root}: holds a run of a different DAG ({old.get('name')!r}): {changed} "
@@ -511,6 +511,20 @@ def resolve_corpus(paths: str | Path | list) -> ParquetCorpus:
             seen.setdefault(str(Path(f).resolve()), sha)
     files = sorted(seen)
     return ParquetCorpus(files, [seen[f] or files.file_sha256(f) for f in files])
+
+
+def _restamped(old: Any, new: dict) -> Any:
+    """A stored DAG with the index inputs' ``index_stamp`` of ``new``: a rebuilt index is the
+    same DAG over other records (its params hash differs, so what read it runs again), not
+    another DAG to refuse."""
+    if not isinstance(old, dict) or not isinstance(old.get("inputs"), dict):
+        return old
+    inputs = dict(old["inputs"])
+    for name, spec in new.get("inputs", {}).items():
+        if isinstance(inputs.get(name), dict) and spec.get("format") == "cc_index":
+            inputs[name] = {**{k: v for k, v in inputs[name].items() if k != "index_stamp"},
+                            **({"index_stamp": spec["index_stamp"]} if "index_stamp" in spec else {})}
+    return {**old, "inputs": inputs}
 
 
 def _has_view(con: duckdb.DuckDBPyConnection, name: str) -> bool:
