@@ -258,6 +258,8 @@ def test_architecture_maps_every_stage_type_to_its_file():
     text = (REPO / "ARCHITECTURE.md").read_text()
     section = text.split("## Stage types and their files", 1)[1].split("\n## ", 1)[0]
     table = dict(re.findall(r"^\| `([a-z0-9_]+)` \| `([^`]+)` \|$", section, re.M))
-    want = {t: str(Path(inspect.getsourcefile(c)).resolve().relative_to(REPO)) for t, c in registry.items()}
+    # built-in types only: a user stage (``module:Class``) another test loaded is in the registry too
+    want = {t: str(Path(inspect.getsourcefile(c)).resolve().relative_to(REPO)) for t, c in registry.items()
+            if ":" not in t}
     assert table == want, {"missing": sorted(set(want) - set(table)), "stale": sorted(set(table) - set(want)),
                            "wrong file": sorted(t for t in set(table) & set(want) if table[t] != want[t])}

@@ -1,5 +1,6 @@
-"""Every `refinery ...` command line the README shows names a real subcommand, with options that
-subcommand has, and its `--help` runs: the README's examples stay true as the CLI changes."""
+"""Every `refinery ...` command line the docs show (README.md, ARCHITECTURE.md and every README
+beside the code) names a real subcommand, with options that subcommand has, and its `--help` runs:
+the docs' examples stay true as the CLI changes."""
 
 from __future__ import annotations
 
@@ -13,7 +14,11 @@ from typer.testing import CliRunner
 from conftest import REPO
 from curation.cli import app
 
-README = (REPO / "README.md").read_text()
+#: the docs a reader is sent to: the two at the top and the READMEs beside what they document
+DOCS = [REPO / "README.md", REPO / "ARCHITECTURE.md",
+        *sorted(p for d in ("curation", "training", "pipelines", "tests/benchmarks", "infra")
+                for p in (REPO / d).rglob("README.md"))]
+README = "\n".join(p.read_text() for p in DOCS)
 ROOT = typer.main.get_command(app)
 
 
@@ -26,7 +31,13 @@ def readme_command_lines() -> list[str]:
             if line.startswith("refinery "):
                 lines.append(line)
     for span in re.findall(r"`(refinery [^`]+)`", README):
-        lines.append(span)
+        # alternatives, `refinery index build|add` (`build\|add` in a table cell): one line each
+        head, _, alts = span.replace("\\|", "|").partition("|")
+        if not alts:
+            lines.append(span)
+            continue
+        stem = head.rsplit(" ", 1)[0]
+        lines += [head] + [f"{stem} {alt}" for alt in alts.split("|")]
     return sorted(set(lines))
 
 
@@ -52,6 +63,12 @@ LINES = readme_command_lines()
 
 def test_the_readme_shows_commands():
     assert len(LINES) >= 20, LINES  # the extraction itself works
+
+
+def test_the_docs_checked_include_those_beside_the_code():
+    names = {str(p.relative_to(REPO)) for p in DOCS}
+    assert {"curation/service/README.md", "training/README.md", "pipelines/README.md",
+            "tests/benchmarks/README.md"} <= names, names
 
 
 @pytest.mark.parametrize("line", LINES)

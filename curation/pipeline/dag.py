@@ -404,9 +404,9 @@ def parse_dag(data: Any, path: str = "<dag>", base_dir: str | None = None, dag_d
                 raise DagError(f"{where}: stages.{name}.type: cannot load {str(stype)!r} from an allowed module "
                                "(the service's log has the reason)") from None
             raise DagError(f"{where}: stages.{name}.type: {e}") from None
-        if stype == "select":
-            params.setdefault("name", name)  # dropped rows say which select dropped them
-        if stype != "union" and "input" not in params:
+        for key, value in cls.node_defaults(name).items():
+            params.setdefault(key, value)
+        if cls.kind != "union" and "input" not in params:
             if prev is None:
                 raise DagError(f"{where}: stages.{name}.input: missing (several inputs; say which one)")
             params["input"] = prev
@@ -433,22 +433,23 @@ def parse_dag(data: Any, path: str = "<dag>", base_dir: str | None = None, dag_d
     dag = Dag(f.name, inputs, {n: stages[n] for n in order}, output, f.batch_size, path, base_dir, f.batch_bytes,
               f.rejected_text, f.rejected_text_sample)
     _check_unions(dag, where)
-    _check_selects(dag, where)
+    _check_columns_needed(dag, where)
     return dag
 
 
-def _check_selects(dag: Dag, where: str) -> None:
-    """A ``select`` naming a column its rows will not have fails now, with the column list."""
+def _check_columns_needed(dag: Dag, where: str) -> None:
+    """A stage naming a column its rows will not have (``Stage.columns_needed``) fails now,
+    with the column list."""
     for name, st in dag.stages.items():
-        if st.type != "select":
-            continue
-        have = dag.columns(st.input)
+        needed = st.columns_needed() if st.input else {}
+        have = dag.columns(st.input) if needed else None
         if have is None:
-            continue  # an upstream stage does not declare its columns: checked on the first batch
-        missing = sorted(st.required_columns() - have)
-        if missing:
-            raise DagError(f"{where}: stages.{name}.where: no column {', '.join(map(repr, missing))} in the rows "
-                           f"of {st.input!r}; they have: {', '.join(sorted(have))}")
+            continue  # nothing needed, or a stage upstream does not declare its columns: checked on the first batch
+        for field, cols in needed.items():
+            missing = sorted(cols - have)
+            if missing:
+                raise DagError(f"{where}: stages.{name}.{field}: no column {', '.join(map(repr, missing))} in the "
+                               f"rows of {st.input!r}; they have: {', '.join(sorted(have))}")
 
 
 def _toposort(stages: dict[str, Stage], inputs: set[str], where: str) -> list[str]:

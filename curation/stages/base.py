@@ -343,6 +343,18 @@ class Stage(BaseModel):
         return [self.input] if self.input else []
 
     @classmethod
+    def node_defaults(cls, node: str) -> dict[str, Any]:
+        """Parameters a DAG fills in from the stage's node name where its entry leaves them out
+        (``select`` names the reason of the rows it drops after its node)."""
+        return {}
+
+    def columns_needed(self) -> dict[str, set[str]]:
+        """Columns the rows this stage reads must have, by the parameter that names them
+        (``select``: its ``where``): the DAG checks them against what the stages upstream
+        declare before anything runs."""
+        return {}
+
+    @classmethod
     def variant(cls, params: dict[str, Any]) -> type[Stage]:
         """The class a DAG entry of this ``type`` is read as (a type may stand for two stages
         whose kinds differ, e.g. ``quality`` with ``keep_top``)."""

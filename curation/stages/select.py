@@ -16,7 +16,7 @@ against the columns upstream stages produce before anything runs.
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -54,6 +54,13 @@ class Select(MapStage):
 
     def required_columns(self) -> set[str]:
         return expression_columns(self.where)
+
+    @classmethod
+    def node_defaults(cls, node: str) -> dict[str, Any]:
+        return {"name": node}
+
+    def columns_needed(self) -> dict[str, set[str]]:
+        return {"where": self.required_columns()}
 
     def process(self, batch: pa.Table, text=None) -> StageResult:
         import duckdb  # noqa: PLC0415
