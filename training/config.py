@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
 
 
 class ConfigError(ValueError):
@@ -113,6 +113,16 @@ class DataConfig(_Strict):
     lanes: int = Field(default=1, ge=1)  # block streams; a multiple of the world size: each rank reads only its own
     curriculum: CurriculumConfig = CurriculumConfig()
     seq_len_warmup: SeqLenWarmupConfig | None = None
+    # CUDA graphs (train.compile_mode reduce-overhead) with the varlen or flash backend: the most
+    # documents one packed row holds, or auto (measured at start from the doc_lens column of every
+    # shard, the held-out pack's too: one narrow column read per shard, as the source index reads).
+    # Each micro-batch's varlen boundaries are then padded with empty sequences to micro_batch x
+    # (this + 1) and max_seqlen is the row length, so every micro-batch has the same shapes and a
+    # recorded graph replays (training/static_shapes.py). Required there (refused at start without
+    # it); a row holding more stops the run with a DataError naming this field. Unused in every other
+    # mode. Memory: flash's backward takes 128 x heads x head_dim x 4 bytes per padded sequence
+    # (~400 KB at 125M), transient.
+    max_docs_per_row: PositiveInt | Literal["auto"] | None = None
 
     @model_validator(mode="after")
     def _check_warmup(self) -> DataConfig:

@@ -60,6 +60,7 @@ from training.tensor_parallel import check_tp
 from training.quality import TimeToQuality
 from training.resume import anneal_record, find_resume_point, resolve_plan
 from training.schedule import seq_len_at
+from training.static_shapes import boundary_slots, static_docs
 from training.trace import TraceWriter
 
 #: Exit code when the guard rails stop a run (too many consecutive skipped steps).
@@ -161,32 +162,7 @@ class Trainer:
         self.plans, self.schedule = resolve_plan(cfg, point, self.dataset.source_rows(), data_changed, mix, self.dataset.source_tokens())
         self.order = DataOrder(self.dataset, self.plans, cfg.seed, gb, curriculum, cfg.data.curriculum.buckets, **order_kw)
 
-        # The attention backend, resolved once for the longest rows (logged at start).
-        try:
-            backend, self.attention_why = choose_backend(cfg.model.attention, env.device, cfg.data.seq_len, cfg.data.document_mask)
-        except AttentionUnavailable as err:
-            raise ConfigError(f"model.attention: {err}") from None
-        self.attention = backend
-        # Built on the meta device (no memory, no init), then sharded, compiled and
-        # initialised by parallelize: under FSDP2 each rank allocates and initialises only its
-        # own shards. The init depends on (seed, parameter name) only: the same weights on
-        # any world size.
-        torch.manual_seed(cfg.seed)
-        with torch.device("meta"):
-            model = Transformer(cfg.model.model_copy(update={"attention": backend}), cfg.data.seq_len, init_seed=cfg.seed)
-        self.n_params = model.num_params()
-        self.n_matmul = model.num_params(matmul_only=True)
-        self.notes += env.notes
-        self.compile_mode = compile_mode_for(cfg, env, self.notes)
-        self.cudagraphs = cfg.train.compile and self.compile_mode in CUDAGRAPH_MODES
-        self.static_grads = keeps_grad_buffers(self.cudagraphs)
-        self.model = parallelize(model, cfg.parallel, env, compile=cfg.train.compile, compile_mode=self.compile_mode)
-        self.optimizer = build_optimizer(self.model, cfg, env.device)
-        self.autocast = (
-            torch.autocast("cuda", dtype=torch.bfloat16)
-            if env.device.type == "cuda" and not uses_fsdp(self.model)
-            else contextlib.nullcontext()
-        )
+        self._build_model()
 
         # The training state besides model and optimizer, by its key in a checkpoint's meta.
         self.guard = Guard(cfg.guard)
@@ -215,11 +191,51 @@ class Trainer:
         if cfg.eval is not None:
             self.eval_data = EvalData(
                 cfg.eval.path, cfg.eval.batches, gb, micro, env.dp_rank, env.dp_world, cfg.data.seq_len,
-                cfg.data.document_mask, cfg.data.pad_id, cfg.model.vocab_size,
+                cfg.data.document_mask, cfg.data.pad_id, cfg.model.vocab_size, self.max_docs,
             )
         self.peak = peak_flops(env.device, cfg.metrics.peak_flops)
         self.pin = env.device.type == "cuda"
         self.profiler = StepProfiler(cfg.profile, self.run_dir, env.rank, env.device, self.start_step, self.metrics.log)
+
+    def _build_model(self) -> None:
+        """The attention backend, the model (sharded, compiled, initialised), its optimizer and the
+        compile mode's consequences: kept ``.grad`` buffers and fixed varlen shapes under CUDA graphs."""
+        cfg, env = self.cfg, self.env
+        # The attention backend, resolved once for the longest rows (logged at start).
+        try:
+            backend, self.attention_why = choose_backend(cfg.model.attention, env.device, cfg.data.seq_len, cfg.data.document_mask)
+        except AttentionUnavailable as err:
+            raise ConfigError(f"model.attention: {err}") from None
+        self.attention = backend
+        # Built on the meta device (no memory, no init), then sharded, compiled and
+        # initialised by parallelize: under FSDP2 each rank allocates and initialises only its
+        # own shards. The init depends on (seed, parameter name) only: the same weights on
+        # any world size.
+        torch.manual_seed(cfg.seed)
+        with torch.device("meta"):
+            model = Transformer(cfg.model.model_copy(update={"attention": backend}), cfg.data.seq_len, init_seed=cfg.seed)
+        self.n_params = model.num_params()
+        self.n_matmul = model.num_params(matmul_only=True)
+        self.notes += env.notes
+        self.compile_mode = compile_mode_for(cfg, env, self.notes)
+        self.cudagraphs = cfg.train.compile and self.compile_mode in CUDAGRAPH_MODES
+        self.static_grads = keeps_grad_buffers(self.cudagraphs)
+        # A CUDA graph replays only inputs of the shapes it recorded: varlen boundaries of one length.
+        self.max_docs = static_docs(cfg, backend, self.cudagraphs)
+        if self.max_docs == "auto":  # the held-out rows go through the same graphs
+            held = [PackedDataset(cfg.eval.path).max_docs_per_row()] if cfg.eval else []
+            self.max_docs = max([self.dataset.max_docs_per_row(), *held])
+        if self.max_docs is not None:
+            slots = boundary_slots(cfg.train.micro_batch, cfg.data.seq_len, cfg.data.seq_len, self.max_docs)
+            self.notes.append(f"CUDA graphs: varlen boundaries padded to {slots} sequences per micro-batch "
+                              f"(data.max_docs_per_row {self.max_docs}), max_seqlen = the row length: one shape, graphs replay")
+        self.model = parallelize(model, cfg.parallel, env, compile=cfg.train.compile, compile_mode=self.compile_mode)
+        self.optimizer = build_optimizer(self.model, cfg, env.device)
+        self.autocast = (
+            torch.autocast("cuda", dtype=torch.bfloat16)
+            if env.device.type == "cuda" and not uses_fsdp(self.model)
+            else contextlib.nullcontext()
+        )
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -229,7 +245,7 @@ class Trainer:
         rows = self.order.step_rows(step)
         batch = build_step(
             self.dataset, rows[env.dp_rank :: env.dp_world], step, cfg.data.seq_len, seq_len_at(cfg, step), cfg.train.micro_batch,
-            cfg.data.document_mask, cfg.data.pad_id, cfg.model.vocab_size,
+            cfg.data.document_mask, cfg.data.pad_id, cfg.model.vocab_size, self.max_docs,
         )
         batch.global_rows = rows
         # Summed over every rank: one rank of each data-parallel rank's (pp x tp) group counts its rows.

@@ -141,12 +141,13 @@ class Ctx:
         if self.strategy:
             raw["parallel"] = {**raw.get("parallel", {}), "strategy": self.strategy}
 
-    def cfg(self, name: str, steps: int, model: dict | None = None, train: dict | None = None, **extra) -> Path:
+    def cfg(self, name: str, steps: int, model: dict | None = None, train: dict | None = None, data: dict | None = None,
+            **extra) -> Path:
         pack, seq, vocab = self.small_pack()
         raw = {
             "run_dir": str(self.work / name), "seed": 0,
             "model": {**self.model(), "vocab_size": vocab, "attention": self.best(), **(model or {})},
-            "data": {"path": str(pack), "seq_len": seq},
+            "data": {"path": str(pack), "seq_len": seq, **(data or {})},
             "train": {"global_batch": 8 if self.dry else 32, "micro_batch": 4 if self.dry else 8, "steps": steps,
                       "device": self.device, **({"threads": 1} if self.dry else {}), **(train or {})},
             "optim": {"lr": 6e-4}, "schedule": {"warmup_steps": 2 if self.dry else 10},
@@ -334,6 +335,9 @@ def check_small(c: Ctx) -> dict:
     variants = {"eager": {}, "compiled": {"compile": True},
                 "cudagraphs": {"compile": True, "compile_mode": "reduce-overhead", "global_batch": None,
                                "micro_batch": None, "batch_tokens": rows * seq, "micro_batch_tokens": rows * seq // 2}}
+    # CUDA graphs replay only one shape: varlen boundaries padded to micro rows x (the pack's most
+    # documents in a row + 1), measured at start (trainer-audit-s5 C2)
+    graphs_data = {"max_docs_per_row": "auto"}
     # Like for like (trainer-audit-s5 C3): no wrapper (CUDA graphs cannot capture FSDP2's hooks) and no
     # per-step host read of the guard, in all three.
     same = dict(parallel={"strategy": "none"}, guard={"enabled": False})
@@ -341,7 +345,8 @@ def check_small(c: Ctx) -> dict:
         del variants["eager"], variants["compiled"]
     out, ok = {}, True
     for name, tr in variants.items():
-        proc = train(c.cfg(f"small-{name}", 6 if c.dry else 20, train=tr, **same))
+        proc = train(c.cfg(f"small-{name}", 6 if c.dry else 20, train=tr, data=graphs_data if name == "cudagraphs" else None,
+                           **same))
         if proc.returncode:
             out[name], ok = {"status": "fail"}, False
             continue

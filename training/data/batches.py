@@ -13,6 +13,7 @@ import torch
 
 from training.attention import doc_ids_from_lens, positions_from_doc_ids, varlen_boundaries
 from training.data.shards import DataError, PackedDataset, RowBatch
+from training.static_shapes import boundary_slots, pad_boundaries
 
 IGNORE = -100  # target id the loss ignores (padding, cross-document predictions)
 
@@ -68,6 +69,7 @@ def build_micro_batches(
     micro_rows: int,
     document_mask: bool,
     vocab_size: int | None = None,
+    max_docs: int | None = None,
 ) -> tuple[list[MicroBatch], int, np.ndarray]:
     """Rows of ``seq_len + 1`` tokens -> micro-batches of ``micro_rows`` rows.
 
@@ -75,6 +77,9 @@ def build_micro_batches(
     the first token of the next document (the model cannot see anything it depends on).
     With ``cur_len < seq_len`` (sequence-length warm-up) every row is cut into
     ``seq_len / cur_len`` sequences; positions restart in every piece.
+    ``max_docs`` (CUDA graphs, ``training.static_shapes``): every micro-batch's varlen
+    boundaries padded to one length, ``max_seqlen`` = ``cur_len``; a row with more documents
+    is a ``DataError``.
     Returns (micro-batches, tokens with loss, non-padding tokens per row).
     """
     ids = rows.ids
@@ -86,6 +91,10 @@ def build_micro_batches(
     nonpad = np.array([int(np.sum(d)) for d in rows.doc_lens], dtype=np.int64)
     if (nonpad > seq_len + 1).any():
         raise DataError(f"doc_lens sum to {int(nonpad.max())} > row length {seq_len + 1}")
+    docs_per_row = [int(np.count_nonzero(lens)) for lens in rows.doc_lens]
+    if max_docs is not None and n and max(docs_per_row) > max_docs:
+        raise DataError(f"a packed row holds {max(docs_per_row)} documents > data.max_docs_per_row {max_docs}: "
+                        "raise it (CUDA-graph mode pads varlen boundaries to a length fixed by it) and resume")
     docs = doc_ids_from_lens(rows.doc_lens, seq_len + 1)
     inputs, targets = ids[:, :-1].copy(), ids[:, 1:].copy()
     valid = np.arange(1, seq_len + 1)[None, :] < nonpad[:, None]
@@ -111,6 +120,8 @@ def build_micro_batches(
         )
         if doc_ids is not None:
             cu, mb.max_seqlen = varlen_boundaries(doc_ids[a : a + step])
+            if max_docs is not None:  # one shape for every micro-batch: a CUDA graph replays
+                cu, mb.max_seqlen = pad_boundaries(cu, boundary_slots(micro_rows, seq_len, cur_len, max_docs)), cur_len
             mb.cu_seqlens = torch.from_numpy(cu)
         out.append(mb)
     return out, n_tokens, np.minimum(nonpad, seq_len)
@@ -126,10 +137,11 @@ def build_step(
     document_mask: bool,
     pad_id: int,
     vocab_size: int | None,
+    max_docs: int | None = None,
 ) -> StepBatch:
     """Read this rank's rows for ``step`` and prepare its micro-batches and token counts."""
     rows = dataset.read_rows(row_ids, pad_id)
-    micro, n_tokens, row_tokens = build_micro_batches(rows, seq_len, cur_len, micro_rows, document_mask, vocab_size)
+    micro, n_tokens, row_tokens = build_micro_batches(rows, seq_len, cur_len, micro_rows, document_mask, vocab_size, max_docs)
     by_source = np.bincount(dataset.row_source[row_ids], weights=row_tokens, minlength=len(dataset.sources))
     content: dict[str, int] = {}
     for st in rows.source_tokens:

@@ -29,9 +29,9 @@ class EvalData:
     """A held-out pack: ``batches * global_batch`` rows spread evenly over it (a pack lists its
     sources one after another, so the first rows would be one source), split ``rank::world``
     and padded with loss-free rows to whole micro-batches on every rank, prepared once and
-    kept in memory."""
+    kept in memory. ``max_docs``: varlen boundaries of one fixed length (CUDA graphs)."""
 
-    def __init__(self, path: str, batches: int, global_batch: int, micro_rows: int, rank: int, world: int, seq_len: int, document_mask: bool, pad_id: int, vocab_size: int | None):
+    def __init__(self, path: str, batches: int, global_batch: int, micro_rows: int, rank: int, world: int, seq_len: int, document_mask: bool, pad_id: int, vocab_size: int | None, max_docs: int | None = None):
         ds = PackedDataset(path)
         rows = padded_rank_rows(eval_rows(ds.num_rows, batches * global_batch), rank, world, micro_rows)
         self.micro: list[MicroBatch] = []
@@ -43,5 +43,5 @@ class EvalData:
                 width = real.ids.shape[1] if len(real.ids) else seq_len + 1
                 real = RowBatch(np.concatenate([real.ids.reshape(-1, width), np.full((pad, width), pad_id, np.int64)]),
                                 list(real.doc_lens) + [np.zeros(0, np.int64)] * pad, list(real.source_tokens) + [None] * pad)
-            mb, _, _ = build_micro_batches(real, seq_len, seq_len, micro_rows, document_mask, vocab_size)
+            mb, _, _ = build_micro_batches(real, seq_len, seq_len, micro_rows, document_mask, vocab_size, max_docs)
             self.micro.extend(mb)

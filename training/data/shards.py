@@ -235,6 +235,18 @@ class PackedDataset:
         counts = np.bincount(self.row_source, minlength=len(self.sources))
         return {s: int(n) for s, n in zip(self.sources, counts)}
 
+    def max_docs_per_row(self) -> int:
+        """The most ``doc_lens`` entries (documents) one row holds: one narrow column read per
+        shard. What ``data.max_docs_per_row`` must cover under CUDA graphs (training/static_shapes.py)."""
+        most = 0
+        for i in range(len(self.shards)):
+            pf = self._file(i)
+            if "doc_lens" not in pf.schema_arrow.names:  # read as one document a row
+                most = max(most, 1)
+                continue
+            most = max(most, pc.max(pc.list_value_length(pf.read(columns=["doc_lens"]).column("doc_lens"))).as_py() or 0)
+        return most
+
     # -- reads ----------------------------------------------------------------------------
 
     def _file(self, shard: int) -> pq.ParquetFile:
