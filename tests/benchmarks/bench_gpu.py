@@ -18,7 +18,9 @@ Checks, in value order (cheap correctness first, so a slow compile cannot cost t
              for one step, its loss bit-equal to the async run's own;
   trace      a profiled window of the ~125M run: ops table, device-busy share, host ops per step;
   small      ~125M knobs: eager, compiled, CUDA graphs (compile_mode reduce-overhead) with batches
-             in tokens: tokens/s and MFU each; target >= 35%;
+             in tokens: tokens/s and MFU each; target >= 35%. The CUDA-graph run pads its varlen
+             boundaries to one length (data.max_docs_per_row auto: 144 slots on this pack) with
+             max_seqlen 1024, so each graph is recorded once and replayed (trainer-audit-s5 C2);
   multi      FSDP2 and DDP under torchrun when > 1 GPU (CPU: 2 processes in the dry run), batch
              geometry from the GPU count (global = micro x GPUs x 2), final losses compared.
 Each check runs in its own process group with its own timeout (never past --deadline) and writes
