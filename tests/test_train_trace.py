@@ -98,12 +98,12 @@ def _invoke(*args: str):
 
     from rich.console import Console
 
-    from curation import cli
+    from curation.cli import app, train
 
     # the CLI's console takes its width when curation.cli is first imported (80 where that was
     # outside a terminal and without COLUMNS): a wide one of its own, whatever the import order
-    with patch.object(cli, "console", Console(width=400)):
-        res = CliRunner().invoke(cli.app, ["trace", *map(str, args)])
+    with patch.object(train, "console", Console(width=400)):
+        res = CliRunner().invoke(app, ["trace", *map(str, args)])
     assert res.exit_code == 0, res.output
     return res.stdout
 

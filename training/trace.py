@@ -13,7 +13,7 @@ has changed (``data.allow_data_change``).
 A row's documents are in the shards themselves (``doc_ids``, ``doc_lens``: see
 ``curation.formats.packed``), so ``step_documents`` needs nothing else: it reads the step's
 row ids, then only the row groups holding them. Joining documents with their curation
-signals needs the curation run's views; that is ``refinery trace`` (curation/cli.py).
+signals needs the curation run's views; that is ``refinery trace`` (curation/cli/train.py).
 """
 
 from __future__ import annotations
