@@ -1,5 +1,5 @@
 """spaCy's English tokenizer rules as numpy array expressions: the reference the compiled rules
-(``kernels.rule_starts``) are held to. ``split_words(..., reference=True)`` sends every chunk
+(``rule_kernels.rule_starts``) are held to. ``split_words(..., reference=True)`` sends every chunk
 through ``rule_token_starts``; the filter tests compare the two on real pages and fuzzed text."""
 
 from __future__ import annotations

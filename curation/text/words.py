@@ -27,7 +27,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from curation.text import kernels
+from curation.text import kernels, rule_kernels
 from curation.text.arrow import byte_spans, code_point_spans, mask, text_bytes, to_numpy
 from curation.text.chars import PY_WHITESPACE, URL_RE
 from curation.text.classes import byte_classes, code_point_flags, unit_rows
@@ -53,7 +53,7 @@ from curation.text.special_cases import SPECIAL_CASES, cut_mask
 # the neighbouring characters' classes. In
 # both, a unit after a number at the end of the core ("5kg", "25$") is split off. Only the rest
 # go through the full rules, decoded to code points, compiled one chunk at a time
-# (``kernels.rule_starts``): a table gives each character its classes, the prefix run of a
+# (``rule_kernels.rule_starts``): a table gives each character its classes, the prefix run of a
 # chunk is its leading stretch of prefix characters, the suffix run its trailing stretch of
 # suffix characters, infixes are conditions on a character and its neighbours. Stripping a
 # whole run at once gives spaCy's words. The array version of the same rules
@@ -66,16 +66,16 @@ from curation.text.special_cases import SPECIAL_CASES, cut_mask
 
 
 def _compiled_rule_starts(cp: np.ndarray):
-    """``rule_token_starts`` by the compiled rules (``kernels.rule_starts``); the array
+    """``rule_token_starts`` by the compiled rules (``rule_kernels.rule_starts``); the array
     version stays as the reference the tests hold this to."""
-    starts, istarts, core_s, core_e, url_cand = kernels.rule_starts(cp, code_point_flags(cp), *unit_rows(bytes_=False))
+    starts, istarts, core_s, core_e, url_cand = rule_kernels.rule_starts(cp, code_point_flags(cp), *unit_rows(bytes_=False))
     cand = np.flatnonzero(url_cand)
     if len(cand):
         url = mask(pc.match_substring_regex(code_point_spans(cp, core_s[cand], core_e[cand]), URL_RE))
         for c in cand[url].tolist():  # a core that looks like a URL keeps its infixes
             istarts[core_s[c]:core_e[c]] = False
     # the word starts, and the cores that are one whole word (no word starts before its end)
-    return kernels.rule_words(starts, istarts, core_s, core_e, cp)
+    return rule_kernels.rule_words(starts, istarts, core_s, core_e, cp)
 
 
 class Words(PerDoc):
