@@ -359,63 +359,19 @@ def parse_dag(data: Any, path: str = "<dag>", base_dir: str | None = None, dag_d
     except ValidationError as e:
         raise DagError(f"{where}: {_first_error(e, '')}".replace(": .", ": ")) from None
 
-    inputs: dict[str, InputSpec] = {}
-    for name, spec in f.inputs.items():
-        bad = check_node_name(name, "inputs")
-        if bad:
-            raise DagError(f"{where}: {bad}")
-        try:
-            inputs[name] = InputSpec.model_validate(spec)
-        except ValidationError as e:
-            raise DagError(f"{where}: {_first_error(e, f'inputs.{name}')}") from None
-
-    raw_stages: list[tuple[str, dict[str, Any]]] = []
-    if isinstance(f.stages, list):
-        for i, item in enumerate(f.stages):
-            if len(item) != 1:
-                raise DagError(f"{where}: stages[{i}]: each list item is one `name: {{params}}` mapping")
-            (name, params), = item.items()
-            raw_stages.append((name, dict(params or {})))
-    else:
-        raw_stages = [(n, dict(p or {})) for n, p in f.stages.items()]
-
+    inputs = _parse_inputs(f, where)
+    search = _search_paths(path, base_dir, dag_dir_code) if allowed is None else []
     stages: dict[str, Stage] = {}
-    prev: str | None = next(iter(inputs)) if len(inputs) == 1 else None
+    prev: str | None = next(iter(inputs)) if len(inputs) == 1 else None  # a stage's default input
     seen_names = set(inputs)
-    for name, params in raw_stages:
+    for name, params in _raw_stages(f, where):
         bad = check_node_name(name, "stages")
         if bad:
             raise DagError(f"{where}: {bad}")
         if name in seen_names:
             raise DagError(f"{where}: stages.{name}: name already used by an input or another stage")
         seen_names.add(name)
-        stype = params.setdefault("type", name if name in registry else None)
-        if stype is None:
-            raise DagError(f"{where}: stages.{name}.type: missing (known types: {', '.join(sorted(registry))})")
-        if not stage_module_allowed(str(stype), allowed):
-            raise StageModuleRefused(where, name, f"stages.{name}.type: {stage_module_refusal(str(stype), allowed)}")
-        search = _search_paths(path, base_dir, dag_dir_code) if allowed is None else []
-        try:
-            cls = registry.resolve(str(stype), search)
-        except StageTypeError as e:
-            if allowed is not None and ":" in str(stype):
-                # the import error may name files on this machine: those go to the log only
-                _log.warning("%s: stages.%s.type: %s", where, name, e)
-                raise DagError(f"{where}: stages.{name}.type: cannot load {str(stype)!r} from an allowed module "
-                               "(the service's log has the reason)") from None
-            raise DagError(f"{where}: stages.{name}.type: {e}") from None
-        for key, value in cls.node_defaults(name).items():
-            params.setdefault(key, value)
-        if cls.kind != "union" and "input" not in params:
-            if prev is None:
-                raise DagError(f"{where}: stages.{name}.input: missing (several inputs; say which one)")
-            params["input"] = prev
-        try:
-            stages[name] = cls.variant(params).model_validate(params)
-        except ValidationError as e:
-            raise DagError(f"{where}: {_first_error(e, f'stages.{name}')}") from None
-        except PathRefused as e:  # a path parameter the guard in force refuses (the service's roots)
-            raise type(e)(f"{where}: stages.{name}.{e}") from None
+        stages[name] = _parse_stage(name, params, prev, where, allowed, search)
         prev = name
 
     nodes = set(inputs) | set(stages)
@@ -435,6 +391,64 @@ def parse_dag(data: Any, path: str = "<dag>", base_dir: str | None = None, dag_d
     _check_unions(dag, where)
     _check_columns_needed(dag, where)
     return dag
+
+
+def _parse_inputs(f: _DagFile, where: str) -> dict[str, InputSpec]:
+    inputs: dict[str, InputSpec] = {}
+    for name, spec in f.inputs.items():
+        bad = check_node_name(name, "inputs")
+        if bad:
+            raise DagError(f"{where}: {bad}")
+        try:
+            inputs[name] = InputSpec.model_validate(spec)
+        except ValidationError as e:
+            raise DagError(f"{where}: {_first_error(e, f'inputs.{name}')}") from None
+    return inputs
+
+
+def _raw_stages(f: _DagFile, where: str) -> list[tuple[str, dict[str, Any]]]:
+    """(name, params) of each stage: ``stages`` is a mapping, or a list of one-entry mappings."""
+    if not isinstance(f.stages, list):
+        return [(n, dict(p or {})) for n, p in f.stages.items()]
+    out = []
+    for i, item in enumerate(f.stages):
+        if len(item) != 1:
+            raise DagError(f"{where}: stages[{i}]: each list item is one `name: {{params}}` mapping")
+        (name, params), = item.items()
+        out.append((name, dict(params or {})))
+    return out
+
+
+def _parse_stage(name: str, params: dict[str, Any], prev: str | None, where: str, allowed, search: list[str]) -> Stage:
+    """One stage entry validated: its type resolved (a ``module:Class`` only from an allowed
+    module), the defaults a DAG fills in (``type`` from the name, ``input`` from the stage above,
+    the type's ``node_defaults``), then its fields."""
+    stype = params.setdefault("type", name if name in registry else None)
+    if stype is None:
+        raise DagError(f"{where}: stages.{name}.type: missing (known types: {', '.join(sorted(registry))})")
+    if not stage_module_allowed(str(stype), allowed):
+        raise StageModuleRefused(where, name, f"stages.{name}.type: {stage_module_refusal(str(stype), allowed)}")
+    try:
+        cls = registry.resolve(str(stype), search)
+    except StageTypeError as e:
+        if allowed is not None and ":" in str(stype):
+            # the import error may name files on this machine: those go to the log only
+            _log.warning("%s: stages.%s.type: %s", where, name, e)
+            raise DagError(f"{where}: stages.{name}.type: cannot load {str(stype)!r} from an allowed module "
+                           "(the service's log has the reason)") from None
+        raise DagError(f"{where}: stages.{name}.type: {e}") from None
+    for key, value in cls.node_defaults(name).items():
+        params.setdefault(key, value)
+    if cls.kind != "union" and "input" not in params:
+        if prev is None:
+            raise DagError(f"{where}: stages.{name}.input: missing (several inputs; say which one)")
+        params["input"] = prev
+    try:
+        return cls.variant(params).model_validate(params)
+    except ValidationError as e:
+        raise DagError(f"{where}: {_first_error(e, f'stages.{name}')}") from None
+    except PathRefused as e:  # a path parameter the guard in force refuses (the service's roots)
+        raise type(e)(f"{where}: stages.{name}.{e}") from None
 
 
 def _check_columns_needed(dag: Dag, where: str) -> None:

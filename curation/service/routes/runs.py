@@ -22,30 +22,58 @@ from curation.service.state import ServiceState
 _FILENAME = re.compile(r"[^A-Za-z0-9._-]")
 
 
+async def _admit(state: ServiceState, text: str, where: str) -> dict:
+    """Admission on the service's own small pool, not the event loop's or the routes' threads:
+    costly DAGs queue behind each other while /healthz and reads stay answered. Past
+    ``admission_slots`` waiting submissions: 429; past ``admission_timeout_s``: 503, and the
+    run is not created."""
+    if not state.admission_slots.acquire(blocking=False):
+        raise HTTPException(429, "too many submissions are being validated; retry shortly")
+    deadline = time.monotonic() + state.admission_timeout_s
+    try:
+        fut = asyncio.get_running_loop().run_in_executor(
+            state.admission_pool, contextvars.copy_context().run, state.runs.submit, text, where, deadline)
+    except RuntimeError:  # the pool is shut down: the server is stopping
+        state.admission_slots.release()
+        raise HTTPException(503, "the service is stopping") from None
+    fut.add_done_callback(lambda _f: state.admission_slots.release())
+    try:
+        return await asyncio.wait_for(asyncio.shield(fut), state.admission_timeout_s + 1)
+    except (asyncio.TimeoutError, asyncio.CancelledError):
+        fut.cancel()
+        raise HTTPException(503, f"validating the DAG took longer than {state.admission_timeout_s:g} s; "
+                                 "no run was created") from None
+
+
+async def _dag_text(request: Request) -> tuple[str, str]:
+    """The submitted YAML (multipart field ``dag``, or the raw body) and the name it is reported
+    under (the uploaded file's name, made safe; ``submitted.yaml`` otherwise)."""
+    ctype = request.headers.get("content-type", "")
+    where = "submitted.yaml"
+    if ctype.startswith("multipart/form-data"):
+        form = await request.form(max_files=1, max_fields=8)
+        part = form.get("dag")
+        if part is None:
+            raise HTTPException(422, "dag: missing; send the YAML as multipart field `dag` or as the raw body")
+        if isinstance(part, str):
+            raw = part.encode()
+        else:
+            raw = await part.read()
+            if part.filename:
+                where = _FILENAME.sub("_", os.path.basename(part.filename))[:100] or where
+    else:
+        raw = await request.body()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise HTTPException(422, "dag: the YAML is not UTF-8 text") from None
+    if not text.strip():
+        raise HTTPException(422, "dag: empty; send the pipeline YAML")
+    return text, where
+
+
 def add_routes(r: APIRouter, state: ServiceState) -> None:
     runs = state.runs
-
-    async def _admit(text: str, where: str) -> dict:
-        """Admission on the service's own small pool, not the event loop's or the routes' threads:
-        costly DAGs queue behind each other while /healthz and reads stay answered. Past
-        ``admission_slots`` waiting submissions: 429; past ``admission_timeout_s``: 503, and the
-        run is not created."""
-        if not state.admission_slots.acquire(blocking=False):
-            raise HTTPException(429, "too many submissions are being validated; retry shortly")
-        deadline = time.monotonic() + state.admission_timeout_s
-        try:
-            fut = asyncio.get_running_loop().run_in_executor(
-                state.admission_pool, contextvars.copy_context().run, runs.submit, text, where, deadline)
-        except RuntimeError:  # the pool is shut down: the server is stopping
-            state.admission_slots.release()
-            raise HTTPException(503, "the service is stopping") from None
-        fut.add_done_callback(lambda _f: state.admission_slots.release())
-        try:
-            return await asyncio.wait_for(asyncio.shield(fut), state.admission_timeout_s + 1)
-        except (asyncio.TimeoutError, asyncio.CancelledError):
-            fut.cancel()
-            raise HTTPException(503, f"validating the DAG took longer than {state.admission_timeout_s:g} s; "
-                                     "no run was created") from None
 
     @r.post("/runs", status_code=201, response_model=RunDetail, tags=["runs"], openapi_extra={
         "requestBody": {"required": True, "content": {
@@ -56,28 +84,8 @@ def add_routes(r: APIRouter, state: ServiceState) -> None:
         """Submit a DAG (multipart field ``dag``, or the YAML as the raw body). It is validated
         (422 names the field), its input files checked against the allowed roots (403) and
         pinned, then queued. Answers the new run."""
-        ctype = request.headers.get("content-type", "")
-        where = "submitted.yaml"
-        if ctype.startswith("multipart/form-data"):
-            form = await request.form(max_files=1, max_fields=8)
-            part = form.get("dag")
-            if part is None:
-                raise HTTPException(422, "dag: missing; send the YAML as multipart field `dag` or as the raw body")
-            if isinstance(part, str):
-                raw = part.encode()
-            else:
-                raw = await part.read()
-                if part.filename:
-                    where = _FILENAME.sub("_", os.path.basename(part.filename))[:100] or where
-        else:
-            raw = await request.body()
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            raise HTTPException(422, "dag: the YAML is not UTF-8 text") from None
-        if not text.strip():
-            raise HTTPException(422, "dag: empty; send the pipeline YAML")
-        info = await _admit(text, where)
+        text, where = await _dag_text(request)
+        info = await _admit(state, text, where)
         return JSONResponse(info, status_code=201, headers={"Location": f"/runs/{info['id']}"})
 
     @r.get("/runs", response_model=list[RunSummary], tags=["runs"])
