@@ -209,3 +209,58 @@ def test_prune_drops_only_the_dropped_blocks_own_text():
     prune(page, np.array([False, True, True]))
     left = [t.strip() for t in page.root.itertext() if t.strip()]
     assert left == ["Kept paragraph inside.", "Second", "kept", "one."]
+
+
+def _same_page(page, ref) -> None:
+    """``page`` (the production walk) is ``ref`` (``blocks_reference``): texts, features bit for bit,
+    the same blocks sharing a parent (grand-, great-grand-) and a table, the same elements."""
+    def partition(ids):
+        first: dict = {}
+        return [first.setdefault(v, len(first)) for v in ids.tolist()]
+
+    assert page.texts == ref.texts
+    assert page.features.shape == ref.features.shape
+    assert np.array_equal(page.features.view(np.uint32), ref.features.view(np.uint32)), \
+        sorted({FEATURES[j] for j in np.argwhere(page.features != ref.features)[:, 1]})
+    assert all(partition(page.groups[:, j]) == partition(ref.groups[:, j]) for j in range(3))
+    assert partition(page.cells) == partition(ref.cells) and ((page.cells == 0) == (ref.cells == 0)).all()
+    assert [ref.root.getroottree().getpath(e) for e in ref.elements] == \
+        [page.root.getroottree().getpath(e) for e in page.elements]
+
+
+EDGE_PAGES = [
+    PAGE, "<html><body></body></html>", "<p>no body tag <b>bold</b> tail</p>", "<svg><text>x</text></svg>",
+    "<html><body><h1>T<p>inside</p>after</h1><h2>x <h3>y</h3> z</h2><p>p1<br>p2<br/></p>"
+    "<a href='/'>link <div>block in a link</div> tail</a><table><tr><td>1</td></tr></table>"
+    "<span class='topBar sr' id='only'>x</span><main><article class='HTMLParser'>z</article></main>"
+    "<div style='display : none'>hidden</div><ul><li>a</li><li>b</li></ul><form>f</form></body></html>",
+]
+
+
+def test_walk_equals_the_reference():
+    """The shipped model was trained on the reference walk's features: the compiled walk must
+    give them bit for bit, on edge cases, the WCXB fixture and (when the shared data is here)
+    every 15th WCXB dev page."""
+    from curation.extract import blocks_reference
+    from curation.extract.blocks import parse
+    from curation.extract.gold import GoldSetError
+
+    htmls = EDGE_PAGES + [p.html for p in load("wcxb", GOLD)]
+    try:
+        htmls += [p.html for p in load("wcxb")[::15]]
+    except GoldSetError:
+        pass
+    for html in htmls:
+        root = parse(html)
+        _same_page(page_blocks(html), blocks_reference.walk(root) if root is not None else page_blocks(html))
+
+
+def test_class_bits_equal_the_reference():
+    from curation.extract.blocks import _bits_of
+    from curation.extract.blocks_reference import _class_bits
+
+    keys = ["HTMLParser sr-only", "topBar", "x-top bar", "sr_only", "SIGNUp", "sign2up", "NAVbar", "éNav navé",
+            "visuallyHidden", "ABCdef", "a", "", " ", "table-of-contents", "post-Body", "Ad", "AD", "aD", "nav\u00e9"]
+    keys += list({f"{el.get('class') or ''} {el.get('id') or ''}" for p in load("wcxb", GOLD)
+                  for el in page_blocks(p.html).root.iter() if isinstance(el.tag, str)})
+    assert _bits_of(keys).tolist() == [_class_bits({"class": k}) for k in keys]

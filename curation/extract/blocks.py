@@ -2,10 +2,15 @@
 
 One lxml parse, one walk of the tree (``iterwalk``: start/end events, in C). A *block* is a
 block-level element's own text: its text, its inline children's text and the tails of its
-children (a nested block is a block of its own). Per block the walk records its words, the
-words inside links, its tag, its depth and the class/id words of it and of its ancestors (one
-regex per element, as bits); per element it sums the words and link words of its subtree, so a
-block also knows how much text, and how much link text, its parent and grandparents hold.
+children (a nested block is a block of its own). Per block: its words, the words inside links,
+its tag, its depth and the class/id words of it and of its ancestors (as bits); per element the
+words and link words of its subtree, so a block also knows how much text, and how much link
+text, its parent and grandparents hold.
+
+The walk itself only collects each element's tag, parent, text, tail and attributes; the sums
+over the tree and the class/id words are compiled (``block_kernel``), the per-block columns
+numpy over all blocks at once. ``blocks_reference`` is the same walk in plain Python (one
+object per element), kept for the tests: the shipped model was trained on its features.
 
 ``page_blocks(html)`` returns a ``Page`` (blocks, their features as one float32 matrix, and the
 pruned-tree hooks ``format: markdown`` needs); ``FEATURES`` names the matrix's columns.
@@ -14,9 +19,13 @@ pruned-tree hooks ``format: markdown`` needs); ``FEATURES`` names the matrix's c
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 import numpy as np
+
+from curation.extract import block_kernel as bk
 
 #: elements that start a block (their own text is one block)
 BLOCK_TAGS = frozenset(
@@ -65,8 +74,6 @@ _WORD_BITS: dict[str, int] = {}
 for _i, (_n, _alts) in enumerate(KEYWORDS):
     for _w in _alts.split("|"):
         _WORD_BITS[_w] = _WORD_BITS.get(_w, 0) | (1 << _i)
-#: class/id tokens: lowercase runs, camelCase humps (CSS modules' "SiteNav_menu__x7"), digit runs
-_TOKEN = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|[0-9]+")
 #: context from tags, beside the keyword bits: (name, tags)
 TAG_CONTEXT = (
     ("in_nav", "nav"), ("in_header", "header"), ("in_footer", "footer"), ("in_aside", "aside"),
@@ -105,56 +112,61 @@ FEATURES: tuple[str, ...] = (
 _N_NUM, _N_KIND, _N_KW, _N_TAG = len(_NUMERIC), len(BLOCK_KINDS), len(KEYWORDS), len(TAG_CONTEXT) + 1
 
 
-_BITS_CACHE: dict[str, int] = {}
+def _fnv1a(word: str) -> int:
+    """``block_kernel.word_hash`` of a lower-case word."""
+    h = 14695981039346656037
+    for c in word.encode():
+        h = ((h ^ c) * 1099511628211) & 0xFFFF_FFFF_FFFF_FFFF
+    return h
 
 
-def _class_bits(attrs) -> int:
-    s = (attrs.get("class") or "") + " " + (attrs.get("id") or "")
-    if len(s) < 2:
-        return 0
-    bits = _BITS_CACHE.get(s)
-    if bits is None:  # class names repeat within a page and across a site's pages
-        bits = 0
-        toks = [t.lower() for t in _TOKEN.findall(s)]
-        for t in toks:
-            bits |= _WORD_BITS.get(t, 0)
-        for a, b in zip(toks, toks[1:]):
-            bits |= _WORD_BITS.get(a + "-" + b, 0)
-        if len(_BITS_CACHE) > 50_000:
-            _BITS_CACHE.clear()
-        _BITS_CACHE[s] = bits
-    return bits
+def _vocabulary() -> tuple:
+    """``block_kernel.class_bits``'s tables: the keyword words (and the halves of those written
+    with one "-", which match as two neighbouring tokens) by hash, spelled out, with their bits."""
+    words = {w: b for w, b in _WORD_BITS.items() if "-" not in w}
+    halves = [w.split("-") for w in _WORD_BITS if w.count("-") == 1]  # "table-of-contents" never matches
+    for a, b in halves:
+        words.setdefault(a, 0)
+        words.setdefault(b, 0)
+    names = sorted(words)
+    assert all(w.isascii() and w.isalpha() and w.islower() for w in names)
+    spelled = np.zeros((len(names), max(map(len, names))), np.uint8)
+    for i, w in enumerate(names):
+        spelled[i, :len(w)] = np.frombuffer(w.encode(), np.uint8)
+    lengths = np.array([len(w) for w in names], np.int64)
+    slots = np.full(1024, -1, np.int64)  # open addressing, a quarter full
+    for i, w in enumerate(names):
+        at = _fnv1a(w) % len(slots)
+        while slots[at] >= 0:
+            at = (at + 1) % len(slots)
+        slots[at] = i
+    index = {w: i for i, w in enumerate(names)}
+    pairs = np.array([(index[a], index[b], _WORD_BITS[f"{a}-{b}"]) for a, b in halves], np.int64).reshape(-1, 3)
+    return slots, spelled, lengths, np.array([words[w] for w in names], np.int64), pairs
 
 
-class _Node:
-    """One element on the walk's stack: its subtree's words and link words, its context bits."""
-
-    __slots__ = ("el", "tag", "words", "link_words", "kw_self", "kw_anc", "tag_ctx", "depth", "block", "parent",
-                 "link", "cls", "table")
-
-    def __init__(self, el, tag, kw_self, kw_anc, tag_ctx, depth, block, parent, link):
-        self.el, self.tag = el, tag
-        self.words = 0
-        self.link_words = 0
-        self.kw_self, self.kw_anc, self.tag_ctx, self.depth = kw_self, kw_anc, tag_ctx, depth
-        self.block = block  # the _Block this element's own text goes to
-        self.parent = parent
-        self.link = link  # inside an <a> (below the block)
-        self.cls = ""  # a block's class attribute (blocks alike: a grid's cards, a thread's posts)
-        self.table = parent.table if parent is not None else None  # the nearest <table> (this one if it is)
+_VOCABULARY = _vocabulary()
 
 
-class _Block:
-    __slots__ = ("node", "pieces", "words", "link_words", "links", "words_before", "heading_above")
+def _bits_of(keys: list[str]) -> np.ndarray:
+    """The keyword bits of each element's ``class + " " + id`` (``block_kernel.class_bits``)."""
+    chars = np.frombuffer("".join(keys).encode("ascii", "replace"), np.uint8)  # tokens are ASCII
+    return bk.class_bits(chars, np.fromiter(map(len, keys), np.int64, len(keys)), *_VOCABULARY)
 
-    def __init__(self, node, words_before, heading_above):
-        self.node = node
-        self.pieces: list[str] = []
-        self.words = 0
-        self.link_words = 0
-        self.links = 0
-        self.words_before = words_before
-        self.heading_above = heading_above
+
+#: per tag: a small code, and per code what the walk needs to know of the tag
+#: (``block_kernel``'s columns); code 0 is any other inline tag
+_CODED = sorted(BLOCK_TAGS | set(_TAG_BIT) | {"a", "br"})
+TAG_CODE = {t: i + 1 for i, t in enumerate([*_CODED, *sorted(SKIP_TAGS)])}
+TAG_PROPS = np.zeros((len(TAG_CODE) + 1, 9), np.int64)
+_KIND_CODE = np.full(len(TAG_CODE) + 1, len(BLOCK_KINDS) - 1, np.int64)
+_COUNTS = {"li": bk.N_LI, **{h: bk.N_HEADING for h in HEADINGS}, "form": bk.N_FORM, "article": bk.N_ARTICLE,
+           "main": bk.HAS_MAIN}
+for _t, _c in TAG_CODE.items():
+    TAG_PROPS[_c] = (_t in BLOCK_TAGS, _t in SKIP_TAGS, _TAG_BIT.get(_t, 0), _t == "a", _t == "br", _t == "table",
+                     _t in HEADINGS, _t == "h1", _COUNTS.get(_t, 0))
+    _KIND_CODE[_c] = _KIND_OF.get(_t, len(BLOCK_KINDS) - 1)
+assert not SKIP_TAGS & set(_CODED)
 
 
 @dataclass
@@ -163,7 +175,7 @@ class Page:
 
     texts: list[str] = field(default_factory=list)
     features: np.ndarray = field(default_factory=lambda: np.zeros((0, len(FEATURES)), np.float32))
-    blocks: list = field(default_factory=list)  # the _Block objects (pruning)
+    elements: list = field(default_factory=list)  # each block's element (pruning)
     #: per block, ids of its parent, grandparent and great-grandparent element (blocks that
     #: share one are siblings or cousins: the second pass pools their first-pass scores)
     groups: np.ndarray = field(default_factory=lambda: np.zeros((0, 3), np.int64))
@@ -205,123 +217,127 @@ def page_blocks(html: str) -> Page:
 
 
 def walk(root) -> Page:
-    from lxml import etree
-
     body = root.find("body")
     top = body if body is not None else root
-    blocks: list[_Block] = []
-    stack: list[_Node] = []
-    words_total = 0
-    heading_words = 0  # words of the last heading seen (a block under a heading)
-    n_li = n_heading = n_forms = n_articles = 0
-    has_main = 0
-    h1_before = -1  # words before the first <h1> (-1: none)
+    if top.tag in SKIP_TAGS:
+        return Page(root=root)
+    return _page(root, _collect(top))
+
+
+def _collect(top) -> tuple:
+    """One ``iterwalk`` over ``top``: per element in document order its element, tag code, parent,
+    text, tail, class/id string, class attribute and hidden flag (skipped subtrees: the element
+    alone, its text not read)."""
+    from lxml import etree
+
+    rows = []
+    stack = [-1]
+    code_of = TAG_CODE.get
+    first_skip = len(_CODED) + 1
     walker = etree.iterwalk(top, events=("start", "end"))
     for event, el in walker:
-        tag = el.tag
-        if not isinstance(tag, str):  # a comment or entity that survived the parser
-            if event == "start":
-                walker.skip_subtree()
+        if event == "end":
+            stack.pop()
             continue
-        if event == "start":
-            if tag in SKIP_TAGS:
-                walker.skip_subtree()  # its "end" still comes: its tail goes to the parent's block there
-                if not stack:
-                    break
-                stack.append(_Node(el, "#skip", 0, 0, 0, stack[-1].depth + 1, stack[-1].block, stack[-1], False))
-                continue
-            parent = stack[-1] if stack else None
-            items = el.items()  # one C call; most elements have no attribute
-            kw = 0
-            hidden = False
-            attrs = None
-            if items:
-                attrs = dict(items)
-                if "class" in attrs or "id" in attrs:
-                    kw = _class_bits(attrs)
-                # hidden is a signal, not a verdict: streamed pages (Next.js) put their content
-                # in a hidden <div> the script swaps in
-                style = attrs.get("style")
-                hidden = "hidden" in attrs or attrs.get("aria-hidden") == "true" or \
-                    (style is not None and "none" in style and _DISPLAY_NONE.search(style) is not None)
-            if parent is not None:
-                kw_anc = parent.kw_anc | parent.kw_self
-                ctx = parent.tag_ctx | _TAG_BIT.get(tag, 0)
-                depth = parent.depth + 1
-            else:
-                kw_anc, ctx, depth = 0, _TAG_BIT.get(tag, 0), 0
-            if hidden:
-                ctx |= _HIDDEN_BIT
-            if tag in BLOCK_TAGS or parent is None:
-                blk = _Block(None, words_total, heading_words)
-                node = _Node(el, tag, kw, kw_anc, ctx, depth, blk, parent, False)
-                if tag == "table":
-                    node.table = node
-                if attrs is not None:
-                    node.cls = attrs.get("class") or ""
-                blk.node = node
-                blocks.append(blk)
-                if tag == "h1" and h1_before < 0:
-                    h1_before = words_total
-                if tag == "li":
-                    n_li += 1
-                elif tag in HEADINGS:
-                    n_heading += 1
-                elif tag == "form":
-                    n_forms += 1
-                elif tag == "article":
-                    n_articles += 1
-                elif tag == "main":
-                    has_main = 1
-            else:
-                # links are shallow: a link's words are link words up to the block around it
-                node = _Node(el, tag, kw, kw_anc, ctx, depth, parent.block, parent, parent.link or tag == "a")
-                if tag == "a":
-                    parent.block.links += 1
-                elif tag == "br":
-                    parent.block.pieces.append("\n")
-            stack.append(node)
-            text = el.text
-            if text:
-                words_total += _add(node, text)
+        tag = el.tag
+        code = code_of(tag, 0)
+        if code >= first_skip or not code and not isinstance(tag, str):
+            walker.skip_subtree()  # its "end" still comes: its tail goes to the parent's block then
+            if code:
+                rows.append((el, code, stack[-1], None, el.tail, "", "", False))
+            stack.append(len(rows) - 1 if code else -2)
+            continue
+        items = el.items()  # one C call; most elements have no attribute
+        if items:
+            attrs = dict(items)
+            cls, ident = attrs.get("class"), attrs.get("id")
+            key = "" if cls is None and ident is None else (cls or "") + " " + (ident or "")
+            # hidden is a signal, not a verdict: streamed pages (Next.js) put their content
+            # in a hidden <div> the script swaps in
+            style = attrs.get("style")
+            hidden = "hidden" in attrs or attrs.get("aria-hidden") == "true" or \
+                (style is not None and "none" in style and _DISPLAY_NONE.search(style) is not None)
+            rows.append((el, code, stack[-1], el.text, el.tail, key, cls or "", hidden))
         else:
-            node = stack.pop()
-            if stack:
-                top = stack[-1]
-                top.words += node.words
-                top.link_words += node.link_words
-                tail = el.tail
-                if tail:
-                    words_total += _add(top, tail)
-            if node.tag in HEADINGS:
-                heading_words = node.block.words
-    return _page(blocks, root, words_total, n_li, n_heading, n_forms, n_articles, has_main, h1_before)
+            rows.append((el, code, stack[-1], el.text, el.tail, "", "", False))
+        stack.append(len(rows) - 1)
+    return tuple(zip(*rows))
 
 
-def _add(node: _Node, text: str) -> int:
-    """``text`` (an element's text or a child's tail) into ``node``'s block and subtree counts."""
-    block = node.block
-    block.pieces.append(text)
-    w = len(text.split())
-    if w:
-        block.words += w
-        node.words += w
-        if node.link:
-            block.link_words += w
-            node.link_words += w
-    return w
+
+def _words(strings) -> list[int]:
+    """Words of each text or tail (-1: none)."""
+    return [len(s.split()) if s else -1 for s in strings]
+
+
+def _page(root, cols: tuple) -> Page:
+    els, codes, parents, texts, tails, keys, classes, hidden = cols
+    code = np.array(codes, np.int64)
+    parent = np.array(parents, np.int64)
+    kw = _bits_of(keys)
+    (sub_words, sub_link, block, depth, kw_anc, ctx, table, bl, refs, piece_block,
+     totals) = bk.walk_events(parent, code, kw, np.array(hidden, np.bool_),
+                              np.array(_words(texts), np.int64), np.array(_words(tails), np.int64), TAG_PROPS,
+                              _HIDDEN_BIT)
+    kept = np.flatnonzero(bl[:, 1] > 0)
+    e = bl[kept, 0]  # the kept blocks' elements
+    page = Page(root=root, elements=[els[i] for i in e.tolist()])
+    if not len(kept):
+        return page
+    page.texts = _block_texts(texts, tails, refs, piece_block, bl[:, 4], kept)
+    kind_cls = list(zip(code[e].tolist(), [classes[i] for i in e.tolist()]))
+    alike = Counter(kind_cls)
+    r = np.empty((len(kept), 24), np.float64)
+    r[:, [0, 1, 3, 4, 6, 20]] = bl[kept][:, [1, 2, 3, 4, 5, 6]]
+    r[:, 5] = depth[e]
+    r[:, [2, 7, 8, 9, 10, 11, 12, 13, 21]] = _text_columns(page.texts, _title_words(root))
+    ups = (parent[e],)
+    ups += (np.where(ups[0] >= 0, parent[ups[0]], -1),)
+    ups += (np.where(ups[1] >= 0, parent[ups[1]], -1),)
+    for c, p in zip((14, 16, 18), ups):
+        r[:, c] = np.where(p >= 0, sub_words[p], -1)
+        r[:, c + 1] = np.where(p >= 0, sub_link[p], 0)
+    r[:, 22] = [alike[k] for k in kind_cls]
+    r[:, 23] = _KIND_CODE[code[e]]
+    bits = np.column_stack([kw[e], kw_anc[e], ctx[e]])
+    page.features = _features(r, bits, totals)
+    page.groups = np.column_stack(ups)
+    page.cells = np.where(table[e] >= 0, table[e] + 1, 0)
+    return page
+
+
+def _block_texts(texts, tails, refs, piece_block, pieces, kept) -> list[str]:
+    """Each kept block's pieces joined in event order, its whitespace runs made one space."""
+    pool = (*texts, *tails, "\n")
+    order = refs[np.argsort(piece_block, kind="stable")].tolist()
+    strs = itemgetter(*order)(pool) if len(order) > 1 else tuple(pool[i] for i in order)
+    end = np.cumsum(pieces)
+    start = end - pieces
+    return [" ".join("".join(strs[a:b]).split()) for a, b in zip(start[kept].tolist(), end[kept].tolist())]
 
 
 _SENTENCE_END = frozenset('.!?:;"”。')
 
 
-def _title_overlap(text: str, title: frozenset[str]) -> float:
-    """Share of the block's first 30 words that are words of the page's <title> (a product's
-    name, a thread's subject)."""
-    if not title:
-        return 0.0
-    words = text.lower().split()[:30]
-    return sum(w in title for w in words) / len(words)
+def _text_columns(texts: list[str], title: frozenset[str]) -> np.ndarray:
+    """Per block text: characters, ends a sentence, commas, periods, digits and characters among
+    its first 200, starts upper-case, other blocks with the same text, and its first 30 words'
+    share of ``title``'s words (a product's name, a thread's subject)."""
+    n = len(texts)
+    out = np.zeros((n, 9), np.float64)
+    lengths = np.fromiter(map(len, texts), np.int64, n)
+    chars = np.frombuffer("".join(texts).encode("utf-32-le", "surrogatepass"), np.uint32)
+    out[:, 0] = lengths
+    out[:, 1] = [t[-1] in _SENTENCE_END for t in texts]
+    out[:, 2:5] = bk.text_counts(chars, lengths)
+    out[:, 5] = np.minimum(lengths, 200)
+    out[:, 6] = [t[0].isupper() for t in texts]
+    seen = Counter(texts)
+    out[:, 7] = [seen[t] - 1 for t in texts]
+    if title:  # share of the block's first 30 words that are words of the page's <title>
+        has = title.__contains__
+        out[:, 8] = [sum(map(has, ws)) / len(ws) for ws in [t.lower().split(None, 30)[:30] for t in texts]]
+    return out
 
 
 def _title_words(root) -> frozenset[str]:
@@ -330,45 +346,11 @@ def _title_words(root) -> frozenset[str]:
     return frozenset(w for w in (text or "").lower().split() if len(w) > 2)
 
 
-def _page(blocks: list[_Block], root, words_total: int, n_li: int, n_heading: int, n_forms: int,
-          n_articles: int, has_main: int, h1_before: int) -> Page:
-    kept = [b for b in blocks if b.words > 0]
-    n = len(kept)
-    page = Page(root=root, blocks=kept)
-    if not n:
-        return page
-    texts = [" ".join("".join(b.pieces).split()) for b in kept]
-    seen: dict[str, int] = {}
-    for t in texts:
-        seen[t] = seen.get(t, 0) + 1
-    # raw per-block values, gathered as Python numbers and turned into columns at once (a numpy
-    # scalar write per value cost more than the walk)
-    title = _title_words(root)
-    alike: dict[tuple[str, str], int] = {}
-    for b in kept:
-        key = (b.node.tag, b.node.cls)
-        alike[key] = alike.get(key, 0) + 1
-    raw = []
-    ids = []
-    cells = []
-    for b, t in zip(kept, texts):
-        node = b.node
-        p1 = node.parent
-        p2 = p1.parent if p1 is not None else None
-        p3 = p2.parent if p2 is not None else None
-        head = t[:200]
-        raw.append((b.words, b.link_words, len(t), b.links, len(b.pieces), node.depth, b.words_before,
-                    t[-1] in _SENTENCE_END, t.count(","), t.count("."), sum(map(head.count, "0123456789")),
-                    len(head), t[0].isupper(), seen[t] - 1,
-                    p1.words if p1 is not None else -1, p1.link_words if p1 is not None else 0,
-                    p2.words if p2 is not None else -1, p2.link_words if p2 is not None else 0,
-                    p3.words if p3 is not None else -1, p3.link_words if p3 is not None else 0,
-                    b.heading_above, _title_overlap(t, title), alike[(node.tag, node.cls)],
-                    _KIND_OF.get(node.tag, len(BLOCK_KINDS) - 1), node.kw_self, node.kw_anc, node.tag_ctx))
-        ids.append((id(p1), id(p2), id(p3)))
-        cells.append(id(node.table) if node.table is not None else 0)
-    r = np.array(raw, np.float64)
-    bits = np.array([row[-3:] for row in raw], np.int64)
+def _features(r: np.ndarray, bits: np.ndarray, totals: np.ndarray) -> np.ndarray:
+    """The feature matrix (``FEATURES``) from the blocks' raw columns (``_page``), their class
+    and context bits and the page totals (``block_kernel.walk_events``)."""
+    words_total, n_li, n_heading, n_forms, n_articles, has_main, h1_before = totals.tolist()
+    n = len(r)
     w, lw = r[:, 0], r[:, 1]
     x = np.zeros((n, len(FEATURES)), np.float32)
     tw = max(words_total, 1)
@@ -400,7 +382,7 @@ def _page(blocks: list[_Block], root, words_total: int, n_li: int, n_heading: in
     x[:, 27] = lw.sum() / tw
     x[:, 28] = np.log1p(n)
     x[:, 29] = n_li / n
-    x[:, 30] = has_main
+    x[:, 30] = min(has_main, 1)
     x[:, 31] = min(n_articles, 20)
     x[:, 32] = min(n_heading, 50)
     x[:, 33] = min(n_forms, 20)
@@ -419,19 +401,15 @@ def _page(blocks: list[_Block], root, words_total: int, n_li: int, n_heading: in
     x[:, o:o + _N_KW] = (bits[:, 1:2] >> shifts) & 1
     o += _N_KW
     x[:, o:o + _N_TAG] = (bits[:, 2:3] >> np.arange(_N_TAG)) & 1
-    page.texts = texts
-    page.features = x
-    page.groups = np.array(ids, np.int64)
-    page.cells = np.array(cells, np.int64)
-    return page
+    return x
 
 
 def prune(page: Page, keep: np.ndarray) -> None:
     """Drop from ``page.root`` the own text of every block not in ``keep`` (a bool per block); a
     block's nested blocks are judged on their own."""
-    for b, k in zip(page.blocks, keep):
+    for el, k in zip(page.elements, keep):
         if not k:
-            _drop_own_text(b.node.el)
+            _drop_own_text(el)
 
 
 def _drop_own_text(el) -> None:

@@ -1,0 +1,242 @@
+"""The block walk's arithmetic, compiled: ``blocks`` collects each element's tag, parent, class
+bits and word counts in document order (the only Python per element), and ``walk_events``
+replays the walk's start and end events from the parents (an element ends when the next one's
+parent is not it), summing words into blocks and subtrees as the walk did.
+
+Pieces: a block's text is its pieces joined in event order; a piece is an element's text
+(``ref = i``), an element's tail (``ref = n + i``, given to its parent's block) or a ``<br>``
+(``ref = 2 * n``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+#: columns of the per-tag property table (``blocks.TAG_PROPS``)
+IS_BLOCK, IS_SKIP, TAG_BIT, IS_A, IS_BR, IS_TABLE, HEADING, H1, COUNT = range(9)
+#: ``COUNT``'s values: which page total a block of this tag adds to
+N_LI, N_HEADING, N_FORM, N_ARTICLE, HAS_MAIN = 1, 2, 3, 4, 5
+
+
+@njit(cache=True, nogil=True)
+def walk_events(parent, code, kw_self, hidden, text_words, tail_words, props, hidden_bit):  # pragma: no cover
+    """Per element (index in document order): subtree words and link words, block, depth,
+    ancestors' class bits, tag context bits, nearest table (-1: none). Per block (in the order
+    they start): element, words, link words, links, pieces, words before it, words of the
+    heading above it. The pieces' refs in event order with their blocks, and the page totals
+    (words, li, headings, forms, articles, main, words before the first h1 or -1)."""
+    n = len(parent)
+    words = np.zeros(n, np.int64)
+    link_words = np.zeros(n, np.int64)
+    block = np.zeros(n, np.int64)
+    link = np.zeros(n, np.bool_)
+    depth = np.zeros(n, np.int64)
+    kw_anc = np.zeros(n, np.int64)
+    ctx = np.zeros(n, np.int64)
+    table = np.full(n, -1, np.int64)
+    bl = np.zeros((n, 7), np.int64)  # element, words, link words, links, pieces, words before, heading above
+    piece_ref = np.empty(3 * n, np.int64)
+    piece_block = np.empty(3 * n, np.int64)
+    totals = np.zeros(7, np.int64)
+    totals[6] = -1
+    stack = np.empty(n + 1, np.int64)
+    sp, nb, k, heading_words = 0, 0, 0, 0
+    for i in range(n + 1):
+        p = parent[i] if i < n else -1
+        while sp > 0 and stack[sp - 1] != p:  # the end events before element i starts
+            sp -= 1
+            j = stack[sp]
+            q = parent[j]
+            if q >= 0:
+                words[q] += words[j]
+                link_words[q] += link_words[j]
+                if tail_words[j] >= 0:
+                    k = _piece(q, n + j, tail_words[j], block, link, words, link_words, bl, piece_ref, piece_block,
+                               totals, k)
+            if props[code[j], HEADING]:
+                heading_words = bl[block[j], 1]
+        if i == n:
+            break
+        c = code[i]
+        stack[sp] = i
+        sp += 1
+        if p >= 0:
+            depth[i] = depth[p] + 1
+            table[i] = table[p]
+        if props[c, IS_SKIP]:
+            block[i] = block[p]
+            continue
+        if p >= 0:
+            kw_anc[i] = kw_anc[p] | kw_self[p]
+            ctx[i] = ctx[p] | props[c, TAG_BIT]
+        else:
+            ctx[i] = props[c, TAG_BIT]
+        if hidden[i]:
+            ctx[i] |= hidden_bit
+        if props[c, IS_BLOCK] or p < 0:
+            nb = _start_block(i, c, nb, props, block, table, bl, totals, heading_words)
+        else:
+            b = block[p]
+            block[i] = b
+            link[i] = link[p] or props[c, IS_A] != 0
+            if props[c, IS_A]:
+                bl[b, 3] += 1
+            elif props[c, IS_BR]:
+                piece_ref[k] = 2 * n
+                piece_block[k] = b
+                k += 1
+                bl[b, 4] += 1
+        if text_words[i] >= 0:
+            k = _piece(i, i, text_words[i], block, link, words, link_words, bl, piece_ref, piece_block, totals, k)
+    return (words, link_words, block, depth, kw_anc, ctx, table, bl[:nb], piece_ref[:k], piece_block[:k], totals)
+
+
+@njit(cache=True, nogil=True)
+def _start_block(i, c, nb, props, block, table, bl, totals, heading_words):  # pragma: no cover
+    block[i] = nb
+    if props[c, IS_TABLE]:
+        table[i] = i
+    bl[nb, 0] = i
+    bl[nb, 5] = totals[0]
+    bl[nb, 6] = heading_words
+    if props[c, H1] and totals[6] < 0:
+        totals[6] = totals[0]
+    if props[c, COUNT]:
+        totals[props[c, COUNT]] += 1
+    return nb + 1
+
+
+@njit(cache=True, nogil=True)
+def _piece(node, ref, w, block, link, words, link_words, bl, piece_ref, piece_block, totals, k):  # pragma: no cover
+    """A text (or a child's tail) of ``node`` with ``w`` words into its block and subtree."""
+    b = block[node]
+    piece_ref[k] = ref
+    piece_block[k] = b
+    bl[b, 4] += 1
+    if w:
+        bl[b, 1] += w
+        words[node] += w
+        if link[node]:
+            bl[b, 2] += w
+            link_words[node] += w
+    totals[0] += w
+    return k + 1
+
+
+@njit(cache=True, nogil=True)
+def text_counts(chars, lengths):  # pragma: no cover
+    """Per text (``chars``: the texts' code points end to end, ``lengths``: theirs): commas,
+    periods, and ASCII digits among its first 200 characters."""
+    n = len(lengths)
+    out = np.zeros((n, 3), np.int64)
+    at = 0
+    for b in range(n):
+        for j in range(lengths[b]):
+            ch = chars[at + j]
+            if ch == 44:
+                out[b, 0] += 1
+            elif ch == 46:
+                out[b, 1] += 1
+            elif 48 <= ch <= 57 and j < 200:
+                out[b, 2] += 1
+        at += lengths[b]
+    return out
+
+
+_FNV_OFFSET, _FNV_PRIME = np.uint64(14695981039346656037), np.uint64(1099511628211)
+
+
+@njit(cache=True, nogil=True)
+def word_hash(chars, lo, hi):  # pragma: no cover
+    """FNV-1a of ``chars[lo:hi]`` lower-cased (ASCII letters)."""
+    h = _FNV_OFFSET
+    for i in range(lo, hi):
+        h = (h ^ np.uint64(chars[i] | 32)) * _FNV_PRIME
+    return h
+
+
+@njit(cache=True, nogil=True)
+def _is_lower(c):  # pragma: no cover
+    return 97 <= c <= 122
+
+
+@njit(cache=True, nogil=True)
+def _is_upper(c):  # pragma: no cover
+    return 65 <= c <= 90
+
+
+@njit(cache=True, nogil=True)
+def _token_end(chars, i, end):  # pragma: no cover
+    """Where the class/id token starting at ``i`` ends (``i``: none starts here): the regex
+    ``[A-Z]?[a-z]+|[A-Z]+(?![a-z])|[0-9]+`` matched at ``i``."""
+    c = chars[i]
+    e = i + 1
+    if _is_upper(c):
+        if e < end and _is_lower(chars[e]):
+            while e < end and _is_lower(chars[e]):
+                e += 1
+        else:
+            while e < end and _is_upper(chars[e]):
+                e += 1
+            if e < end and _is_lower(chars[e]):
+                e -= 1  # the last capital starts the next token ("HTMLParser": HTML, Parser)
+    elif _is_lower(c):
+        while e < end and _is_lower(chars[e]):
+            e += 1
+    elif 48 <= c <= 57:
+        while e < end and 48 <= chars[e] <= 57:
+            e += 1
+    else:
+        return i
+    return e
+
+
+@njit(cache=True, nogil=True)
+def _word_id(chars, lo, hi, slots, spelled, lengths):  # pragma: no cover
+    """The keyword word ``chars[lo:hi]`` is, lower-cased (-1: none): ``slots`` is an open-addressed
+    table of word ids by ``word_hash``, its size a power of two."""
+    if not _is_lower(chars[lo] | 32):
+        return -1  # a digit run: no keyword
+    n = hi - lo
+    mask = len(slots) - 1
+    at = word_hash(chars, lo, hi) & np.uint64(mask)
+    while slots[at] >= 0:
+        w = slots[at]
+        if lengths[w] == n:
+            j = 0
+            while j < n and spelled[w, j] == chars[lo + j] | 32:
+                j += 1
+            if j == n:
+                return w
+        at = (at + np.uint64(1)) & np.uint64(mask)
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def class_bits(chars, lengths, slots, spelled, word_lengths, word_bits, pairs):  # pragma: no cover
+    """Per class/id string (``chars``: the strings end to end, one byte a character, non-ASCII as
+    ``?``): the OR of ``word_bits`` of its tokens (``_token_end``) and of each two neighbouring
+    tokens' ``pairs`` row (first word, second word, bits)."""
+    out = np.zeros(len(lengths), np.int64)
+    at = 0
+    for k in range(len(lengths)):
+        end = at + lengths[k]
+        bits, prev, i = 0, -1, at
+        while i < end:
+            e = _token_end(chars, i, end)
+            if e == i:
+                i += 1
+                continue
+            w = _word_id(chars, i, e, slots, spelled, word_lengths)
+            if w >= 0:
+                bits |= word_bits[w]
+                if prev >= 0:
+                    for p in range(len(pairs)):
+                        if pairs[p, 0] == prev and pairs[p, 1] == w:
+                            bits |= pairs[p, 2]
+            prev = w
+            i = e
+        out[k] = bits
+        at = end
+    return out

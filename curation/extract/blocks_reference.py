@@ -1,0 +1,304 @@
+"""The reference for ``blocks.page_blocks``: the block walk as first written, one Python object
+per element (``_Node``) and per block (``_Block``), each block's features gathered in a Python
+loop. Tests hold the production walk's texts, features, groups and tables equal to this on the
+WCXB fixture pages (the shipped model was trained on these features)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from curation.extract.blocks import (BLOCK_KINDS, BLOCK_TAGS, FEATURES, HEADINGS, KEYWORDS, SKIP_TAGS, TAG_CONTEXT,
+                                     Page)
+
+_WORD_BITS: dict[str, int] = {}
+for _i, (_n, _alts) in enumerate(KEYWORDS):
+    for _w in _alts.split("|"):
+        _WORD_BITS[_w] = _WORD_BITS.get(_w, 0) | (1 << _i)
+_TOKEN = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|[0-9]+")
+_TAG_BIT = {}
+for _i, (_n, _tags) in enumerate(TAG_CONTEXT):
+    for _t in _tags.split():
+        _TAG_BIT[_t] = _TAG_BIT.get(_t, 0) | (1 << _i)
+_HIDDEN_BIT = 1 << len(TAG_CONTEXT)
+_DISPLAY_NONE = re.compile(r"display\s*:\s*none|visibility\s*:\s*hidden")
+_KIND_OF = {"p": 0, "div": 1, "li": 2, "td": 3, "th": 3, **{h: 4 for h in HEADINGS}, "pre": 5, "dd": 6, "dt": 6,
+            "blockquote": 7, "section": 8, "article": 8, "main": 8}
+_N_KW, _N_TAG = len(KEYWORDS), len(TAG_CONTEXT) + 1
+_N_NUM = FEATURES.index("kind_p")
+_N_KIND = len(BLOCK_KINDS)
+
+
+_BITS_CACHE: dict[str, int] = {}
+
+
+def _class_bits(attrs) -> int:
+    s = (attrs.get("class") or "") + " " + (attrs.get("id") or "")
+    if len(s) < 2:
+        return 0
+    bits = _BITS_CACHE.get(s)
+    if bits is None:  # class names repeat within a page and across a site's pages
+        bits = 0
+        toks = [t.lower() for t in _TOKEN.findall(s)]
+        for t in toks:
+            bits |= _WORD_BITS.get(t, 0)
+        for a, b in zip(toks, toks[1:]):
+            bits |= _WORD_BITS.get(a + "-" + b, 0)
+        if len(_BITS_CACHE) > 50_000:
+            _BITS_CACHE.clear()
+        _BITS_CACHE[s] = bits
+    return bits
+
+
+class _Node:
+    """One element on the walk's stack: its subtree's words and link words, its context bits."""
+
+    __slots__ = ("el", "tag", "words", "link_words", "kw_self", "kw_anc", "tag_ctx", "depth", "block", "parent",
+                 "link", "cls", "table")
+
+    def __init__(self, el, tag, kw_self, kw_anc, tag_ctx, depth, block, parent, link):
+        self.el, self.tag = el, tag
+        self.words = 0
+        self.link_words = 0
+        self.kw_self, self.kw_anc, self.tag_ctx, self.depth = kw_self, kw_anc, tag_ctx, depth
+        self.block = block  # the _Block this element's own text goes to
+        self.parent = parent
+        self.link = link  # inside an <a> (below the block)
+        self.cls = ""  # a block's class attribute (blocks alike: a grid's cards, a thread's posts)
+        self.table = parent.table if parent is not None else None  # the nearest <table> (this one if it is)
+
+
+class _Block:
+    __slots__ = ("node", "pieces", "words", "link_words", "links", "words_before", "heading_above")
+
+    def __init__(self, node, words_before, heading_above):
+        self.node = node
+        self.pieces: list[str] = []
+        self.words = 0
+        self.link_words = 0
+        self.links = 0
+        self.words_before = words_before
+        self.heading_above = heading_above
+
+
+def walk(root) -> Page:
+    from lxml import etree
+
+    body = root.find("body")
+    top = body if body is not None else root
+    blocks: list[_Block] = []
+    stack: list[_Node] = []
+    words_total = 0
+    heading_words = 0  # words of the last heading seen (a block under a heading)
+    n_li = n_heading = n_forms = n_articles = 0
+    has_main = 0
+    h1_before = -1  # words before the first <h1> (-1: none)
+    walker = etree.iterwalk(top, events=("start", "end"))
+    for event, el in walker:
+        tag = el.tag
+        if not isinstance(tag, str):  # a comment or entity that survived the parser
+            if event == "start":
+                walker.skip_subtree()
+            continue
+        if event == "start":
+            if tag in SKIP_TAGS:
+                walker.skip_subtree()  # its "end" still comes: its tail goes to the parent's block there
+                if not stack:
+                    break
+                stack.append(_Node(el, "#skip", 0, 0, 0, stack[-1].depth + 1, stack[-1].block, stack[-1], False))
+                continue
+            parent = stack[-1] if stack else None
+            items = el.items()  # one C call; most elements have no attribute
+            kw = 0
+            hidden = False
+            attrs = None
+            if items:
+                attrs = dict(items)
+                if "class" in attrs or "id" in attrs:
+                    kw = _class_bits(attrs)
+                # hidden is a signal, not a verdict: streamed pages (Next.js) put their content
+                # in a hidden <div> the script swaps in
+                style = attrs.get("style")
+                hidden = "hidden" in attrs or attrs.get("aria-hidden") == "true" or \
+                    (style is not None and "none" in style and _DISPLAY_NONE.search(style) is not None)
+            if parent is not None:
+                kw_anc = parent.kw_anc | parent.kw_self
+                ctx = parent.tag_ctx | _TAG_BIT.get(tag, 0)
+                depth = parent.depth + 1
+            else:
+                kw_anc, ctx, depth = 0, _TAG_BIT.get(tag, 0), 0
+            if hidden:
+                ctx |= _HIDDEN_BIT
+            if tag in BLOCK_TAGS or parent is None:
+                blk = _Block(None, words_total, heading_words)
+                node = _Node(el, tag, kw, kw_anc, ctx, depth, blk, parent, False)
+                if tag == "table":
+                    node.table = node
+                if attrs is not None:
+                    node.cls = attrs.get("class") or ""
+                blk.node = node
+                blocks.append(blk)
+                if tag == "h1" and h1_before < 0:
+                    h1_before = words_total
+                if tag == "li":
+                    n_li += 1
+                elif tag in HEADINGS:
+                    n_heading += 1
+                elif tag == "form":
+                    n_forms += 1
+                elif tag == "article":
+                    n_articles += 1
+                elif tag == "main":
+                    has_main = 1
+            else:
+                # links are shallow: a link's words are link words up to the block around it
+                node = _Node(el, tag, kw, kw_anc, ctx, depth, parent.block, parent, parent.link or tag == "a")
+                if tag == "a":
+                    parent.block.links += 1
+                elif tag == "br":
+                    parent.block.pieces.append("\n")
+            stack.append(node)
+            text = el.text
+            if text:
+                words_total += _add(node, text)
+        else:
+            node = stack.pop()
+            if stack:
+                top = stack[-1]
+                top.words += node.words
+                top.link_words += node.link_words
+                tail = el.tail
+                if tail:
+                    words_total += _add(top, tail)
+            if node.tag in HEADINGS:
+                heading_words = node.block.words
+    return _page(blocks, root, words_total, n_li, n_heading, n_forms, n_articles, has_main, h1_before)
+
+
+def _add(node: _Node, text: str) -> int:
+    """``text`` (an element's text or a child's tail) into ``node``'s block and subtree counts."""
+    block = node.block
+    block.pieces.append(text)
+    w = len(text.split())
+    if w:
+        block.words += w
+        node.words += w
+        if node.link:
+            block.link_words += w
+            node.link_words += w
+    return w
+
+
+_SENTENCE_END = frozenset('.!?:;"”。')
+
+
+def _title_overlap(text: str, title: frozenset[str]) -> float:
+    """Share of the block's first 30 words that are words of the page's <title> (a product's
+    name, a thread's subject)."""
+    if not title:
+        return 0.0
+    words = text.lower().split()[:30]
+    return sum(w in title for w in words) / len(words)
+
+
+def _title_words(root) -> frozenset[str]:
+    t = root.find("head/title")
+    text = t.text if t is not None else None
+    return frozenset(w for w in (text or "").lower().split() if len(w) > 2)
+
+
+def _page(blocks: list[_Block], root, words_total: int, n_li: int, n_heading: int, n_forms: int,
+          n_articles: int, has_main: int, h1_before: int) -> Page:
+    kept = [b for b in blocks if b.words > 0]
+    n = len(kept)
+    page = Page(root=root, elements=[b.node.el for b in kept])
+    if not n:
+        return page
+    texts = [" ".join("".join(b.pieces).split()) for b in kept]
+    seen: dict[str, int] = {}
+    for t in texts:
+        seen[t] = seen.get(t, 0) + 1
+    # raw per-block values, gathered as Python numbers and turned into columns at once (a numpy
+    # scalar write per value cost more than the walk)
+    title = _title_words(root)
+    alike: dict[tuple[str, str], int] = {}
+    for b in kept:
+        key = (b.node.tag, b.node.cls)
+        alike[key] = alike.get(key, 0) + 1
+    raw = []
+    ids = []
+    cells = []
+    for b, t in zip(kept, texts):
+        node = b.node
+        p1 = node.parent
+        p2 = p1.parent if p1 is not None else None
+        p3 = p2.parent if p2 is not None else None
+        head = t[:200]
+        raw.append((b.words, b.link_words, len(t), b.links, len(b.pieces), node.depth, b.words_before,
+                    t[-1] in _SENTENCE_END, t.count(","), t.count("."), sum(map(head.count, "0123456789")),
+                    len(head), t[0].isupper(), seen[t] - 1,
+                    p1.words if p1 is not None else -1, p1.link_words if p1 is not None else 0,
+                    p2.words if p2 is not None else -1, p2.link_words if p2 is not None else 0,
+                    p3.words if p3 is not None else -1, p3.link_words if p3 is not None else 0,
+                    b.heading_above, _title_overlap(t, title), alike[(node.tag, node.cls)],
+                    _KIND_OF.get(node.tag, len(BLOCK_KINDS) - 1), node.kw_self, node.kw_anc, node.tag_ctx))
+        ids.append((id(p1), id(p2), id(p3)))
+        cells.append(id(node.table) if node.table is not None else 0)
+    r = np.array(raw, np.float64)
+    bits = np.array([row[-3:] for row in raw], np.int64)
+    w, lw = r[:, 0], r[:, 1]
+    x = np.zeros((n, len(FEATURES)), np.float32)
+    tw = max(words_total, 1)
+    x[:, 0] = w
+    x[:, 1] = np.log1p(w)
+    x[:, 2] = r[:, 2] / w
+    x[:, 3] = lw / w
+    x[:, 4] = r[:, 3]
+    x[:, 5] = r[:, 4]
+    x[:, 6] = r[:, 5]
+    x[:, 7] = np.arange(n) / n
+    x[:, 8] = r[:, 6] / tw
+    x[:, 9] = w / tw
+    x[:, 10] = r[:, 7]
+    x[:, 11] = r[:, 8] / w
+    x[:, 12] = r[:, 9] / w
+    x[:, 13] = r[:, 10] / r[:, 11]
+    x[:, 14] = r[:, 12]
+    x[:, 15] = r[:, 13]
+    for j, c in ((16, 14), (18, 16), (20, 18)):
+        has = r[:, c] >= 0
+        x[:, j] = np.where(has, np.log1p(np.maximum(r[:, c], 0)), 0)
+        x[:, j + 1] = np.where(has, r[:, c + 1] / np.maximum(r[:, c], 1), 0)
+    x[1:, 22] = np.log1p(w[:-1])
+    x[1:, 23] = (lw / w)[:-1]
+    x[:-1, 24] = np.log1p(w[1:])
+    x[:-1, 25] = (lw / w)[1:]
+    x[:, 26] = np.log1p(words_total)
+    x[:, 27] = lw.sum() / tw
+    x[:, 28] = np.log1p(n)
+    x[:, 29] = n_li / n
+    x[:, 30] = has_main
+    x[:, 31] = min(n_articles, 20)
+    x[:, 32] = min(n_heading, 50)
+    x[:, 33] = min(n_forms, 20)
+    x[:, 34] = np.log1p(r[:, 20])
+    if h1_before >= 0:
+        x[:, 35] = r[:, 6] >= h1_before
+        x[:, 36] = (r[:, 6] - h1_before) / tw
+    x[:, 37] = r[:, 21]
+    x[:, 38] = np.log1p(r[:, 22])
+    o = _N_NUM
+    x[np.arange(n), o + r[:, 23].astype(np.int64)] = 1
+    o += _N_KIND
+    shifts = np.arange(_N_KW)
+    x[:, o:o + _N_KW] = (bits[:, 0:1] >> shifts) & 1
+    o += _N_KW
+    x[:, o:o + _N_KW] = (bits[:, 1:2] >> shifts) & 1
+    o += _N_KW
+    x[:, o:o + _N_TAG] = (bits[:, 2:3] >> np.arange(_N_TAG)) & 1
+    page.texts = texts
+    page.features = x
+    page.groups = np.array(ids, np.int64)
+    page.cells = np.array(cells, np.int64)
+    return page
