@@ -369,35 +369,7 @@ class Trainer:
     def fit(self) -> int:
         """Train from ``start_step`` to the end (or ``stop_at_step``). Returns an exit code."""
         cfg, env, m = self.cfg, self.env, self.metrics
-        strategy = strategy_for(cfg.parallel, env)
-        if strategy == "hsdp":
-            strategy += " {}x{}".format(*hsdp_shape(cfg.parallel, env))
-        if env.tp > 1:
-            strategy += f", tp {env.tp}" + (" sequence-parallel" if cfg.parallel.sequence_parallel else "") \
-                + (" async" if cfg.parallel.async_tp else "")
-        if env.pp > 1:
-            strategy += f", pp {env.pp} {cfg.parallel.pp_schedule}"
-        m.log({
-            "kind": "event", "step": self.start_step, "event": "start",
-            "message": (
-                f"{self.n_params / 1e6:.2f}M params, world {env.world} ({strategy}), device {env.device}, "
-                f"{self.accum} micro-batch(es) of {cfg.train.micro_batch} rows per rank, "
-                f"steps {self.start_step}->{self.end_step} of {self.order.total_steps}, "
-                f"phases {[(p.name, p.start, p.end) for p in self.plans]}, "
-                f"attention {self.attention} ({self.attention_why})"
-                + ((f", compiled ({self.compile_mode})" if self.compile_mode != "default" else ", compiled") if cfg.train.compile else "")
-                + (f", activation checkpointing ({cfg.parallel.ac})" if cfg.parallel.ac != "none" else "")
-                + (", deterministic" if cfg.train.deterministic else "")
-                + (f", peak {self.peak / 1e12:g} TFLOP/s per device" if self.peak else "")
-            ),
-            "lineage": self.lineage, "fingerprint": self.dataset.fingerprint,
-            "attention": self.attention, "attention_reason": self.attention_why,
-            "compile": cfg.train.compile, "compile_mode": self.compile_mode if cfg.train.compile else None,
-            "activation_checkpointing": cfg.parallel.ac, "deterministic": cfg.train.deterministic,
-            "flops_per_token": flops_per_token(cfg.model, cfg.data.seq_len, self.n_matmul), "peak_flops": self.peak,
-        })
-        for note in self.notes:
-            m.log({"kind": "event", "step": self.start_step, "event": "note", "message": note})
+        self._log_start()
         if self.start_step >= self.end_step:
             m.log({"kind": "event", "step": self.start_step, "event": "done", "message": "nothing to do: already at the final step"})
             m.close()
@@ -431,15 +403,8 @@ class Trainer:
                 m.rows(step, batch.row_ids)
                 self.trace.add(step, batch.global_rows)
                 window.add(batch, loss, grad_norm, reason, t_data - t0, t_end - t0)
+                stop = self._guard_events(step, loss, grad_norm, reason)
 
-                stop = False
-                if self.guard.note is not None:
-                    m.log({"kind": "event", "step": step, "event": "spike_taken", "loss": loss,
-                           "grad_norm": grad_norm, "message": f"step {step}: {self.guard.note}"})
-                if reason is not None:
-                    stop = self.guard.reject()
-                    m.log({"kind": "event", "step": step, "event": "skip", "loss": loss, "grad_norm": grad_norm,
-                           "message": f"skipped step {step}: {reason} ({self.guard.consecutive} in a row)"})
                 done = step + 1
                 self.order.step = done  # the data position a checkpoint records
                 if gc_every and done % gc_every == 0:
@@ -449,26 +414,9 @@ class Trainer:
                     window = Window(len(self.dataset.sources))
                 else:
                     m.progress(done)
-                budget = self.quality.budget_due() if self.eval_data is not None else None
-                if self.eval_data is not None and (done % cfg.eval.every == 0 or done == self.end_step or budget is not None):
-                    self.quality.pause()  # eval time is not training time
-                    loss_eval = self.evaluate()
-                    tokens_seen, wall = self.quality.read()
-                    m.log({"kind": "eval", "step": step, "eval_loss": loss_eval, "tokens": tokens_seen, "wall_s": round(wall, 3)})
-                    for ev in self.quality.on_eval(step, loss_eval, budget):
-                        m.log({"kind": "event", "step": step, **ev})
-                    while (budget := self.quality.budget_due()) is not None:  # several budgets inside one step
-                        for ev in self.quality.on_eval(step, loss_eval, budget):
-                            m.log({"kind": "event", "step": step, **ev})
-                    self.quality.start()
+                self._evaluate_if_due(step, done)
                 if stop:
-                    self.save(done, "guard stop")
-                    m.log({"kind": "event", "step": step, "event": "stop", "message": (
-                        f"stopping: {self.guard.consecutive} consecutive skipped steps "
-                        f"(guard.max_consecutive_skips={cfg.guard.max_consecutive_skips}); "
-                        f"last reason: {reason}. Checkpoint saved; inspect the data around step {step} "
-                        "or lower the LR before resuming.")})
-                    code = EXIT_GUARD_STOP
+                    code = self._stop_by_guard(step, done, reason)
                     break
                 at_end = done == self.end_step
                 # checkpoint.final_save false: the run ends without a save, even on a periodic step
@@ -490,6 +438,82 @@ class Trainer:
         if code == 0 and self.env.rank == 0 and self.end_step == self.order.total_steps and self.cfg.metrics.progress != "off":
             print("realised mix (weights are shares of content tokens):\n" + mix_table(self.run_dir, self.plans), flush=True)
         return code
+
+    def _log_start(self) -> None:
+        """The run's start event (model, mesh, batches, steps, phases, kernels) and its notes."""
+        cfg, env = self.cfg, self.env
+        strategy = strategy_for(cfg.parallel, env)
+        if strategy == "hsdp":
+            strategy += " {}x{}".format(*hsdp_shape(cfg.parallel, env))
+        if env.tp > 1:
+            strategy += f", tp {env.tp}" + (" sequence-parallel" if cfg.parallel.sequence_parallel else "") \
+                + (" async" if cfg.parallel.async_tp else "")
+        if env.pp > 1:
+            strategy += f", pp {env.pp} {cfg.parallel.pp_schedule}"
+        self.metrics.log({
+            "kind": "event", "step": self.start_step, "event": "start",
+            "message": (
+                f"{self.n_params / 1e6:.2f}M params, world {env.world} ({strategy}), device {env.device}, "
+                f"{self.accum} micro-batch(es) of {cfg.train.micro_batch} rows per rank, "
+                f"steps {self.start_step}->{self.end_step} of {self.order.total_steps}, "
+                f"phases {[(p.name, p.start, p.end) for p in self.plans]}, "
+                f"attention {self.attention} ({self.attention_why})"
+                + ((f", compiled ({self.compile_mode})" if self.compile_mode != "default" else ", compiled") if cfg.train.compile else "")
+                + (f", activation checkpointing ({cfg.parallel.ac})" if cfg.parallel.ac != "none" else "")
+                + (", deterministic" if cfg.train.deterministic else "")
+                + (f", peak {self.peak / 1e12:g} TFLOP/s per device" if self.peak else "")
+            ),
+            "lineage": self.lineage, "fingerprint": self.dataset.fingerprint,
+            "attention": self.attention, "attention_reason": self.attention_why,
+            "compile": cfg.train.compile, "compile_mode": self.compile_mode if cfg.train.compile else None,
+            "activation_checkpointing": cfg.parallel.ac, "deterministic": cfg.train.deterministic,
+            "flops_per_token": flops_per_token(cfg.model, cfg.data.seq_len, self.n_matmul), "peak_flops": self.peak,
+        })
+        for note in self.notes:
+            self.metrics.log({"kind": "event", "step": self.start_step, "event": "note", "message": note})
+
+    def _guard_events(self, step: int, loss, grad_norm, reason: str | None) -> bool:
+        """Log what the guard did at this step (a spike taken, a step skipped); True when the
+        skips in a row reached the guard's limit and the run must stop."""
+        stop = False
+        if self.guard.note is not None:
+            self.metrics.log({"kind": "event", "step": step, "event": "spike_taken", "loss": loss,
+                              "grad_norm": grad_norm, "message": f"step {step}: {self.guard.note}"})
+        if reason is not None:
+            stop = self.guard.reject()
+            self.metrics.log({"kind": "event", "step": step, "event": "skip", "loss": loss, "grad_norm": grad_norm,
+                              "message": f"skipped step {step}: {reason} ({self.guard.consecutive} in a row)"})
+        return stop
+
+    def _evaluate_if_due(self, step: int, done: int) -> None:
+        """The held-out loss every ``eval.every`` steps, at the end and at each token budget;
+        eval time is not counted as training time."""
+        if self.eval_data is None:
+            return
+        m = self.metrics
+        budget = self.quality.budget_due()
+        if not (done % self.cfg.eval.every == 0 or done == self.end_step or budget is not None):
+            return
+        self.quality.pause()
+        loss_eval = self.evaluate()
+        tokens_seen, wall = self.quality.read()
+        m.log({"kind": "eval", "step": step, "eval_loss": loss_eval, "tokens": tokens_seen, "wall_s": round(wall, 3)})
+        for ev in self.quality.on_eval(step, loss_eval, budget):
+            m.log({"kind": "event", "step": step, **ev})
+        while (budget := self.quality.budget_due()) is not None:  # several budgets inside one step
+            for ev in self.quality.on_eval(step, loss_eval, budget):
+                m.log({"kind": "event", "step": step, **ev})
+        self.quality.start()
+
+    def _stop_by_guard(self, step: int, done: int, reason: str | None) -> int:
+        """Too many skipped steps in a row: save, say why, and end with the guard's exit code."""
+        self.save(done, "guard stop")
+        self.metrics.log({"kind": "event", "step": step, "event": "stop", "message": (
+            f"stopping: {self.guard.consecutive} consecutive skipped steps "
+            f"(guard.max_consecutive_skips={self.cfg.guard.max_consecutive_skips}); "
+            f"last reason: {reason}. Checkpoint saved; inspect the data around step {step} "
+            "or lower the LR before resuming.")})
+        return EXIT_GUARD_STOP
 
     def _write_summary(self, code: int) -> None:
         """RUN_DIR/summary.json (rank 0): what the run reached, for reports (``refinery ablate``)."""
