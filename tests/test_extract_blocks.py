@@ -91,6 +91,31 @@ def test_trees_equal_sklearn():
         trees.predict(test[:, :5])
 
 
+def _descend(trees, x: np.ndarray) -> np.ndarray:
+    """The trees' raw score, one row and one tree at a time in plain Python floats (the order
+    the shipped model's scores were checked in: compiled layouts must sum to the same bits)."""
+    out = []
+    for row in x.astype(np.float64).tolist():
+        s = 0.0
+        for j in trees.roots.tolist():
+            while trees.left[j] >= 0:
+                j = int(trees.left[j] if row[trees.feature[j]] <= trees.threshold[j] else trees.right[j])
+            s += float(trees.value[j])
+        out.append(trees.baseline + s)
+    return np.array(out)
+
+
+def test_trees_score_as_a_row_at_a_time_walk():
+    from curation.extract.main_content import second_pass_features
+
+    model = load_model()
+    pages = [page_blocks(p.html) for p in load("wcxb", GOLD)[:3]]
+    x = np.concatenate([p.features for p in pages])[::2]  # 300-odd rows: more than one chunk
+    assert len(x) > 256 and np.array_equal(model.first.raw(x), _descend(model.first, x))
+    x2 = second_pass_features(pages[0].features, model.first.predict(pages[0].features), pages[0].groups)
+    assert np.array_equal(model.second.raw(x2), _descend(model.second, x2))
+
+
 def _f1(pages, outs) -> float:
     return float(np.mean([word_prf(o, p.text, p.scoring)[2] for p, o in zip(pages, outs)]))
 

@@ -10,24 +10,84 @@ few hundred blocks. Features never hold NaN here, so the missing-value branch is
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 from numba import njit
 
 
+#: rows scored together: a chunk's features, transposed, stay in cache while every tree walks it
+_CHUNK = 256
+
+
 @njit(cache=True, nogil=True)
-def _raw(x, feature, threshold, left, right, value, roots, baseline):  # pragma: no cover (compiled)
-    n = x.shape[0]
-    out = np.full(n, baseline)
-    for i in range(n):
-        s = 0.0
-        for r in roots:
-            j = r
-            while left[j] >= 0:
-                j = left[j] if x[i, feature[j]] <= threshold[j] else right[j]
-            s += value[j]
-        out[i] += s
+def _raw(x, feature, threshold, child, value, roots, depth, baseline):  # pragma: no cover (compiled)
+    """Each tree walked by a chunk of rows at once, a level at a time, without a branch: a node's
+    children are ``child`` and ``child + 1``, a leaf is its own child (``Layout``). Each row's leaf
+    values are summed in tree order, as a row-at-a-time walk sums them (the same float result)."""
+    n, nf = x.shape
+    out = np.empty(n)
+    xt = np.empty((nf, _CHUNK), np.float32)
+    at = np.empty(_CHUNK, np.int32)
+    s = np.empty(_CHUNK)
+    for lo in range(0, n, _CHUNK):
+        m = min(_CHUNK, n - lo)
+        for i in range(m):
+            for c in range(nf):
+                xt[c, i] = x[lo + i, c]
+            s[i] = 0.0
+        for k in range(len(roots)):
+            for i in range(m):
+                at[i] = roots[k]
+            for _ in range(depth[k]):
+                for i in range(m):
+                    j = at[i]
+                    at[i] = child[j] + np.int32(xt[feature[j], i] > threshold[j])
+            for i in range(m):
+                s[i] += value[at[i]]
+        for i in range(m):
+            out[lo + i] = baseline + s[i]
     return out
+
+
+@dataclass
+class Layout:
+    """A ``Trees`` laid out for ``_raw``: per tree its nodes breadth first, so that a node's right
+    child follows its left one; a leaf points at itself (feature 0, threshold +inf); thresholds as
+    the largest float32 at or below them (a float32 feature is <= the float64 threshold exactly
+    when it is <= that float32); each tree's depth."""
+
+    feature: np.ndarray
+    threshold: np.ndarray
+    child: np.ndarray
+    value: np.ndarray
+    roots: np.ndarray
+    depth: np.ndarray
+
+    @classmethod
+    def of(cls, t: "Trees") -> "Layout":
+        order, depth = [], []
+        for root in t.roots.tolist():
+            level, d = [root], -1
+            while level:  # breadth first: each node's two children side by side
+                order += level
+                level, d = [c for j in level if t.left[j] >= 0 for c in (t.left[j], t.right[j])], d + 1
+            depth.append(d)
+        return cls._from_order(t, np.asarray(order, np.int64), np.asarray(depth, np.int32))
+
+    @classmethod
+    def _from_order(cls, t: "Trees", order: np.ndarray, depth: np.ndarray) -> "Layout":
+        new = np.empty(len(order), np.int64)
+        new[order] = np.arange(len(order))
+        leaf = t.left[order] < 0
+        child = np.where(leaf, np.arange(len(order)), new[np.maximum(t.left[order], 0)]).astype(np.int32)
+        assert (new[t.right[order][~leaf]] == child[~leaf] + 1).all()
+        thr = t.threshold[order].astype(np.float32)
+        above = thr.astype(np.float64) > t.threshold[order]
+        thr[above] = np.nextafter(thr[above], np.float32(-np.inf))
+        thr[leaf] = np.inf
+        return cls(np.where(leaf, 0, t.feature[order]).astype(np.int32), thr, child,
+                   np.where(leaf, t.value[order], 0.0), new[t.roots].astype(np.int32), depth)
 
 
 @dataclass
@@ -46,8 +106,13 @@ class Trees:
     def raw(self, x: np.ndarray) -> np.ndarray:
         if x.shape[1] != self.n_features:
             raise ValueError(f"trees: {x.shape[1]} features given, the model was trained on {self.n_features}")
-        return _raw(np.ascontiguousarray(x, np.float32), self.feature, self.threshold, self.left, self.right,
-                    self.value, self.roots, self.baseline)
+        t = self.layout
+        return _raw(np.ascontiguousarray(x, np.float32), t.feature, t.threshold, t.child, t.value, t.roots, t.depth,
+                    self.baseline)
+
+    @cached_property
+    def layout(self) -> Layout:
+        return Layout.of(self)
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         """P(class 1) per row."""
