@@ -240,3 +240,67 @@ def class_bits(chars, lengths, slots, spelled, word_lengths, word_bits, pairs): 
         out[k] = bits
         at = end
     return out
+
+
+@njit(cache=True, nogil=True)
+def _is_space(c):  # pragma: no cover
+    """``str.isspace`` of one code point (what ``str.split()`` splits at)."""
+    if c <= 32:
+        return c == 32 or 9 <= c <= 13 or 28 <= c <= 31
+    return c == 133 or c == 160 or c == 5760 or 8192 <= c <= 8202 or c == 8232 or c == 8233 or c == 8239 or \
+        c == 8287 or c == 12288
+
+
+@njit(cache=True, nogil=True)
+def word_counts(chars, lengths):  # pragma: no cover
+    """``len(s.split())`` of each string (``chars``: code points end to end); -1 for an empty one."""
+    out = np.full(len(lengths), -1, np.int64)
+    at = 0
+    for k in range(len(lengths)):
+        if lengths[k]:
+            w, space = 0, True
+            for j in range(at, at + lengths[k]):
+                s = _is_space(chars[j])
+                if space and not s:
+                    w += 1
+                space = s
+            out[k] = w
+        at += lengths[k]
+    return out
+
+
+@njit(cache=True, nogil=True)
+def block_texts(chars, lengths, refs, pieces, keep):  # pragma: no cover
+    """The text of each kept block: its pieces (``refs`` in block order, ``pieces`` per block) run
+    together, whitespace runs made one space, none at the ends (``" ".join("".join(p).split())``).
+    A ref past the strings is a ``<br>``. The code points of all, end to end, and each one's end."""
+    starts = np.zeros(len(lengths) + 1, np.int64)
+    starts[1:] = np.cumsum(lengths)
+    out = np.empty(len(chars) + len(refs), np.uint32)
+    ends = np.empty(keep.sum(), np.int64)
+    k, o, kb = 0, 0, 0
+    for b in range(len(pieces)):
+        if not keep[b]:
+            k += pieces[b]
+            continue
+        begin, pending = o, False
+        for _ in range(pieces[b]):
+            r = refs[k]
+            k += 1
+            if r >= len(lengths):
+                pending = o > begin
+                continue
+            for j in range(starts[r], starts[r + 1]):
+                c = chars[j]
+                if _is_space(c):
+                    pending = o > begin
+                else:
+                    if pending:
+                        out[o] = 32
+                        o += 1
+                        pending = False
+                    out[o] = c
+                    o += 1
+        ends[kb] = o
+        kb += 1
+    return out[:o], ends

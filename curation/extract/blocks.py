@@ -21,7 +21,6 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from operator import itemgetter
 
 import numpy as np
 
@@ -244,7 +243,7 @@ def _collect(top) -> tuple:
         if code >= first_skip or not code and not isinstance(tag, str):
             walker.skip_subtree()  # its "end" still comes: its tail goes to the parent's block then
             if code:
-                rows.append((el, code, stack[-1], None, el.tail, "", "", False))
+                rows.append((el, code, stack[-1], "", el.tail or "", "", "", False))
             stack.append(len(rows) - 1 if code else -2)
             continue
         items = el.items()  # one C call; most elements have no attribute
@@ -257,40 +256,45 @@ def _collect(top) -> tuple:
             style = attrs.get("style")
             hidden = "hidden" in attrs or attrs.get("aria-hidden") == "true" or \
                 (style is not None and "none" in style and _DISPLAY_NONE.search(style) is not None)
-            rows.append((el, code, stack[-1], el.text, el.tail, key, cls or "", hidden))
+            rows.append((el, code, stack[-1], el.text or "", el.tail or "", key, cls or "", hidden))
         else:
-            rows.append((el, code, stack[-1], el.text, el.tail, "", "", False))
+            rows.append((el, code, stack[-1], el.text or "", el.tail or "", "", "", False))
         stack.append(len(rows) - 1)
     return tuple(zip(*rows))
 
 
 
-def _words(strings) -> list[int]:
-    """Words of each text or tail (-1: none)."""
-    return [len(s.split()) if s else -1 for s in strings]
-
-
 def _page(root, cols: tuple) -> Page:
     els, codes, parents, texts, tails, keys, classes, hidden = cols
+    n = len(els)
     code = np.array(codes, np.int64)
     parent = np.array(parents, np.int64)
     kw = _bits_of(keys)
+    # every text and tail, end to end: their words now, the blocks' texts after the walk
+    strings = (*texts, *tails)
+    chars = np.frombuffer("".join(strings).encode("utf-32-le", "surrogatepass"), np.uint32)
+    lengths = np.fromiter(map(len, strings), np.int64, 2 * n)
+    words = bk.word_counts(chars, lengths)
     (sub_words, sub_link, block, depth, kw_anc, ctx, table, bl, refs, piece_block,
-     totals) = bk.walk_events(parent, code, kw, np.array(hidden, np.bool_),
-                              np.array(_words(texts), np.int64), np.array(_words(tails), np.int64), TAG_PROPS,
+     totals) = bk.walk_events(parent, code, kw, np.array(hidden, np.bool_), words[:n], words[n:], TAG_PROPS,
                               _HIDDEN_BIT)
-    kept = np.flatnonzero(bl[:, 1] > 0)
+    keep = bl[:, 1] > 0
+    kept = np.flatnonzero(keep)
     e = bl[kept, 0]  # the kept blocks' elements
     page = Page(root=root, elements=[els[i] for i in e.tolist()])
     if not len(kept):
         return page
-    page.texts = _block_texts(texts, tails, refs, piece_block, bl[:, 4], kept)
+    text_chars, ends = bk.block_texts(chars, lengths, refs[np.argsort(piece_block, kind="stable")], bl[:, 4], keep)
+    joined = text_chars.tobytes().decode("utf-32-le", "surrogatepass")
+    starts = np.concatenate([[0], ends[:-1]])
+    page.texts = [joined[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
     kind_cls = list(zip(code[e].tolist(), [classes[i] for i in e.tolist()]))
     alike = Counter(kind_cls)
     r = np.empty((len(kept), 24), np.float64)
     r[:, [0, 1, 3, 4, 6, 20]] = bl[kept][:, [1, 2, 3, 4, 5, 6]]
     r[:, 5] = depth[e]
-    r[:, [2, 7, 8, 9, 10, 11, 12, 13, 21]] = _text_columns(page.texts, _title_words(root))
+    r[:, [2, 7, 8, 9, 10, 11, 12, 13, 21]] = _text_columns(page.texts, text_chars, ends - starts,
+                                                           _title_words(root))
     ups = (parent[e],)
     ups += (np.where(ups[0] >= 0, parent[ups[0]], -1),)
     ups += (np.where(ups[1] >= 0, parent[ups[1]], -1),)
@@ -306,27 +310,16 @@ def _page(root, cols: tuple) -> Page:
     return page
 
 
-def _block_texts(texts, tails, refs, piece_block, pieces, kept) -> list[str]:
-    """Each kept block's pieces joined in event order, its whitespace runs made one space."""
-    pool = (*texts, *tails, "\n")
-    order = refs[np.argsort(piece_block, kind="stable")].tolist()
-    strs = itemgetter(*order)(pool) if len(order) > 1 else tuple(pool[i] for i in order)
-    end = np.cumsum(pieces)
-    start = end - pieces
-    return [" ".join("".join(strs[a:b]).split()) for a, b in zip(start[kept].tolist(), end[kept].tolist())]
-
-
 _SENTENCE_END = frozenset('.!?:;"”。')
 
 
-def _text_columns(texts: list[str], title: frozenset[str]) -> np.ndarray:
-    """Per block text: characters, ends a sentence, commas, periods, digits and characters among
-    its first 200, starts upper-case, other blocks with the same text, and its first 30 words'
-    share of ``title``'s words (a product's name, a thread's subject)."""
+def _text_columns(texts: list[str], chars: np.ndarray, lengths: np.ndarray, title: frozenset[str]) -> np.ndarray:
+    """Per block text (``chars``: their code points end to end, ``lengths``: theirs): characters,
+    ends a sentence, commas, periods, digits and characters among its first 200, starts
+    upper-case, other blocks with the same text, and its first 30 words' share of ``title``'s
+    words (a product's name, a thread's subject)."""
     n = len(texts)
     out = np.zeros((n, 9), np.float64)
-    lengths = np.fromiter(map(len, texts), np.int64, n)
-    chars = np.frombuffer("".join(texts).encode("utf-32-le", "surrogatepass"), np.uint32)
     out[:, 0] = lengths
     out[:, 1] = [t[-1] in _SENTENCE_END for t in texts]
     out[:, 2:5] = bk.text_counts(chars, lengths)
