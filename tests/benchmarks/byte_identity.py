@@ -15,7 +15,10 @@ Suites (what they exercise):
   map filters (signals-only shards, the text state handed along);
 - ``dedup``: ``pipelines/dedup.yaml``: exact_dedup (bloom, partitions) and minhash_dedup (LSH);
 - ``quality``: quality_top keep_top 0.5 over the dedup fixtures (the digit-histogram selection);
-- ``mix``: ``pipelines/mix-multi.yaml``: tokenize, mix (token shares, epochs) and pack.
+- ``mix``: ``pipelines/mix-multi.yaml``: tokenize, mix (token shares, epochs) and pack;
+- ``bench``: the web DAG of ``bench_scale.py`` (extract, langid, the four filters, exact and near
+  dedup) over its CC-like WARC of ``--bench-mb`` MB built from the real pages in
+  ``../shared/data`` (``REFINERY_DATA``), made once and read by both sides.
 
 For every stage of every run the manifests are compared line by line (key, rows, sha256 of the
 kept and rejected files, params hash) and every committed file's bytes are hashed on disk. The
@@ -39,7 +42,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 PY = sys.executable
-SUITES = ("demo", "dedup", "quality", "mix")
+SUITES = ("demo", "dedup", "quality", "mix", "bench")
 #: files of a run that hold timings or live state, not outputs
 NOT_OUTPUTS = {"progress.json", "_phases.json"}
 
@@ -97,7 +100,16 @@ def absolute(dag: dict, runs: Path, shared: dict[str, str]) -> dict:
     return dag
 
 
-def suite_dags(shared: dict[str, str]) -> dict[str, dict]:
+def bench_dag(size_mb: int, workers: int) -> dict:
+    """bench_scale.py's whole web DAG over its cached CC-like WARC of ``size_mb``."""
+    sys.path.insert(0, str(REPO / "tests" / "benchmarks"))
+    import bench_scale
+
+    facts = bench_scale.cached_warc(size_mb)
+    return bench_scale.dag_spec(facts["path"], "full", 4, facts["responses"], workers)
+
+
+def suite_dags(shared: dict[str, str], bench_mb: int = 16, workers: int = 2) -> dict[str, dict]:
     load = lambda p: yaml.safe_load((REPO / p).read_text())  # noqa: E731
     quality = {"name": "quality",
                "inputs": {"docs": {"format": "jsonl", "paths": ["tests/data/dedup/*.jsonl.gz"], "source": "web",
@@ -105,8 +117,9 @@ def suite_dags(shared: dict[str, str]) -> dict[str, dict]:
                "stages": {"top": {"type": "quality", "input": "docs", "model": shared.get("quality.bin", ""),
                                   "keep_top": 0.5}},
                "output": "top"}
-    return {"demo": load("pipelines/demo.yaml"), "dedup": load("pipelines/dedup.yaml"), "quality": quality,
+    dags = {"demo": load("pipelines/demo.yaml"), "dedup": load("pipelines/dedup.yaml"), "quality": quality,
             "mix": load("pipelines/mix-multi.yaml")}
+    return dags | ({"bench": bench_dag(bench_mb, workers)} if bench_mb else {})
 
 
 def file_sha(p: Path) -> str:
@@ -201,6 +214,7 @@ def main() -> None:
     ap.add_argument("--head", default=".", help="the commit after it ('.': this working tree)")
     ap.add_argument("--suites", default=",".join(SUITES), help=f"comma-separated, of {', '.join(SUITES)}")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--bench-mb", type=int, default=16, help="size of the bench suite's CC-like WARC")
     ap.add_argument("--out", default="/tmp/refinery-byte-identity", help="trees, runs and shared artifacts")
     ap.add_argument("--json", help="write the comparison here")
     ap.add_argument("--no-run", action="store_true", help="compare the runs already under --out")
@@ -236,7 +250,7 @@ def main() -> None:
                 head.cli("tokenizer", "train", str(head.runs / "demo" / "fineweb"), "--kind", "bpe",
                          "--vocab-size", "4096", "--out", str(tok))
             shared["demo-tok"] = str(tok)
-        dag = suite_dags(shared)[suite]
+        dag = suite_dags(shared, args.bench_mb if suite == "bench" else 0, args.workers)[suite]
         for side in (base, head):
             f = side.runs / f"{suite}.yaml"
             f.write_text(yaml.safe_dump(absolute(dag, side.runs, shared), sort_keys=False))
