@@ -135,3 +135,35 @@ def test_a_run_over_a_rebuilt_index_resumes_nothing_of_the_old_one(ray_session, 
     assert stamp and work_en == {RunDir(out).load_dag().hashes()["crawl"]}
     # the same index again: everything resumes
     assert run() == (en, work_en)
+
+
+def test_the_plan_names_the_predicates_no_row_group_statistics_can_skip_by(tmp_path, in_repo):
+    import pyarrow.compute as pc
+
+    from curation.io.cc_select import scan
+    from curation.io.sql_where import unpushed
+    from curation.pipeline.dag import parse_dag
+    from curation.pipeline.estimate import estimate
+
+    where = ("fetch_status = 200 AND lower(url_host_tld) = 'io' AND url_host_tld IN ('io', 'org') "
+             "AND regexp_matches(url, 'github') AND url_path LIKE '/%' AND content_languages NOT LIKE 'x%' "
+             "AND fetch_status <> 404")
+    assert unpushed(where) == ["(lower(url_host_tld) = 'io')", "regexp_matches(url, 'github')",
+                               "(content_languages NOT LIKE 'x%')", "(fetch_status != 404)"]
+    assert unpushed("url_host_tld = 'io' OR url_host_tld LIKE 'org%'") == []
+    assert unpushed("url_host_tld = 'io' OR fetch_status = 200") == ["((url_host_tld = 'io') OR (fetch_status = 200))"]
+    spec = yaml.safe_load((REPO / "pipelines/cc-index.yaml").read_text())
+    spec["inputs"]["crawl"]["where"] = where
+    est = estimate(parse_dag(spec, "cc.yaml", str(REPO)))["inputs"]["crawl"]
+    assert est["index"]["not_pushed"] == unpushed(where) and est["records"] == 10
+    # and it is so: on 100 copies of the index in row groups by host, the plain comparison
+    # skips row groups, the same test through lower() reads them all
+    t = ds.dataset(str(INDEX), format="parquet").to_table()
+    big = pa.concat_tables([t.set_column(t.schema.get_field_index("url"), "url",
+                                         pc.binary_join_element_wise(t["url"], f"#{i}", "")) for i in range(100)])
+    pq.write_table(big.sort_by("url_surtkey"), tmp_path / "by-host.parquet", row_group_size=500)
+    files = [str(tmp_path / "by-host.parquet")]
+    plain, lowered = scan(files, "url_host_tld = 'io'"), scan(files, "lower(url_host_tld) = 'io'")
+    footers = scan(files, "url_host_tld = '~none~'").bytes_read  # what a scan keeping no row group reads
+    assert plain.rows == lowered.rows == 10
+    assert plain.bytes_read - footers < 0.3 * (lowered.bytes_read - footers)

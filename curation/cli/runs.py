@@ -309,6 +309,9 @@ def plan(
                       f"{v['bytes_per_record']:,.0f} bytes a record", highlight=False)
         console.print(f"  index: {ix['files']:,} files of {mib(ix['bytes'])}, {mib(ix['bytes_read'])} read by the "
                       f"selection in {ix['seconds']:.2f} s", highlight=False)
+        if ix.get("not_pushed"):
+            console.print("  not pushed to row-group statistics (read in every row group): "
+                          + "; ".join(ix["not_pushed"]), highlight=False)
         console.print(f"  projected: {_core_hours(v['core_hours'])} at {rate:,.1f} documents/s/core", highlight=False)
         if files and v["per_file"]:
             t = Table(title=f"{name}: WARC files by bytes to read" + (f" (top {files} of {v['warc_files']:,})"

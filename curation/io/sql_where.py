@@ -207,3 +207,60 @@ def implied_ranges(where: str) -> list[str]:
     conjuncts = tree.get("children", []) if tree.get("class") == "CONJUNCTION" and tree.get("type") == "CONJUNCTION_AND" \
         else [tree]
     return [r for r in (_implied(c) for c in conjuncts) if r]
+
+
+# ---------------------------------------------------------------------------------------------
+# what a scan's statistics cannot skip by
+
+#: comparisons of a column with constants, which a Parquet scan checks against row-group min/max
+_PRUNABLE = {"COMPARE_EQUAL", "COMPARE_LESSTHAN", "COMPARE_GREATERTHAN", "COMPARE_LESSTHANOREQUALTO",
+             "COMPARE_GREATERTHANOREQUALTO", "COMPARE_IN", "COMPARE_BETWEEN", "OPERATOR_IS_NULL",
+             "OPERATOR_IS_NOT_NULL"}
+
+
+def _bare(node: dict) -> dict:
+    while node.get("class") == "CAST":
+        node = node["child"]
+    return node
+
+
+def _prunable(node: dict) -> str | None:
+    """The column a conjunct bounds by constants (so row groups can be skipped by its
+    statistics), or None: a function of the column (``lower(url) = 'x'``, a regex, ``LIKE
+    '%x%'``), a negation, ``<>``, two columns compared, an OR over several columns."""
+    node = _strip_casts(node)
+    m = _prefix_match(node)
+    if m:
+        return m[0]
+    if node.get("class") == "CONJUNCTION":
+        cols = {_prunable(c) for c in node.get("children") or []}
+        return cols.pop() if len(cols) == 1 and None not in cols else None
+    if node.get("type") not in _PRUNABLE:
+        return None
+    kids = [_bare(k) for k in ([node.get("left"), node.get("right")] if "left" in node
+                               else [node.get("input"), node.get("lower"), node.get("upper")] if "input" in node
+                               else node.get("children") or []) if k]
+    cols = [k for k in kids if k.get("class") == "COLUMN_REF"]
+    if len(cols) != 1 or any(k.get("class") not in ("COLUMN_REF", "CONSTANT") for k in kids):
+        return None
+    return cols[0]["column_names"][-1]
+
+
+def _sql_of(node: dict) -> str:
+    stmt = json.loads(sandboxed_connection().execute("SELECT json_serialize_sql('SELECT 1 FROM rows')").fetchall()[0][0])
+    stmt["statements"][0]["node"]["select_list"] = [node]
+    sql = sandboxed_connection().execute("SELECT json_deserialize_sql(?::JSON)", [json.dumps(stmt)]).fetchall()[0][0]
+    sql = sql.removeprefix("SELECT ").removesuffix(' FROM "rows"')
+    for op, word in ((" !~~ ", " NOT LIKE "), (" ~~* ", " ILIKE "), (" ~~ ", " LIKE ")):  # DuckDB's names back
+        sql = sql.replace(op, word)
+    return sql
+
+
+def unpushed(where: str) -> list[str]:
+    """The top-level conjuncts of ``where`` that no row-group statistics can rule out (see
+    ``_prunable``), as SQL: a scan reads their columns in every row group the others keep.
+    Empty when every conjunct bounds a column by constants."""
+    tree = _strip_casts(json.loads(_checked(where)[1]))
+    conjuncts = tree.get("children", []) if tree.get("class") == "CONJUNCTION" and tree.get("type") == "CONJUNCTION_AND" \
+        else [tree]
+    return [_sql_of(c) for c in conjuncts if _prunable(c) is None]

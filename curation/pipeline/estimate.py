@@ -19,6 +19,7 @@ gives another (your DAG, your cores).
 from __future__ import annotations
 
 from curation.io.inputs import InputError, plan_index, plan_input
+from curation.io.sql_where import unpushed
 from curation.pipeline.dag import Dag
 
 #: documents per second per core of the web DAG (bench_scale.py's cost line: 3.96e9 responses
@@ -43,7 +44,9 @@ def estimate(dag: Dag, docs_per_core_s: float = DEFAULT_DOCS_PER_CORE_S) -> dict
                 "warc_files": len(p.files), "tasks": len(p.shards),
                 "bytes_per_record": p.bytes / p.records if p.records else 0.0,
                 "index": {"files": sc.index_files, "bytes": sc.index_bytes, "bytes_read": sc.bytes_read,
-                          "seconds": round(sc.seconds, 3), "duplicates": sc.duplicates, "query": sc.query},
+                          "seconds": round(sc.seconds, 3), "duplicates": sc.duplicates, "query": sc.query,
+                          # conjuncts no row-group statistics rule out: their columns read in every row group
+                          "not_pushed": unpushed(spec.where) if spec.where else []},
                 "core_hours": p.records / docs_per_core_s / 3600 if docs_per_core_s > 0 else None,
                 "per_file": [{"warc_filename": f, "records": r, "bytes": b} for f, (r, b) in files],
             }
