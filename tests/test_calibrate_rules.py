@@ -23,7 +23,7 @@ import yaml
 from conftest import REPO
 from curation.pipeline.dag import parse_dag
 from curation.pipeline.executor import run_dag
-from curation.stages.calibrate import CalibrateRules
+from curation.stages.calibrate_rules import CalibrateRules
 from curation.stages.fineweb_quality import FineWebQualityFilter
 from curation.stages.gopher_quality import GopherQualityFilter
 from curation.stages.gopher_repetition import GopherRepetitionFilter

@@ -22,7 +22,7 @@ from curation.pipeline.context import GlobalContext
 from dedup_helpers import run_global, write_upstream
 from curation.pipeline.rundir import RunDir
 from curation.dedup.minhash import collapse_whitespace, normalize_text
-from curation.stages.dedup_exact import REPORT, ExactDedup
+from curation.stages.exact_dedup import REPORT, ExactDedup
 
 DEDUP = DATA / "dedup"
 
@@ -286,7 +286,7 @@ def test_more_distinct_keys_than_expected_items_drops_no_unique_document(tmp_pat
     """Three chunks' worth (> 2 x 2^20) of distinct keys through one partition whose filter was
     configured for 1,000 keys: the old query-then-insert Bloom path flagged 36-91% of later
     chunks as seen; the exact decision flags none, and the saved filter is sized for them."""
-    from curation.stages.dedup_exact import PartitionJob, partition_task
+    from curation.stages.exact_dedup import PartitionJob, partition_task
 
     n = 3 * (1 << 20) + 12_345
     rng = np.random.default_rng(7)

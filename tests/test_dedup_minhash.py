@@ -26,9 +26,9 @@ from curation.pipeline.context import GlobalContext
 from dedup_helpers import datasketch_removals, run_global, union_find, write_upstream
 from curation.pipeline.rundir import RunDir
 from curation.dedup.minhash import ArtifactMismatch, band_hashes, lsh_params
-from curation.stages import dedup_minhash
+from curation.stages import minhash_dedup
 from curation.dedup.lsh import candidate_edges
-from curation.stages.dedup_minhash import REPORT, MinHashDedup
+from curation.stages.minhash_dedup import REPORT, MinHashDedup
 
 DEDUP = DATA / "dedup"
 STAGE = dict(input="up", ngram=5, num_perm=128, threshold=0.8, partitions=4)
@@ -130,7 +130,7 @@ def test_candidate_pairs_equal_datasketch_minhashlsh(labelled):
         print(f"threshold {threshold} (b={bands}, r={rows}): {len(ours)} candidate pairs, datasketch {len(theirs)}")
         assert ours == theirs and len(ours) > 100
     # the stage's own persisted buckets give the same pairs
-    lsh = Path(ctx.stage_dir) / dedup_minhash.LSH_DIR / ctx.params_hash  # kept with the output (corpus index)
+    lsh = Path(ctx.stage_dir) / minhash_dedup.LSH_DIR / ctx.params_hash  # kept with the output (corpus index)
     tables = [pq.read_table(f) for f in sorted((lsh / "buckets").glob("*.parquet"))]
     t = pa.concat_tables(tables)
     u, v = candidate_edges(t.column("band").to_numpy(), t.column("bucket").to_numpy(), t.column("doc").to_numpy(),
@@ -290,7 +290,7 @@ def test_artifacts_made_with_other_parameters_are_refused(labelled, monkeypatch,
     """Same params hash (so the same work folder) but another algorithm version, as after an
     upgrade: the persisted signatures and buckets must not be reused."""
     docs, group, upstream, root, stage, ctx = labelled
-    monkeypatch.setattr(dedup_minhash, "MINHASH_DEDUP_VERSION", dedup_minhash.MINHASH_DEDUP_VERSION + 1)
+    monkeypatch.setattr(minhash_dedup, "MINHASH_DEDUP_VERSION", minhash_dedup.MINHASH_DEDUP_VERSION + 1)
     with pytest.raises(ArtifactMismatch, match="version"):
         run_stage(stage, root / "w2", upstream)
 
@@ -366,7 +366,7 @@ def test_signature_task_hashes_a_block_of_small_shards_like_one_large_shard(labe
     from curation.dedup.minhash import MinHasher
 
     docs = labelled[0]
-    monkeypatch.setattr(dedup_minhash, "_SIG_BATCH", 64)  # several batches, each across shards
+    monkeypatch.setattr(minhash_dedup, "_SIG_BATCH", 64)  # several batches, each across shards
     cuts = [0, 3, 3, 40, 41, 130, 200, len(docs)]
     small = []
     for i, (a, b) in enumerate(zip(cuts[:-1], cuts[1:])):
@@ -380,9 +380,9 @@ def test_signature_task_hashes_a_block_of_small_shards_like_one_large_shard(labe
     bands, rows = lsh_params(0.8, 128)
 
     def run(paths, tag):
-        job = dedup_minhash.SignatureJob(tuple(paths), 1000, str(tmp_path / f"q-{tag}.parquet"),
+        job = minhash_dedup.SignatureJob(tuple(paths), 1000, str(tmp_path / f"q-{tag}.parquet"),
                                          str(tmp_path / f"b-{tag}.parquet"), MinHasher(), bands, rows, 4, {"t": 1})
-        res = dedup_minhash.signature_task(job)
+        res = minhash_dedup.signature_task(job)
         return res, pq.read_table(job.bucket_out), pq.read_table(job.quality_out)
 
     res_s, buckets_s, quality_s = run(small, "small")

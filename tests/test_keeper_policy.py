@@ -23,8 +23,8 @@ from curation.dedup.index import CorpusIndex, IndexMismatch
 from curation.pipeline.context import GlobalContext
 from curation.pipeline.corpus_index import IndexedStage, add_run, superseded
 from curation.pipeline.rundir import RunDir
-from curation.stages.dedup_exact import ExactDedup
-from curation.stages.dedup_minhash import MinHashDedup
+from curation.stages.exact_dedup import ExactDedup
+from curation.stages.minhash_dedup import MinHashDedup
 
 RANK = ["wiki", "books", "web"]
 

@@ -82,9 +82,10 @@ def _graph(types: bool = False) -> dict[str, set[str]]:
 
 #: what every stage may import from its own layer: the stage API, the context it is handed, the
 #: declared path parameter type (``PathStr``: what the service checks against its roots) and the
-#: heuristic filters' per-language base; never another stage type's file
+#: bases two stage types share (the heuristic filters' per-language rules, the quality stages'
+#: classifier); never another stage type's file
 STAGE_FACILITIES = ("curation.stages.base", "curation.stages.context", "curation.stages.paths",
-                    "curation.stages.language_rules")
+                    "curation.stages.language_rules", "curation.stages.quality_model")
 
 
 def test_imports_only_go_down_the_layers():

@@ -18,9 +18,9 @@ from curation.dedup.exact import duplicate_keys, text_keys
 from curation.dedup.minhash import jaccard, shingle_sets
 from curation.io.artifacts import read_partition
 from curation.io.shards import replace_column
-from curation.stages import dedup_exact, dedup_minhash
-from curation.stages.dedup_exact import ExactDedup, KeysJob, apply_task, keys_task
-from curation.stages.dedup_minhash import MinHashDedup, SignatureJob, Verify, signature_task
+from curation.stages import exact_dedup, minhash_dedup
+from curation.stages.exact_dedup import ExactDedup, KeysJob, apply_task, keys_task
+from curation.stages.minhash_dedup import MinHashDedup, SignatureJob, Verify, signature_task
 from curation.extract.engines import extract_page
 from curation.text.markup import MARKUP_KEY
 from curation.text.markup import markup_of, plain_view
@@ -134,7 +134,7 @@ def test_paragraph_level_removes_markdown_lines_by_their_plain_keys(tmp_path, ma
     assert dups == {(1, 2), (2, 1)}  # "- shared..." of page two, the fenced line of page three
     assert kept.column("text").to_pylist() == [
         docs[0], "Page two starts here\n\n\n```\ny = 2\n```\n| e | f |\n| --- | --- |\n| g | h |"]
-    assert rejected.column("reason").to_pylist() == [dedup_exact.REASON_EMPTY]  # "```\n```" holds no text
+    assert rejected.column("reason").to_pylist() == [exact_dedup.REASON_EMPTY]  # "```\n```" holds no text
     assert markup_of(kept.schema.field("text")) == "markdown"  # the rewritten text keeps its mark
     assert kept.column("dup_paragraphs").to_pylist() == [0, 1]
 
@@ -164,7 +164,7 @@ def test_minhash_shingles_the_plain_view(tmp_path, marked):
     raw = jaccard(*shingle_sets(pa.array([md, plain]), stage.ngram))
     assert raw < stage.threshold  # the markup alone keeps the raw copies apart
     spec = Verify((path,), (0,), stage.ngram, stage.threshold)
-    verified = dedup_minhash._verify(np.array([0, 0]), np.array([2, 1]), spec).tolist()
+    verified = minhash_dedup._verify(np.array([0, 0]), np.array([2, 1]), spec).tolist()
     if marked:  # one signature: the copies meet in every band, and verify at Jaccard 1
         assert _bands_shared(buckets, 0, 2) == bands and verified == [True, False]
     else:
@@ -282,7 +282,7 @@ def test_a_run_keeps_the_mark_and_dedups_markdown_by_its_plain_view(tmp_path, ra
     texts = kept.column("text").to_pylist()
     assert len(texts) == 3 and sum(t.startswith("## The history") for t in texts) == 1  # stored as Markdown
     rejected = [pq.read_table(p) for k, p in _shards(first, "exact") if k == "rejected"]
-    assert [t.column("reason").to_pylist() for t in rejected] == [[dedup_exact.REASON_DUPLICATE]]
+    assert [t.column("reason").to_pylist() for t in rejected] == [[exact_dedup.REASON_DUPLICATE]]
     assert "river town" in rejected[0].column("text")[0].as_py()  # one copy of the town page: markup apart
     assert sum(pq.read_metadata(p).num_rows for k, p in _shards(first, "near") if k == "kept") == 2
 

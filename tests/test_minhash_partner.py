@@ -22,7 +22,7 @@ from conftest import DATA
 from curation.dedup.minhash import jaccard, shingle_sets
 from curation.dedup.partners import partner_clusters
 from curation.pipeline.rundir import RunDir
-from curation.stages.dedup_minhash import REPORT, MinHashDedup
+from curation.stages.minhash_dedup import REPORT, MinHashDedup
 from dedup_helpers import run_global, write_upstream
 
 DEDUP = DATA / "dedup"

@@ -14,9 +14,9 @@ import pytest
 from curation.io import shards as shards_mod
 from curation.io.shards import blocks, output_groups
 from curation.stages.context import GroupedOutputs
-from curation.stages.dedup_exact import ExactDedup
-from curation.stages.dedup_minhash import MinHashDedup
-from curation.stages.quality import QualityTop
+from curation.stages.exact_dedup import ExactDedup
+from curation.stages.minhash_dedup import MinHashDedup
+from curation.stages.quality_top import QualityTop
 from dedup_helpers import run_global, write_upstream
 
 

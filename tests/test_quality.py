@@ -23,7 +23,8 @@ from curation.quality.classifier import (LOADS, FastTextScorer, ModelLoadError, 
 from curation.quality.labels import POSITIVE, label_documents, quality_label, read_documents, top_bottom
 from curation.quality.teachers import (CallableTeacher, PerplexityTeacher, ReferenceTeacher, TeacherError,
                                        prose_line_share)
-from curation.stages.quality import QualityScore, QualityTop
+from curation.stages.quality import QualityScore
+from curation.stages.quality_top import QualityTop
 
 CRAWL = DATA / "quality" / "crawl_sample.jsonl.gz"
 REFERENCE = DATA / "quality" / "reference_sample.jsonl.gz"
@@ -233,7 +234,7 @@ def test_dag_with_missing_model_fails_before_running(tmp_path):
 def test_model_is_loaded_once_per_worker_process(trained, tmp_path, ray_session):
     import ray
 
-    from curation.stages.quality import score_shard
+    from curation.stages.quality_top import score_shard
 
     shard = tmp_path / "docs.parquet"
     pq.write_table(_table([d["text"] for d in _docs(CRAWL)][:100]), shard)
@@ -300,7 +301,7 @@ def test_keep_top_with_a_tiny_gather_cap_refines_and_keeps_the_same_shards(train
     chosen histogram bin byte by byte, and the shards are byte-identical to the default run."""
     from curation.pipeline.dag import parse_dag
     from curation.pipeline.executor import run_dag
-    from curation.stages import quality
+    from curation.stages import quality_top as quality
 
     spec = {"name": "quality-top",
             "inputs": {"docs": {"format": "jsonl", "paths": [str(CRAWL), str(REFERENCE)], "source": "web",

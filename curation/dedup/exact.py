@@ -1,5 +1,5 @@
 """Exact duplicates by key: hashing normalised documents or paragraphs, and deciding which
-copies are duplicates. No Ray, no run directory (``curation.stages.dedup_exact`` runs it).
+copies are duplicates. No Ray, no run directory (``curation.stages.exact_dedup`` runs it).
 
 A key is two independent 64-bit hashes of the normalised text (NFKC, casefold, whitespace runs
 collapsed): xxh3-64 with the stage's seed and with a second seed. Within a run, duplicates are

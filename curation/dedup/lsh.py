@@ -1,6 +1,6 @@
 """LSH over MinHash signatures: bucket rows, their partitions, and the candidate edges of the
 documents that share a bucket (pure numpy/Arrow, no Ray, no run directory). The
-``minhash_dedup`` stage (``curation/stages/dedup_minhash.py``) runs these as phases.
+``minhash_dedup`` stage (``curation/stages/minhash_dedup.py``) runs these as phases.
 
 A bucket row is (band, bucket hash, doc). ``bucket_partition`` sends a bucket to a partition by
 its hash's top 32 bits; ``candidate_edges`` links each bucket's members to its smallest doc (a

@@ -187,8 +187,8 @@ def run_one(corpus: str, workers: int, partitions: int, out_json: str, partner_r
     import curation.stages  # noqa: F401
     from curation.pipeline.context import GlobalContext
     from curation.pipeline.rundir import RunDir
-    from curation.stages.dedup_exact import ExactDedup
-    from curation.stages.dedup_minhash import MinHashDedup
+    from curation.stages.exact_dedup import ExactDedup
+    from curation.stages.minhash_dedup import MinHashDedup
 
     meta = json.loads((Path(corpus) / "corpus.json").read_text())
     n, words, gen_s = meta["docs"], meta["mean_words"], meta["generate_s"]
@@ -298,7 +298,7 @@ def quality(workers: int, partner: bool = False) -> None:
     import curation.stages  # noqa: F401
     from curation.pipeline.context import GlobalContext
     from curation.pipeline.rundir import RunDir
-    from curation.stages.dedup_minhash import MinHashDedup
+    from curation.stages.minhash_dedup import MinHashDedup
 
     edits = fixture_edits()
     pool = [t for t in load_real_documents() if len(t.split()) >= 50]

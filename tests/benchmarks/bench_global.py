@@ -104,11 +104,11 @@ def run_size(n: int, shard_docs: int, workers: int, stages: list[str], out_json:
 
     from curation.pipeline.context import GlobalContext
     from curation.pipeline.rundir import RunDir
-    from curation.stages.dedup_exact import ExactDedup
-    from curation.stages.dedup_minhash import MinHashDedup
+    from curation.stages.exact_dedup import ExactDedup
+    from curation.stages.minhash_dedup import MinHashDedup
     from curation.stages.mix import Mix
     from curation.stages.pack import Pack
-    from curation.stages.quality import QualityTop
+    from curation.stages.quality_top import QualityTop
 
     res: dict = {"docs": n, "workers": workers, "stages": {}}
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_TMP")) as tmp:

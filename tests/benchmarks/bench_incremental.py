@@ -123,8 +123,8 @@ def run_mode(mode: str, root: Path, workers: int, out_json: str) -> None:
     from curation.pipeline.corpus_index import IndexedStage, add_run
     from curation.pipeline.rundir import RunDir
     from curation.pipeline.tasks import peak_rss_mb
-    from curation.stages.dedup_exact import ExactDedup
-    from curation.stages.dedup_minhash import MinHashDedup
+    from curation.stages.exact_dedup import ExactDedup
+    from curation.stages.minhash_dedup import MinHashDedup
 
     base = [tuple(x) for x in json.loads((root / "base.json").read_text())]
     new = [tuple(x) for x in json.loads((root / "new.json").read_text())]

@@ -41,7 +41,7 @@ from real_corpus import SHARED_DATA  # noqa: E402
 
 import curation.stages  # noqa: E402,F401  registers the stages
 from curation.pipeline.evaluate import chain_kept  # noqa: E402
-from curation.stages.calibrate import REPORT, CalibrateRules  # noqa: E402
+from curation.stages.calibrate_rules import REPORT, CalibrateRules  # noqa: E402
 from curation.extract.engines import _resiliparse, decode_html  # noqa: E402
 from curation.stages.fineweb_quality import FineWebQualityFilter  # noqa: E402
 from curation.stages.gopher_quality import GopherQualityFilter

@@ -29,7 +29,7 @@ import pyarrow as pa  # noqa: E402
 
 from bench_scale import load_pages  # noqa: E402
 from curation.dedup.exact import text_keys  # noqa: E402
-from curation.stages.dedup_minhash import MinHashDedup  # noqa: E402
+from curation.stages.minhash_dedup import MinHashDedup  # noqa: E402
 from curation.extract.engines import decode_html, extract_page  # noqa: E402
 from curation.text.markup import plain_texts  # noqa: E402
 
