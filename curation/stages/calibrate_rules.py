@@ -311,6 +311,45 @@ class CalibrateRules(GlobalStage):
         words = ctx.phase("words", words_task, [WordsJob(tuple(paths[lo:hi]), listed, self.sketch_size)
                                                 for lo, hi in spans], fold=_merge_words(self.sketch_size))
         words = words or {}
+        langs, derived = self._languages(words, listed, root)
+        targets = frozenset(lang for lang, info in langs.items() if info["status"] == "calibrated")
+        by_lang = {lang: {"stop_words": w, "min_stop_words": 2} for lang, w in derived.items()}
+        stages, specs, ref_thr, skipped = self._rule_specs(ref_stages, by_lang)
+        sig = {"docs": {}, "hist": {}, "ref_drop": {}}
+        if targets and specs:
+            sig = ctx.phase("signals", signals_task,
+                            [SignalsJob(tuple(paths[lo:hi]), tuple(stages), tuple(specs), targets, self.reference,
+                                        tuple(sorted(ref_thr.items())), self.bins) for lo, hi in spans],
+                            fold=_merge_signals) or sig
+        ref_docs = int(sig["docs"].get(self.reference, 0))
+        ref_share = {s.name: sig["ref_drop"].get(s.name, 0) / ref_docs for s in specs} if ref_docs else {}
+        if targets and specs and not ref_docs:
+            for lang in targets:
+                langs[lang].update(status="fallback", reason=f"no {self.reference} documents to calibrate against")
+            targets = frozenset()
+        entries = self._entries(targets, specs, sig, ref_share, by_lang, root, langs)
+        for lang, w in derived.items():  # the list goes with the language whatever its status
+            entries.setdefault(lang, {}).setdefault("gopher_quality", {}).update(stop_words=w, min_stop_words=2)
+        ctx.phase("copy", copy_task, [CopyJob(tuple(ctx.output(k) for k in keys[lo:hi]), tuple(paths[lo:hi]))
+                                      for lo, hi in spans], commit=True)
+        ctx.write_report(REPORT, {
+            "name": f"calibration:{ctx.name}",
+            "base": self.base,
+            "source": f"calibrate_rules stage {ctx.name!r} (FineWeb-2's method: each language loses to each rule "
+                      f"about the share {self.reference} loses)",
+            "calibration": {
+                "reference": self.reference, "reference_docs": ref_docs,
+                "reference_thresholds": ref_thr, "reference_drop_share": {k: round(v, 6) for k, v in ref_share.items()},
+                "skipped": skipped, "min_docs": self.min_docs, "all_languages": self.all_languages,
+                "bins": self.bins, "languages": langs,
+            },
+            "languages": entries,
+        })
+
+    def _languages(self, words: dict, listed: frozenset, root: str) -> tuple[dict[str, dict], dict[str, list[str]]]:
+        """Each language seen (of ``languages``, and the reference) with what will happen to it:
+        the reference, skipped, a fallback (too few documents), its preset entry kept, or
+        calibrated; and the stop words derived from the corpus for languages without a list."""
         docs = {lang: n for lang, (n, _) in words.items() if lang}
         langs = {lang: {"docs": n} for lang, n in sorted(docs.items())
                  if self.languages is None or lang in self.languages or lang == self.reference}
@@ -337,8 +376,12 @@ class CalibrateRules(GlobalStage):
                 info["reason"] = f"has an entry of its own in {root} (all_languages: true recalibrates it)"
             else:
                 info["status"] = "calibrated"
-        targets = frozenset(lang for lang, info in langs.items() if info["status"] == "calibrated")
-        by_lang = {lang: {"stop_words": w, "min_stop_words": 2} for lang, w in derived.items()}
+        return langs, derived
+
+    def _rule_specs(self, ref_stages: dict, by_lang: dict) -> tuple[list, list[cal.FieldSpec], dict[str, float],
+                                                                    dict[str, str]]:
+        """The filter stages to measure with, the rules to calibrate (those the reference has on)
+        with the reference's thresholds, and the rules skipped with why."""
         fmap = self.field_map()
         stages = []
         specs: list[cal.FieldSpec] = []
@@ -355,18 +398,14 @@ class CalibrateRules(GlobalStage):
                     continue
                 specs.append(s)
                 ref_thr[s.name] = v
-        sig = {"docs": {}, "hist": {}, "ref_drop": {}}
-        if targets and specs:
-            sig = ctx.phase("signals", signals_task,
-                            [SignalsJob(tuple(paths[lo:hi]), tuple(stages), tuple(specs), targets, self.reference,
-                                        tuple(sorted(ref_thr.items())), self.bins) for lo, hi in spans],
-                            fold=_merge_signals) or sig
-        ref_docs = int(sig["docs"].get(self.reference, 0))
-        ref_share = {s.name: sig["ref_drop"].get(s.name, 0) / ref_docs for s in specs} if ref_docs else {}
-        if targets and specs and not ref_docs:
-            for lang in targets:
-                langs[lang].update(status="fallback", reason=f"no {self.reference} documents to calibrate against")
-            targets = frozenset()
+        return stages, specs, ref_thr, skipped
+
+    def _entries(self, targets: frozenset, specs: list[cal.FieldSpec], sig: dict, ref_share: dict[str, float],
+                 by_lang: dict, root: str, langs: dict[str, dict]) -> dict[str, dict]:
+        """Each calibrated language's preset entry: every rule's threshold at the reference's drop
+        share (``cal.choose``), the base's value where the preset switched a rule off; the chosen
+        figures go into ``langs``."""
+        fmap = self.field_map()
         entries: dict[str, dict] = {}
         for lang in sorted(targets):
             n = int(sig["docs"].get(lang, 0))
@@ -392,20 +431,4 @@ class CalibrateRules(GlobalStage):
                     fe[s.field][s.key] = thr
             langs[lang]["fields"] = fields_out
             entries[lang] = entry
-        for lang, w in derived.items():  # the list goes with the language whatever its status
-            entries.setdefault(lang, {}).setdefault("gopher_quality", {}).update(stop_words=w, min_stop_words=2)
-        ctx.phase("copy", copy_task, [CopyJob(tuple(ctx.output(k) for k in keys[lo:hi]), tuple(paths[lo:hi]))
-                                      for lo, hi in spans], commit=True)
-        ctx.write_report(REPORT, {
-            "name": f"calibration:{ctx.name}",
-            "base": self.base,
-            "source": f"calibrate_rules stage {ctx.name!r} (FineWeb-2's method: each language loses to each rule "
-                      f"about the share {self.reference} loses)",
-            "calibration": {
-                "reference": self.reference, "reference_docs": ref_docs,
-                "reference_thresholds": ref_thr, "reference_drop_share": {k: round(v, 6) for k, v in ref_share.items()},
-                "skipped": skipped, "min_docs": self.min_docs, "all_languages": self.all_languages,
-                "bins": self.bins, "languages": langs,
-            },
-            "languages": entries,
-        })
+        return entries
