@@ -505,6 +505,23 @@ def apply_task(job: ApplyJob) -> list[dict]:
 # the stage
 
 
+@dataclass(frozen=True)
+class _Layout:
+    """Where a run of the stage keeps what its phases share: the upstream shards, their blocks
+    (``spans``) and first document indexes (``offsets``), the blocks' names and quality files, the
+    work folder, the artifacts' and components' headers, the partitions."""
+
+    paths: tuple[str, ...]
+    spans: tuple[tuple[int, int], ...]
+    offsets: np.ndarray
+    names: tuple[str, ...]
+    quality_files: tuple[str | None, ...]
+    work: str
+    header: dict
+    cc_head: dict
+    partitions: int
+
+
 @registry.register("minhash_dedup")
 class MinHashDedup(GlobalStage):
     """Remove near-duplicate documents: documents whose MinHash signatures share an LSH
@@ -682,34 +699,11 @@ class MinHashDedup(GlobalStage):
         comp = connected_components(lambda fn, items, phase: ctx.map(fn, items, phase), cc_root, P, cc_head,
                                     phase=f"{ctx.name}:components", local_max_edges=local_edges)
         labels = tuple(comp.label_files)
-        keeper_files = None
         superseding = with_quality and bool(indexes)  # the policy decides between new and indexed keepers
-        index_keepers: tuple[str, ...] = ()
-        if with_quality:
-            cq_files = tuple(location.join(work, "cluster_quality", f"{n}.parquet") for n in names)
-            cq_jobs = [ClusterQualityJob(quality_files[k], int(offsets[lo]), int(offsets[hi]), labels, cq_files[k], P,
-                                         header, cc_head) for k, (lo, hi) in enumerate(spans)]
-            if superseding:  # the indexed clusters' nodes, scored by their keepers
-                cq_files += (location.join(work, "cluster_quality", "_index.parquet"),)
-                cq_jobs.append(ClusterQualityJob(None, -total, 0, labels, cq_files[-1], P, header, cc_head,
-                                                 match_files))
-                index_keepers = tuple(location.join(work, "index_keepers", f"part-{q:04d}.parquet") for q in range(P))
-            keeper_files = tuple(location.join(work, "keepers", f"part-{q:04d}.parquet") for q in range(P))
-            ctx.phase("cluster_quality", cluster_quality_task, cq_jobs)
-            ctx.phase("keepers", keeper_task, [
-                KeeperJob(q, cq_files, keeper_files[q], header, index_keepers[q] if superseding else None,
-                          self.keep == "latest") for q in range(P)])
-        partner_files: tuple[str, ...] = ()
-        partners: list[dict] | None = None
-        if self.partner_check:
-            pm_files = tuple(location.join(work, "partner_members", f"{n}.parquet") for n in names)
-            ctx.phase("partner_members", partner_members_task, [
-                PartnerMembersJob(tuple(paths[lo:hi]), tuple(int(o) for o in offsets[lo:hi + 1]), labels,
-                                  quality_files[k], pm_files[k], P, header, cc_head)
-                for k, (lo, hi) in enumerate(spans)])
-            partner_files = tuple(location.join(work, "partners", f"part-{q:04d}.parquet") for q in range(P))
-            partners = ctx.phase("partners", partner_task, [
-                PartnerJob(q, pm_files, partner_files[q], header, self.ngram, self.partner_floor()) for q in range(P)])
+        lay = _Layout(tuple(paths), tuple(spans), offsets, tuple(names), tuple(quality_files), work, header, cc_head, P)
+        keeper_files, index_keepers = (self._keeper_phases(ctx, lay, labels, match_files, total, superseding)
+                                       if with_quality else (None, ()))
+        partner_files, partners = self._partner_phases(ctx, lay, labels) if self.partner_check else ((), None)
         sup_dir = location.join(ctx.stage_dir, keepers.SUPERSEDED_DIR)
         ctx.phase("apply", apply_task, [
             ApplyJob(outputs[k], tuple(paths[lo:hi]),
@@ -722,6 +716,42 @@ class MinHashDedup(GlobalStage):
             "header": header, "index_params": self.index_params(), "partitions": P, "blocks": names,
             "docs": int(offsets[-1])})
         self._write_report(ctx, output_keys(outputs), int(offsets[-1]), cand, comp, header, partners)
+
+    def _keeper_phases(self, ctx: StageContext, lay: _Layout, labels: tuple[str, ...], match_files: tuple[str, ...],
+                       total: int, superseding: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """A keep policy other than first: each cluster's best score (``cluster_quality``), then its
+        keeper per partition (``keepers``); against an index, the indexed clusters' keepers too.
+        Returns the keeper files and the index keeper files."""
+        work, P, header, cc_head = lay.work, lay.partitions, lay.header, lay.cc_head
+        cq_files = tuple(location.join(work, "cluster_quality", f"{n}.parquet") for n in lay.names)
+        cq_jobs = [ClusterQualityJob(lay.quality_files[k], int(lay.offsets[lo]), int(lay.offsets[hi]), labels,
+                                     cq_files[k], P, header, cc_head) for k, (lo, hi) in enumerate(lay.spans)]
+        index_keepers: tuple[str, ...] = ()
+        if superseding:  # the indexed clusters' nodes, scored by their keepers
+            cq_files += (location.join(work, "cluster_quality", "_index.parquet"),)
+            cq_jobs.append(ClusterQualityJob(None, -total, 0, labels, cq_files[-1], P, header, cc_head, match_files))
+            index_keepers = tuple(location.join(work, "index_keepers", f"part-{q:04d}.parquet") for q in range(P))
+        keeper_files = tuple(location.join(work, "keepers", f"part-{q:04d}.parquet") for q in range(P))
+        ctx.phase("cluster_quality", cluster_quality_task, cq_jobs)
+        ctx.phase("keepers", keeper_task, [
+            KeeperJob(q, cq_files, keeper_files[q], header, index_keepers[q] if superseding else None,
+                      self.keep == "latest") for q in range(P)])
+        return keeper_files, index_keepers
+
+    def _partner_phases(self, ctx: StageContext, lay: _Layout, labels: tuple[str, ...]
+                        ) -> tuple[tuple[str, ...], list[dict]]:
+        """``partner_check``: each block's clustered members (``partner_members``), then every
+        removal verified per partition (``partners``). Returns the partner files and figures."""
+        work, P = lay.work, lay.partitions
+        pm_files = tuple(location.join(work, "partner_members", f"{n}.parquet") for n in lay.names)
+        ctx.phase("partner_members", partner_members_task, [
+            PartnerMembersJob(lay.paths[lo:hi], tuple(int(o) for o in lay.offsets[lo:hi + 1]), labels,
+                              lay.quality_files[k], pm_files[k], P, lay.header, lay.cc_head)
+            for k, (lo, hi) in enumerate(lay.spans)])
+        partner_files = tuple(location.join(work, "partners", f"part-{q:04d}.parquet") for q in range(P))
+        partners = ctx.phase("partners", partner_task, [
+            PartnerJob(q, pm_files, partner_files[q], lay.header, self.ngram, self.partner_floor()) for q in range(P)])
+        return partner_files, partners
 
     def _partner_report(self, partners: list[dict]) -> dict[str, Any]:
         """The partner check's figures, summed over its partitions."""
