@@ -167,3 +167,20 @@ def test_the_plan_names_the_predicates_no_row_group_statistics_can_skip_by(tmp_p
     footers = scan(files, "url_host_tld = '~none~'").bytes_read  # what a scan keeping no row group reads
     assert plain.rows == lowered.rows == 10
     assert plain.bytes_read - footers < 0.3 * (lowered.bytes_read - footers)
+
+
+def test_index_rows_without_a_file_or_offset_are_counted_rejections(tmp_path):
+    from curation.io.inputs import plan_input
+    from curation.io.read import read_shard
+
+    t = ds.dataset(str(INDEX), format="parquet").to_table()
+    rows = [r for r in t.to_pylist() if r["warc_filename"] == "dolma_sample-0000.warc.gz"]
+    bad = [{**rows[0], "warc_filename": None}, {**rows[1], "warc_record_offset": None},
+           {**rows[2], "warc_record_length": None}]
+    pq.write_table(pa.Table.from_pylist(rows[3:] + bad, schema=t.schema), tmp_path / "index.parquet")
+    spec = _spec(str(tmp_path / "index.parquet"), None)
+    got = [read_shard(sh, spec).tables() for sh in plan_input("crawl", spec)]
+    docs, rejects = pa.concat_tables([d for d, _ in got]), pa.concat_tables([r for _, r in got])
+    assert docs.num_rows == len(rows) - 3
+    assert sorted(rejects.column("reason").to_pylist()) == ["read:bad_warc_filename", "read:corrupt_record",
+                                                            "read:corrupt_record"]

@@ -50,17 +50,18 @@ def sandboxed_connection():
     return con
 
 
-def scan_connection(memory_limit: str, temp_directory: str, threads: int | None = None):
+def scan_connection(memory_limit: str, temp_directory: str, database: str = ":memory:", threads: int | None = None):
     """A new sandboxed connection for one large sorted scan: its memory held to
-    ``memory_limit``, what does not fit spilled to ``temp_directory`` (DuckDB's own files,
-    which no SQL on the connection can name), rows in no particular order unless sorted."""
+    ``memory_limit``, what does not fit spilled to ``temp_directory``, its tables in
+    ``database`` (a file there is stored compressed): DuckDB's own files, which no SQL on the
+    connection can name. Rows come in no particular order unless sorted."""
     import duckdb  # noqa: PLC0415
 
     cfg = {k: v for k, v in SANDBOX_CONFIG.items() if k != "lock_configuration"}
     cfg.update(memory_limit=memory_limit, temp_directory=temp_directory, preserve_insertion_order=False,
                **({"threads": threads} if threads else {}))
     cfg["lock_configuration"] = True  # last: the settings above are taken first
-    return duckdb.connect(config=cfg)
+    return duckdb.connect(database=database, config=cfg)
 
 
 def _column_refs(node) -> set[str]:

@@ -84,7 +84,19 @@ def build_index(rows: int, per_warc: int, english: float) -> Path:
 def child(index: str, work: str) -> None:
     """Plan the input (in this process: its peak RSS is the plan's) and print the figures as JSON."""
     import inspect
+    import threading
 
+    spool = Path(work).with_name("spool")  # the sort's spill: its peak size sampled
+    spool.mkdir(parents=True, exist_ok=True)
+    os.environ["REFINERY_SPOOL"] = str(spool)
+    peak = [0]
+
+    def sample() -> None:
+        while True:
+            peak[0] = max(peak[0], sum(f.stat().st_size for f in spool.rglob("*") if f.is_file()))
+            time.sleep(1)
+
+    threading.Thread(target=sample, daemon=True).start()
     from curation.io.inputs import InputSpec, plan_index
 
     spec = InputSpec(format="cc_index", paths=[index + "/*.parquet"], where=WHERE, warc_root="/nowhere",
@@ -97,7 +109,7 @@ def child(index: str, work: str) -> None:
     shipped = sum(len(getattr(s, "records", b"") or b"") for s in p.shards)  # the old code: records in the tasks
     out = {"wall_s": wall, "rss": rss, "records": p.records, "bytes": p.bytes, "shards": len(p.shards),
            "warc_files": len(p.files), "shipped_bytes": shipped, "writes": writes,
-           "code": str(Path(inspect.getfile(plan_index)).parents[2])}
+           "code": str(Path(inspect.getfile(plan_index)).parents[2]), "spill_peak": peak[0]}
     if writes:
         from curation.io.cc_selection import read_slice
 
@@ -116,6 +128,7 @@ def measure(tree: Path, index: Path) -> dict:
     res = subprocess.run([sys.executable, __file__, "--child", str(index), str(work)], env=env, cwd=tree,
                          capture_output=True, text=True)
     shutil.rmtree(work, ignore_errors=True)
+    shutil.rmtree(work.with_name("spool"), ignore_errors=True)
     line = next((ln for ln in res.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if line is None:
         return {"error": (res.stderr or res.stdout)[-400:]}
@@ -126,7 +139,8 @@ def show(label: str, rows: int, r: dict) -> None:
     if "error" in r:
         print(f"  {label:>6} {rows:>12,} index rows: failed: {r['error']}")
         return
-    extra = (f"; wrote {r['written_bytes'] / 2**20:,.0f} MiB ({r['written_bytes'] / max(r['records'], 1):.1f} B a "
+    extra = (f"; spilled {r['spill_peak'] / max(r['records'], 1):,.0f} B a record at the peak"
+             f"; wrote {r['written_bytes'] / 2**20:,.0f} MiB ({r['written_bytes'] / max(r['records'], 1):.1f} B a "
              f"record), a task read its {r['task_rows']:,} rows in {r['task_read_s'] * 1e3:.0f} ms") if r["writes"] \
         else f"; {r['shipped_bytes'] / 2**20:,.0f} MiB of records held for the tasks"
     print(f"  {label:>6} ({r['code']}) {rows:>12,} index rows: {r['records']:>11,} selected in {r['warc_files']:,} WARCs, "
