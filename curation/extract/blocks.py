@@ -203,7 +203,8 @@ def _parser():
         from lxml import etree
 
         # lxml.etree's parser, not lxml.html's: no Python element-class lookup per element
-        _PARSER = etree.HTMLParser(encoding="utf-8", remove_comments=True, remove_pis=True)
+        # no table of id attributes: nothing here looks an element up by its id
+        _PARSER = etree.HTMLParser(encoding="utf-8", remove_comments=True, remove_pis=True, collect_ids=False)
     return _PARSER
 
 
@@ -230,38 +231,50 @@ def _collect(top) -> tuple:
     from lxml import etree
 
     rows = []
+    add = rows.append
     stack = [-1]
+    push, pop = stack.append, stack.pop
     code_of = TAG_CODE.get
     first_skip = len(_CODED) + 1
     walker = etree.iterwalk(top, events=("start", "end"))
+    i = -1
     for event, el in walker:
         if event == "end":
-            stack.pop()
+            pop()
             continue
         tag = el.tag
         code = code_of(tag, 0)
-        if code >= first_skip or not code and not isinstance(tag, str):
+        if code >= first_skip or not code and not isinstance(tag, str):  # skipped, or a comment or entity
             walker.skip_subtree()  # its "end" still comes: its tail goes to the parent's block then
             if code:
-                rows.append((el, code, stack[-1], "", el.tail or "", "", "", False))
-            stack.append(len(rows) - 1 if code else -2)
+                i += 1
+                add((el, code, stack[-1], "", el.tail or "", "", "", False))
+            push(i if code else -2)
             continue
-        items = el.items()  # one C call; most elements have no attribute
+        i += 1
+        items = el.items()  # one C call; a loop over them costs less than a dict
         if items:
-            attrs = dict(items)
-            cls, ident = attrs.get("class"), attrs.get("id")
-            key = "" if cls is None and ident is None else (cls or "") + " " + (ident or "")
-            # hidden is a signal, not a verdict: streamed pages (Next.js) put their content
-            # in a hidden <div> the script swaps in
-            style = attrs.get("style")
-            hidden = "hidden" in attrs or attrs.get("aria-hidden") == "true" or \
-                (style is not None and "none" in style and _DISPLAY_NONE.search(style) is not None)
-            rows.append((el, code, stack[-1], el.text or "", el.tail or "", key, cls or "", hidden))
+            cls = ident = style = None
+            hidden = False
+            for k, v in items:  # the parser keeps one attribute of a name
+                if k == "class":
+                    cls = v
+                elif k == "id":
+                    ident = v
+                elif k == "style":
+                    style = v
+                elif k == "hidden" or k == "aria-hidden" and v == "true":
+                    # hidden is a signal, not a verdict: streamed pages (Next.js) put their
+                    # content in a hidden <div> the script swaps in
+                    hidden = True
+            if style is not None and not hidden and "none" in style and _DISPLAY_NONE.search(style) is not None:
+                hidden = True
+            add((el, code, stack[-1], el.text or "", el.tail or "",
+                 "" if cls is None and ident is None else (cls or "") + " " + (ident or ""), cls or "", hidden))
         else:
-            rows.append((el, code, stack[-1], el.text or "", el.tail or "", "", "", False))
-        stack.append(len(rows) - 1)
+            add((el, code, stack[-1], el.text or "", el.tail or "", "", "", False))
+        push(i)
     return tuple(zip(*rows))
-
 
 
 def _page(root, cols: tuple) -> Page:

@@ -82,6 +82,18 @@ class _Block:
         self.heading_above = heading_above
 
 
+def page_blocks(html: str) -> Page:
+    """The reference path whole: the parse as first written, then ``walk``."""
+    from lxml import etree
+
+    parser = etree.HTMLParser(encoding="utf-8", remove_comments=True, remove_pis=True)
+    try:
+        root = etree.fromstring(html.encode("utf-8", "surrogatepass"), parser=parser)
+    except (etree.ParserError, etree.XMLSyntaxError, ValueError):
+        return Page()
+    return Page() if root is None else walk(root)
+
+
 def walk(root) -> Page:
     from lxml import etree
 
