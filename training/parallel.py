@@ -292,54 +292,8 @@ def parallelize(model: nn.Module, cfg: ParallelConfig, env: DistEnv, compile: bo
         # shapes change per batch (segments, flash-attn's Python entry) run eagerly inside.
         for block in model.layers.values():
             block.compile(mode=None if compile_mode == "default" else compile_mode)
-    if strategy in ("fsdp", "hsdp") and env.device.type == "cpu":
-        # The floor (2.6) is CUDA's: FSDP2 over gloo came later (checked on 2.6, 2.7, 2.8, 2.13).
-        need = (2, 8) if strategy == "hsdp" else (2, 7)
-        have = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
-        if have < need:
-            raise ConfigError(f"parallel.strategy {strategy} on CPU needs torch >= {need[0]}.{need[1]} "
-                              f"(this is {torch.__version__}); use ddp on CPU, or a GPU")
-    fsdp = None
-    if strategy in ("fsdp", "hsdp"):
-        if mesh is not None:  # the whole mesh's data-parallel dimensions
-            dp_mesh = mesh["dp_replicate", "dp_shard"] if strategy == "hsdp" else mesh["dp_shard"]
-        elif strategy == "hsdp":
-            dp_mesh = init_device_mesh(env.device.type, shape[1:3], mesh_dim_names=MESH_DIMS[1:3])
-            _GROUPS[:] = [dp_mesh.get_group(i) for i in range(dp_mesh.ndim)]
-            set_collective_timeout(env, cfg.timeout_s)
-        else:
-            dp_mesh = init_device_mesh(env.device.type, (env.world,), mesh_dim_names=MESH_DIMS[2:3])
-        if env.device.type == "cuda":
-            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        else:
-            mp = MixedPrecisionPolicy()
-        # Blocks don't cast their inputs: the activations already have the compute dtype and
-        # the fp32 RoPE tables must stay fp32.
-        block_mp = MixedPrecisionPolicy(mp.param_dtype, mp.reduce_dtype, cast_forward_inputs=False)
-        # Under a pipeline schedule every micro-batch's forward runs before its backward (GPipe) or
-        # interleaves with others': resharding after forward would gather each block again per
-        # micro-batch in backward (torchtitan keeps them too).
-        reshard = cfg.reshard_after_forward and env.pp == 1
-        for block in model.layers.values():
-            fully_shard(block, mesh=dp_mesh, mp_policy=block_mp, reshard_after_forward=reshard)
-        if env.pp == 1:
-            # The root (embeddings, final norm, LM head) is used again right at the start of
-            # backward: keep it gathered after forward (torchtitan does the same for the head).
-            fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=False)
-        else:
-            # Each pipeline stage becomes the root over its blocks, its embedding or head (below:
-            # a rank may run two stages). Those three are materialised whole on their stage's
-            # ranks first, then sharded: a transient copy, never the whole model.
-            fsdp = (dp_mesh, mp)
-    if any(t.is_meta for t in [*model.parameters(), *model.buffers()]):
-        tied = _tied_parameters(model)
-        model.to_empty(device=env.device)  # gives each module its own tensor: unties shared weights
-        for (owner, attr), *others in tied:  # re-tie (FSDP2 manages the first holder's parameter)
-            for module, name in others:
-                setattr(module, name, getattr(owner, attr))
-        model.init_weights()
-    elif strategy not in ("fsdp", "hsdp"):
-        model.to(env.device)
+    fsdp = _apply_fsdp(model, cfg, env, mesh, shape, strategy) if strategy in ("fsdp", "hsdp") else None
+    _materialise(model, env, strategy)
     if strategy == "ddp":
         # RoPE tables are derived buffers, equal on every rank: nothing to broadcast per forward.
         return DDP(model, device_ids=[env.local_rank] if env.device.type == "cuda" else None, broadcast_buffers=False)
@@ -349,6 +303,65 @@ def parallelize(model: nn.Module, cfg: ParallelConfig, env: DistEnv, compile: bo
 
         model.pipeline = Pipeline(model, stages, cfg, env, mesh.get_group("pp"), fsdp)
     return model
+
+
+def _apply_fsdp(model: nn.Module, cfg: ParallelConfig, env: DistEnv, mesh, shape: tuple[int, ...], strategy: str):
+    """FSDP2 (or HSDP) over the data-parallel dimensions: each block sharded, then the root; under
+    a pipeline the stages' roots are sharded later (``Pipeline``), so their mesh and policy are
+    returned instead (None otherwise)."""
+    if env.device.type == "cpu":
+        # The floor (2.6) is CUDA's: FSDP2 over gloo came later (checked on 2.6, 2.7, 2.8, 2.13).
+        need = (2, 8) if strategy == "hsdp" else (2, 7)
+        have = tuple(int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+        if have < need:
+            raise ConfigError(f"parallel.strategy {strategy} on CPU needs torch >= {need[0]}.{need[1]} "
+                              f"(this is {torch.__version__}); use ddp on CPU, or a GPU")
+    if mesh is not None:  # the whole mesh's data-parallel dimensions
+        dp_mesh = mesh["dp_replicate", "dp_shard"] if strategy == "hsdp" else mesh["dp_shard"]
+    elif strategy == "hsdp":
+        dp_mesh = init_device_mesh(env.device.type, shape[1:3], mesh_dim_names=MESH_DIMS[1:3])
+        _GROUPS[:] = [dp_mesh.get_group(i) for i in range(dp_mesh.ndim)]
+        set_collective_timeout(env, cfg.timeout_s)
+    else:
+        dp_mesh = init_device_mesh(env.device.type, (env.world,), mesh_dim_names=MESH_DIMS[2:3])
+    if env.device.type == "cuda":
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    else:
+        mp = MixedPrecisionPolicy()
+    # Blocks don't cast their inputs: the activations already have the compute dtype and
+    # the fp32 RoPE tables must stay fp32.
+    block_mp = MixedPrecisionPolicy(mp.param_dtype, mp.reduce_dtype, cast_forward_inputs=False)
+    # Under a pipeline schedule every micro-batch's forward runs before its backward (GPipe) or
+    # interleaves with others': resharding after forward would gather each block again per
+    # micro-batch in backward (torchtitan keeps them too).
+    reshard = cfg.reshard_after_forward and env.pp == 1
+    for block in model.layers.values():
+        fully_shard(block, mesh=dp_mesh, mp_policy=block_mp, reshard_after_forward=reshard)
+    if env.pp == 1:
+        # The root (embeddings, final norm, LM head) is used again right at the start of
+        # backward: keep it gathered after forward (torchtitan does the same for the head).
+        fully_shard(model, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=False)
+    else:
+        # Each pipeline stage becomes the root over its blocks, its embedding or head (below:
+        # a rank may run two stages). Those three are materialised whole on their stage's
+        # ranks first, then sharded: a transient copy, never the whole model.
+        return dp_mesh, mp
+    return None
+
+
+def _materialise(model: nn.Module, env: DistEnv, strategy: str) -> None:
+    """A model built on the meta device gets its tensors on ``env.device`` (after sharding: each
+    rank only its shards) and its own initialisation; a real one is moved there (FSDP2 moved its
+    shards already)."""
+    if any(t.is_meta for t in [*model.parameters(), *model.buffers()]):
+        tied = _tied_parameters(model)
+        model.to_empty(device=env.device)  # gives each module its own tensor: unties shared weights
+        for (owner, attr), *others in tied:  # re-tie (FSDP2 manages the first holder's parameter)
+            for module, name in others:
+                setattr(module, name, getattr(owner, attr))
+        model.init_weights()
+    elif strategy not in ("fsdp", "hsdp"):
+        model.to(env.device)
 
 
 #: Ops whose outputs selective activation checkpointing keeps (attention is the costly one
