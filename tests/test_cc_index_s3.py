@@ -90,3 +90,36 @@ def test_bad_index_rows_on_s3_are_counted_rejections(s3, tmp_path, requests):  #
     assert sorted(rejects.column("reason").to_pylist()) == sorted(want.values())
     assert docs.num_rows == 6 and all("maria-antoniak" in u for u in docs.column("url").to_pylist())
     assert set(docs.column("origin_file").to_pylist()) == {f"{warc_root}/dolma_sample-0000.warc.gz"}
+
+
+def test_a_selection_in_a_run_directory_on_s3_is_read_back_by_its_tasks(s3, requests, tmp_path):  # noqa: F811
+    """The selection files below an S3 run directory: written by the planner, each task reads
+    its own rows with a few requests (the file's footer, its row groups), a rerun reuses them."""
+    fs = s3["fs"]
+    for f in sorted((DATA / "cc_index").glob("*.parquet")):
+        fs.put_file(str(f), f"{BUCKET}/sel/cc_index/{f.name}")
+    warc_root = f"s3://{BUCKET}/data/warc"
+    for p in WARCS:
+        fs.put_file(str(p), f"{BUCKET}/data/warc/{p.name}")
+    spec = InputSpec(format="cc_index", paths=[f"s3://{BUCKET}/sel/cc_index/*.parquet"], where="content_languages LIKE 'eng%'",
+                     warc_root=warc_root, source="web", split_bytes=100_000)
+    work = f"s3://{BUCKET}/run/crawl/_work/h"
+    plan = plan_index("crawl", spec, work_dir=work)
+    assert not plan.scan.reused and len(plan.shards) > 1
+    assert sorted(p.rsplit("/", 1)[1] for p in fs.ls(f"{BUCKET}/run/crawl/_work/h")) == ["_selection.json",
+                                                                                     "part-00000.parquet"]
+    full_spec = InputSpec(format="warc", paths=[f"{warc_root}/*.warc.gz"], source="web")
+    full = pa.concat_tables([read_shard(sh, full_spec).tables()[0] for sh in plan_input("crawl", full_spec)])
+    docs, counts = [], []
+    for sh in plan.shards:
+        requests.clear()
+        docs.append(read_shard(sh, spec).tables()[0])
+        selection = [k for _, k in requests if k.startswith("run/")]
+        assert 1 <= len(selection) <= 4, selection  # the part file's size, footer and row group, not the whole run
+        counts.append((len(selection), len(requests) - len(selection), docs[-1].num_rows))
+    print("\nS3 run directory: per task (selection requests, WARC requests, documents):", counts)
+    docs = pa.concat_tables(docs)
+    assert docs.num_rows == plan.records == 38
+    same_as_full_scan(docs, full)
+    again = plan_index("crawl", spec, work_dir=work)
+    assert again.scan.reused and [s.selection for s in again.shards] == [s.selection for s in plan.shards]

@@ -205,7 +205,7 @@ def select(files: list[str], where: str | None, split_bytes: int, out: str | Non
     written). The where is pushed into the Parquet scan, chunk of files by chunk, into a DuckDB
     table; its rows come out sorted into the files. DuckDB holds at most ``SORT_MEMORY`` of
     them and spills the rest to a local temporary folder (``$REFINERY_SPOOL``, else the
-    system's: about 120 bytes a selected record at the peak)."""
+    system's: about 90 bytes a selected record at the peak)."""
     import duckdb
 
     t0 = time.perf_counter()
