@@ -297,3 +297,16 @@ def test_words_split_where_str_split_does():
     every = np.arange(0x110000, dtype=np.uint32)
     words = word_counts(every, np.ones(len(every), np.int64))
     assert np.flatnonzero(words == 0).tolist() == [c for c in range(0x110000) if chr(c).isspace()]
+
+
+def test_title_overlap_lower_cases_as_each_text_alone():
+    """Lower-cased all at once, the texts keep their final sigmas (ς at a text's end, σ inside),
+    and a text whose length lower-casing changes ("İ") falls back to one at a time."""
+    from curation.extract.blocks import _title_overlap
+    from curation.extract.blocks_reference import _title_overlap as reference
+
+    title = frozenset(["οδος", "σας", "ςας", "i̇stanbul", "istanbul"])
+    for texts in (["ΟΔΟΣ Α", "ΣΑΣ ΟΔΟΣ", "ΑΣ", "Σ"], ["ΟΔΟΣ Α", "İstanbul ΣΑΣ", "x", "a " * 40]):
+        texts = [" ".join(t.split()) for t in texts]
+        got = _title_overlap(texts, np.array([len(t) for t in texts]), title)
+        assert got.tolist() == [reference(t, title) for t in texts]

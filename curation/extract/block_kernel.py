@@ -304,3 +304,37 @@ def block_texts(chars, lengths, refs, pieces, keep):  # pragma: no cover
         ends[kb] = o
         kb += 1
     return out[:o], ends
+
+
+@njit(cache=True, nogil=True)
+def title_overlap(chars, lengths, title, title_lengths):  # pragma: no cover
+    """Per text (``chars``: lower-cased texts end to end, one separator between two): the share of
+    its first 30 words (``str.split``'s) that are one of the ``title`` words (theirs end to end)."""
+    title_starts = np.zeros(len(title_lengths) + 1, np.int64)
+    title_starts[1:] = np.cumsum(title_lengths)
+    out = np.zeros(len(lengths))
+    at = 0
+    for b in range(len(lengths)):
+        j, end = at, at + lengths[b]
+        words = hits = 0
+        while j < end and words < 30:
+            while j < end and _is_space(chars[j]):
+                j += 1
+            if j == end:
+                break
+            lo = j
+            while j < end and not _is_space(chars[j]):
+                j += 1
+            words += 1
+            for t in range(len(title_lengths)):
+                if title_lengths[t] == j - lo:
+                    s = title_starts[t]
+                    k = 0
+                    while k < j - lo and title[s + k] == chars[lo + k]:
+                        k += 1
+                    if k == j - lo:
+                        hits += 1
+                        break
+        out[b] = hits / words
+        at = end + 1
+    return out

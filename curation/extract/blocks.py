@@ -285,7 +285,7 @@ def _page(root, cols: tuple) -> Page:
     kw = _bits_of(keys)
     # every text and tail, end to end: their words now, the blocks' texts after the walk
     strings = (*texts, *tails)
-    chars = np.frombuffer("".join(strings).encode("utf-32-le", "surrogatepass"), np.uint32)
+    chars = _code_points("".join(strings))
     lengths = np.fromiter(map(len, strings), np.int64, 2 * n)
     words = bk.word_counts(chars, lengths)
     (sub_words, sub_link, block, depth, kw_anc, ctx, table, bl, refs, piece_block,
@@ -340,10 +340,26 @@ def _text_columns(texts: list[str], chars: np.ndarray, lengths: np.ndarray, titl
     out[:, 6] = [t[0].isupper() for t in texts]
     seen = Counter(texts)
     out[:, 7] = [seen[t] - 1 for t in texts]
-    if title:  # share of the block's first 30 words that are words of the page's <title>
-        has = title.__contains__
-        out[:, 8] = [sum(map(has, ws)) / len(ws) for ws in [t.lower().split(None, 30)[:30] for t in texts]]
+    if title:
+        out[:, 8] = _title_overlap(texts, lengths, title)
     return out
+
+
+def _title_overlap(texts: list[str], lengths: np.ndarray, title: frozenset[str]) -> np.ndarray:
+    """Share of each block's first 30 words, lower-cased, that are words of the page's <title>.
+    Lower-cased all at once, one "\\n" between two texts (an end of text to ``str.lower``'s final
+    sigma); where lower-casing changed a length, a text at a time."""
+    low = "\n".join(texts).lower()
+    if len(low) != lengths.sum() + len(texts) - 1:
+        return np.array([sum(map(title.__contains__, ws)) / len(ws)
+                         for ws in [t.lower().split(None, 30)[:30] for t in texts]])
+    words = sorted(title)
+    return bk.title_overlap(_code_points(low), lengths, _code_points("".join(words)),
+                            np.fromiter(map(len, words), np.int64, len(words)))
+
+
+def _code_points(s: str) -> np.ndarray:
+    return np.frombuffer(s.encode("utf-32-le", "surrogatepass"), np.uint32)
 
 
 def _title_words(root) -> frozenset[str]:
