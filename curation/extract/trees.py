@@ -21,10 +21,11 @@ _CHUNK = 256
 
 
 @njit(cache=True, nogil=True)
-def _raw(x, feature, threshold, child, value, roots, depth, baseline):  # pragma: no cover (compiled)
+def _raw(x, node, threshold, shift, value, roots, depth, baseline):  # pragma: no cover (compiled)
     """Each tree walked by a chunk of rows at once, a level at a time, without a branch: a node's
     children are ``child`` and ``child + 1``, a leaf is its own child (``Layout``). Each row's leaf
     values are summed in tree order, as a row-at-a-time walk sums them (the same float result)."""
+    mask = (1 << shift) - 1
     n, nf = x.shape
     out = np.empty(n)
     xt = np.empty((nf, _CHUNK), np.float32)
@@ -41,8 +42,8 @@ def _raw(x, feature, threshold, child, value, roots, depth, baseline):  # pragma
                 at[i] = roots[k]
             for _ in range(depth[k]):
                 for i in range(m):
-                    j = at[i]
-                    at[i] = child[j] + np.int32(xt[feature[j], i] > threshold[j])
+                    j = 2 * at[i]
+                    at[i] = (node[j] >> shift) + np.int32(xt[node[j] & mask, i] > threshold[j + 1])
             for i in range(m):
                 s[i] += value[at[i]]
         for i in range(m):
@@ -55,14 +56,18 @@ class Layout:
     """A ``Trees`` laid out for ``_raw``: per tree its nodes breadth first, so that a node's right
     child follows its left one; a leaf points at itself (feature 0, threshold +inf); thresholds as
     the largest float32 at or below them (a float32 feature is <= the float64 threshold exactly
-    when it is <= that float32); each tree's depth."""
+    when it is <= that float32); each tree's depth. A node is two int32 side by side (one cache
+    line for both): ``child << shift | feature``, and the threshold's float32 bits."""
 
-    feature: np.ndarray
-    threshold: np.ndarray
-    child: np.ndarray
+    node: np.ndarray  # int32, two per node
+    shift: int
     value: np.ndarray
     roots: np.ndarray
     depth: np.ndarray
+
+    @property
+    def threshold(self) -> np.ndarray:
+        return self.node.view(np.float32)  # at odd positions
 
     @classmethod
     def of(cls, t: "Trees") -> "Layout":
@@ -80,14 +85,19 @@ class Layout:
         new = np.empty(len(order), np.int64)
         new[order] = np.arange(len(order))
         leaf = t.left[order] < 0
-        child = np.where(leaf, np.arange(len(order)), new[np.maximum(t.left[order], 0)]).astype(np.int32)
+        child = np.where(leaf, np.arange(len(order)), new[np.maximum(t.left[order], 0)])
         assert (new[t.right[order][~leaf]] == child[~leaf] + 1).all()
         thr = t.threshold[order].astype(np.float32)
         above = thr.astype(np.float64) > t.threshold[order]
         thr[above] = np.nextafter(thr[above], np.float32(-np.inf))
         thr[leaf] = np.inf
-        return cls(np.where(leaf, 0, t.feature[order]).astype(np.int32), thr, child,
-                   np.where(leaf, t.value[order], 0.0), new[t.roots].astype(np.int32), depth)
+        shift = max(1, (t.n_features - 1).bit_length())
+        if len(order) << shift >= 2 ** 31:
+            raise ValueError(f"trees: {len(order)} nodes over {t.n_features} features do not fit the layout")
+        node = np.empty(2 * len(order), np.int32)
+        node[0::2] = child << shift | np.where(leaf, 0, t.feature[order])
+        node.view(np.float32)[1::2] = thr
+        return cls(node, shift, np.where(leaf, t.value[order], 0.0), new[t.roots].astype(np.int32), depth)
 
 
 @dataclass
@@ -107,7 +117,7 @@ class Trees:
         if x.shape[1] != self.n_features:
             raise ValueError(f"trees: {x.shape[1]} features given, the model was trained on {self.n_features}")
         t = self.layout
-        return _raw(np.ascontiguousarray(x, np.float32), t.feature, t.threshold, t.child, t.value, t.roots, t.depth,
+        return _raw(np.ascontiguousarray(x, np.float32), t.node, t.threshold, t.shift, t.value, t.roots, t.depth,
                     self.baseline)
 
     @cached_property
