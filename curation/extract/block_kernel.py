@@ -21,8 +21,8 @@ N_LI, N_HEADING, N_FORM, N_ARTICLE, HAS_MAIN = 1, 2, 3, 4, 5
 
 @njit(cache=True, nogil=True)
 def walk_events(parent, code, kw_self, hidden, text_words, tail_words, props, hidden_bit):  # pragma: no cover
-    """Per element (index in document order): subtree words and link words, block, depth,
-    ancestors' class bits, tag context bits, nearest table (-1: none). Per block (in the order
+    """Per element (index in document order): subtree words and link words, depth, ancestors'
+    class bits, tag context bits, nearest table (-1: none). Per block (in the order
     they start): element, words, link words, links, pieces, words before it, words of the
     heading above it. The pieces' refs in event order with their blocks, and the page totals
     (words, li, headings, forms, articles, main, words before the first h1 or -1)."""
@@ -89,7 +89,7 @@ def walk_events(parent, code, kw_self, hidden, text_words, tail_words, props, hi
                 bl[b, 4] += 1
         if text_words[i] >= 0:
             k = _piece(i, i, text_words[i], block, link, words, link_words, bl, piece_ref, piece_block, totals, k)
-    return (words, link_words, block, depth, kw_anc, ctx, table, bl[:nb], piece_ref[:k], piece_block[:k], totals)
+    return words, link_words, depth, kw_anc, ctx, table, bl[:nb], piece_ref[:k], piece_block[:k], totals
 
 
 @njit(cache=True, nogil=True)

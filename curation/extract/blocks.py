@@ -288,7 +288,7 @@ def _page(root, cols: tuple) -> Page:
     chars = _code_points("".join(strings))
     lengths = np.fromiter(map(len, strings), np.int64, 2 * n)
     words = bk.word_counts(chars, lengths)
-    (sub_words, sub_link, block, depth, kw_anc, ctx, table, bl, refs, piece_block,
+    (sub_words, sub_link, depth, kw_anc, ctx, table, bl, refs, piece_block,
      totals) = bk.walk_events(parent, code, kw, np.array(hidden, np.bool_), words[:n], words[n:], TAG_PROPS,
                               _HIDDEN_BIT)
     keep = bl[:, 1] > 0
@@ -317,7 +317,7 @@ def _page(root, cols: tuple) -> Page:
     r[:, 22] = [alike[k] for k in kind_cls]
     r[:, 23] = _KIND_CODE[code[e]]
     bits = np.column_stack([kw[e], kw_anc[e], ctx[e]])
-    page.features = _features(r, bits, totals)
+    page.features = feature_matrix(r, bits, totals)
     page.groups = np.column_stack(ups)
     page.cells = np.where(table[e] >= 0, table[e] + 1, 0)
     return page
@@ -368,9 +368,12 @@ def _title_words(root) -> frozenset[str]:
     return frozenset(w for w in (text or "").lower().split() if len(w) > 2)
 
 
-def _features(r: np.ndarray, bits: np.ndarray, totals: np.ndarray) -> np.ndarray:
-    """The feature matrix (``FEATURES``) from the blocks' raw columns (``_page``), their class
-    and context bits and the page totals (``block_kernel.walk_events``)."""
+def feature_matrix(r: np.ndarray, bits: np.ndarray, totals: np.ndarray) -> np.ndarray:
+    """The feature matrix (``FEATURES``) from the blocks' raw columns (``_page``: words, link
+    words, characters, links, pieces, depth, words before, sentence end, commas, periods, digits
+    and characters of the first 200, upper-case start, repeats, parent's / grandparent's /
+    great-grandparent's words and link words, heading above, title overlap, blocks alike, kind),
+    their class, ancestors' class and tag-context bits, and the page totals (``block_kernel``)."""
     words_total, n_li, n_heading, n_forms, n_articles, has_main, h1_before = totals.tolist()
     n = len(r)
     w, lw = r[:, 0], r[:, 1]

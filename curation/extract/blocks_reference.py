@@ -9,8 +9,8 @@ import re
 
 import numpy as np
 
-from curation.extract.blocks import (BLOCK_KINDS, BLOCK_TAGS, FEATURES, HEADINGS, KEYWORDS, SKIP_TAGS, TAG_CONTEXT,
-                                     Page)
+from curation.extract.blocks import (BLOCK_KINDS, BLOCK_TAGS, HEADINGS, KEYWORDS, SKIP_TAGS, TAG_CONTEXT, Page,
+                                     feature_matrix)
 
 _WORD_BITS: dict[str, int] = {}
 for _i, (_n, _alts) in enumerate(KEYWORDS):
@@ -25,9 +25,6 @@ _HIDDEN_BIT = 1 << len(TAG_CONTEXT)
 _DISPLAY_NONE = re.compile(r"display\s*:\s*none|visibility\s*:\s*hidden")
 _KIND_OF = {"p": 0, "div": 1, "li": 2, "td": 3, "th": 3, **{h: 4 for h in HEADINGS}, "pre": 5, "dd": 6, "dt": 6,
             "blockquote": 7, "section": 8, "article": 8, "main": 8}
-_N_KW, _N_TAG = len(KEYWORDS), len(TAG_CONTEXT) + 1
-_N_NUM = FEATURES.index("kind_p")
-_N_KIND = len(BLOCK_KINDS)
 
 
 _BITS_CACHE: dict[str, int] = {}
@@ -259,56 +256,8 @@ def _page(blocks: list[_Block], root, words_total: int, n_li: int, n_heading: in
         cells.append(id(node.table) if node.table is not None else 0)
     r = np.array(raw, np.float64)
     bits = np.array([row[-3:] for row in raw], np.int64)
-    w, lw = r[:, 0], r[:, 1]
-    x = np.zeros((n, len(FEATURES)), np.float32)
-    tw = max(words_total, 1)
-    x[:, 0] = w
-    x[:, 1] = np.log1p(w)
-    x[:, 2] = r[:, 2] / w
-    x[:, 3] = lw / w
-    x[:, 4] = r[:, 3]
-    x[:, 5] = r[:, 4]
-    x[:, 6] = r[:, 5]
-    x[:, 7] = np.arange(n) / n
-    x[:, 8] = r[:, 6] / tw
-    x[:, 9] = w / tw
-    x[:, 10] = r[:, 7]
-    x[:, 11] = r[:, 8] / w
-    x[:, 12] = r[:, 9] / w
-    x[:, 13] = r[:, 10] / r[:, 11]
-    x[:, 14] = r[:, 12]
-    x[:, 15] = r[:, 13]
-    for j, c in ((16, 14), (18, 16), (20, 18)):
-        has = r[:, c] >= 0
-        x[:, j] = np.where(has, np.log1p(np.maximum(r[:, c], 0)), 0)
-        x[:, j + 1] = np.where(has, r[:, c + 1] / np.maximum(r[:, c], 1), 0)
-    x[1:, 22] = np.log1p(w[:-1])
-    x[1:, 23] = (lw / w)[:-1]
-    x[:-1, 24] = np.log1p(w[1:])
-    x[:-1, 25] = (lw / w)[1:]
-    x[:, 26] = np.log1p(words_total)
-    x[:, 27] = lw.sum() / tw
-    x[:, 28] = np.log1p(n)
-    x[:, 29] = n_li / n
-    x[:, 30] = has_main
-    x[:, 31] = min(n_articles, 20)
-    x[:, 32] = min(n_heading, 50)
-    x[:, 33] = min(n_forms, 20)
-    x[:, 34] = np.log1p(r[:, 20])
-    if h1_before >= 0:
-        x[:, 35] = r[:, 6] >= h1_before
-        x[:, 36] = (r[:, 6] - h1_before) / tw
-    x[:, 37] = r[:, 21]
-    x[:, 38] = np.log1p(r[:, 22])
-    o = _N_NUM
-    x[np.arange(n), o + r[:, 23].astype(np.int64)] = 1
-    o += _N_KIND
-    shifts = np.arange(_N_KW)
-    x[:, o:o + _N_KW] = (bits[:, 0:1] >> shifts) & 1
-    o += _N_KW
-    x[:, o:o + _N_KW] = (bits[:, 1:2] >> shifts) & 1
-    o += _N_KW
-    x[:, o:o + _N_TAG] = (bits[:, 2:3] >> np.arange(_N_TAG)) & 1
+    totals = np.array([words_total, n_li, n_heading, n_forms, n_articles, has_main, h1_before], np.int64)
+    x = feature_matrix(r[:, :24], bits, totals)
     page.texts = texts
     page.features = x
     page.groups = np.array(ids, np.int64)
