@@ -69,10 +69,10 @@ KEYWORDS = (
 )
 #: word -> its keyword bits (a word may be in two groups); "sr-only"-like words are looked up as
 #: two neighbouring tokens joined by "-"
-_WORD_BITS: dict[str, int] = {}
+WORD_BITS: dict[str, int] = {}
 for _i, (_n, _alts) in enumerate(KEYWORDS):
     for _w in _alts.split("|"):
-        _WORD_BITS[_w] = _WORD_BITS.get(_w, 0) | (1 << _i)
+        WORD_BITS[_w] = WORD_BITS.get(_w, 0) | (1 << _i)
 #: context from tags, beside the keyword bits: (name, tags)
 TAG_CONTEXT = (
     ("in_nav", "nav"), ("in_header", "header"), ("in_footer", "footer"), ("in_aside", "aside"),
@@ -80,15 +80,15 @@ TAG_CONTEXT = (
     ("in_table", "table"), ("in_heading", "h1 h2 h3 h4 h5 h6"), ("in_blockquote", "blockquote"),
     ("in_pre", "pre code"), ("in_dl", "dl"), ("in_label", "label"),
 )
-_TAG_BIT = {}
+TAG_BITS = {}
 for _i, (_n, _tags) in enumerate(TAG_CONTEXT):
     for _t in _tags.split():
-        _TAG_BIT[_t] = _TAG_BIT.get(_t, 0) | (1 << _i)
-_HIDDEN_BIT = 1 << len(TAG_CONTEXT)
-_DISPLAY_NONE = re.compile(r"display\s*:\s*none|visibility\s*:\s*hidden")
+        TAG_BITS[_t] = TAG_BITS.get(_t, 0) | (1 << _i)
+HIDDEN_BIT = 1 << len(TAG_CONTEXT)
+DISPLAY_NONE = re.compile(r"display\s*:\s*none|visibility\s*:\s*hidden")
 #: a block's own tag, one-hot
 BLOCK_KINDS = ("p", "div", "li", "td", "h", "pre", "dd", "blockquote", "section", "other")
-_KIND_OF = {"p": 0, "div": 1, "li": 2, "td": 3, "th": 3, **{h: 4 for h in HEADINGS}, "pre": 5, "dd": 6, "dt": 6,
+KIND_OF = {"p": 0, "div": 1, "li": 2, "td": 3, "th": 3, **{h: 4 for h in HEADINGS}, "pre": 5, "dd": 6, "dt": 6,
             "blockquote": 7, "section": 8, "article": 8, "main": 8}
 
 _NUMERIC = (
@@ -122,8 +122,8 @@ def _fnv1a(word: str) -> int:
 def _vocabulary() -> tuple:
     """``block_kernel.class_bits``'s tables: the keyword words (and the halves of those written
     with one "-", which match as two neighbouring tokens) by hash, spelled out, with their bits."""
-    words = {w: b for w, b in _WORD_BITS.items() if "-" not in w}
-    halves = [w.split("-") for w in _WORD_BITS if w.count("-") == 1]  # "table-of-contents" never matches
+    words = {w: b for w, b in WORD_BITS.items() if "-" not in w}
+    halves = [w.split("-") for w in WORD_BITS if w.count("-") == 1]  # "table-of-contents" never matches
     for a, b in halves:
         words.setdefault(a, 0)
         words.setdefault(b, 0)
@@ -140,7 +140,7 @@ def _vocabulary() -> tuple:
             at = (at + 1) % len(slots)
         slots[at] = i
     index = {w: i for i, w in enumerate(names)}
-    pairs = np.array([(index[a], index[b], _WORD_BITS[f"{a}-{b}"]) for a, b in halves], np.int64).reshape(-1, 3)
+    pairs = np.array([(index[a], index[b], WORD_BITS[f"{a}-{b}"]) for a, b in halves], np.int64).reshape(-1, 3)
     return slots, spelled, lengths, np.array([words[w] for w in names], np.int64), pairs
 
 
@@ -155,16 +155,16 @@ def _bits_of(keys: list[str]) -> np.ndarray:
 
 #: per tag: a small code, and per code what the walk needs to know of the tag
 #: (``block_kernel``'s columns); code 0 is any other inline tag
-_CODED = sorted(BLOCK_TAGS | set(_TAG_BIT) | {"a", "br"})
+_CODED = sorted(BLOCK_TAGS | set(TAG_BITS) | {"a", "br"})
 TAG_CODE = {t: i + 1 for i, t in enumerate([*_CODED, *sorted(SKIP_TAGS)])}
 TAG_PROPS = np.zeros((len(TAG_CODE) + 1, 9), np.int64)
 _KIND_CODE = np.full(len(TAG_CODE) + 1, len(BLOCK_KINDS) - 1, np.int64)
 _COUNTS = {"li": bk.N_LI, **{h: bk.N_HEADING for h in HEADINGS}, "form": bk.N_FORM, "article": bk.N_ARTICLE,
            "main": bk.HAS_MAIN}
 for _t, _c in TAG_CODE.items():
-    TAG_PROPS[_c] = (_t in BLOCK_TAGS, _t in SKIP_TAGS, _TAG_BIT.get(_t, 0), _t == "a", _t == "br", _t == "table",
+    TAG_PROPS[_c] = (_t in BLOCK_TAGS, _t in SKIP_TAGS, TAG_BITS.get(_t, 0), _t == "a", _t == "br", _t == "table",
                      _t in HEADINGS, _t == "h1", _COUNTS.get(_t, 0))
-    _KIND_CODE[_c] = _KIND_OF.get(_t, len(BLOCK_KINDS) - 1)
+    _KIND_CODE[_c] = KIND_OF.get(_t, len(BLOCK_KINDS) - 1)
 assert not SKIP_TAGS & set(_CODED)
 
 
@@ -267,7 +267,7 @@ def _collect(top) -> tuple:
                     # hidden is a signal, not a verdict: streamed pages (Next.js) put their
                     # content in a hidden <div> the script swaps in
                     hidden = True
-            if style is not None and not hidden and "none" in style and _DISPLAY_NONE.search(style) is not None:
+            if style is not None and not hidden and "none" in style and DISPLAY_NONE.search(style) is not None:
                 hidden = True
             add((el, code, stack[-1], el.text or "", el.tail or "",
                  "" if cls is None and ident is None else (cls or "") + " " + (ident or ""), cls or "", hidden))
@@ -290,7 +290,7 @@ def _page(root, cols: tuple) -> Page:
     words = bk.word_counts(chars, lengths)
     (sub_words, sub_link, depth, kw_anc, ctx, table, bl, refs, piece_block,
      totals) = bk.walk_events(parent, code, kw, np.array(hidden, np.bool_), words[:n], words[n:], TAG_PROPS,
-                              _HIDDEN_BIT)
+                              HIDDEN_BIT)
     keep = bl[:, 1] > 0
     kept = np.flatnonzero(keep)
     e = bl[kept, 0]  # the kept blocks' elements

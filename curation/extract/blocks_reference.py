@@ -9,22 +9,10 @@ import re
 
 import numpy as np
 
-from curation.extract.blocks import (BLOCK_KINDS, BLOCK_TAGS, HEADINGS, KEYWORDS, SKIP_TAGS, TAG_CONTEXT, Page,
-                                     feature_matrix)
+from curation.extract.blocks import (BLOCK_KINDS, BLOCK_TAGS, DISPLAY_NONE, HEADINGS, HIDDEN_BIT, KIND_OF, SKIP_TAGS,
+                                     TAG_BITS, WORD_BITS, Page, feature_matrix)
 
-_WORD_BITS: dict[str, int] = {}
-for _i, (_n, _alts) in enumerate(KEYWORDS):
-    for _w in _alts.split("|"):
-        _WORD_BITS[_w] = _WORD_BITS.get(_w, 0) | (1 << _i)
 _TOKEN = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|[0-9]+")
-_TAG_BIT = {}
-for _i, (_n, _tags) in enumerate(TAG_CONTEXT):
-    for _t in _tags.split():
-        _TAG_BIT[_t] = _TAG_BIT.get(_t, 0) | (1 << _i)
-_HIDDEN_BIT = 1 << len(TAG_CONTEXT)
-_DISPLAY_NONE = re.compile(r"display\s*:\s*none|visibility\s*:\s*hidden")
-_KIND_OF = {"p": 0, "div": 1, "li": 2, "td": 3, "th": 3, **{h: 4 for h in HEADINGS}, "pre": 5, "dd": 6, "dt": 6,
-            "blockquote": 7, "section": 8, "article": 8, "main": 8}
 
 
 _BITS_CACHE: dict[str, int] = {}
@@ -39,9 +27,9 @@ def _class_bits(attrs) -> int:
         bits = 0
         toks = [t.lower() for t in _TOKEN.findall(s)]
         for t in toks:
-            bits |= _WORD_BITS.get(t, 0)
+            bits |= WORD_BITS.get(t, 0)
         for a, b in zip(toks, toks[1:]):
-            bits |= _WORD_BITS.get(a + "-" + b, 0)
+            bits |= WORD_BITS.get(a + "-" + b, 0)
         if len(_BITS_CACHE) > 50_000:
             _BITS_CACHE.clear()
         _BITS_CACHE[s] = bits
@@ -130,15 +118,15 @@ def walk(root) -> Page:
                 # in a hidden <div> the script swaps in
                 style = attrs.get("style")
                 hidden = "hidden" in attrs or attrs.get("aria-hidden") == "true" or \
-                    (style is not None and "none" in style and _DISPLAY_NONE.search(style) is not None)
+                    (style is not None and "none" in style and DISPLAY_NONE.search(style) is not None)
             if parent is not None:
                 kw_anc = parent.kw_anc | parent.kw_self
-                ctx = parent.tag_ctx | _TAG_BIT.get(tag, 0)
+                ctx = parent.tag_ctx | TAG_BITS.get(tag, 0)
                 depth = parent.depth + 1
             else:
-                kw_anc, ctx, depth = 0, _TAG_BIT.get(tag, 0), 0
+                kw_anc, ctx, depth = 0, TAG_BITS.get(tag, 0), 0
             if hidden:
-                ctx |= _HIDDEN_BIT
+                ctx |= HIDDEN_BIT
             if tag in BLOCK_TAGS or parent is None:
                 blk = _Block(None, words_total, heading_words)
                 node = _Node(el, tag, kw, kw_anc, ctx, depth, blk, parent, False)
@@ -251,7 +239,7 @@ def _page(blocks: list[_Block], root, words_total: int, n_li: int, n_heading: in
                     p2.words if p2 is not None else -1, p2.link_words if p2 is not None else 0,
                     p3.words if p3 is not None else -1, p3.link_words if p3 is not None else 0,
                     b.heading_above, _title_overlap(t, title), alike[(node.tag, node.cls)],
-                    _KIND_OF.get(node.tag, len(BLOCK_KINDS) - 1), node.kw_self, node.kw_anc, node.tag_ctx))
+                    KIND_OF.get(node.tag, len(BLOCK_KINDS) - 1), node.kw_self, node.kw_anc, node.tag_ctx))
         ids.append((id(p1), id(p2), id(p3)))
         cells.append(id(node.table) if node.table is not None else 0)
     r = np.array(raw, np.float64)
