@@ -14,10 +14,10 @@ from typer.testing import CliRunner
 from conftest import REPO
 from curation.cli import app
 
-#: the docs a reader is sent to: the two at the top and the READMEs beside what they document
+#: the docs a reader is sent to: the two at the top and the pages beside what they document
 DOCS = [REPO / "README.md", REPO / "ARCHITECTURE.md",
         *sorted(p for d in ("curation", "training", "pipelines", "tests/benchmarks", "infra")
-                for p in (REPO / d).rglob("README.md"))]
+                for p in (REPO / d).rglob("*.md"))]
 README = "\n".join(p.read_text() for p in DOCS)
 ROOT = typer.main.get_command(app)
 
