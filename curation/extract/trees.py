@@ -16,38 +16,32 @@ import numpy as np
 from numba import njit
 
 
-#: rows scored together: a chunk's features, transposed, stay in cache while every tree walks it
-_CHUNK = 256
-
-
 @njit(cache=True, nogil=True)
-def _raw(x, node, threshold, shift, value, roots, depth, baseline):  # pragma: no cover (compiled)
-    """Each tree walked by a chunk of rows at once, a level at a time, without a branch: a node's
-    children are ``child`` and ``child + 1``, a leaf is its own child (``Layout``). Each row's leaf
-    values are summed in tree order, as a row-at-a-time walk sums them (the same float result)."""
+def _raw(x, node, threshold, shift, value, roots, tree, deeper, baseline):  # pragma: no cover (compiled)
+    """A row at a time, every tree walked at once a level at a time, without a branch (the
+    trees' walks do not wait on each other): a node's children are ``child`` and ``child + 1``, a
+    leaf is its own child (``Layout``); at level ``L`` only the ``deeper[L]`` trees deeper than
+    ``L`` (the trees go deepest first). The leaf values are summed in the trees' own order, as a
+    tree-at-a-time walk sums them (the same float result)."""
     mask = (1 << shift) - 1
-    n, nf = x.shape
+    n = x.shape[0]
     out = np.empty(n)
-    xt = np.empty((nf, _CHUNK), np.float32)
-    at = np.empty(_CHUNK, np.int32)
-    s = np.empty(_CHUNK)
-    for lo in range(0, n, _CHUNK):
-        m = min(_CHUNK, n - lo)
-        for i in range(m):
-            for c in range(nf):
-                xt[c, i] = x[lo + i, c]
-            s[i] = 0.0
+    at = np.empty(len(roots), np.int32)
+    leaf = np.empty(len(roots), np.int32)
+    for i in range(n):
+        row = x[i]
         for k in range(len(roots)):
-            for i in range(m):
-                at[i] = roots[k]
-            for _ in range(depth[k]):
-                for i in range(m):
-                    j = 2 * at[i]
-                    at[i] = (node[j] >> shift) + np.int32(xt[node[j] & mask, i] > threshold[j + 1])
-            for i in range(m):
-                s[i] += value[at[i]]
-        for i in range(m):
-            out[lo + i] = baseline + s[i]
+            at[k] = roots[k]
+        for level in range(len(deeper)):
+            for k in range(deeper[level]):
+                j = 2 * at[k]
+                at[k] = (node[j] >> shift) + np.int32(row[node[j] & mask] > threshold[j + 1])
+        for k in range(len(roots)):
+            leaf[tree[k]] = at[k]
+        s = 0.0
+        for k in range(len(roots)):
+            s += value[leaf[k]]
+        out[i] = baseline + s
     return out
 
 
@@ -56,14 +50,16 @@ class Layout:
     """A ``Trees`` laid out for ``_raw``: per tree its nodes breadth first, so that a node's right
     child follows its left one; a leaf points at itself (feature 0, threshold +inf); thresholds as
     the largest float32 at or below them (a float32 feature is <= the float64 threshold exactly
-    when it is <= that float32); each tree's depth. A node is two int32 side by side (one cache
-    line for both): ``child << shift | feature``, and the threshold's float32 bits."""
+    when it is <= that float32). A node is two int32 side by side (one cache line for both):
+    ``child << shift | feature``, and the threshold's float32 bits. The trees deepest first:
+    their roots, which tree each is, and per level how many are deeper than it."""
 
     node: np.ndarray  # int32, two per node
     shift: int
     value: np.ndarray
     roots: np.ndarray
-    depth: np.ndarray
+    tree: np.ndarray
+    deeper: np.ndarray
 
     @property
     def threshold(self) -> np.ndarray:
@@ -97,7 +93,10 @@ class Layout:
         node = np.empty(2 * len(order), np.int32)
         node[0::2] = child << shift | np.where(leaf, 0, t.feature[order])
         node.view(np.float32)[1::2] = thr
-        return cls(node, shift, np.where(leaf, t.value[order], 0.0), new[t.roots].astype(np.int32), depth)
+        deepest = np.argsort(-depth, kind="stable")
+        deeper = np.array([(depth > level).sum() for level in range(depth.max(initial=0))], np.int64)
+        return cls(node, shift, np.where(leaf, t.value[order], 0.0), new[t.roots][deepest].astype(np.int32),
+                   deepest.astype(np.int32), deeper)
 
 
 @dataclass
@@ -117,8 +116,8 @@ class Trees:
         if x.shape[1] != self.n_features:
             raise ValueError(f"trees: {x.shape[1]} features given, the model was trained on {self.n_features}")
         t = self.layout
-        return _raw(np.ascontiguousarray(x, np.float32), t.node, t.threshold, t.shift, t.value, t.roots, t.depth,
-                    self.baseline)
+        return _raw(np.ascontiguousarray(x, np.float32), t.node, t.threshold, t.shift, t.value, t.roots, t.tree,
+                    t.deeper, self.baseline)
 
     @cached_property
     def layout(self) -> Layout:
