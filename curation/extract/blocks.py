@@ -297,7 +297,9 @@ def _page(root, cols: tuple) -> Page:
     page = Page(root=root, elements=[els[i] for i in e.tolist()])
     if not len(kept):
         return page
-    text_chars, ends = bk.block_texts(chars, lengths, refs[np.argsort(piece_block, kind="stable")], bl[:, 4], keep)
+    # a copy of the pieces column: one compiled type (a column of one row would be contiguous)
+    text_chars, ends = bk.block_texts(chars, lengths, refs[np.argsort(piece_block, kind="stable")],
+                                      np.ascontiguousarray(bl[:, 4]), keep)
     joined = text_chars.tobytes().decode("utf-32-le", "surrogatepass")
     starts = np.concatenate([[0], ends[:-1]])
     page.texts = [joined[a:b] for a, b in zip(starts.tolist(), ends.tolist())]
