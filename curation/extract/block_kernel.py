@@ -247,6 +247,8 @@ def _is_space(c):  # pragma: no cover
     """``str.isspace`` of one code point (what ``str.split()`` splits at)."""
     if c <= 32:
         return c == 32 or 9 <= c <= 13 or 28 <= c <= 31
+    if c < 133:
+        return False
     return c == 133 or c == 160 or c == 5760 or 8192 <= c <= 8202 or c == 8232 or c == 8233 or c == 8239 or \
         c == 8287 or c == 12288
 
