@@ -6,6 +6,7 @@ WCXB fixture pages (the shipped model was trained on these features)."""
 from __future__ import annotations
 
 import re
+from collections import Counter
 
 import numpy as np
 
@@ -88,8 +89,7 @@ def walk(root) -> Page:
     stack: list[_Node] = []
     words_total = 0
     heading_words = 0  # words of the last heading seen (a block under a heading)
-    n_li = n_heading = n_forms = n_articles = 0
-    has_main = 0
+    counts: Counter = Counter()  # blocks per tag
     h1_before = -1  # words before the first <h1> (-1: none)
     walker = etree.iterwalk(top, events=("start", "end"))
     for event, el in walker:
@@ -106,19 +106,7 @@ def walk(root) -> Page:
                 stack.append(_Node(el, "#skip", 0, 0, 0, stack[-1].depth + 1, stack[-1].block, stack[-1], False))
                 continue
             parent = stack[-1] if stack else None
-            items = el.items()  # one C call; most elements have no attribute
-            kw = 0
-            hidden = False
-            attrs = None
-            if items:
-                attrs = dict(items)
-                if "class" in attrs or "id" in attrs:
-                    kw = _class_bits(attrs)
-                # hidden is a signal, not a verdict: streamed pages (Next.js) put their content
-                # in a hidden <div> the script swaps in
-                style = attrs.get("style")
-                hidden = "hidden" in attrs or attrs.get("aria-hidden") == "true" or \
-                    (style is not None and "none" in style and DISPLAY_NONE.search(style) is not None)
+            kw, hidden, cls = _attributes(el)
             if parent is not None:
                 kw_anc = parent.kw_anc | parent.kw_self
                 ctx = parent.tag_ctx | TAG_BITS.get(tag, 0)
@@ -132,22 +120,13 @@ def walk(root) -> Page:
                 node = _Node(el, tag, kw, kw_anc, ctx, depth, blk, parent, False)
                 if tag == "table":
                     node.table = node
-                if attrs is not None:
-                    node.cls = attrs.get("class") or ""
+                if cls is not None:
+                    node.cls = cls
                 blk.node = node
                 blocks.append(blk)
                 if tag == "h1" and h1_before < 0:
                     h1_before = words_total
-                if tag == "li":
-                    n_li += 1
-                elif tag in HEADINGS:
-                    n_heading += 1
-                elif tag == "form":
-                    n_forms += 1
-                elif tag == "article":
-                    n_articles += 1
-                elif tag == "main":
-                    has_main = 1
+                counts[tag] += 1
             else:
                 # links are shallow: a link's words are link words up to the block around it
                 node = _Node(el, tag, kw, kw_anc, ctx, depth, parent.block, parent, parent.link or tag == "a")
@@ -170,7 +149,23 @@ def walk(root) -> Page:
                     words_total += _add(top, tail)
             if node.tag in HEADINGS:
                 heading_words = node.block.words
-    return _page(blocks, root, words_total, n_li, n_heading, n_forms, n_articles, has_main, h1_before)
+    return _page(blocks, root, words_total, counts["li"], sum(counts[h] for h in HEADINGS), counts["form"],
+                 counts["article"], min(counts["main"], 1), h1_before)
+
+
+def _attributes(el) -> tuple[int, bool, str | None]:
+    """An element's class/id keyword bits, its hidden flag and its class (None: no attribute)."""
+    items = el.items()  # one C call; most elements have no attribute
+    if not items:
+        return 0, False, None
+    attrs = dict(items)
+    kw = _class_bits(attrs) if "class" in attrs or "id" in attrs else 0
+    # hidden is a signal, not a verdict: streamed pages (Next.js) put their content in a hidden
+    # <div> the script swaps in
+    style = attrs.get("style")
+    hidden = "hidden" in attrs or attrs.get("aria-hidden") == "true" or \
+        (style is not None and "none" in style and DISPLAY_NONE.search(style) is not None)
+    return kw, hidden, attrs.get("class") or ""
 
 
 def _add(node: _Node, text: str) -> int:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+    sys.path.append(str(REPO))  # after PYTHONPATH: another tree's code when it names one
 
 from curation.extract.engines import decode_html, extract_page  # noqa: E402
 
@@ -67,7 +67,7 @@ def main() -> None:
     from curation.extract.gold import load
 
     engines = ["blocks", "resiliparse"] + (["trafilatura"] if a.trafilatura else [])
-    measure(f"WCXB dev, every {a.every}th page", [p.html for p in load("wcxb")[::a.every]], engines)
+    measure(f"WCXB dev, 1 page in {a.every}", [p.html for p in load("wcxb")[::a.every]], engines)
     if a.warc.is_file():
         measure(f"CC-like WARC {a.warc.name}", warc_pages(a.warc), engines)
     else:
