@@ -41,54 +41,64 @@ def walk_events(parent, code, kw_self, hidden, text_words, tail_words, props, hi
     totals = np.zeros(7, np.int64)
     totals[6] = -1
     stack = np.empty(n + 1, np.int64)
-    sp, nb, k, heading_words = 0, 0, 0, 0
-    for i in range(n + 1):
-        p = parent[i] if i < n else -1
-        while sp > 0 and stack[sp - 1] != p:  # the end events before element i starts
+    i, sp, nb, k, heading_words = 0, 0, 0, 0, 0
+    while True:
+        if sp > 0 and (i == n or stack[sp - 1] != parent[i]):  # an end event: element j's tail
             sp -= 1
             j = stack[sp]
-            q = parent[j]
-            if q >= 0:
-                words[q] += words[j]
-                link_words[q] += link_words[j]
-                if tail_words[j] >= 0:
-                    k = _piece(q, n + j, tail_words[j], block, link, words, link_words, bl, piece_ref, piece_block,
-                               totals, k)
+            node, ref, w = parent[j], n + j, -1
+            if node >= 0:
+                words[node] += words[j]
+                link_words[node] += link_words[j]
+                w = tail_words[j]
             if props[code[j], HEADING]:
                 heading_words = bl[block[j], 1]
-        if i == n:
+        elif i < n:  # a start event: element i's text
+            p, c = parent[i], code[i]
+            node, ref, w = i, i, text_words[i]
+            stack[sp] = i
+            sp += 1
+            i += 1
+            if p >= 0:
+                depth[node] = depth[p] + 1
+                table[node] = table[p]
+            if props[c, IS_SKIP]:
+                block[node] = block[p]
+                continue
+            if p >= 0:
+                kw_anc[node] = kw_anc[p] | kw_self[p]
+                ctx[node] = ctx[p] | props[c, TAG_BIT]
+            else:
+                ctx[node] = props[c, TAG_BIT]
+            if hidden[node]:
+                ctx[node] |= hidden_bit
+            if props[c, IS_BLOCK] or p < 0:
+                nb = _start_block(node, c, nb, props, block, table, bl, totals, heading_words)
+            else:
+                b = block[p]
+                block[node] = b
+                link[node] = link[p] or props[c, IS_A] != 0
+                if props[c, IS_A]:
+                    bl[b, 3] += 1
+                elif props[c, IS_BR]:
+                    piece_ref[k] = 2 * n
+                    piece_block[k] = b
+                    k += 1
+                    bl[b, 4] += 1
+        else:
             break
-        c = code[i]
-        stack[sp] = i
-        sp += 1
-        if p >= 0:
-            depth[i] = depth[p] + 1
-            table[i] = table[p]
-        if props[c, IS_SKIP]:
-            block[i] = block[p]
-            continue
-        if p >= 0:
-            kw_anc[i] = kw_anc[p] | kw_self[p]
-            ctx[i] = ctx[p] | props[c, TAG_BIT]
-        else:
-            ctx[i] = props[c, TAG_BIT]
-        if hidden[i]:
-            ctx[i] |= hidden_bit
-        if props[c, IS_BLOCK] or p < 0:
-            nb = _start_block(i, c, nb, props, block, table, bl, totals, heading_words)
-        else:
-            b = block[p]
-            block[i] = b
-            link[i] = link[p] or props[c, IS_A] != 0
-            if props[c, IS_A]:
-                bl[b, 3] += 1
-            elif props[c, IS_BR]:
-                piece_ref[k] = 2 * n
-                piece_block[k] = b
-                k += 1
-                bl[b, 4] += 1
-        if text_words[i] >= 0:
-            k = _piece(i, i, text_words[i], block, link, words, link_words, bl, piece_ref, piece_block, totals, k)
+        if node >= 0 and w >= 0:  # the text, or tail, of w words into node's block and subtree
+            b = block[node]
+            piece_ref[k] = ref
+            piece_block[k] = b
+            k += 1
+            bl[b, 4] += 1
+            bl[b, 1] += w
+            words[node] += w
+            if link[node]:
+                bl[b, 2] += w
+                link_words[node] += w
+            totals[0] += w
     return words, link_words, depth, kw_anc, ctx, table, bl[:nb], piece_ref[:k], piece_block[:k], totals
 
 
@@ -105,23 +115,6 @@ def _start_block(i, c, nb, props, block, table, bl, totals, heading_words):  # p
     if props[c, COUNT]:
         totals[props[c, COUNT]] += 1
     return nb + 1
-
-
-@njit(cache=True, nogil=True)
-def _piece(node, ref, w, block, link, words, link_words, bl, piece_ref, piece_block, totals, k):  # pragma: no cover
-    """A text (or a child's tail) of ``node`` with ``w`` words into its block and subtree."""
-    b = block[node]
-    piece_ref[k] = ref
-    piece_block[k] = b
-    bl[b, 4] += 1
-    if w:
-        bl[b, 1] += w
-        words[node] += w
-        if link[node]:
-            bl[b, 2] += w
-            link_words[node] += w
-    totals[0] += w
-    return k + 1
 
 
 @njit(cache=True, nogil=True)
@@ -148,95 +141,64 @@ _FNV_OFFSET, _FNV_PRIME = np.uint64(14695981039346656037), np.uint64(10995116282
 
 
 @njit(cache=True, nogil=True)
-def word_hash(chars, lo, hi):  # pragma: no cover
-    """FNV-1a of ``chars[lo:hi]`` lower-cased (ASCII letters)."""
-    h = _FNV_OFFSET
-    for i in range(lo, hi):
-        h = (h ^ np.uint64(chars[i] | 32)) * _FNV_PRIME
-    return h
-
-
-@njit(cache=True, nogil=True)
-def _is_lower(c):  # pragma: no cover
-    return 97 <= c <= 122
-
-
-@njit(cache=True, nogil=True)
-def _is_upper(c):  # pragma: no cover
-    return 65 <= c <= 90
-
-
-@njit(cache=True, nogil=True)
-def _token_end(chars, i, end):  # pragma: no cover
-    """Where the class/id token starting at ``i`` ends (``i``: none starts here): the regex
-    ``[A-Z]?[a-z]+|[A-Z]+(?![a-z])|[0-9]+`` matched at ``i``."""
-    c = chars[i]
-    e = i + 1
-    if _is_upper(c):
-        if e < end and _is_lower(chars[e]):
-            while e < end and _is_lower(chars[e]):
-                e += 1
-        else:
-            while e < end and _is_upper(chars[e]):
-                e += 1
-            if e < end and _is_lower(chars[e]):
-                e -= 1  # the last capital starts the next token ("HTMLParser": HTML, Parser)
-    elif _is_lower(c):
-        while e < end and _is_lower(chars[e]):
-            e += 1
-    elif 48 <= c <= 57:
-        while e < end and 48 <= chars[e] <= 57:
-            e += 1
-    else:
-        return i
-    return e
-
-
-@njit(cache=True, nogil=True)
-def _word_id(chars, lo, hi, slots, spelled, lengths):  # pragma: no cover
-    """The keyword word ``chars[lo:hi]`` is, lower-cased (-1: none): ``slots`` is an open-addressed
-    table of word ids by ``word_hash``, its size a power of two."""
-    if not _is_lower(chars[lo] | 32):
-        return -1  # a digit run: no keyword
-    n = hi - lo
-    mask = len(slots) - 1
-    at = word_hash(chars, lo, hi) & np.uint64(mask)
-    while slots[at] >= 0:
-        w = slots[at]
-        if lengths[w] == n:
-            j = 0
-            while j < n and spelled[w, j] == chars[lo + j] | 32:
-                j += 1
-            if j == n:
-                return w
-        at = (at + np.uint64(1)) & np.uint64(mask)
-    return -1
-
-
-@njit(cache=True, nogil=True)
 def class_bits(chars, lengths, slots, spelled, word_lengths, word_bits, pairs):  # pragma: no cover
     """Per class/id string (``chars``: the strings end to end, one byte a character, non-ASCII as
-    ``?``): the OR of ``word_bits`` of its tokens (``_token_end``) and of each two neighbouring
-    tokens' ``pairs`` row (first word, second word, bits)."""
+    ``?``): the OR of ``word_bits`` of its tokens and of each two neighbouring tokens' ``pairs``
+    row (first word, second word, bits). A token is what ``[A-Z]?[a-z]+|[A-Z]+(?![a-z])|[0-9]+``
+    matches, lower-cased; it is looked up by its FNV-1a hash in ``slots`` (open addressing, a power
+    of two long) and spelled out against ``spelled``. One loop, no calls: a call that takes an
+    array costs more than a token here."""
     out = np.zeros(len(lengths), np.int64)
+    mask = np.uint64(len(slots) - 1)
     at = 0
     for k in range(len(lengths)):
         end = at + lengths[k]
         bits, prev, i = 0, -1, at
         while i < end:
-            e = _token_end(chars, i, end)
-            if e == i:
+            c = chars[i]
+            e = i + 1
+            if 65 <= c <= 90:
+                if e < end and 97 <= chars[e] <= 122:
+                    while e < end and 97 <= chars[e] <= 122:
+                        e += 1
+                else:
+                    while e < end and 65 <= chars[e] <= 90:
+                        e += 1
+                    if e < end and 97 <= chars[e] <= 122:
+                        e -= 1  # the last capital starts the next token ("HTMLParser": HTML, Parser)
+            elif 97 <= c <= 122:
+                while e < end and 97 <= chars[e] <= 122:
+                    e += 1
+            elif 48 <= c <= 57:
+                while e < end and 48 <= chars[e] <= 57:
+                    e += 1
+                prev, i = -1, e  # a digit run: no keyword
+                continue
+            else:
                 i += 1
                 continue
-            w = _word_id(chars, i, e, slots, spelled, word_lengths)
+            w = -1
+            h = _FNV_OFFSET
+            for j in range(i, e):
+                h = (h ^ np.uint64(chars[j] | 32)) * _FNV_PRIME
+            slot = h & mask
+            while slots[slot] >= 0:
+                cand = slots[slot]
+                if word_lengths[cand] == e - i:
+                    j = 0
+                    while j < e - i and spelled[cand, j] == chars[i + j] | 32:
+                        j += 1
+                    if j == e - i:
+                        w = cand
+                        break
+                slot = (slot + np.uint64(1)) & mask
             if w >= 0:
                 bits |= word_bits[w]
                 if prev >= 0:
                     for p in range(len(pairs)):
                         if pairs[p, 0] == prev and pairs[p, 1] == w:
                             bits |= pairs[p, 2]
-            prev = w
-            i = e
+            prev, i = w, e
         out[k] = bits
         at = end
     return out

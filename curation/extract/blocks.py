@@ -112,7 +112,7 @@ _N_NUM, _N_KIND, _N_KW, _N_TAG = len(_NUMERIC), len(BLOCK_KINDS), len(KEYWORDS),
 
 
 def _fnv1a(word: str) -> int:
-    """``block_kernel.word_hash`` of a lower-case word."""
+    """The FNV-1a hash ``block_kernel.class_bits`` takes of a lower-case word."""
     h = 14695981039346656037
     for c in word.encode():
         h = ((h ^ c) * 1099511628211) & 0xFFFF_FFFF_FFFF_FFFF
