@@ -1,11 +1,16 @@
 """The block walk's arithmetic, compiled: ``blocks`` collects each element's tag, parent, class
-bits and word counts in document order (the only Python per element), and ``walk_events``
+and id, text and tail in document order (the only Python per element); here ``walk_events``
 replays the walk's start and end events from the parents (an element ends when the next one's
-parent is not it), summing words into blocks and subtrees as the walk did.
+parent is not it), summing words into blocks and subtrees as the walk did; ``class_bits`` finds
+the keyword words of class and id strings; ``word_counts``, ``block_texts``, ``text_counts`` and
+``title_overlap`` read the page's text as code points (whitespace as ``str.split``'s).
 
 Pieces: a block's text is its pieces joined in event order; a piece is an element's text
 (``ref = i``), an element's tail (``ref = n + i``, given to its parent's block) or a ``<br>``
 (``ref = 2 * n``).
+
+The loops call no function that takes an array: numba counts references of every array a call
+passes, which costs more than a token or a piece.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@
 ``Trees.predict(x)`` gives the same probabilities as ``model.predict_proba(x)[:, 1]`` (tested
 against it) without scikit-learn's per-call checks, which cost more than the trees on a page's
 few hundred blocks. Features never hold NaN here, so the missing-value branch is not stored.
+Scoring reads the nodes re-laid out (``Layout``: every tree of a row walked at once, branch-free);
+the sums are a tree-at-a-time walk's, bit for bit.
 """
 
 from __future__ import annotations
