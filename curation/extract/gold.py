@@ -1,4 +1,4 @@
-"""Gold sets for extraction: pages with what their main text should be.
+r"""Gold sets for extraction: pages with what their main text should be.
 
 - ``aeb``: the article-extraction benchmark (181 news pages, gold ``articleBody``);
 - ``trafilatura``: trafilatura's eval set (990 pages, ``with``/``without`` snippets);

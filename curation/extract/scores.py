@@ -1,4 +1,4 @@
-"""How well an extraction keeps a page's text and its structure, against gold: the measures
+r"""How well an extraction keeps a page's text and its structure, against gold: the measures
 ``refinery eval extract`` reports. No Ray, no run directory, no files: strings in, numbers out.
 
 Every measure is computed per page and summed (or averaged) over a group of pages: a gold set,
