@@ -1,4 +1,4 @@
-"""The README's extraction table from a `refinery eval extract` report (one run, every
+"""The extraction table of curation/extract/README.md from a `refinery eval extract` report (one run, every
 configuration): WCXB word F1 overall and per page type with its empty pages, trafilatura's
 benchmark scored its way (segment P / R / F1) and as with/without rates, the article-extraction
 benchmark's and Mozilla's word F1, Mozilla's structure kept, docs per CPU-second. Prints Markdown;
@@ -28,7 +28,7 @@ def main(path: str) -> None:
     rep = json.loads(open(path).read())
     print("| config | WCXB F1 | " + " | ".join(TYPES) + " | WCXB empty | trafilatura seg P / R / F1 | with / without "
           "| aeb F1 | Mozilla F1 | code lines | table rows | docs per CPU-s |")
-    print("|---" * (len(TYPES) + 11) + "|")
+    print("|---" * (len(TYPES) + 10) + "|")
     for spec, e in rep["engines"].items():
         sets, types = e["sets"], e["page_types"]
         w, t, a, m = (sets.get(k, {}) for k in ("wcxb", "trafilatura", "aeb", "readability"))
