@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from train_helpers import SMALL, compare_steps, records, row_ids, torchrun, write_config
+from train_helpers import SMALL, compare_steps, mesh_config, records, row_ids, torchrun
 from training.synthetic import write_packed
 from training.train import main
 
@@ -25,17 +25,7 @@ pytestmark = pytest.mark.slow
 
 def config(tmp: Path, packs, name: str) -> Path:
     train, held = packs
-    return write_config(tmp, name, {
-        "seed": 0,
-        "model": MODEL,
-        "data": {"path": str(train), "seq_len": SEQ},
-        "train": {"global_batch": 8, "micro_batch": 2, "steps": STEPS, "threads": 1},
-        "optim": {"lr": 3e-3},
-        "schedule": {"warmup_steps": 3},
-        "checkpoint": {"every": 4, "final_save": False},
-        "metrics": {"every": 1, "progress": "off", "tensorboard": False, "log_row_ids": True},
-        "eval": {"path": str(held), "every": 4, "batches": 1},
-    })
+    return mesh_config(tmp, name, train, MODEL, SEQ, STEPS, 4, held)
 
 
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from train_helpers import SMALL, compare_steps, records, row_ids, torchrun, write_config
+from train_helpers import SMALL, compare_steps, mesh_config, records, row_ids, torchrun
 from training.config import ConfigError, ModelConfig, ParallelConfig
 from training.parallel import DistEnv, mesh_shape, strategy_for
 from training.pipeline_parallel import check_pp, rank_stages, stage_layers
@@ -36,17 +36,7 @@ pytestmark = pytest.mark.slow
 
 def config(tmp: Path, packs, name: str, **sections) -> Path:
     train, held = packs
-    return write_config(tmp, name, {
-        "seed": 0,
-        "model": MODEL,
-        "data": {"path": str(train), "seq_len": SEQ},
-        "train": {"global_batch": 8, "micro_batch": 2, "steps": STEPS, "threads": 1},
-        "optim": {"lr": 3e-3},
-        "schedule": {"warmup_steps": 3},
-        "checkpoint": {"every": 4, "final_save": False},
-        "metrics": {"every": 1, "progress": "off", "tensorboard": False, "log_row_ids": True},
-        "eval": {"path": str(held), "every": 4, "batches": 1},
-    }, **sections)
+    return mesh_config(tmp, name, train, MODEL, SEQ, STEPS, 4, held, **sections)
 
 
 @pytest.fixture(scope="module")

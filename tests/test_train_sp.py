@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from train_helpers import SMALL, compare_steps, records, torchrun, write_config
+from train_helpers import SMALL, compare_steps, mesh_config, records, torchrun, write_config
 from training.config import ConfigError, ModelConfig, ParallelConfig
 from training.synthetic import write_packed
 from training.tensor_parallel import check_tp
@@ -36,16 +36,8 @@ pytestmark = pytest.mark.slow
 
 
 def config(tmp_path: Path, pack: Path, name: str, **sections) -> Path:
-    return write_config(tmp_path, name, {
-        "seed": 0,
-        "model": {"vocab_size": VOCAB, **SMALL, "attention": "segments"},
-        "data": {"path": str(pack), "seq_len": SEQ},
-        "train": {"global_batch": 8, "micro_batch": 2, "steps": STEPS, "threads": 1},
-        "optim": {"lr": 3e-3},
-        "schedule": {"warmup_steps": 3},
-        "checkpoint": {"every": 6, "final_save": False},
-        "metrics": {"every": 1, "progress": "off", "tensorboard": False, "log_row_ids": True},
-    }, **sections)
+    return mesh_config(tmp_path, name, pack, {"vocab_size": VOCAB, **SMALL, "attention": "segments"}, SEQ, STEPS, 6,
+                       **sections)
 
 
 @pytest.fixture(scope="module")

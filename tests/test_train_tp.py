@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from train_helpers import SMALL, compare_steps, records, row_ids, torchrun, write_config
+from train_helpers import SMALL, compare_steps, mesh_config, records, row_ids, torchrun
 from training.config import ConfigError, ModelConfig, ParallelConfig
 from training.parallel import DistEnv, init_distributed, mesh_shape, strategy_for
 from training.synthetic import write_packed
@@ -38,16 +38,8 @@ pytestmark = pytest.mark.slow
 
 
 def config(tmp_path: Path, data: Path, name: str, **sections) -> Path:
-    return write_config(tmp_path, name, {
-        "seed": 0,
-        "model": {"vocab_size": VOCAB, **SMALL, "attention": "segments"},
-        "data": {"path": str(data), "seq_len": SEQ},
-        "train": {"global_batch": 8, "micro_batch": 2, "steps": STEPS, "threads": 1},
-        "optim": {"lr": 3e-3},
-        "schedule": {"warmup_steps": 3},
-        "checkpoint": {"every": 6, "final_save": False},
-        "metrics": {"every": 1, "progress": "off", "tensorboard": False, "log_row_ids": True},
-    }, **sections)
+    return mesh_config(tmp_path, name, data, {"vocab_size": VOCAB, **SMALL, "attention": "segments"}, SEQ, STEPS, 6,
+                       **sections)
 
 
 @pytest.fixture(scope="module")

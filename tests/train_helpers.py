@@ -32,6 +32,27 @@ def write_config(tmp_path: Path, name: str, raw: dict, **sections) -> Path:
     return path
 
 
+def mesh_config(tmp_path: Path, name: str, train: Path, model: dict, seq: int, steps: int, checkpoint_every: int,
+                held: Path | None = None, /, **sections) -> Path:
+    """The run the mesh tests (TP, SP, PP, HSDP x PP) train on every mesh and on one process:
+    8 rows a step in micro-batches of 2, every step's loss and row ids logged, no final save;
+    with ``held``, an eval every ``checkpoint_every`` steps. ``sections`` override as in
+    ``write_config`` (``model=``, ``train=``... too: the arguments before them are positional)."""
+    raw = {
+        "seed": 0,
+        "model": model,
+        "data": {"path": str(train), "seq_len": seq},
+        "train": {"global_batch": 8, "micro_batch": 2, "steps": steps, "threads": 1},
+        "optim": {"lr": 3e-3},
+        "schedule": {"warmup_steps": 3},
+        "checkpoint": {"every": checkpoint_every, "final_save": False},
+        "metrics": {"every": 1, "progress": "off", "tensorboard": False, "log_row_ids": True},
+    }
+    if held is not None:
+        raw["eval"] = {"path": str(held), "every": checkpoint_every, "batches": 1}
+    return write_config(tmp_path, name, raw, **sections)
+
+
 def records(run_dir: Path, kind: str = "train") -> list[dict]:
     """The records of one kind in the run's metrics.jsonl, in order."""
     return [r for r in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if r["kind"] == kind]
