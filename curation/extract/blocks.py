@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from curation.extract import block_kernel as bk
+from curation.extract.page_signals import PAGE_SIGNALS, page_signals
 
 #: elements that start a block (their own text is one block)
 BLOCK_TAGS = frozenset(
@@ -107,6 +108,7 @@ FEATURES: tuple[str, ...] = (
     *(f"self_{n}" for n, _ in KEYWORDS),
     *(f"anc_{n}" for n, _ in KEYWORDS),
     *(n for n, _ in TAG_CONTEXT), "in_hidden",
+    *PAGE_SIGNALS,
 )
 _N_NUM, _N_KIND, _N_KW, _N_TAG = len(_NUMERIC), len(BLOCK_KINDS), len(KEYWORDS), len(TAG_CONTEXT) + 1
 
@@ -221,13 +223,16 @@ def walk(root) -> Page:
     top = body if body is not None else root
     if top.tag in SKIP_TAGS:
         return Page(root=root)
-    return _page(root, _collect(top))
+    scripts: list = []
+    itemtypes: list[str] = []
+    return _page(root, _collect(top, scripts, itemtypes), scripts, itemtypes)
 
 
-def _collect(top) -> tuple:
+def _collect(top, scripts: list, itemtypes: list[str]) -> tuple:
     """One ``iterwalk`` over ``top``: per element in document order its element, tag code, parent,
     text, tail, class/id string, class attribute and hidden flag (skipped subtrees: the element
-    alone, its text not read)."""
+    alone, its text not read); the ``<script>`` elements it passes and the ``itemtype`` values it
+    reads are added to ``scripts`` and ``itemtypes`` (``page_signals``)."""
     from lxml import etree
 
     rows = []
@@ -236,6 +241,7 @@ def _collect(top) -> tuple:
     push, pop = stack.append, stack.pop
     code_of = TAG_CODE.get
     first_skip = len(_CODED) + 1
+    script_code = TAG_CODE["script"]
     walker = etree.iterwalk(top, events=("start", "end"))
     i = -1
     for event, el in walker:
@@ -249,6 +255,8 @@ def _collect(top) -> tuple:
             if code:
                 i += 1
                 add((el, code, stack[-1], "", el.tail or "", "", "", False))
+                if code == script_code:
+                    scripts.append(el)
             push(i if code else -2)
             continue
         i += 1
@@ -263,6 +271,8 @@ def _collect(top) -> tuple:
                     ident = v
                 elif k == "style":
                     style = v
+                elif k == "itemtype":
+                    itemtypes.append(v)
                 elif k == "hidden" or k == "aria-hidden" and v == "true":
                     # hidden is a signal, not a verdict: streamed pages (Next.js) put their
                     # content in a hidden <div> the script swaps in
@@ -277,7 +287,7 @@ def _collect(top) -> tuple:
     return tuple(zip(*rows))
 
 
-def _page(root, cols: tuple) -> Page:
+def _page(root, cols: tuple, scripts: list, itemtypes: list[str]) -> Page:
     els, codes, parents, texts, tails, keys, classes, hidden = cols
     n = len(els)
     code = np.array(codes, np.int64)
@@ -319,7 +329,7 @@ def _page(root, cols: tuple) -> Page:
     r[:, 22] = [alike[k] for k in kind_cls]
     r[:, 23] = _KIND_CODE[code[e]]
     bits = np.column_stack([kw[e], kw_anc[e], ctx[e]])
-    page.features = feature_matrix(r, bits, totals)
+    page.features = feature_matrix(r, bits, totals, page_signals(root, "\n".join(page.texts), scripts, itemtypes))
     page.groups = np.column_stack(ups)
     page.cells = np.where(table[e] >= 0, table[e] + 1, 0)
     return page
@@ -370,12 +380,13 @@ def _title_words(root) -> frozenset[str]:
     return frozenset(w for w in (text or "").lower().split() if len(w) > 2)
 
 
-def feature_matrix(r: np.ndarray, bits: np.ndarray, totals: np.ndarray) -> np.ndarray:
+def feature_matrix(r: np.ndarray, bits: np.ndarray, totals: np.ndarray, signals: np.ndarray) -> np.ndarray:
     """The feature matrix (``FEATURES``) from the blocks' raw columns (``_page``: words, link
     words, characters, links, pieces, depth, words before, sentence end, commas, periods, digits
     and characters of the first 200, upper-case start, repeats, parent's / grandparent's /
     great-grandparent's words and link words, heading above, title overlap, blocks alike, kind),
-    their class, ancestors' class and tag-context bits, and the page totals (``block_kernel``)."""
+    their class, ancestors' class and tag-context bits, the page totals (``block_kernel``) and what
+    the page says of its kind (``page_signals``), the same in every row."""
     words_total, n_li, n_heading, n_forms, n_articles, has_main, h1_before = totals.tolist()
     n = len(r)
     w, lw = r[:, 0], r[:, 1]
@@ -428,6 +439,7 @@ def feature_matrix(r: np.ndarray, bits: np.ndarray, totals: np.ndarray) -> np.nd
     x[:, o:o + _N_KW] = (bits[:, 1:2] >> shifts) & 1
     o += _N_KW
     x[:, o:o + _N_TAG] = (bits[:, 2:3] >> np.arange(_N_TAG)) & 1
+    x[:, o + _N_TAG:] = signals
     return x
 
 

@@ -12,6 +12,7 @@ import numpy as np
 
 from curation.extract.blocks import (BLOCK_KINDS, BLOCK_TAGS, DISPLAY_NONE, HEADINGS, HIDDEN_BIT, KIND_OF, SKIP_TAGS,
                                      TAG_BITS, WORD_BITS, Page, feature_matrix)
+from curation.extract.page_signals import page_signals
 
 _TOKEN = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|[0-9]+")
 
@@ -91,6 +92,8 @@ def walk(root) -> Page:
     heading_words = 0  # words of the last heading seen (a block under a heading)
     counts: Counter = Counter()  # blocks per tag
     h1_before = -1  # words before the first <h1> (-1: none)
+    scripts: list = []  # the <script> elements passed, and the itemtype values read (page_signals)
+    itemtypes: list[str] = []
     walker = etree.iterwalk(top, events=("start", "end"))
     for event, el in walker:
         tag = el.tag
@@ -100,6 +103,8 @@ def walk(root) -> Page:
             continue
         if event == "start":
             if tag in SKIP_TAGS:
+                if tag == "script":
+                    scripts.append(el)
                 walker.skip_subtree()  # its "end" still comes: its tail goes to the parent's block there
                 if not stack:
                     break
@@ -107,6 +112,8 @@ def walk(root) -> Page:
                 continue
             parent = stack[-1] if stack else None
             kw, hidden, cls = _attributes(el)
+            if el.get("itemtype") is not None:
+                itemtypes.append(el.get("itemtype"))
             if parent is not None:
                 kw_anc = parent.kw_anc | parent.kw_self
                 ctx = parent.tag_ctx | TAG_BITS.get(tag, 0)
@@ -149,8 +156,8 @@ def walk(root) -> Page:
                     words_total += _add(top, tail)
             if node.tag in HEADINGS:
                 heading_words = node.block.words
-    return _page(blocks, root, words_total, counts["li"], sum(counts[h] for h in HEADINGS), counts["form"],
-                 counts["article"], min(counts["main"], 1), h1_before)
+    return _page(blocks, root, scripts, itemtypes, words_total, counts["li"], sum(counts[h] for h in HEADINGS),
+                 counts["form"], counts["article"], min(counts["main"], 1), h1_before)
 
 
 def _attributes(el) -> tuple[int, bool, str | None]:
@@ -200,8 +207,8 @@ def _title_words(root) -> frozenset[str]:
     return frozenset(w for w in (text or "").lower().split() if len(w) > 2)
 
 
-def _page(blocks: list[_Block], root, words_total: int, n_li: int, n_heading: int, n_forms: int,
-          n_articles: int, has_main: int, h1_before: int) -> Page:
+def _page(blocks: list[_Block], root, scripts: list, itemtypes: list[str], words_total: int, n_li: int,
+          n_heading: int, n_forms: int, n_articles: int, has_main: int, h1_before: int) -> Page:
     kept = [b for b in blocks if b.words > 0]
     n = len(kept)
     page = Page(root=root, elements=[b.node.el for b in kept])
@@ -240,7 +247,7 @@ def _page(blocks: list[_Block], root, words_total: int, n_li: int, n_heading: in
     r = np.array(raw, np.float64)
     bits = np.array([row[-3:] for row in raw], np.int64)
     totals = np.array([words_total, n_li, n_heading, n_forms, n_articles, has_main, h1_before], np.int64)
-    x = feature_matrix(r[:, :24], bits, totals)
+    x = feature_matrix(r[:, :24], bits, totals, page_signals(root, "\n".join(texts), scripts, itemtypes))
     page.texts = texts
     page.features = x
     page.groups = np.array(ids, np.int64)

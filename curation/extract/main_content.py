@@ -10,7 +10,10 @@ where they are seen together.
 
 Both passes are gradient-boosted trees (``trees.Trees``) trained by the project on gold pages
 (``curation.extract.train``, ``refinery extract train``), shipped as ``models/blocks.json``.
-A block is kept when pass two scores it ``>= threshold``.
+Which blocks are kept is decided per page from pass two's scores (``keep_blocks``): the set that
+maximizes the page's expected word F1, which is every block scoring above half that expected F1
+(a page whose blocks are all uncertain keeps more of them than a page with one sure article);
+a block under ``floor`` is never kept.
 
 ``extract_blocks(html, format)``: the main content as text (kept blocks, one a line) or
 Markdown (the tree pruned to the kept blocks, then the Markdown writer with main-content
@@ -44,13 +47,15 @@ class ModelError(ValueError):
 class BlockModel:
     first: Trees
     second: Trees
-    threshold: float = 0.5
+    threshold: float = 0.5  # data tables are decided against it (``whole_tables``)
+    floor: float = 0.2  # no block scoring under it is kept (``keep_blocks``)
     features: tuple[str, ...] = FEATURES
     trained_on: dict | None = None  # what the training said about itself (sets, pages, CV figures)
 
     def to_json(self) -> dict:
-        return {"kind": "refinery.block_model", "version": 1, "features": list(self.features),
-                "second_pass": list(SECOND_PASS), "threshold": self.threshold, "first": self.first.to_json(),
+        return {"kind": "refinery.block_model", "version": 2, "features": list(self.features),
+                "second_pass": list(SECOND_PASS), "threshold": self.threshold, "floor": self.floor,
+                "first": self.first.to_json(),
                 "second": self.second.to_json(), "trained_on": self.trained_on}
 
     @classmethod
@@ -61,7 +66,7 @@ class BlockModel:
             raise ModelError(f"{source}: trained on another feature set than this version computes; "
                              "retrain it with `refinery extract train`")
         return cls(Trees.from_json(d["first"]), Trees.from_json(d["second"]), float(d["threshold"]),
-                   tuple(d["features"]), d.get("trained_on"))
+                   float(d.get("floor", 0.2)), tuple(d["features"]), d.get("trained_on"))
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_json()))
@@ -72,6 +77,25 @@ class BlockModel:
             return np.zeros(0)
         p1 = self.first.predict(page.features)
         return self.second.predict(second_pass_features(page.features, p1, page.groups))
+
+
+def keep_blocks(scores: np.ndarray, words: np.ndarray, floor: float) -> np.ndarray:
+    """Which blocks to keep (a bool each): those that maximize the page's expected word F1 when
+    block ``i``'s words are main content with probability ``scores[i]``, independently.
+
+    Expected F1 of a kept set K is about ``2 * sum_K(p*w) / (sum_K(w) + sum_all(p*w))``, a ratio
+    whose best K keeps every block with ``p`` above half the best value (Dinkelbach): a prefix of
+    the blocks by score, found in one pass over the cumulative sums."""
+    keep = np.zeros(len(scores), np.bool_)
+    if not len(scores):
+        return keep
+    p = np.asarray(scores, np.float64)
+    w = np.asarray(words, np.float64)
+    order = np.argsort(-p, kind="stable")
+    gain = np.cumsum((p * w)[order])
+    f1 = 2 * gain / np.maximum(np.cumsum(w[order]) + gain[-1], 1e-9)
+    keep[order[:int(np.argmax(f1)) + 1]] = True
+    return keep & (p >= floor)
 
 
 @lru_cache(maxsize=8)
@@ -165,7 +189,7 @@ def extract_blocks(html: str, format: str = "text", model: BlockModel | None = N
         return meta_description(page.root)
     model = model or load_model()
     scores = model.scores(page)
-    keep = whole_tables(page, scores, scores >= model.threshold, model.threshold)
+    keep = whole_tables(page, scores, keep_blocks(scores, page.features[:, 0], model.floor), model.threshold)
     if format == "markdown":
         return _markdown(page, keep, markdown_options or {})
     return "\n".join(t for t, k in zip(page.texts, keep) if k)

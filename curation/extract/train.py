@@ -26,7 +26,7 @@ from urllib.parse import urlparse
 import numpy as np
 
 from curation.extract.blocks import page_blocks
-from curation.extract.main_content import BlockModel, second_pass_features
+from curation.extract.main_content import BlockModel, keep_blocks, second_pass_features
 from curation.extract.trees import export
 
 _WORD = re.compile(r"\w+")
@@ -150,9 +150,10 @@ def fit(ds: Dataset, folds: int = 5, seed: int = 0, threshold: float = 0.5,
     return BlockModel(first, second, threshold), oof
 
 
-def decide(texts: Sequence[str], scores: np.ndarray, threshold: float) -> str:
-    """The text ``extract_blocks`` writes for these block scores (kept blocks, one a line)."""
-    return "\n".join(t for t, s in zip(texts, scores) if s >= threshold)
+def decide(texts: Sequence[str], scores: np.ndarray, words: np.ndarray, floor: float) -> str:
+    """The text ``extract_blocks`` writes for these block scores (kept blocks, one a line; data
+    tables aside)."""
+    return "\n".join(t for t, k in zip(texts, keep_blocks(scores, words, floor)) if k)
 
 
 def train_from_gold(gold: Sequence[str], out: str, folds: int = 5, cv: bool = False, seed: int = 0,
@@ -182,8 +183,8 @@ def train_from_gold(gold: Sequence[str], out: str, folds: int = 5, cv: bool = Fa
         by: dict[str, list[float]] = {}
         empty: dict[str, int] = {}
         per_page = []
-        for p, texts, s in zip(pages, ds.texts, oof):
-            text = decide(texts, s, model.threshold) if texts else ""
+        for p, texts, s, x in zip(pages, ds.texts, oof, ds.x):
+            text = decide(texts, s, x[:, 0], model.floor) if texts else ""
             prec, rec, f1 = word_prf(text, p.text, p.scoring)
             per_page.append((f1, prec, rec, p.set, p.name, p.page_type, p.url))
             for key in (p.set, f"{p.set}:{p.page_type}" if p.page_type else None):
