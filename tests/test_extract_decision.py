@@ -89,3 +89,25 @@ def test_keep_blocks_adapts_its_threshold_and_respects_the_floor():
     # under the floor nothing is kept, however the page looks
     assert not keep_blocks(np.array([0.15, 0.1]), np.array([10.0, 10.0]), 0.2).any()
     assert keep_blocks(np.zeros(0), np.zeros(0), 0.2).tolist() == []
+
+
+def test_a_page_inside_an_unclosed_button_is_walked():
+    """libxml2's parser nests the rest of a page into a <button> whose divs are left open (as on Dotdash
+    Meredith's sites; an HTML5 parser closes them at ``</button>``):
+    such a button is walked as an inline element, where a small button keeps being skipped."""
+    from curation.extract import blocks_reference
+
+    story = " ".join(["Growing up on a farm, I thought everyone had an acre or two to plant."] * 20)
+    html = ("<html><head><title>Gardens</title></head><body><header><div class='menu'>"
+            "<button class='menu-button'><div class='inner'><div></button></div></header>"
+            f"<main><article><h1>How to start a garden</h1><p>{story}</p><p>Water it often.</p></article></main>"
+            "<footer><button><div>Close</div></button><p>Copyright 2026</p></footer></body></html>")
+    page = page_blocks(html)
+    # the parser did nest the article into the button, and the walk found it there
+    button = page.root.find(".//button")
+    assert button.find(".//article") is not None
+    assert any(t.startswith("Growing up on a farm") for t in page.texts) and "Water it often." in page.texts
+    # a button holding a block but little text is still skipped: its "Close" is no block's text
+    assert not any("Close" in t for t in page.texts)
+    ref = blocks_reference.page_blocks(html)
+    assert ref.texts == page.texts and np.array_equal(ref.features, page.features)

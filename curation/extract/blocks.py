@@ -241,7 +241,7 @@ def _collect(top, scripts: list, itemtypes: list[str]) -> tuple:
     push, pop = stack.append, stack.pop
     code_of = TAG_CODE.get
     first_skip = len(_CODED) + 1
-    script_code = TAG_CODE["script"]
+    script_code, button_code = TAG_CODE["script"], TAG_CODE["button"]
     walker = etree.iterwalk(top, events=("start", "end"))
     i = -1
     for event, el in walker:
@@ -250,6 +250,8 @@ def _collect(top, scripts: list, itemtypes: list[str]) -> tuple:
             continue
         tag = el.tag
         code = code_of(tag, 0)
+        if code == button_code and swallowed(el):
+            code = 0  # walked as an inline element
         if code >= first_skip or not code and not isinstance(tag, str):  # skipped, or a comment or entity
             walker.skip_subtree()  # its "end" still comes: its tail goes to the parent's block then
             if code:
@@ -464,6 +466,17 @@ def _drop_own_text(el) -> None:
             child.tail = None
         else:
             el.remove(child)  # lxml drops the child's tail with it
+
+
+#: a <button> holding block elements and more text than this is the rest of the page, nested into
+#: an unclosed button by libxml2's parser (an HTML5 parser closes it; seen on whole publishers'
+#: sites, Dotdash Meredith's): walked as an inline element, not skipped with its page
+SWALLOWED_CHARS = 1000
+
+
+def swallowed(el) -> bool:
+    """Whether the skipped element ``el`` (a <button>) holds a page (``SWALLOWED_CHARS``)."""
+    return _holds_block(el) and len(el.xpath("string()")) > SWALLOWED_CHARS
 
 
 def _holds_block(el) -> bool:

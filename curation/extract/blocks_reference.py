@@ -11,7 +11,7 @@ from collections import Counter
 import numpy as np
 
 from curation.extract.blocks import (BLOCK_KINDS, BLOCK_TAGS, DISPLAY_NONE, HEADINGS, HIDDEN_BIT, KIND_OF, SKIP_TAGS,
-                                     TAG_BITS, WORD_BITS, Page, feature_matrix)
+                                     TAG_BITS, WORD_BITS, Page, feature_matrix, swallowed)
 from curation.extract.page_signals import page_signals
 
 _TOKEN = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|[0-9]+")
@@ -102,7 +102,7 @@ def walk(root) -> Page:
                 walker.skip_subtree()
             continue
         if event == "start":
-            if tag in SKIP_TAGS:
+            if tag in SKIP_TAGS and not (tag == "button" and swallowed(el)):
                 if tag == "script":
                     scripts.append(el)
                 walker.skip_subtree()  # its "end" still comes: its tail goes to the parent's block there
