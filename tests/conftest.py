@@ -22,6 +22,28 @@ def ray_session():
     ray.shutdown()
 
 
+@pytest.fixture(scope="session")
+def two_ranks(request, tmp_path_factory):
+    """The "model split by hand" jobs over two spawned CPU processes (gloo): each test module that
+    uses this fixture names its job as ``TWO_RANK_JOB = (function name, extra args)``, and the
+    jobs of every such module in the session run one after the other in ONE spawned pair (the
+    processes start and import torch once, not once per module). Returns a function: module name
+    -> that job's output folder (``rank{r}.json``), or the error that stopped the pair."""
+    from train_helpers import spawn_two_rank_jobs
+
+    modules = {item.module.__name__: item.module for item in request.session.items
+               if "two_ranks" in getattr(item, "fixturenames", ()) and getattr(item, "module", None) is not None}
+    outs, error = spawn_two_rank_jobs({name: mod.TWO_RANK_JOB for name, mod in sorted(modules.items())},
+                                      tmp_path_factory.mktemp("two_ranks"))
+
+    def out(module: str) -> Path:
+        if not all((outs[module] / f"rank{r}.json").exists() for r in range(2)):
+            raise RuntimeError(f"the spawned pair stopped before {module}'s job ended") from error
+        return outs[module]
+
+    return out
+
+
 @pytest.fixture()
 def in_repo(monkeypatch):
     """Run with the repo as CWD so DAGs' relative paths (tests/data/...) resolve."""

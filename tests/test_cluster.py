@@ -92,12 +92,17 @@ def _run(dag_file: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
     return res
 
 
-def _side_by_side(*runs: tuple) -> None:
-    """``_run`` each (dag, out, *extra) at once: a cluster run and its embedded reference share
-    nothing (the cluster has its own temp dir), and each is mostly Ray starting and waiting."""
-    with ThreadPoolExecutor(len(runs)) as pool:
-        for done in [pool.submit(_run, *r) for r in runs]:
-            done.result()
+def _beside_a_local_run(cluster_run: tuple, dag_file: Path, local: Path) -> None:
+    """``_run(*cluster_run)`` (a ``refinery run --address`` process) and, meanwhile, its one-worker
+    reference in this process (``run_dag`` on the session's one-node Ray): they share nothing
+    (the cluster has its own temp dir), and the reference needs no process and Ray of its own."""
+    from curation.pipeline.dag import load_dag
+    from curation.pipeline.executor import run_dag
+
+    with ThreadPoolExecutor(1) as pool:
+        done = pool.submit(_run, *cluster_run)
+        run_dag(load_dag(dag_file), local, workers=1, quiet=True)
+        done.result()
 
 
 def _entries(run: Path, stage: str) -> list[dict]:
@@ -105,12 +110,12 @@ def _entries(run: Path, stage: str) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_tasks_run_on_both_nodes_and_match_a_one_node_run(tmp_path, two_nodes):
+def test_tasks_run_on_both_nodes_and_match_a_one_node_run(tmp_path, two_nodes, ray_session):
     dag_file = tmp_path / "dag.yaml"
     dag_file.write_text(yaml.safe_dump(DAG))
     # no --workers: as many tasks in flight as the cluster has CPUs (2, one per node); the
-    # one-worker reference (an embedded Ray) runs beside it
-    _side_by_side((dag_file, tmp_path / "cluster", "--address", two_nodes), (dag_file, tmp_path / "local", "--workers", "1"))
+    # one-worker reference (this process, on one node) runs beside it
+    _beside_a_local_run((dag_file, tmp_path / "cluster", "--address", two_nodes), dag_file, tmp_path / "local")
     # progress.json counts the map tasks per Ray node id they ran on
     nodes = json.loads((tmp_path / "cluster" / "progress.json").read_text())["nodes"]
     assert len(nodes) == 2 and sum(nodes.values()) == 6, nodes  # 6 input shards, tasks on both nodes
@@ -122,10 +127,13 @@ def test_tasks_run_on_both_nodes_and_match_a_one_node_run(tmp_path, two_nodes):
 
 
 @pytest.mark.slow
-def test_against_an_index_on_two_nodes_is_byte_identical_to_one_worker(tmp_path, two_nodes):
+def test_against_an_index_on_two_nodes_is_byte_identical_to_one_worker(tmp_path, two_nodes, ray_session):
     """Issue 31: snapshot B deduplicated (exact + near) against snapshot A's corpus index on the
     two-node cluster and with one local worker: the same shards, manifests, persisted keys and
-    LSH state, and the same index member built from each."""
+    LSH state, and the same index member built from each. (Snapshot A's run, the index's input,
+    is this process's, on the session's Ray.)"""
+    from curation.pipeline.dag import load_dag
+    from curation.pipeline.executor import run_dag
     from test_corpus_index import _digests, _index_digests, _snapshots, _write
 
     A, B, _ = _snapshots()
@@ -146,12 +154,12 @@ def test_against_an_index_on_two_nodes_is_byte_identical_to_one_worker(tmp_path,
         return f
 
     index = tmp_path / "index"
-    _run(dag("a.jsonl.gz", []), tmp_path / "cc-a", "--workers", "1")
+    run_dag(load_dag(dag("a.jsonl.gz", [])), tmp_path / "cc-a", workers=1, quiet=True)
     res = subprocess.run([*REFINERY, "index", "build", str(tmp_path / "cc-a"), "--out", str(index)], cwd=REPO,
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     b = dag("b-*.jsonl.gz", [str(index)])
-    _side_by_side((b, tmp_path / "cluster", "--address", two_nodes), (b, tmp_path / "local", "--workers", "1"))
+    _beside_a_local_run((b, tmp_path / "cluster", "--address", two_nodes), b, tmp_path / "local")
     assert len(json.loads((tmp_path / "cluster" / "progress.json").read_text())["nodes"]) == 2
     got, want = _digests(tmp_path / "cluster"), _digests(tmp_path / "local")
     assert got == want and any("/_keys/" in k for k in got) and any("/_lsh/" in k for k in got)

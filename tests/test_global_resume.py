@@ -60,14 +60,31 @@ def _in_repo(fn):
         os.chdir(cwd)
 
 
-@pytest.fixture(scope="module")
-def dedup_reference(tmp_path_factory, ray_session):
+_REF: dict = {}
+
+
+def dedup_spec() -> dict:
+    """pipelines/dedup.yaml with 4 partitions per global stage: several jobs per phase to kill between."""
     d = yaml.safe_load((REPO / "pipelines" / "dedup.yaml").read_text())
     d["stages"]["exact"]["partitions"] = d["stages"]["near"]["partitions"] = 4
-    dag = parse_dag(d, "pipelines/dedup.yaml", base_dir=str(REPO))
-    run = tmp_path_factory.mktemp("dedup-ref") / "run"
-    _in_repo(lambda: run_dag(dag, run, workers=2, quiet=True))
-    return dag, run
+    return d
+
+
+def dedup_reference_run(tmp_path_factory) -> tuple:
+    """(dag, run dir) of the undisturbed ``dedup_spec`` run, made once per session in this
+    process's Ray (the ``ray_session`` fixture): this module and tests/test_kill_resume.py (whose
+    killed runs are ``refinery run`` processes, byte-identical to it) compare with the same run."""
+    if "dedup" not in _REF:
+        dag = parse_dag(dedup_spec(), "pipelines/dedup.yaml", base_dir=str(REPO))
+        run = tmp_path_factory.mktemp("dedup-ref") / "run"
+        _in_repo(lambda: run_dag(dag, run, workers=2, quiet=True))
+        _REF["dedup"] = dag, run
+    return _REF["dedup"]
+
+
+@pytest.fixture(scope="module")
+def dedup_reference(tmp_path_factory, ray_session):
+    return dedup_reference_run(tmp_path_factory)
 
 
 @pytest.mark.parametrize("label", ["exact:keys", "exact:partitions", "exact:apply", "near:signatures",

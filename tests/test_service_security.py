@@ -789,6 +789,20 @@ def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
                           timeout=120, env={**os.environ, **(env or {})})
 
 
+def _cli_here(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``_cli``'s answer (exit code, stdout, stderr) from the same command run in this process
+    (typer's runner): each test below launches ``refinery delete`` for real once, and asks the
+    rest of its questions here, without a Python start-up each."""
+    from typer.testing import CliRunner
+
+    from curation.cli import app
+
+    r = CliRunner().invoke(app, list(args), env=env)
+    if r.exception is not None and not isinstance(r.exception, SystemExit):
+        raise r.exception
+    return subprocess.CompletedProcess(["refinery", *args], r.exit_code, r.stdout, r.stderr)
+
+
 def test_refinery_delete_through_the_service(flagged):
     ok = _dag({"s": {"type": "select", "input": "docs", "where": "true"}}, output="s")
     via = ["--service", flagged.url, "--token-file", str(flagged.token_file)]
@@ -798,15 +812,15 @@ def test_refinery_delete_through_the_service(flagged):
         assert p.returncode == 1 and "409" in p.stderr and "cancel it first" in p.stderr, p.stderr
         assert wait_state(c, rid, TERMINAL, timeout=180)["state"] == "done"
         # a local delete of a run the running service manages is refused: it goes through the service
-        p = _cli("delete", str(flagged.runs_dir / rid))
+        p = _cli_here("delete", str(flagged.runs_dir / rid))
         assert p.returncode == 1 and "--service" in p.stderr and (flagged.runs_dir / rid).is_dir(), p.stderr
-        p = _cli("delete", rid, *via)
+        p = _cli_here("delete", rid, *via)
         assert p.returncode == 0 and "deleted" in p.stdout, p.stderr
         assert c.get(f"/runs/{rid}").status_code == 404
         assert not (flagged.runs_dir / rid).exists() or wait_gone(flagged.runs_dir / rid)
-        p = _cli("delete", rid, *via)
+        p = _cli_here("delete", rid, *via)
         assert p.returncode == 1 and "404" in p.stderr
-        p = _cli("delete", "browse", "--service", flagged.url, env={"REFINERY_TOKEN": "wrong-token-0000000000"})
+        p = _cli_here("delete", "browse", "--service", flagged.url, env={"REFINERY_TOKEN": "wrong-token-0000000000"})
         assert p.returncode == 1 and "401" in p.stderr
 
 
@@ -826,17 +840,17 @@ def test_refinery_delete_a_local_run(tmp_path):
     p = _cli("delete", str(runs / "cli_made"))
     assert p.returncode == 1 and "an input of run reader" in p.stderr, p.stderr
     shutil.rmtree(runs / "reader")
-    p = _cli("delete", str(runs / "cli_made"))
+    p = _cli_here("delete", str(runs / "cli_made"))
     assert p.returncode == 0 and not (runs / "cli_made").exists(), p.stderr
     for rid, state in (("svc_done", "started"), ("svc_queued", "queued")):  # made by a service now stopped
         make_browse_run(runs / rid)
         (runs / rid / "service.json").write_text(json.dumps({"id": rid, "state": state, "pid": 2 ** 22 + 1,
                                                             "submitted": time.time()}))
-    p = _cli("delete", str(runs / "svc_queued"))
+    p = _cli_here("delete", str(runs / "svc_queued"))
     assert p.returncode == 1 and "cancel it first" in p.stderr and (runs / "svc_queued").exists(), p.stderr
-    p = _cli("delete", str(runs / "svc_done"))
+    p = _cli_here("delete", str(runs / "svc_done"))
     assert p.returncode == 0 and not (runs / "svc_done").exists(), p.stderr
-    assert _cli("delete", str(runs / "nothing")).returncode == 1
+    assert _cli_here("delete", str(runs / "nothing")).returncode == 1
 
 
 # ---------------------------------------------------------------------------------------------

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -158,13 +157,14 @@ def _worker(rank: int, world: int, init_file: str, out: str) -> None:
     shutdown(env)
 
 
-def test_the_model_with_sequence_parallel_over_two_processes(tmp_path):
-    import torch.multiprocessing as mp
+#: ``_worker`` over two spawned processes, in the session's one spawned pair (conftest.two_ranks)
+TWO_RANK_JOB = ("_worker", ())
 
-    init_file = tempfile.mktemp(dir=tmp_path)
-    mp.spawn(_worker, args=(2, init_file, str(tmp_path)), nprocs=2, join=True)
+
+def test_the_model_with_sequence_parallel_over_two_processes(two_ranks):
+    out = two_ranks(__name__)
     for rank in range(2):
-        res = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        res = json.loads((out / f"rank{rank}.json").read_text())
         assert res["tied"] and res["init_equal"] and res["norms_bit_equal"], res
         assert res["norms"] == ["(Replicate(),)"], res["norms"]  # whole on each rank, a DTensor over the TP group
         print(f"\nrank {rank}: |loss diff| rel {['%.1e' % d for d in res['loss_diff']]}, max |grad diff| / max |grad| "

@@ -11,7 +11,6 @@ over two spawned CPU processes (gloo), against ``F.cross_entropy`` over the full
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -91,15 +90,14 @@ def _worker(rank: int, world: int, init_file: str, out: str, cases: list) -> Non
 
 
 CASES = [(8192, "float32"), (8192, "float64"), (8191, "float64")]  # 8191: rows 4096 / 4095
+#: ``_worker`` over two spawned processes, in the session's one spawned pair (conftest.two_ranks)
+TWO_RANK_JOB = ("_worker", (CASES,))
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    import torch.multiprocessing as mp
-
-    tmp = tmp_path_factory.mktemp("vocab_parallel")
-    mp.spawn(_worker, args=(2, tempfile.mktemp(dir=tmp), str(tmp), CASES), nprocs=2, join=True)
-    return [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(2)]
+def results(two_ranks):
+    out = two_ranks(__name__)
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
 
 
 def test_values_and_gradients_match_cross_entropy_over_the_full_logits(results):

@@ -148,3 +148,36 @@ def maskless(q, k, v, doc_ids):
 
     return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
                                           enable_gqa=True).transpose(1, 2)
+
+
+# ---------------------------------------------------------------- one spawned pair, several jobs
+
+def _two_rank_jobs(rank: int, world: int, jobs: list[tuple[str, str, str, str, tuple]]) -> None:
+    """One spawned process of the pair: each job ``(module, function, rendezvous file, out dir,
+    args)`` in turn, ``module.function(rank, world, rendezvous file, out dir, *args)``; each job
+    starts its own gloo group on its own file and ends it."""
+    import importlib
+
+    for module, fn, init_file, out, args in jobs:
+        getattr(importlib.import_module(module), fn)(rank, world, init_file, out, *args)
+
+
+def spawn_two_rank_jobs(jobs: dict[str, tuple[str, tuple]], tmp: Path) -> tuple[dict[str, Path], BaseException | None]:
+    """Run ``{module: (function, args)}`` in one pair of spawned CPU processes, one job after the
+    other (two processes start, each imports torch once, for every job). Returns each module's
+    output folder (its ``rank{r}.json``) and the error that stopped the pair, if any: the jobs
+    before the failing one have their outputs."""
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    outs, specs = {}, []
+    for module, (fn, args) in jobs.items():
+        outs[module] = tmp / module
+        outs[module].mkdir()
+        specs.append((module, fn, tempfile.mktemp(dir=outs[module]), str(outs[module]), tuple(args)))
+    try:
+        mp.spawn(_two_rank_jobs, args=(2, specs), nprocs=2, join=True)
+    except Exception as e:  # noqa: BLE001  (each test reports it where its own output is missing)
+        return outs, e
+    return outs, None
