@@ -22,7 +22,7 @@ def what_went_wrong(p: float, r: float, gold_words: int) -> str:
     if gold_words == 0:
         return "no main content by the gold (an empty gold scores 1 only for an empty extraction); kept some"
     if p == 0 and r == 0:
-        return "kept the wrong region: none of the gold's words"
+        return "none of the gold's words kept: an empty extraction, or the wrong region"
     if r < 0.3 and p >= 0.5:
         return "kept too little: most of the gold's blocks scored as boilerplate"
     if p < 0.3 and r >= 0.5:
