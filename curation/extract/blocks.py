@@ -320,8 +320,9 @@ def _page(root, cols: tuple, scripts: list, itemtypes: list[str]) -> Page:
     r = np.empty((len(kept), 24), np.float64)
     r[:, [0, 1, 3, 4, 6, 20]] = bl[kept][:, [1, 2, 3, 4, 5, 6]]
     r[:, 5] = depth[e]
+    low = "\n".join(page.texts).lower()  # the title overlap and the page signals read it
     r[:, [2, 7, 8, 9, 10, 11, 12, 13, 21]] = _text_columns(page.texts, text_chars, ends - starts,
-                                                           _title_words(root))
+                                                           _title_words(root), low)
     ups = (parent[e],)
     ups += (np.where(ups[0] >= 0, parent[ups[0]], -1),)
     ups += (np.where(ups[1] >= 0, parent[ups[1]], -1),)
@@ -331,7 +332,7 @@ def _page(root, cols: tuple, scripts: list, itemtypes: list[str]) -> Page:
     r[:, 22] = [alike[k] for k in kind_cls]
     r[:, 23] = _KIND_CODE[code[e]]
     bits = np.column_stack([kw[e], kw_anc[e], ctx[e]])
-    page.features = feature_matrix(r, bits, totals, page_signals(root, "\n".join(page.texts), scripts, itemtypes))
+    page.features = feature_matrix(r, bits, totals, page_signals(root, low, scripts, itemtypes))
     page.groups = np.column_stack(ups)
     page.cells = np.where(table[e] >= 0, table[e] + 1, 0)
     return page
@@ -340,8 +341,10 @@ def _page(root, cols: tuple, scripts: list, itemtypes: list[str]) -> Page:
 _SENTENCE_END = frozenset('.!?:;"”。')
 
 
-def _text_columns(texts: list[str], chars: np.ndarray, lengths: np.ndarray, title: frozenset[str]) -> np.ndarray:
-    """Per block text (``chars``: their code points end to end, ``lengths``: theirs): characters,
+def _text_columns(texts: list[str], chars: np.ndarray, lengths: np.ndarray, title: frozenset[str],
+                  low: str) -> np.ndarray:
+    """Per block text (``chars``: their code points end to end, ``lengths``: theirs; ``low``: the
+    texts joined by newlines, lower-cased): characters,
     ends a sentence, commas, periods, digits and characters among its first 200, starts
     upper-case, other blocks with the same text, and its first 30 words' share of ``title``'s
     words (a product's name, a thread's subject)."""
@@ -355,15 +358,16 @@ def _text_columns(texts: list[str], chars: np.ndarray, lengths: np.ndarray, titl
     seen = Counter(texts)
     out[:, 7] = [seen[t] - 1 for t in texts]
     if title:
-        out[:, 8] = _title_overlap(texts, lengths, title)
+        out[:, 8] = _title_overlap(texts, lengths, title, low)
     return out
 
 
-def _title_overlap(texts: list[str], lengths: np.ndarray, title: frozenset[str]) -> np.ndarray:
+def _title_overlap(texts: list[str], lengths: np.ndarray, title: frozenset[str], low: str | None = None) -> np.ndarray:
     """Share of each block's first 30 words, lower-cased, that are words of the page's <title>.
     Lower-cased all at once, one "\\n" between two texts (an end of text to ``str.lower``'s final
-    sigma); where lower-casing changed a length, a text at a time."""
-    low = "\n".join(texts).lower()
+    sigma; ``low``, when the caller has it); where lower-casing changed a length, a text at a time."""
+    if low is None:
+        low = "\n".join(texts).lower()
     if len(low) != lengths.sum() + len(texts) - 1:
         return np.array([sum(map(title.__contains__, ws)) / len(ws)
                          for ws in [t.lower().split(None, 30)[:30] for t in texts]])

@@ -112,8 +112,9 @@ def walk(root) -> Page:
                 continue
             parent = stack[-1] if stack else None
             kw, hidden, cls = _attributes(el)
-            if el.get("itemtype") is not None:
-                itemtypes.append(el.get("itemtype"))
+            itemtype = el.get("itemtype")
+            if itemtype is not None:
+                itemtypes.append(itemtype)
             if parent is not None:
                 kw_anc = parent.kw_anc | parent.kw_self
                 ctx = parent.tag_ctx | TAG_BITS.get(tag, 0)
@@ -247,7 +248,7 @@ def _page(blocks: list[_Block], root, scripts: list, itemtypes: list[str], words
     r = np.array(raw, np.float64)
     bits = np.array([row[-3:] for row in raw], np.int64)
     totals = np.array([words_total, n_li, n_heading, n_forms, n_articles, has_main, h1_before], np.int64)
-    x = feature_matrix(r[:, :24], bits, totals, page_signals(root, "\n".join(texts), scripts, itemtypes))
+    x = feature_matrix(r[:, :24], bits, totals, page_signals(root, "\n".join(texts).lower(), scripts, itemtypes))
     page.texts = texts
     page.features = x
     page.groups = np.array(ids, np.int64)

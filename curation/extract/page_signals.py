@@ -13,9 +13,10 @@ on, so every block also carries what the whole page declares:
 
 The declarations come from the walk (the ``<script>`` elements it passes and the ``itemtype``
 attributes it reads anyway) and the ``<head>``'s children, the address and ``og:type`` from the
-``<head>``, the prices and cart phrases by ``str.count`` over the blocks' text: no regex or
-``str.find`` over a whole page and no second walk of the tree (measured on WCXB's pages: those
-cost a quarter of the walk, 0.5-1.4 ms a page; these, a few hundredths of a millisecond).
+``<head>``, the prices and cart phrases by ``str.count`` over the blocks' lower-cased text (the
+walk lower-cases it once, for the title overlap too): no regex or ``str.find`` over a whole page
+and no second walk of the tree (measured on WCXB's pages: those cost a quarter of the walk,
+0.5-1.4 ms a page; these, a few hundredths of a millisecond).
 """
 
 from __future__ import annotations
@@ -103,9 +104,9 @@ def _head(head) -> tuple[str, str]:
     return url, og
 
 
-def page_signals(root, text: str, scripts: list, itemtypes: list[str]) -> np.ndarray:
-    """``PAGE_SIGNALS`` of a parsed page (``root``) whose blocks' texts, joined by newlines, are
-    ``text``; ``scripts``, the ``<script>`` elements the walk passed, and ``itemtypes``, the
+def page_signals(root, low: str, scripts: list, itemtypes: list[str]) -> np.ndarray:
+    """``PAGE_SIGNALS`` of a parsed page (``root``) whose blocks' texts, joined by newlines and
+    lower-cased, are ``low``; ``scripts``, the ``<script>`` elements the walk passed, and ``itemtypes``, the
     ``itemtype`` values it read (the ``<head>``'s own are looked up here)."""
     out = np.zeros(len(PAGE_SIGNALS), np.float32)
     if root is None:
@@ -127,5 +128,5 @@ def page_signals(root, text: str, scripts: list, itemtypes: list[str]) -> np.nda
     segments = [s for s in path.split("/") if s]
     out[o:o + 9] = ("product" in og, "article" in og, og == "website", len(segments),
                     _DIGITS.search(path) is not None, not segments and bool(url), bool(parts.query),
-                    np.log1p(sum(map(text.count, CURRENCY))), np.log1p(sum(map(text.lower().count, CART))))
+                    np.log1p(sum(map(low.count, CURRENCY))), np.log1p(sum(map(low.count, CART))))
     return out
