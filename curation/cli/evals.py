@@ -112,17 +112,20 @@ app.add_typer(extract_app, name="extract")
 
 @extract_app.command("train")
 def extract_train_cmd(
-    gold: str = typer.Option("wcxb", "--gold", help="gold sets, comma-separated: wcxb, aeb, readability (from "
-                             "$REFINERY_DATA or ../shared/data) or JSONL files of {html, gold} rows"),
+    gold: str = typer.Option("wcxb,aeb,readability,trafilatura", "--gold",
+                             help="gold sets, comma-separated: wcxb, aeb, readability, trafilatura (its snippets "
+                             "label the blocks holding them; from $REFINERY_DATA or ../shared/data) or JSONL "
+                             "files of {html, gold} rows"),
     out: Path = typer.Option(..., "--out", "-o", help="model file (.json); use it with extract's block_model:"),
     folds: int = typer.Option(5, "--folds", min=2, help="site-grouped folds (pass two learns from out-of-fold "
                               "scores)"),
-    cv: bool = typer.Option(False, "--cv", help="first report out-of-fold word F1 per gold set and page type"),
+    cv: bool = typer.Option(False, "--cv", help="first report out-of-fold word F1 per gold set and page type "
+                            "(segment F1 for snippet sets)"),
     limit: Optional[int] = typer.Option(None, "--limit", min=1, help="at most this many pages of each gold set"),
     seed: int = typer.Option(0, "--seed"),
 ) -> None:
     """Train the block model `extract`'s `engine: blocks` decides main content with, on your own
-    pages with their gold main text (the shipped model: `--gold wcxb`)."""
+    pages with their gold main text (the shipped model: `--gold wcxb,aeb,readability,trafilatura`)."""
     from curation.extract.train import train_from_gold
     from curation.extract.gold import GoldSetError
 
@@ -131,7 +134,7 @@ def extract_train_cmd(
                                limit=limit, log=lambda m: console.print(m))
     except (ValueError, GoldSetError, ImportError) as e:
         fail(str(e))
-    console.print({k: card[k] for k in ("gold", "pages", "blocks", "cv_word_f1") if k in card})
+    console.print({k: card[k] for k in ("gold", "pages", "blocks", "cv_word_f1", "cv_segment") if k in card})
     console.print(f"model: {out}")
 
 

@@ -1,10 +1,11 @@
 """Where the blocks engine still fails: the worst WCXB dev pages of a block model's cross-validation
-(``refinery extract train --gold wcxb --cv`` stores them in the model's card, out of fold), each
+(``refinery extract train --gold wcxb,... --cv`` stores the 20 worst pages of its gold sets in the
+model's card, out of fold; those of ``--set`` are printed), each
 with its type, its word P / R / F1, the gold's and the decision's word counts and what went wrong,
 read off those counts. Prints Markdown; asserts nothing.
 
-    refinery extract train --gold wcxb --cv --out M.json
-    python tests/benchmarks/extract_worst.py M.json [--top 10]
+    refinery extract train --gold wcxb,aeb,readability,trafilatura --cv --out M.json
+    python tests/benchmarks/extract_worst.py M.json [--top 10] [--set wcxb]
 """
 
 from __future__ import annotations
@@ -34,12 +35,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
     ap.add_argument("--top", type=int, default=10)
+    ap.add_argument("--set", default="wcxb", help="the gold set whose worst pages to print (names: WCXB's)")
     a = ap.parse_args()
     card = json.loads(open(a.model).read())["trained_on"]
-    worst = card.get("cv_worst")
+    worst = [w for w in card.get("cv_worst") or [] if w.get("set", "wcxb") == a.set]
     if not worst:
-        raise SystemExit(f"{a.model}: no cv_worst in its card (train it with --cv)")
-    gold = {p.name: p for p in load("wcxb")}
+        raise SystemExit(f"{a.model}: no cv_worst of {a.set} in its card (train it with --cv on {a.set})")
+    gold = {p.name: p for p in load(a.set)}
     print("| # | page | type | P | R | F1 | gold words | what went wrong |")
     print("|---|---|---|---|---|---|---|---|")
     for k, w in enumerate(worst[:a.top], 1):
