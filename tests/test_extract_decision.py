@@ -1,5 +1,6 @@
-"""The blocks engine's page-level signals (``page_signals``) and its per-page keep rule
-(``keep_blocks``: the kept set that maximizes expected word F1), each against a plain reference."""
+"""The blocks engine's page-level signals (``page_signals``), its per-page keep rule
+(``keep_blocks``: the kept set that maximizes expected word F1, against a plain reference) and
+its repeats kept once (``once``)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 
 from curation.extract.blocks import FEATURES, page_blocks
-from curation.extract.main_content import keep_blocks
+from curation.extract.main_content import keep_blocks, once
 from curation.extract.page_signals import PAGE_SIGNALS
 
 PRODUCT = """<html><head><title>Wool Runner</title>
@@ -111,3 +112,26 @@ def test_a_page_inside_an_unclosed_button_is_walked():
     assert not any("Close" in t for t in page.texts)
     ref = blocks_reference.page_blocks(html)
     assert ref.texts == page.texts and np.array_equal(ref.features, page.features)
+
+
+THREAD = """<html><body><h1>Which telescope first?</h1>
+<div class="post"><p>I want a first telescope for the planets, under 500 dollars.</p></div>
+<div class="post"><blockquote><p>I want a first telescope for the planets, under 500 dollars.</p></blockquote>
+<p>A 6 inch Dobsonian: simple, and it shows Saturn's rings.</p></div>
+<ul><li>Great answer, thank you.</li><li>Great answer, thank you.</li></ul>
+<pre><code>}</code></pre><div><pre><code>}</code></pre></div>
+<table><tr><td>true</td><td>Required</td></tr></table><div><table><tr><td>true</td></tr></table></div></body></html>"""
+
+
+def test_a_text_the_page_repeats_is_kept_once():
+    page = page_blocks(THREAD)
+    kept = once(page.texts, np.ones(len(page.texts), np.bool_), page.features, page.groups)
+    out = [t for t, k in zip(page.texts, kept) if k]
+    # the reply's quote of the first post goes; siblings alike stay (a list's items), so do code lines
+    assert out.count("I want a first telescope for the planets, under 500 dollars.") == 1
+    assert out.count("Great answer, thank you.") == 2
+    assert "A 6 inch Dobsonian: simple, and it shows Saturn's rings." in out
+    assert out.count("}") == 2 and out.count("true") == 2
+    # nothing kept, nothing to drop; a kept set's other blocks are untouched
+    none = np.zeros(len(page.texts), np.bool_)
+    assert not once(page.texts, none, page.features, page.groups).any()

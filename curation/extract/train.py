@@ -27,7 +27,7 @@ from urllib.parse import urlparse
 import numpy as np
 
 from curation.extract.blocks import page_blocks
-from curation.extract.main_content import BlockModel, keep_blocks, second_pass_features
+from curation.extract.main_content import BlockModel, keep_blocks, once, second_pass_features
 from curation.extract.trees import export
 
 _WORD = re.compile(r"\w+")
@@ -193,10 +193,11 @@ def fit(ds: Dataset, folds: int = 5, seed: int = 0, threshold: float = 0.5,
     return BlockModel(first, second, threshold), oof
 
 
-def decide(texts: Sequence[str], scores: np.ndarray, words: np.ndarray, floor: float) -> str:
+def decide(texts: list[str], scores: np.ndarray, features: np.ndarray, groups: np.ndarray, floor: float) -> str:
     """The text ``extract_blocks`` writes for these block scores (kept blocks, one a line; data
     tables aside)."""
-    return "\n".join(t for t, k in zip(texts, keep_blocks(scores, words, floor)) if k)
+    keep = once(texts, keep_blocks(scores, features[:, 0], floor), features, groups)
+    return "\n".join(t for t, k in zip(texts, keep) if k)
 
 
 def train_from_gold(gold: Sequence[str], out: str, folds: int = 5, cv: bool = False, seed: int = 0,
@@ -230,8 +231,8 @@ def train_from_gold(gold: Sequence[str], out: str, folds: int = 5, cv: bool = Fa
         empty: dict[str, int] = {}
         per_page = []
         segments: dict[str, list[int]] = {}
-        for p, texts, s, x in zip(pages, ds.texts, oof, ds.x):
-            text = decide(texts, s, x[:, 0], model.floor) if texts else ""
+        for p, texts, s, x, g in zip(pages, ds.texts, oof, ds.x, ds.groups):
+            text = decide(texts, s, x, g, model.floor) if texts else ""
             if p.text is None:  # a snippet page: trafilatura's segment score, summed over the set
                 rates = snippet_rates(text, p.with_, p.without)
                 segments[p.set] = [a + b for a, b in zip(segments.get(p.set, [0, 0, 0, 0]), rates)]
