@@ -188,8 +188,8 @@ def once(texts: list[str], keep: np.ndarray, features: np.ndarray, groups: np.nd
     """``keep`` with a kept text that the page repeats kept at its first place only: a reply's
     quote of an earlier post, a description in both a mobile and a desktop tab. Not where the
     repeat is a sibling of the first (a list of like items is the list's content), nor in code or
-    tables (a "}," line or a "true" cell repeats by nature). Out of fold on WCXB 0.861 -> 0.868
-    (forum 0.776 -> 0.801, product 0.671 -> 0.689); dropping every repeat lost Mozilla's test pages,
+    tables (a "}," line or a "true" cell repeats by nature). Out of fold on WCXB 0.860 -> 0.868
+    (forum 0.781 -> 0.806, product 0.671 -> 0.688); dropping every repeat lost Mozilla's test pages,
     whose gold repeats a paragraph, 0.927 -> 0.893, and documentation's code 0.937 -> 0.929."""
     keep = keep.copy()
     repeated = np.flatnonzero(keep & (features[:, _REPEATS] > 0))  # the walk counted each text's twins

@@ -97,12 +97,11 @@ class Dataset:
     groups: list[np.ndarray]
     texts: list[list[str]]
     sites: np.ndarray  # a site id per page (folds keep a site together)
-    labelled: list[np.ndarray] | None = None  # a weight per block: 1, or 0 where no label is known
+    labelled: list[np.ndarray]  # each block's label weight: 1, SNIPPET_WEIGHT, or 0 where no label is known
 
     def weights(self) -> list[np.ndarray]:
         """Per block sample weights: the square root of its words (module docstring), times its label's weight."""
-        root = [np.sqrt(x[:, 0]) if len(x) else np.zeros(0) for x in self.x]
-        return root if self.labelled is None else [r * m for r, m in zip(root, self.labelled)]
+        return [np.sqrt(x[:, 0]) * m for x, m in zip(self.x, self.labelled)]
 
 
 def dataset(pages: Sequence, progress: Callable[[int], None] | None = None) -> Dataset:
@@ -219,10 +218,10 @@ def train_from_gold(gold: Sequence[str], out: str, folds: int = 5, cv: bool = Fa
                          f"need at least {max(folds, 2)}")
     log(f"blocks of {len(pages)} gold pages ...")
     ds = dataset(pages)
+    labelled = np.concatenate(ds.labelled)  # the content share of the labelled blocks only
     card: dict = {"gold": list(gold), "pages": len(pages), "blocks": int(sum(len(y) for y in ds.y)),
-                  "content_share": float((np.concatenate(ds.y) * np.concatenate(ds.labelled)).sum()
-                                           / max(float(np.concatenate(ds.labelled).sum()), 1.0)), "folds": folds, "seed": seed,
-                  "params": PARAMS}
+                  "content_share": float(np.concatenate(ds.y) @ labelled / max(float(labelled.sum()), 1.0)),
+                  "folds": folds, "seed": seed, "params": PARAMS}
     log(f"fitting both passes ({folds}-fold out-of-fold scores for pass two"
         f"{', and its cross-validation' if cv else ''}) ...")
     model, oof = fit(ds, folds, seed, cv=cv)
